@@ -1,0 +1,1 @@
+//! keel's harness adapters: one interface over replaceable executors (DESIGN.md §7).

@@ -1,0 +1,2 @@
+//! `keel`: the command line.
+fn main() {}

@@ -1,0 +1,2 @@
+//! `keel-sim`: runs seeds of the deterministic simulator.
+fn main() {}

@@ -1,0 +1,1 @@
+//! keel's durable model on redb (DESIGN.md §5).

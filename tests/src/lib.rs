@@ -1,0 +1,1 @@
+//! Shared helpers for keel's cross-crate integration tests.
