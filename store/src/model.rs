@@ -1,0 +1,292 @@
+//! The durable domain model (DESIGN.md §5): the values keel keeps for every run and task.
+//!
+//! These are the store's public record types. They are plain data: no IO, no clock. Time is a field the
+//! caller fills in (`*_ms`, milliseconds since the Unix epoch) so a simulator can replay a run byte for byte.
+//! Every type here is encoded by the codec with a schema version byte in front; adding a field is a schema
+//! change (bump the version and keep decoding the old one).
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// Milliseconds since the Unix epoch, as observed by whoever wrote the row. Passed in, never read here.
+pub type UnixMillis = u64;
+
+macro_rules! ulid_id {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        pub struct $name(pub u128);
+
+        impl $name {
+            /// The raw 128-bit value, as stored in keys.
+            pub fn as_u128(self) -> u128 {
+                self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}", ulid::Ulid(self.0))
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = IdParseError;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                ulid::Ulid::from_string(s.trim())
+                    .map(|u| Self(u.0))
+                    .map_err(|_| IdParseError { input: s.chars().take(64).collect() })
+            }
+        }
+    };
+}
+
+ulid_id!(
+    /// Identifies a run: one orchestrated job from a brief to a synthesis. Shown as a ULID; callers mint it
+    /// from their own (seeded) random stream so the simulator stays replayable.
+    RunId
+);
+ulid_id!(
+    /// Identifies a task across the whole store. A task belongs to exactly one run.
+    TaskId
+);
+
+/// A string that is not a valid ULID was given where a run or task id was expected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not a valid id (expected a 26-character ULID): {input:?}")]
+pub struct IdParseError {
+    /// The offending input, cut to 64 characters for the message.
+    pub input: String,
+}
+
+/// Where a run stands. Terminal states are `Completed`, `Failed`, `Cancelled` and `BudgetExceeded`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RunStatus {
+    /// Accepted, not yet planned.
+    Pending,
+    /// Specialists are being dispatched or are working.
+    Running,
+    /// Stopped by a graceful shutdown; resumes from its checkpoint.
+    Paused,
+    /// Synthesis written.
+    Completed,
+    /// Ended without a synthesis; the reason is in the run's outcome.
+    Failed,
+    /// Cancelled by an operator.
+    Cancelled,
+    /// A spend budget tripped; no new spawns were admitted and the run ended.
+    BudgetExceeded,
+}
+
+impl RunStatus {
+    /// Whether nothing more will happen to the run.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            Self::Completed | Self::Failed | Self::Cancelled | Self::BudgetExceeded
+        )
+    }
+}
+
+/// A spend budget kept as a ledger in micro-dollars (integers: no float drift across replays).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Budget {
+    /// The most the run may spend; `None` means unlimited.
+    pub limit_micros: Option<u64>,
+    /// Reserved before spawns and not yet settled.
+    pub reserved_micros: u64,
+    /// Settled spend.
+    pub spent_micros: u64,
+}
+
+/// One orchestrated job.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Run {
+    /// The run's id.
+    pub id: RunId,
+    /// The brief as the user gave it.
+    pub brief: String,
+    /// The plan, if the run was given a fixed one (serialized by the actors crate; opaque here).
+    pub plan: Option<String>,
+    /// Where the run stands.
+    pub status: RunStatus,
+    /// Spend ledger.
+    pub budget: Budget,
+    /// When the run was accepted.
+    pub created_ms: UnixMillis,
+    /// When any field last changed.
+    pub updated_ms: UnixMillis,
+    /// The configuration the run started with (agent versions, limits), so it can be explained later.
+    pub config_snapshot: String,
+    /// Final outcome text (synthesis reference or failure reason), once terminal.
+    pub outcome: Option<String>,
+}
+
+/// Why a task exists. Derived kinds (`FollowUp`, `Review`, `Redispatch`) resolve their model from their
+/// own assignee, never from their parent (DESIGN.md §12, invariant 6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TaskKind {
+    /// The run's top task (the lead or the plan's root).
+    Root,
+    /// A subtask dispatched by a coordinator.
+    Subtask,
+    /// A follow-up message on an existing thread.
+    FollowUp,
+    /// A review of another task's output.
+    Review,
+    /// A new attempt of an interrupted or failed task (after a crash, a rate limit, a harness switch).
+    Redispatch,
+}
+
+/// Where a task stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TaskStatus {
+    /// Created, waiting for admission.
+    Pending,
+    /// Admitted by the supervisor, not yet started.
+    Admitted,
+    /// A harness session is working on it.
+    Running,
+    /// Finished with a complete report.
+    Complete,
+    /// Finished with a partial report (gaps annotated).
+    Partial,
+    /// Could not proceed (the report says why).
+    Blocked,
+    /// Ended with a typed failure.
+    Failed,
+    /// Cancelled by an operator or by the run ending.
+    Cancelled,
+    /// Handed to a human.
+    Escalated,
+    /// Stopped by a graceful shutdown; resumes with a resume preamble.
+    Paused,
+}
+
+impl TaskStatus {
+    /// Whether nothing more will happen to the task (a `Paused` task is not terminal: it resumes).
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            Self::Complete
+                | Self::Partial
+                | Self::Blocked
+                | Self::Failed
+                | Self::Cancelled
+                | Self::Escalated
+        )
+    }
+}
+
+/// What a harness said about the session it ran, kept together as one observed value for the record only.
+/// keel never resumes a native session (DESIGN.md §6): this is for explaining a run afterwards.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObservedSession {
+    /// The harness kind (`claude-code`, `codex`, `opencode`, `pi`, `messages-api`, `scripted`).
+    pub harness: String,
+    /// The account the session ran under.
+    pub account: String,
+    /// The harness's own session id, as it printed it.
+    pub native_session_id: String,
+}
+
+/// An attachment of a task's output: small ones inline, large ones by reference to a stored blob.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attachment {
+    /// A name the agent and operator recognise (a file name, a label).
+    pub name: String,
+    /// The content or a reference to it.
+    pub body: AttachmentBody,
+}
+
+/// The content of an attachment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AttachmentBody {
+    /// Stored in the task row.
+    Inline(String),
+    /// Stored in the blob table under this key, with its size in bytes.
+    Blob {
+        /// The blob's key.
+        key: u128,
+        /// Its size in bytes.
+        len: u64,
+    },
+}
+
+/// One task: a unit of delegated work with its thread links.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Task {
+    /// The task's id.
+    pub id: TaskId,
+    /// The run it belongs to.
+    pub run_id: RunId,
+    /// The task it was derived from or dispatched by.
+    pub parent: Option<TaskId>,
+    /// Nesting depth: 0 for a root.
+    pub depth: u8,
+    /// Why it exists.
+    pub kind: TaskKind,
+    /// What the assignee is asked to do, verbatim.
+    pub brief: String,
+    /// The goal, stated separately from the brief for the report check.
+    pub goal: String,
+    /// Explicit quality criteria the report is checked against.
+    pub quality_criteria: Vec<String>,
+    /// The output schema the report must follow, if any.
+    pub output_schema: Option<String>,
+    /// The agent profile the task is assigned to.
+    pub assignee: Option<String>,
+    /// The model resolved at dispatch from the assignee's profile. Never copied from a parent.
+    pub model: Option<String>,
+    /// What the harness reported about the session that ran it, for the record only.
+    pub observed: Option<ObservedSession>,
+    /// Where it stands.
+    pub status: TaskStatus,
+    /// How many attempts have started (1 for the first).
+    pub attempt: u32,
+    /// The key that makes its side effects happen at most once.
+    pub idempotency_key: Option<String>,
+    /// The outcome text (report summary or failure), once terminal.
+    pub outcome: Option<String>,
+    /// Attachments of its output.
+    pub attachments: Vec<Attachment>,
+    /// Progress notes the agent reported while working.
+    pub progress_notes: Vec<String>,
+    /// When it was created.
+    pub created_ms: UnixMillis,
+    /// When any field last changed.
+    pub updated_ms: UnixMillis,
+}
+
+/// The kind of a session log row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LogKind {
+    /// Text the model produced.
+    Text,
+    /// A tool call.
+    ToolUse,
+    /// A tool's result.
+    ToolResult,
+    /// Token and cost usage.
+    Usage,
+    /// A steering message from a human or the coordinator.
+    Steering,
+    /// An error.
+    Error,
+    /// A lifecycle event (started, stopped, paused, decision of a coordinator).
+    Lifecycle,
+}
+
+/// One row of a task's session log, keyed (task, seq) in the store.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionLogRow {
+    /// When it happened.
+    pub ts_ms: UnixMillis,
+    /// What kind of row it is.
+    pub kind: LogKind,
+    /// One line a human or a resume preamble can read (a tool name and argument digest, not raw output).
+    pub summary: String,
+    /// Bounded detail.
+    pub detail: String,
+}
