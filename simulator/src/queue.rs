@@ -1,0 +1,141 @@
+//! The world's agenda: every future happening, ordered by virtual time and then by the order it was
+//! scheduled, so two events at the same millisecond always run in the same order for a given seed.
+
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+
+/// Virtual milliseconds since the start of a simulated run. The world owns the only clock; machines get
+/// `now` as an input.
+pub type SimMillis = u64;
+
+/// The agenda grew past its bound: a machine or the world schedules without limit, which is a bug the
+/// run reports instead of exhausting memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the event queue is full ({len_max} pending events)")]
+pub struct QueueFull {
+    /// The bound that was hit.
+    pub len_max: usize,
+}
+
+/// One scheduled happening. Ordered by `(at_ms, seq)`; `seq` is unique, so the order is total and does
+/// not depend on the payload.
+#[derive(Debug)]
+struct Scheduled<E> {
+    at_ms: SimMillis,
+    seq: u64,
+    event: E,
+}
+
+impl<E> PartialEq for Scheduled<E> {
+    fn eq(&self, other: &Self) -> bool {
+        self.at_ms == other.at_ms && self.seq == other.seq
+    }
+}
+impl<E> Eq for Scheduled<E> {}
+impl<E> PartialOrd for Scheduled<E> {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl<E> Ord for Scheduled<E> {
+    fn cmp(&self, other: &Self) -> Ordering {
+        // BinaryHeap is a max-heap: reverse so the earliest (time, seq) pops first.
+        (other.at_ms, other.seq).cmp(&(self.at_ms, self.seq))
+    }
+}
+
+/// A bounded priority queue of events keyed by `(time, seq)`. Determinism comes from the tie-break:
+/// events scheduled for the same millisecond pop in scheduling order.
+#[derive(Debug)]
+pub struct EventQueue<E> {
+    heap: BinaryHeap<Scheduled<E>>,
+    seq_next: u64,
+    len_max: usize,
+}
+
+impl<E> EventQueue<E> {
+    /// An empty agenda that refuses to hold more than `len_max` events.
+    pub fn new(len_max: usize) -> Self {
+        Self {
+            heap: BinaryHeap::new(),
+            seq_next: 0,
+            len_max,
+        }
+    }
+
+    /// Schedules `event` at `at_ms`; returns the sequence number that breaks ties.
+    ///
+    /// # Errors
+    /// [`QueueFull`] when `len_max` events are already pending.
+    pub fn push(&mut self, at_ms: SimMillis, event: E) -> Result<u64, QueueFull> {
+        if self.heap.len() >= self.len_max {
+            return Err(QueueFull {
+                len_max: self.len_max,
+            });
+        }
+        let seq = self.seq_next;
+        self.seq_next += 1;
+        self.heap.push(Scheduled { at_ms, seq, event });
+        Ok(seq)
+    }
+
+    /// Removes and returns the earliest event with its time.
+    pub fn pop(&mut self) -> Option<(SimMillis, E)> {
+        self.heap.pop().map(|s| (s.at_ms, s.event))
+    }
+
+    /// The time of the earliest pending event.
+    pub fn peek_time(&self) -> Option<SimMillis> {
+        self.heap.peek().map(|s| s.at_ms)
+    }
+
+    /// Pending events.
+    pub fn len(&self) -> usize {
+        self.heap.len()
+    }
+
+    /// Whether nothing is pending.
+    pub fn is_empty(&self) -> bool {
+        self.heap.is_empty()
+    }
+
+    /// Drops every pending event that `keep` rejects (a crashed node's timers, for instance). Order of
+    /// the survivors is unchanged because it lives in `(at_ms, seq)`, not in the heap's layout.
+    pub fn retain(&mut self, mut keep: impl FnMut(&E) -> bool) {
+        self.heap.retain(|s| keep(&s.event));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pops_by_time_then_by_scheduling_order() {
+        let mut q = EventQueue::new(16);
+        q.push(5, "c").unwrap();
+        q.push(1, "a").unwrap();
+        q.push(5, "d").unwrap();
+        q.push(1, "b").unwrap();
+        let order: Vec<_> = std::iter::from_fn(|| q.pop()).collect();
+        assert_eq!(order, vec![(1, "a"), (1, "b"), (5, "c"), (5, "d")]);
+    }
+
+    #[test]
+    fn refuses_past_its_bound() {
+        let mut q = EventQueue::new(1);
+        q.push(0, ()).unwrap();
+        assert_eq!(q.push(0, ()), Err(QueueFull { len_max: 1 }));
+    }
+
+    #[test]
+    fn retain_keeps_order() {
+        let mut q = EventQueue::new(16);
+        for i in 0..6u32 {
+            q.push(u64::from(i % 2), i).unwrap();
+        }
+        q.retain(|e| *e != 2);
+        let order: Vec<_> = std::iter::from_fn(|| q.pop()).map(|(_, e)| e).collect();
+        assert_eq!(order, vec![0, 4, 1, 3, 5]);
+    }
+}
