@@ -11,3 +11,4 @@ pub mod profile;
 pub mod queue;
 pub mod rng;
 pub mod trace;
+pub mod violation;
