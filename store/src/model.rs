@@ -290,3 +290,195 @@ pub struct SessionLogRow {
     /// Bounded detail.
     pub detail: String,
 }
+
+/// A run's progress marker, written by the checkpoint actor at meaningful boundaries (a validated
+/// milestone, a batch, a phase transition). One per run: the latest replaces the previous one, so a
+/// restarted coordinator resumes from exactly one place.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// The run it belongs to.
+    pub run_id: RunId,
+    /// The last step the coordinator completed and validated (a plan step name), if any.
+    pub last_completed_step: Option<String>,
+    /// Tasks whose outputs were checked and accepted; a resume does not redo them.
+    pub verified_outputs: Vec<TaskId>,
+    /// Tasks that were dispatched or planned but not yet verified; a resume looks at these first.
+    pub pending_work: Vec<TaskId>,
+    /// Ties the checkpoint to the messages and log rows that produced it, for explaining a run later.
+    pub correlation_id: String,
+    /// The coordinator's own serialized state (opaque here), bounded by the output limit.
+    pub state: String,
+    /// When it was written.
+    pub written_ms: UnixMillis,
+}
+
+/// What happened to one item of work, as recorded in the append-only manifest.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ManifestOutcome {
+    /// The item was processed and its result is durable.
+    Processed,
+    /// The item failed; the reason is kept so a reader need not find the log row.
+    Failed {
+        /// Why it failed, one line.
+        reason: String,
+    },
+    /// The item was retried; `attempt` is the attempt that was started (2 for the first retry).
+    Retried {
+        /// The attempt number that was started.
+        attempt: u32,
+    },
+}
+
+/// One row of a run's manifest, keyed (run, seq). Append-only: the store has no call that updates or
+/// deletes one, so the manifest is a trustworthy history of what was processed, failed and retried.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestEntry {
+    /// When it was recorded.
+    pub ts_ms: UnixMillis,
+    /// The item of work, as the coordinator names it (a plan step, a file, a query).
+    pub item: String,
+    /// The task that did the work, if one did.
+    pub task_id: Option<TaskId>,
+    /// What happened.
+    pub outcome: ManifestOutcome,
+}
+
+/// A message or result that could not be delivered or processed after its retries, kept so that an
+/// operator can inspect and replay it instead of it being lost.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadLetter {
+    /// When it was given up on.
+    pub ts_ms: UnixMillis,
+    /// The task it concerned, if any.
+    pub task_id: Option<TaskId>,
+    /// The message kind or destination, one line.
+    pub subject: String,
+    /// The payload as text (bounded by the output limit).
+    pub payload: String,
+    /// Why it was given up on.
+    pub reason: String,
+    /// How many delivery attempts were made.
+    pub attempts: u32,
+}
+
+/// A record that a side effect with this key was started, written before the side effect so that a
+/// replay after a crash finds it and skips the effect (DESIGN.md §12, invariant 2).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdempotencyRecord {
+    /// The idempotency key (unique within a run).
+    pub key: String,
+    /// When it was recorded.
+    pub ts_ms: UnixMillis,
+    /// The task whose side effect it guards, if any.
+    pub task_id: Option<TaskId>,
+    /// What the side effect is, one line (for the operator).
+    pub effect: String,
+    /// A result worth returning to a replay instead of redoing the effect, if known when recorded.
+    pub result: Option<String>,
+}
+
+/// What a policy hook decided about a tool call (DESIGN.md §9). `Error` is kept apart from `Deny`
+/// so an audit can tell a refusal from a hook that failed (and failed closed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum HookDecision {
+    /// The call may proceed.
+    Allow,
+    /// The call was refused.
+    Deny,
+    /// A human must confirm.
+    Ask,
+    /// The decision was handed to the next link of the chain.
+    Defer,
+    /// The hook itself failed.
+    Error,
+}
+
+/// One row of the audit log: every hook decision, denials and errors included (invariant 12).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    /// When the decision was made.
+    pub ts_ms: UnixMillis,
+    /// The task whose session made the call, if any.
+    pub task_id: Option<TaskId>,
+    /// The hook or rule that decided (a hook name, `deny-rule`, `permission-mode`).
+    pub hook: String,
+    /// The tool the call was for, by its literal name.
+    pub tool: String,
+    /// The decision.
+    pub decision: HookDecision,
+    /// Why, one line (an actionable reason for a denial, the error for `Error`).
+    pub reason: String,
+    /// A digest of the tool input (never the raw input: it may hold secrets).
+    pub input_digest: String,
+    /// Whether the hook rewrote the input.
+    pub rewritten: bool,
+}
+
+/// Why a task was handed to a human. Exactly three triggers exist (DESIGN.md §9).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EscalationTrigger {
+    /// The agent or user explicitly asked for a human.
+    HumanRequested,
+    /// A policy gap or exception: no rule covers the case.
+    PolicyGap,
+    /// No meaningful progress was made.
+    NoProgress,
+}
+
+/// A hand-off to a human. Self-contained: whoever picks it up needs nothing else to act on it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Escalation {
+    /// When it was raised.
+    pub ts_ms: UnixMillis,
+    /// The task it concerns, if any.
+    pub task_id: Option<TaskId>,
+    /// Why it was raised.
+    pub trigger: EscalationTrigger,
+    /// The account concerned.
+    pub account: String,
+    /// What was asked.
+    pub asked: String,
+    /// What was attempted.
+    pub attempted: String,
+    /// The diagnosis: why it could not be done.
+    pub diagnosis: String,
+    /// The amount in micro-dollars, where money is involved.
+    pub amount_micros: Option<u64>,
+    /// What the human is recommended to do.
+    pub recommended_action: String,
+}
+
+/// Ceilings for one agent profile; the supervisor and the agent loop enforce them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentLimits {
+    /// Most model turns in one session.
+    pub turns_max: u32,
+    /// Most tokens (input plus output) in one session.
+    pub tokens_max: u64,
+    /// Wall-clock ceiling of one session, in milliseconds.
+    pub timeout_ms: u64,
+    /// Most spend of one session in micro-dollars; `None` means only the run's budget applies.
+    pub spend_micros_max: Option<u64>,
+}
+
+/// A named agent an operator can assign tasks to. A task's model is resolved from its assignee's
+/// profile at dispatch (never copied from a parent), which is why profiles live in the store.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentProfile {
+    /// The profile's unique name (the `assignee` of a task).
+    pub name: String,
+    /// What it is for, one paragraph.
+    pub description: String,
+    /// The harness kind that runs it (`claude-code`, `codex`, `opencode`, `pi`, `messages-api`, `scripted`).
+    pub harness: String,
+    /// The model it runs.
+    pub model: String,
+    /// The account it runs under.
+    pub account: String,
+    /// The tools it may use, by literal name.
+    pub tools: Vec<String>,
+    /// Its system prompt.
+    pub system_prompt: String,
+    /// Its ceilings.
+    pub limits: AgentLimits,
+}

@@ -1,0 +1,199 @@
+//! Staged writes and group commit batches.
+//!
+//! A [`StagedWrite`] is a checked, run-tagged write that has not happened yet. It can only be made by a
+//! [`crate::RunScope`] (for per-run rows) or by the [`crate::Store`] itself (for store-wide agent
+//! profiles): its fields are private and it has no public constructor, so a write to a run's rows
+//! cannot be built without that run's scope, and the scope only ever tags writes with its own run.
+
+use crate::model::{
+    AgentProfile, AuditEntry, Checkpoint, DeadLetter, Escalation, IdempotencyRecord, ManifestEntry,
+    Run, RunId, SessionLogRow, Task, TaskId,
+};
+
+/// A write that passed its limits and run checks and waits to be committed by
+/// [`crate::Store::commit_group`] or [`crate::Store::commit_one`].
+///
+/// It cannot be built without a scope: its fields are private and it has no public constructor.
+///
+/// ```compile_fail,E0451
+/// use keel_store::StagedWrite;
+/// let w = StagedWrite { staged: unreachable!() };
+/// ```
+///
+/// Nor can a bare record stand in for one: a batch accepts only staged writes.
+///
+/// ```compile_fail,E0308
+/// use keel_store::{ManifestEntry, ManifestOutcome, WriteBatch};
+/// let mut batch = WriteBatch::new();
+/// batch.push(ManifestEntry { ts_ms: 0, item: "x".into(), task_id: None, outcome: ManifestOutcome::Processed });
+/// ```
+///
+/// The way that compiles goes through a run's scope, which tags the write with its own run:
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use keel_store::{Durability, ManifestEntry, ManifestOutcome, RunId, Store, WriteBatch};
+/// # let dir = tempfile::tempdir()?;
+/// let store = Store::open(dir.path().join("keel.redb"))?;
+/// # let run = keel_store::Run { id: RunId(1), brief: "b".into(), plan: None, status: keel_store::RunStatus::Pending,
+/// #   budget: Default::default(), created_ms: 0, updated_ms: 0, config_snapshot: String::new(), outcome: None };
+/// let scope = store.run(RunId(1));
+/// let mut batch = WriteBatch::new();
+/// batch.push(scope.stage_create_run(run)?);
+/// batch.push(scope.stage_append_manifest(ManifestEntry {
+///     ts_ms: 0, item: "x".into(), task_id: None, outcome: ManifestOutcome::Processed,
+/// })?);
+/// store.commit_group(batch, Durability::Immediate)?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use = "a staged write does nothing until it is committed"]
+pub struct StagedWrite {
+    pub(crate) staged: Staged,
+}
+
+impl StagedWrite {
+    /// The run whose rows this write touches (`None` for a store-wide agent profile). Lets the
+    /// checkpoint actor route results back to the run that asked.
+    pub fn run(&self) -> Option<RunId> {
+        match &self.staged {
+            Staged::Run { run, .. } => Some(*run),
+            Staged::Agent(_) => None,
+        }
+    }
+
+    pub(crate) fn for_run(run: RunId, op: RunOp) -> Self {
+        Self {
+            staged: Staged::Run { run, op },
+        }
+    }
+}
+
+/// What a staged write touches: one run's rows (keys built from `run` only), or a store-wide profile.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Staged {
+    Run { run: RunId, op: RunOp },
+    Agent(AgentProfile),
+}
+
+/// A write to one run's rows; the run comes from the scope that staged it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum RunOp {
+    CreateRun(Run),
+    UpdateRun(Run),
+    CreateTask(Task),
+    UpdateTask(Task),
+    AppendLog { task: TaskId, row: SessionLogRow },
+    PutCheckpoint(Checkpoint),
+    AppendManifest(ManifestEntry),
+    AppendDeadLetter(DeadLetter),
+    RecordIdempotency(IdempotencyRecord),
+    AppendAudit(AuditEntry),
+    AppendEscalation(Escalation),
+    PutBlob(Vec<u8>),
+}
+
+/// Staged writes from any number of callers (and runs), committed together in one write
+/// transaction with one fsync. The checkpoint actor collects results into a batch and commits it
+/// when the batch is full or its timer fires.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WriteBatch {
+    pub(crate) items: Vec<StagedWrite>,
+}
+
+impl WriteBatch {
+    /// An empty batch.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a staged write; its result will be at the same index in the commit's results.
+    pub fn push(&mut self, write: StagedWrite) -> &mut Self {
+        self.items.push(write);
+        self
+    }
+
+    /// How many writes are staged.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Whether nothing is staged.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+}
+
+impl FromIterator<StagedWrite> for WriteBatch {
+    fn from_iter<I: IntoIterator<Item = StagedWrite>>(iter: I) -> Self {
+        Self {
+            items: iter.into_iter().collect(),
+        }
+    }
+}
+
+impl Extend<StagedWrite> for WriteBatch {
+    fn extend<I: IntoIterator<Item = StagedWrite>>(&mut self, iter: I) {
+        self.items.extend(iter);
+    }
+}
+
+/// What one staged write did once committed. Results come back in batch order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Applied {
+    /// A run row was created.
+    RunCreated,
+    /// A run row was replaced.
+    RunUpdated,
+    /// A task row was created (and indexed under its run and parent).
+    TaskCreated {
+        /// Attachments that were moved to the blob table, as (attachment index, blob key).
+        blobbed: Vec<(u32, u128)>,
+    },
+    /// A task row was replaced.
+    TaskUpdated {
+        /// Attachments that were moved to the blob table, as (attachment index, blob key).
+        blobbed: Vec<(u32, u128)>,
+    },
+    /// A session log row was appended under this sequence number (1 for a task's first row).
+    LogAppended {
+        /// The row's sequence number within its task.
+        seq: u64,
+    },
+    /// The run's checkpoint was replaced.
+    CheckpointWritten,
+    /// A manifest entry was appended under this sequence number (1 for a run's first entry).
+    ManifestAppended {
+        /// The entry's sequence number within its run.
+        seq: u64,
+    },
+    /// A dead letter was appended.
+    DeadLetterAppended {
+        /// Its sequence number within its run.
+        seq: u64,
+    },
+    /// The idempotency key was new and is now recorded: go ahead with the side effect.
+    IdempotencyRecorded,
+    /// The idempotency key was recorded before: skip the side effect. Carries the original record.
+    AlreadyRecorded(IdempotencyRecord),
+    /// An audit entry was appended.
+    AuditAppended {
+        /// Its sequence number within its run.
+        seq: u64,
+    },
+    /// An escalation was appended.
+    EscalationAppended {
+        /// Its sequence number within its run.
+        seq: u64,
+    },
+    /// A blob was stored; reference it with [`crate::AttachmentBody::Blob`].
+    BlobStored {
+        /// The blob's key within its run.
+        key: u128,
+        /// Its size in bytes.
+        len: u64,
+    },
+    /// An agent profile was written (created or replaced).
+    AgentProfileWritten,
+}

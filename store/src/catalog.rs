@@ -1,0 +1,157 @@
+//! The operator view: read-only, store-wide.
+//!
+//! **This is not for code acting inside a run.** Actors, context builders and the checkpoint actor use
+//! a [`crate::RunScope`]. The catalog exists for the operator's commands (`keel tasks`, `keel show
+//! TASK`, `keel logs TASK`, `keel tree RUN`), which start from a bare task id and must find its run.
+//! It has no write methods.
+
+use redb::ReadableTable;
+
+use crate::codec;
+use crate::error::ReadError;
+use crate::model::{AgentProfile, Run, RunId, SessionLogRow, Task, TaskId};
+use crate::read::{self, Listing, Sequenced, TreeNode};
+use crate::store::Store;
+use crate::tables::{self, name};
+
+/// Store-wide, read-only queries for operators. See the module docs for why it is separate from
+/// [`crate::RunScope`].
+#[derive(Clone, Copy, Debug)]
+pub struct Catalog<'s> {
+    store: &'s Store,
+}
+
+impl<'s> Catalog<'s> {
+    pub(crate) fn new(store: &'s Store) -> Self {
+        Self { store }
+    }
+
+    fn limit(&self, n: u32) -> Result<usize, ReadError> {
+        read::check_limit(self.store.limits(), n)
+    }
+
+    /// Runs in id order (creation order for ULIDs), at most `limit`.
+    ///
+    /// # Errors
+    /// [`ReadError::TooManyRows`] if `limit` is over the read limit; [`ReadError::Decode`].
+    pub fn runs(&self, limit: u32) -> Result<Listing<Run>, ReadError> {
+        let limit = self.limit(limit)?;
+        let txn = self.store.begin_read()?;
+        read::runs(&txn, limit)
+    }
+
+    /// One run's row.
+    ///
+    /// # Errors
+    /// [`ReadError::NotFound`].
+    pub fn run(&self, run: RunId) -> Result<Run, ReadError> {
+        let txn = self.store.begin_read()?;
+        read::get_run(&txn, run)
+    }
+
+    /// Tasks of one run, or of all runs (by run, then task id), at most `limit`.
+    ///
+    /// # Errors
+    /// [`ReadError::TooManyRows`], [`ReadError::Decode`].
+    pub fn tasks(&self, run: Option<RunId>, limit: u32) -> Result<Listing<Task>, ReadError> {
+        let limit = self.limit(limit)?;
+        let txn = self.store.begin_read()?;
+        match run {
+            Some(run) => read::tasks_of_run(&txn, run, None, limit),
+            None => read::all_tasks(&txn, limit),
+        }
+    }
+
+    /// Which run a task belongs to.
+    ///
+    /// # Errors
+    /// [`ReadError::NotFound`] if no run has the task.
+    pub fn locate_task(&self, task: TaskId) -> Result<RunId, ReadError> {
+        let txn = self.store.begin_read()?;
+        read::locate_task(&txn, task)
+    }
+
+    /// A task by id alone.
+    ///
+    /// # Errors
+    /// [`ReadError::NotFound`], [`ReadError::Decode`].
+    pub fn task(&self, task: TaskId) -> Result<Task, ReadError> {
+        let txn = self.store.begin_read()?;
+        let run = read::locate_task(&txn, task)?;
+        read::get_task(&txn, run, task)
+    }
+
+    /// A task's direct children, in id order.
+    ///
+    /// # Errors
+    /// [`ReadError::NotFound`] if the task does not exist.
+    pub fn children(&self, task: TaskId, limit: u32) -> Result<Listing<Task>, ReadError> {
+        let limit = self.limit(limit)?;
+        let txn = self.store.begin_read()?;
+        let run = read::locate_task(&txn, task)?;
+        read::children(&txn, run, task, limit)
+    }
+
+    /// A run's tasks as a tree, depth first (children in id order), reading at most `limit` tasks.
+    /// A task whose parent was not among the rows read shows as a root; `more` says rows were left.
+    ///
+    /// # Errors
+    /// [`ReadError::NotFound`] if the run does not exist.
+    pub fn tree(&self, run: RunId, limit: u32) -> Result<Listing<TreeNode>, ReadError> {
+        let limit = self.limit(limit)?;
+        let txn = self.store.begin_read()?;
+        read::tree(&txn, run, limit)
+    }
+
+    /// The last `n` session log rows of a task, oldest first.
+    ///
+    /// # Errors
+    /// [`ReadError::NotFound`] if the task does not exist.
+    pub fn session_log(
+        &self,
+        task: TaskId,
+        n: u32,
+    ) -> Result<Vec<Sequenced<SessionLogRow>>, ReadError> {
+        let n = self.limit(n)?;
+        let txn = self.store.begin_read()?;
+        let run = read::locate_task(&txn, task)?;
+        read::last_log_rows(&txn, run, task, n)
+    }
+
+    /// An agent profile by name.
+    ///
+    /// # Errors
+    /// [`ReadError::NotFound`], [`ReadError::Decode`].
+    pub fn agent(&self, agent: &str) -> Result<AgentProfile, ReadError> {
+        let txn = self.store.begin_read()?;
+        let table = txn.open_table(tables::AGENTS)?;
+        match table.get(agent)? {
+            None => Err(ReadError::NotFound {
+                what: "agent profile",
+                key: agent.to_string(),
+            }),
+            Some(g) => Ok(codec::decode(name::AGENTS, &agent, g.value())?),
+        }
+    }
+
+    /// Agent profiles in name order, at most `limit`.
+    ///
+    /// # Errors
+    /// [`ReadError::TooManyRows`], [`ReadError::Decode`].
+    pub fn agents(&self, limit: u32) -> Result<Listing<AgentProfile>, ReadError> {
+        let limit = self.limit(limit)?;
+        let txn = self.store.begin_read()?;
+        let table = txn.open_table(tables::AGENTS)?;
+        let mut items = Vec::new();
+        let mut more = false;
+        for entry in table.iter()? {
+            let (k, v) = entry?;
+            if items.len() == limit {
+                more = true;
+                break;
+            }
+            items.push(codec::decode(name::AGENTS, &k.value(), v.value())?);
+        }
+        Ok(Listing { items, more })
+    }
+}

@@ -1,0 +1,244 @@
+//! Errors: one `#[non_exhaustive]` enum per operation (open, read, stage, commit), each converting into
+//! the crate's [`enum@Error`]. A caller that cares handles the operation's enum; one that only reports
+//! uses [`enum@Error`].
+//!
+//! A note on IO failures: redb latches the first IO failure of its backend (a full disk, a failed
+//! sync) and refuses every later operation with [`CommitError::NeedsReopen`] /
+//! [`ReadError::NeedsReopen`] until the [`crate::Store`] is dropped and opened again. Nothing committed
+//! before the failure is lost; the failed transaction leaves no trace.
+
+use crate::codec::{DecodeError, EncodeError};
+use crate::limits::LimitError;
+use crate::model::{RunId, TaskId};
+
+/// Opening (or creating) a store failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// redb could not open the file or backend: it is locked by another process, it is not a redb
+    /// database, it needs an upgrade, or the IO failed.
+    #[error("cannot open the database: {0}")]
+    Database(#[from] redb::DatabaseError),
+    /// The store's own format marker is newer than this build: upgrade keel to open it.
+    #[error(
+        "the store was written by a newer keel (store format {found}, this build reads up to {supported})"
+    )]
+    StoreFromFuture {
+        /// The format found in the file.
+        found: u8,
+        /// The newest format this build reads.
+        supported: u8,
+    },
+    /// Creating the tables on first use failed to begin a transaction.
+    #[error("cannot begin the set-up transaction: {0}")]
+    Transaction(#[from] redb::TransactionError),
+    /// A table could not be opened or created (for example, it exists with another key type).
+    #[error("cannot open a table: {0}")]
+    Table(#[from] redb::TableError),
+    /// The storage failed while setting up.
+    #[error("storage failed while setting up: {0}")]
+    Storage(#[from] redb::StorageError),
+    /// The set-up transaction could not be made durable.
+    #[error("cannot commit the set-up transaction: {0}")]
+    Commit(#[from] redb::CommitError),
+    /// The set-up transaction's durability could not be set.
+    #[error("cannot set durability: {0}")]
+    Durability(#[from] redb::SetDurabilityError),
+}
+
+/// A read failed. Reads never change the store.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReadError {
+    /// No such row in the scope asked. Through a [`crate::RunScope`], a row of another run is also
+    /// `NotFound`: the scope cannot see it.
+    #[error("{what} {key} not found")]
+    NotFound {
+        /// What was looked for (`run`, `task`, `blob`, `agent profile`, ...).
+        what: &'static str,
+        /// Its key, as text.
+        key: String,
+    },
+    /// A row exists but does not decode (corrupt, or written by a newer keel).
+    #[error(transparent)]
+    Decode(#[from] DecodeError),
+    /// The caller asked for more rows than [`crate::Limits::read_rows_max`] allows.
+    #[error("read refused: {0}")]
+    TooManyRows(LimitError),
+    /// A read transaction could not begin.
+    #[error("cannot begin a read transaction: {0}")]
+    Transaction(#[from] redb::TransactionError),
+    /// A table could not be opened.
+    #[error("cannot open a table: {0}")]
+    Table(#[from] redb::TableError),
+    /// The storage failed while reading.
+    #[error("storage failed while reading: {0}")]
+    Storage(redb::StorageError),
+    /// The backend failed earlier and redb refuses further IO: drop the store and open it again.
+    #[error("the storage failed earlier; reopen the store")]
+    NeedsReopen,
+}
+
+impl From<redb::StorageError> for ReadError {
+    fn from(e: redb::StorageError) -> Self {
+        match e {
+            redb::StorageError::PreviousIo => Self::NeedsReopen,
+            other => Self::Storage(other),
+        }
+    }
+}
+
+/// A write could not be staged: it was refused before it reached any transaction.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StageError {
+    /// A field is over its limit; nothing was truncated.
+    #[error(transparent)]
+    Limit(#[from] LimitError),
+    /// The record names another run than the scope it was staged through. A scope only ever writes
+    /// its own run's rows.
+    #[error("record belongs to run {record}, but was staged through the scope of run {scope}")]
+    RunMismatch {
+        /// The scope's run.
+        scope: RunId,
+        /// The run the record names.
+        record: RunId,
+    },
+    /// The record is inconsistent in itself (a task that is its own parent, ...).
+    #[error("invalid {field}: {reason}")]
+    Invalid {
+        /// The offending field.
+        field: &'static str,
+        /// Why it is invalid.
+        reason: &'static str,
+    },
+}
+
+/// Why one item of a group commit could not be applied. The whole group is then not committed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ItemError {
+    /// The run does not exist (create it first, in this batch or an earlier one).
+    #[error("run {0} not found")]
+    RunNotFound(RunId),
+    /// A run with this id already exists.
+    #[error("run {0} already exists")]
+    RunExists(RunId),
+    /// The task does not exist in this run.
+    #[error("task {task} not found in run {run}")]
+    TaskNotFound {
+        /// The run looked in.
+        run: RunId,
+        /// The task looked for.
+        task: TaskId,
+    },
+    /// The task id is already used (by this run or another one): task ids are unique store-wide.
+    #[error("task id {0} is already taken")]
+    TaskIdTaken(TaskId),
+    /// The task's parent does not exist in the same run.
+    #[error("parent {parent} of task {task} not found in the task's run")]
+    ParentNotFound {
+        /// The task being created.
+        task: TaskId,
+        /// The parent it names.
+        parent: TaskId,
+    },
+    /// An update tried to change a task's parent; thread links are fixed at creation.
+    #[error("task {task}: its parent cannot change")]
+    ParentChanged {
+        /// The task being updated.
+        task: TaskId,
+    },
+    /// An attachment references a blob that does not exist in this run.
+    #[error("blob {0} not found in this run")]
+    BlobNotFound(u128),
+    /// A stored row the item needed to read does not decode.
+    #[error(transparent)]
+    Decode(#[from] DecodeError),
+    /// The item could not be encoded.
+    #[error(transparent)]
+    Encode(#[from] EncodeError),
+    /// A sequence number ran out (more than 2^64 rows under one key prefix).
+    #[error("sequence exhausted in table {0}")]
+    SequenceExhausted(&'static str),
+}
+
+/// A group commit failed. Nothing of the group was committed; earlier commits are intact.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CommitError {
+    /// The batch has more items than [`crate::Limits::batch_items_max`].
+    #[error("batch refused: {0}")]
+    BatchTooLarge(LimitError),
+    /// One item could not be applied; `index` is its position in the batch.
+    #[error("item {index} of the batch: {error}")]
+    Item {
+        /// The item's position in the batch (0-based).
+        index: u32,
+        /// What was wrong.
+        error: ItemError,
+    },
+    /// The write transaction could not begin.
+    #[error("cannot begin a write transaction: {0}")]
+    Begin(#[from] redb::TransactionError),
+    /// The durability could not be set on the transaction.
+    #[error("cannot set durability: {0}")]
+    Durability(#[from] redb::SetDurabilityError),
+    /// A table could not be opened.
+    #[error("cannot open a table: {0}")]
+    Table(#[from] redb::TableError),
+    /// The disk (or backend) is full. Nothing of this group was committed; reopen the store once
+    /// space is free.
+    #[error("disk full: {0}")]
+    DiskFull(redb::StorageError),
+    /// The storage failed (IO error, corruption detected by redb).
+    #[error("storage failed: {0}")]
+    Storage(redb::StorageError),
+    /// The backend failed earlier and redb refuses further IO: drop the store and open it again.
+    #[error("the storage failed earlier; reopen the store")]
+    NeedsReopen,
+    /// The commit itself failed (the final write or sync).
+    #[error("commit failed: {0}")]
+    Commit(redb::CommitError),
+}
+
+fn is_disk_full(e: &redb::StorageError) -> bool {
+    matches!(e, redb::StorageError::Io(io) if io.kind() == std::io::ErrorKind::StorageFull)
+}
+
+impl From<redb::StorageError> for CommitError {
+    fn from(e: redb::StorageError) -> Self {
+        match e {
+            redb::StorageError::PreviousIo => Self::NeedsReopen,
+            e if is_disk_full(&e) => Self::DiskFull(e),
+            other => Self::Storage(other),
+        }
+    }
+}
+
+impl From<redb::CommitError> for CommitError {
+    fn from(e: redb::CommitError) -> Self {
+        match e {
+            redb::CommitError::Storage(s) => s.into(),
+            other => Self::Commit(other),
+        }
+    }
+}
+
+/// Any store error, for callers that only report.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Opening failed.
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    /// A read failed.
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    /// A write was refused at staging.
+    #[error(transparent)]
+    Stage(#[from] StageError),
+    /// A commit failed.
+    #[error(transparent)]
+    Commit(#[from] CommitError),
+}

@@ -1,0 +1,337 @@
+//! Read helpers shared by [`crate::RunScope`] and [`crate::Catalog`]. Every function here takes the run
+//! explicitly and builds keys only inside that run's range; the scope passes its own run, the catalog
+//! the run it located.
+
+use std::collections::BTreeMap;
+
+use redb::{ReadTransaction, ReadableTable, TableDefinition};
+use serde::de::DeserializeOwned;
+
+use crate::codec;
+use crate::error::ReadError;
+use crate::limits::{LimitError, Limits};
+use crate::model::{Run, RunId, SessionLogRow, Task, TaskId};
+use crate::tables::{self, Row, name};
+
+/// Rows of a bounded read, with whether more rows were left unread (never truncated silently).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listing<T> {
+    /// The rows read, in key order.
+    pub items: Vec<T>,
+    /// Whether rows beyond `items` exist; ask again after the last one to read on.
+    pub more: bool,
+}
+
+/// A row of an ordered per-run or per-task table, with its sequence number.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sequenced<T> {
+    /// The row's sequence number (1 for the first row).
+    pub seq: u64,
+    /// The row.
+    pub value: T,
+}
+
+/// One task of a run's tree, with its level in the tree (0 for a root) for indentation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TreeNode {
+    /// How many ancestors it has among the rows read.
+    pub level: u32,
+    /// The task.
+    pub task: Task,
+}
+
+pub(crate) fn check_limit(limits: &Limits, n: u32) -> Result<usize, ReadError> {
+    if u64::from(n) > limits.read_rows_max {
+        return Err(ReadError::TooManyRows(LimitError {
+            field: "read.rows",
+            size: u64::from(n),
+            limit: limits.read_rows_max,
+        }));
+    }
+    Ok(usize::try_from(n).unwrap_or(usize::MAX))
+}
+
+pub(crate) fn get_run(txn: &ReadTransaction, run: RunId) -> Result<Run, ReadError> {
+    let table = txn.open_table(tables::RUNS)?;
+    match table.get(run.0)? {
+        None => Err(ReadError::NotFound {
+            what: "run",
+            key: run.to_string(),
+        }),
+        Some(g) => Ok(codec::decode(name::RUNS, &run, g.value())?),
+    }
+}
+
+pub(crate) fn get_task(txn: &ReadTransaction, run: RunId, task: TaskId) -> Result<Task, ReadError> {
+    let table = txn.open_table(tables::TASKS)?;
+    match table.get((run.0, task.0))? {
+        None => Err(ReadError::NotFound {
+            what: "task",
+            key: task.to_string(),
+        }),
+        Some(g) => Ok(codec::decode(
+            name::TASKS,
+            &format_args!("{run}/{task}"),
+            g.value(),
+        )?),
+    }
+}
+
+pub(crate) fn require_task(
+    txn: &ReadTransaction,
+    run: RunId,
+    task: TaskId,
+) -> Result<(), ReadError> {
+    let table = txn.open_table(tables::TASKS)?;
+    if table.get((run.0, task.0))?.is_none() {
+        return Err(ReadError::NotFound {
+            what: "task",
+            key: task.to_string(),
+        });
+    }
+    Ok(())
+}
+
+pub(crate) fn tasks_of_run(
+    txn: &ReadTransaction,
+    run: RunId,
+    after: Option<TaskId>,
+    limit: usize,
+) -> Result<Listing<Task>, ReadError> {
+    let table = txn.open_table(tables::TASKS)?;
+    let start = match after {
+        None => 0,
+        Some(t) => match t.0.checked_add(1) {
+            Some(s) => s,
+            None => {
+                return Ok(Listing {
+                    items: Vec::new(),
+                    more: false,
+                });
+            }
+        },
+    };
+    let mut items = Vec::new();
+    let mut more = false;
+    for entry in table.range((run.0, start)..=(run.0, u128::MAX))? {
+        let (k, v) = entry?;
+        if items.len() == limit {
+            more = true;
+            break;
+        }
+        let (_, t) = k.value();
+        items.push(codec::decode(
+            name::TASKS,
+            &format_args!("{run}/{}", TaskId(t)),
+            v.value(),
+        )?);
+    }
+    Ok(Listing { items, more })
+}
+
+pub(crate) fn all_tasks(txn: &ReadTransaction, limit: usize) -> Result<Listing<Task>, ReadError> {
+    let table = txn.open_table(tables::TASKS)?;
+    let mut items = Vec::new();
+    let mut more = false;
+    for entry in table.iter()? {
+        let (k, v) = entry?;
+        if items.len() == limit {
+            more = true;
+            break;
+        }
+        let (r, t) = k.value();
+        items.push(codec::decode(
+            name::TASKS,
+            &format_args!("{}/{}", RunId(r), TaskId(t)),
+            v.value(),
+        )?);
+    }
+    Ok(Listing { items, more })
+}
+
+pub(crate) fn runs(txn: &ReadTransaction, limit: usize) -> Result<Listing<Run>, ReadError> {
+    let table = txn.open_table(tables::RUNS)?;
+    let mut items = Vec::new();
+    let mut more = false;
+    for entry in table.iter()? {
+        let (k, v) = entry?;
+        if items.len() == limit {
+            more = true;
+            break;
+        }
+        items.push(codec::decode(name::RUNS, &RunId(k.value()), v.value())?);
+    }
+    Ok(Listing { items, more })
+}
+
+pub(crate) fn children(
+    txn: &ReadTransaction,
+    run: RunId,
+    parent: TaskId,
+    limit: usize,
+) -> Result<Listing<Task>, ReadError> {
+    require_task(txn, run, parent)?;
+    let index = txn.open_table(tables::TASK_CHILDREN)?;
+    let mut items = Vec::new();
+    let mut more = false;
+    for entry in index.range((run.0, parent.0, 0u128)..=(run.0, parent.0, u128::MAX))? {
+        let (k, _) = entry?;
+        if items.len() == limit {
+            more = true;
+            break;
+        }
+        let (_, _, child) = k.value();
+        items.push(get_task(txn, run, TaskId(child))?);
+    }
+    Ok(Listing { items, more })
+}
+
+pub(crate) fn ancestors(
+    txn: &ReadTransaction,
+    run: RunId,
+    task: TaskId,
+    max: usize,
+) -> Result<Vec<Task>, ReadError> {
+    let mut current = get_task(txn, run, task)?;
+    let mut chain = Vec::new();
+    while chain.len() < max {
+        let Some(parent) = current.parent else { break };
+        let parent = get_task(txn, run, parent)?;
+        chain.push(parent.clone());
+        current = parent;
+    }
+    Ok(chain)
+}
+
+pub(crate) fn tree(
+    txn: &ReadTransaction,
+    run: RunId,
+    limit: usize,
+) -> Result<Listing<TreeNode>, ReadError> {
+    get_run(txn, run)?;
+    let Listing { items, more } = tasks_of_run(txn, run, None, limit)?;
+    let mut by_id: BTreeMap<TaskId, Task> = items.into_iter().map(|t| (t.id, t)).collect();
+    let mut kids: BTreeMap<TaskId, Vec<TaskId>> = BTreeMap::new();
+    let mut roots = Vec::new();
+    for t in by_id.values() {
+        match t.parent {
+            Some(p) if by_id.contains_key(&p) => kids.entry(p).or_default().push(t.id),
+            _ => roots.push(t.id),
+        }
+    }
+    // Depth-first, children in id order (ULIDs: creation order). An explicit stack bounds the walk
+    // by the number of rows read, whatever the tree's shape.
+    let mut out = Vec::with_capacity(by_id.len());
+    let mut stack: Vec<(TaskId, u32)> = roots.into_iter().rev().map(|id| (id, 0)).collect();
+    while let Some((id, level)) = stack.pop() {
+        if let Some(children) = kids.get(&id) {
+            stack.extend(children.iter().rev().map(|c| (*c, level.saturating_add(1))));
+        }
+        if let Some(task) = by_id.remove(&id) {
+            out.push(TreeNode { level, task });
+        }
+    }
+    Ok(Listing { items: out, more })
+}
+
+pub(crate) fn last_log_rows(
+    txn: &ReadTransaction,
+    run: RunId,
+    task: TaskId,
+    n: usize,
+) -> Result<Vec<Sequenced<SessionLogRow>>, ReadError> {
+    require_task(txn, run, task)?;
+    let table = txn.open_table(tables::SESSION_LOGS)?;
+    let mut rows = Vec::with_capacity(n.min(1024));
+    for entry in table
+        .range((run.0, task.0, 0u64)..=(run.0, task.0, u64::MAX))?
+        .rev()
+        .take(n)
+    {
+        let (k, v) = entry?;
+        let seq = k.value().2;
+        rows.push(Sequenced {
+            seq,
+            value: codec::decode(
+                name::SESSION_LOGS,
+                &format_args!("{run}/{task}/{seq}"),
+                v.value(),
+            )?,
+        });
+    }
+    rows.reverse();
+    Ok(rows)
+}
+
+pub(crate) fn log_rows_after(
+    txn: &ReadTransaction,
+    run: RunId,
+    task: TaskId,
+    after: u64,
+    limit: usize,
+) -> Result<Listing<Sequenced<SessionLogRow>>, ReadError> {
+    require_task(txn, run, task)?;
+    let table = txn.open_table(tables::SESSION_LOGS)?;
+    let mut items = Vec::new();
+    let mut more = false;
+    let Some(start) = after.checked_add(1) else {
+        return Ok(Listing { items, more });
+    };
+    for entry in table.range((run.0, task.0, start)..=(run.0, task.0, u64::MAX))? {
+        let (k, v) = entry?;
+        if items.len() == limit {
+            more = true;
+            break;
+        }
+        let seq = k.value().2;
+        items.push(Sequenced {
+            seq,
+            value: codec::decode(
+                name::SESSION_LOGS,
+                &format_args!("{run}/{task}/{seq}"),
+                v.value(),
+            )?,
+        });
+    }
+    Ok(Listing { items, more })
+}
+
+pub(crate) fn seq_rows<T: DeserializeOwned>(
+    txn: &ReadTransaction,
+    def: TableDefinition<'_, (u128, u64), Row>,
+    table_name: &'static str,
+    run: RunId,
+    after: u64,
+    limit: usize,
+) -> Result<Listing<Sequenced<T>>, ReadError> {
+    let table = txn.open_table(def)?;
+    let mut items = Vec::new();
+    let mut more = false;
+    let Some(start) = after.checked_add(1) else {
+        return Ok(Listing { items, more });
+    };
+    for entry in table.range((run.0, start)..=(run.0, u64::MAX))? {
+        let (k, v) = entry?;
+        if items.len() == limit {
+            more = true;
+            break;
+        }
+        let seq = k.value().1;
+        items.push(Sequenced {
+            seq,
+            value: codec::decode(table_name, &format_args!("{run}/{seq}"), v.value())?,
+        });
+    }
+    Ok(Listing { items, more })
+}
+
+pub(crate) fn locate_task(txn: &ReadTransaction, task: TaskId) -> Result<RunId, ReadError> {
+    let table = txn.open_table(tables::TASK_RUN)?;
+    match table.get(task.0)? {
+        None => Err(ReadError::NotFound {
+            what: "task",
+            key: task.to_string(),
+        }),
+        Some(g) => Ok(RunId(g.value())),
+    }
+}

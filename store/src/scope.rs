@@ -1,0 +1,419 @@
+//! The run-scoped handle: the only way to reach one run's rows.
+
+use crate::batch::{RunOp, StagedWrite};
+use crate::codec;
+use crate::error::{ReadError, StageError};
+use crate::model::{
+    AuditEntry, Checkpoint, DeadLetter, Escalation, IdempotencyRecord, ManifestEntry, Run, RunId,
+    SessionLogRow, Task, TaskId,
+};
+use crate::read::{self, Listing, Sequenced};
+use crate::store::Store;
+use crate::tables::{self, name};
+
+/// One run's view of the store (DESIGN.md §12, invariant 9: one run never reads or writes another
+/// run's state).
+///
+/// Every key this handle builds starts with its own run id, which it never lets a caller change: a
+/// task id of another run is `NotFound` here, and a record naming another run is refused at staging
+/// with [`StageError::RunMismatch`]. It is a cheap borrow of the store; make one per use.
+#[derive(Clone, Copy, Debug)]
+pub struct RunScope<'s> {
+    store: &'s Store,
+    run: RunId,
+}
+
+impl<'s> RunScope<'s> {
+    pub(crate) fn new(store: &'s Store, run: RunId) -> Self {
+        Self { store, run }
+    }
+
+    /// The run this scope reaches.
+    pub fn id(&self) -> RunId {
+        self.run
+    }
+
+    fn limit(&self, n: u32) -> Result<usize, ReadError> {
+        read::check_limit(self.store.limits(), n)
+    }
+
+    fn same_run(&self, record: RunId) -> Result<(), StageError> {
+        if record != self.run {
+            return Err(StageError::RunMismatch {
+                scope: self.run,
+                record,
+            });
+        }
+        Ok(())
+    }
+
+    // ----- reads -----
+
+    /// The run's row.
+    ///
+    /// # Errors
+    /// [`ReadError::NotFound`] if the run was never created.
+    pub fn get(&self) -> Result<Run, ReadError> {
+        let txn = self.store.begin_read()?;
+        read::get_run(&txn, self.run)
+    }
+
+    /// A task of this run. A task of another run is `NotFound`, exactly as a task that never existed.
+    ///
+    /// # Errors
+    /// [`ReadError::NotFound`], [`ReadError::Decode`].
+    pub fn task(&self, task: TaskId) -> Result<Task, ReadError> {
+        let txn = self.store.begin_read()?;
+        read::get_task(&txn, self.run, task)
+    }
+
+    /// This run's tasks in id order (creation order for ULIDs), at most `limit`, starting after
+    /// `after` when paging.
+    ///
+    /// # Errors
+    /// [`ReadError::TooManyRows`] if `limit` is over the read limit.
+    pub fn tasks(&self, after: Option<TaskId>, limit: u32) -> Result<Listing<Task>, ReadError> {
+        let limit = self.limit(limit)?;
+        let txn = self.store.begin_read()?;
+        read::tasks_of_run(&txn, self.run, after, limit)
+    }
+
+    /// The direct children of a task of this run, in id order.
+    ///
+    /// # Errors
+    /// [`ReadError::NotFound`] if the parent is not a task of this run.
+    pub fn children(&self, parent: TaskId, limit: u32) -> Result<Listing<Task>, ReadError> {
+        let limit = self.limit(limit)?;
+        let txn = self.store.begin_read()?;
+        read::children(&txn, self.run, parent, limit)
+    }
+
+    /// The task's ancestors, nearest first (parent, grandparent, ...), at most `max` of them: what the
+    /// standard preamble walks.
+    ///
+    /// # Errors
+    /// [`ReadError::NotFound`] if the task is not a task of this run.
+    pub fn ancestors(&self, task: TaskId, max: u32) -> Result<Vec<Task>, ReadError> {
+        let max = self.limit(max)?;
+        let txn = self.store.begin_read()?;
+        read::ancestors(&txn, self.run, task, max)
+    }
+
+    /// The last `n` session log rows of a task, oldest first: what the resume preamble summarises.
+    ///
+    /// # Errors
+    /// [`ReadError::NotFound`] if the task is not a task of this run.
+    pub fn last_log_rows(
+        &self,
+        task: TaskId,
+        n: u32,
+    ) -> Result<Vec<Sequenced<SessionLogRow>>, ReadError> {
+        let n = self.limit(n)?;
+        let txn = self.store.begin_read()?;
+        read::last_log_rows(&txn, self.run, task, n)
+    }
+
+    /// A task's session log rows with a sequence number above `after_seq`, oldest first.
+    ///
+    /// # Errors
+    /// [`ReadError::NotFound`] if the task is not a task of this run.
+    pub fn log_rows_after(
+        &self,
+        task: TaskId,
+        after_seq: u64,
+        limit: u32,
+    ) -> Result<Listing<Sequenced<SessionLogRow>>, ReadError> {
+        let limit = self.limit(limit)?;
+        let txn = self.store.begin_read()?;
+        read::log_rows_after(&txn, self.run, task, after_seq, limit)
+    }
+
+    /// The run's latest checkpoint, if one was written.
+    ///
+    /// # Errors
+    /// [`ReadError::Decode`] if the row is corrupt.
+    pub fn checkpoint(&self) -> Result<Option<Checkpoint>, ReadError> {
+        let txn = self.store.begin_read()?;
+        let table = txn.open_table(tables::CHECKPOINTS)?;
+        match table.get(self.run.0)? {
+            None => Ok(None),
+            Some(g) => Ok(Some(codec::decode(
+                name::CHECKPOINTS,
+                &self.run,
+                g.value(),
+            )?)),
+        }
+    }
+
+    /// Manifest entries with a sequence number above `after_seq`, in order.
+    ///
+    /// # Errors
+    /// [`ReadError::TooManyRows`], [`ReadError::Decode`].
+    pub fn manifest(
+        &self,
+        after_seq: u64,
+        limit: u32,
+    ) -> Result<Listing<Sequenced<ManifestEntry>>, ReadError> {
+        let limit = self.limit(limit)?;
+        let txn = self.store.begin_read()?;
+        read::seq_rows(
+            &txn,
+            tables::MANIFEST,
+            name::MANIFEST,
+            self.run,
+            after_seq,
+            limit,
+        )
+    }
+
+    /// Dead letters with a sequence number above `after_seq`, in order.
+    ///
+    /// # Errors
+    /// [`ReadError::TooManyRows`], [`ReadError::Decode`].
+    pub fn dead_letters(
+        &self,
+        after_seq: u64,
+        limit: u32,
+    ) -> Result<Listing<Sequenced<DeadLetter>>, ReadError> {
+        let limit = self.limit(limit)?;
+        let txn = self.store.begin_read()?;
+        read::seq_rows(
+            &txn,
+            tables::DEAD_LETTERS,
+            name::DEAD_LETTERS,
+            self.run,
+            after_seq,
+            limit,
+        )
+    }
+
+    /// Audit entries with a sequence number above `after_seq`, in order.
+    ///
+    /// # Errors
+    /// [`ReadError::TooManyRows`], [`ReadError::Decode`].
+    pub fn audit(
+        &self,
+        after_seq: u64,
+        limit: u32,
+    ) -> Result<Listing<Sequenced<AuditEntry>>, ReadError> {
+        let limit = self.limit(limit)?;
+        let txn = self.store.begin_read()?;
+        read::seq_rows(&txn, tables::AUDIT, name::AUDIT, self.run, after_seq, limit)
+    }
+
+    /// Escalations with a sequence number above `after_seq`, in order.
+    ///
+    /// # Errors
+    /// [`ReadError::TooManyRows`], [`ReadError::Decode`].
+    pub fn escalations(
+        &self,
+        after_seq: u64,
+        limit: u32,
+    ) -> Result<Listing<Sequenced<Escalation>>, ReadError> {
+        let limit = self.limit(limit)?;
+        let txn = self.store.begin_read()?;
+        read::seq_rows(
+            &txn,
+            tables::ESCALATIONS,
+            name::ESCALATIONS,
+            self.run,
+            after_seq,
+            limit,
+        )
+    }
+
+    /// The idempotency record under `key` in this run, if the key was recorded.
+    ///
+    /// # Errors
+    /// [`ReadError::Decode`] if the row is corrupt.
+    pub fn idempotency(&self, key: &str) -> Result<Option<IdempotencyRecord>, ReadError> {
+        let txn = self.store.begin_read()?;
+        let table = txn.open_table(tables::IDEMPOTENCY)?;
+        match table.get((self.run.0, key))? {
+            None => Ok(None),
+            Some(g) => Ok(Some(codec::decode(
+                name::IDEMPOTENCY,
+                &format_args!("{}/{key}", self.run),
+                g.value(),
+            )?)),
+        }
+    }
+
+    /// The bytes of a blob of this run (an attachment or output stored by reference).
+    ///
+    /// # Errors
+    /// [`ReadError::NotFound`] if this run has no blob under `key`.
+    pub fn blob(&self, key: u128) -> Result<Vec<u8>, ReadError> {
+        let txn = self.store.begin_read()?;
+        let table = txn.open_table(tables::BLOBS)?;
+        match table.get((self.run.0, key))? {
+            None => Err(ReadError::NotFound {
+                what: "blob",
+                key: key.to_string(),
+            }),
+            Some(g) => Ok(g.value().to_vec()),
+        }
+    }
+
+    // ----- staged writes -----
+
+    /// Stages the creation of this run's row. The commit fails with `RunExists` if it exists.
+    ///
+    /// # Errors
+    /// [`StageError::RunMismatch`] if `run.id` is not this scope's run; [`StageError::Limit`].
+    pub fn stage_create_run(&self, run: Run) -> Result<StagedWrite, StageError> {
+        self.same_run(run.id)?;
+        self.store.limits().check_run(&run)?;
+        Ok(StagedWrite::for_run(self.run, RunOp::CreateRun(run)))
+    }
+
+    /// Stages a replacement of this run's row (status, budget, outcome).
+    ///
+    /// # Errors
+    /// [`StageError::RunMismatch`], [`StageError::Limit`].
+    pub fn stage_update_run(&self, run: Run) -> Result<StagedWrite, StageError> {
+        self.same_run(run.id)?;
+        self.store.limits().check_run(&run)?;
+        Ok(StagedWrite::for_run(self.run, RunOp::UpdateRun(run)))
+    }
+
+    /// Stages a new task of this run, indexed under its parent (which must be a task of this run).
+    /// Attachments over the inline threshold are moved to the blob table at commit.
+    ///
+    /// # Errors
+    /// [`StageError::RunMismatch`], [`StageError::Limit`], [`StageError::Invalid`] for a task that is
+    /// its own parent.
+    pub fn stage_create_task(&self, task: Task) -> Result<StagedWrite, StageError> {
+        self.same_run(task.run_id)?;
+        if task.parent == Some(task.id) {
+            return Err(StageError::Invalid {
+                field: "task.parent",
+                reason: "a task cannot be its own parent",
+            });
+        }
+        self.store.limits().check_task(&task)?;
+        Ok(StagedWrite::for_run(self.run, RunOp::CreateTask(task)))
+    }
+
+    /// Stages a replacement of a task of this run (status, outcome, attachments, notes). Its parent
+    /// cannot change.
+    ///
+    /// # Errors
+    /// [`StageError::RunMismatch`], [`StageError::Limit`].
+    pub fn stage_update_task(&self, task: Task) -> Result<StagedWrite, StageError> {
+        self.same_run(task.run_id)?;
+        self.store.limits().check_task(&task)?;
+        Ok(StagedWrite::for_run(self.run, RunOp::UpdateTask(task)))
+    }
+
+    /// Stages a session log row for a task of this run; it gets the task's next sequence number at
+    /// commit ([`crate::Applied::LogAppended`]).
+    ///
+    /// # Errors
+    /// [`StageError::Limit`] for a summary or detail over its limit.
+    pub fn stage_append_log(
+        &self,
+        task: TaskId,
+        row: SessionLogRow,
+    ) -> Result<StagedWrite, StageError> {
+        self.store.limits().check_log_row(&row)?;
+        Ok(StagedWrite::for_run(
+            self.run,
+            RunOp::AppendLog { task, row },
+        ))
+    }
+
+    /// Stages this run's checkpoint (replacing the previous one).
+    ///
+    /// # Errors
+    /// [`StageError::RunMismatch`], [`StageError::Limit`].
+    pub fn stage_put_checkpoint(&self, checkpoint: Checkpoint) -> Result<StagedWrite, StageError> {
+        self.same_run(checkpoint.run_id)?;
+        self.store.limits().check_checkpoint(&checkpoint)?;
+        Ok(StagedWrite::for_run(
+            self.run,
+            RunOp::PutCheckpoint(checkpoint),
+        ))
+    }
+
+    /// Stages a manifest entry; it gets the run's next sequence number at commit. There is no way to
+    /// update or delete one.
+    ///
+    /// # Errors
+    /// [`StageError::Limit`].
+    pub fn stage_append_manifest(&self, entry: ManifestEntry) -> Result<StagedWrite, StageError> {
+        self.store.limits().check_manifest(&entry)?;
+        Ok(StagedWrite::for_run(self.run, RunOp::AppendManifest(entry)))
+    }
+
+    /// Stages a dead letter.
+    ///
+    /// # Errors
+    /// [`StageError::Limit`].
+    pub fn stage_append_dead_letter(&self, letter: DeadLetter) -> Result<StagedWrite, StageError> {
+        self.store.limits().check_dead_letter(&letter)?;
+        Ok(StagedWrite::for_run(
+            self.run,
+            RunOp::AppendDeadLetter(letter),
+        ))
+    }
+
+    /// Stages an idempotency record. Commit it (durably) before the side effect it guards: the
+    /// result is [`crate::Applied::IdempotencyRecorded`] the first time and
+    /// [`crate::Applied::AlreadyRecorded`] with the original record on any replay.
+    ///
+    /// # Errors
+    /// [`StageError::Limit`], [`StageError::Invalid`] for an empty key.
+    pub fn stage_record_idempotency(
+        &self,
+        record: IdempotencyRecord,
+    ) -> Result<StagedWrite, StageError> {
+        if record.key.is_empty() {
+            return Err(StageError::Invalid {
+                field: "idempotency.key",
+                reason: "empty",
+            });
+        }
+        self.store.limits().check_idempotency(&record)?;
+        Ok(StagedWrite::for_run(
+            self.run,
+            RunOp::RecordIdempotency(record),
+        ))
+    }
+
+    /// Stages an audit entry (one hook decision).
+    ///
+    /// # Errors
+    /// [`StageError::Limit`].
+    pub fn stage_append_audit(&self, entry: AuditEntry) -> Result<StagedWrite, StageError> {
+        self.store.limits().check_audit(&entry)?;
+        Ok(StagedWrite::for_run(self.run, RunOp::AppendAudit(entry)))
+    }
+
+    /// Stages an escalation.
+    ///
+    /// # Errors
+    /// [`StageError::Limit`].
+    pub fn stage_append_escalation(
+        &self,
+        escalation: Escalation,
+    ) -> Result<StagedWrite, StageError> {
+        self.store.limits().check_escalation(&escalation)?;
+        Ok(StagedWrite::for_run(
+            self.run,
+            RunOp::AppendEscalation(escalation),
+        ))
+    }
+
+    /// Stages a blob (an output stored by reference); its key is returned at commit in
+    /// [`crate::Applied::BlobStored`].
+    ///
+    /// # Errors
+    /// [`StageError::Limit`] above the attachment maximum.
+    pub fn stage_put_blob(&self, bytes: Vec<u8>) -> Result<StagedWrite, StageError> {
+        self.store
+            .limits()
+            .check_blob_len(u64::try_from(bytes.len()).unwrap_or(u64::MAX))?;
+        Ok(StagedWrite::for_run(self.run, RunOp::PutBlob(bytes)))
+    }
+}

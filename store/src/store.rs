@@ -1,0 +1,556 @@
+//! The store: opening, group commit, and the two ways in (a run's scope, the operator's catalog).
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, StorageBackend, Table};
+
+use crate::batch::{Applied, RunOp, Staged, StagedWrite, WriteBatch};
+use crate::catalog::Catalog;
+use crate::codec::{self, DecodeError};
+use crate::error::{CommitError, ItemError, OpenError, ReadError, StageError};
+use crate::limits::{LimitError, Limits};
+use crate::model::{AgentProfile, AttachmentBody, IdempotencyRecord, Run, RunId, Task, TaskId};
+use crate::scope::RunScope;
+use crate::tables::{self, Row, name};
+
+/// The store format this build writes into the `meta` table. Bumped only when the table layout (not a
+/// record's shape: that is the codec's schema version) changes incompatibly.
+pub const STORE_FORMAT: u64 = 1;
+
+/// How a store is opened. A struct rather than arguments so later options do not break callers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreConfig {
+    /// The size limits enforced on every write and read.
+    pub limits: Limits,
+}
+
+/// keel's durable model: one redb database holding every run, task, log row and record.
+///
+/// Per-run state is reached only through [`Store::run`] (a [`RunScope`]); store-wide reads for the
+/// operator go through [`Store::catalog`]. Writes are staged through a scope and committed by
+/// [`Store::commit_group`] with a durability chosen by the caller at every commit site.
+///
+/// `Store` is `Send + Sync`; redb serializes write transactions, so concurrent committers queue.
+pub struct Store {
+    db: Database,
+    limits: Limits,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// Opens the store file at `path`, creating the file and its tables on first use, with the
+    /// default [`Limits`]. The parent directory must exist.
+    ///
+    /// # Errors
+    /// [`OpenError::Database`] if the file is locked by another process, is not a redb database, or
+    /// IO fails; [`OpenError::StoreFromFuture`] if a newer keel wrote it.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, OpenError> {
+        Self::open_with(path, StoreConfig::default())
+    }
+
+    /// Like [`Store::open`] with explicit configuration.
+    ///
+    /// # Errors
+    /// As [`Store::open`].
+    pub fn open_with(path: impl AsRef<Path>, config: StoreConfig) -> Result<Self, OpenError> {
+        let db = Database::create(path)?;
+        Self::init(db, config)
+    }
+
+    /// Opens (or creates) a store on any redb [`StorageBackend`]: the simulator and the crash tests
+    /// pass a [`crate::SimDisk`] here; reopening after a simulated crash is another call with the
+    /// crashed disk.
+    ///
+    /// # Errors
+    /// As [`Store::open`]; a backend that fails its IO gives [`OpenError::Database`].
+    pub fn open_backend(
+        backend: impl StorageBackend,
+        config: StoreConfig,
+    ) -> Result<Self, OpenError> {
+        let db = Database::builder().create_with_backend(backend)?;
+        Self::init(db, config)
+    }
+
+    fn init(db: Database, config: StoreConfig) -> Result<Self, OpenError> {
+        let mut txn = db.begin_write()?;
+        txn.set_durability(Durability::Immediate)?;
+        {
+            let mut meta = txn.open_table(tables::META)?;
+            let found = meta.get("store_format")?.map(|g| g.value());
+            match found {
+                Some(found) if found > STORE_FORMAT => {
+                    return Err(OpenError::StoreFromFuture {
+                        found: u8::try_from(found).unwrap_or(u8::MAX),
+                        supported: u8::try_from(STORE_FORMAT).unwrap_or(u8::MAX),
+                    });
+                }
+                Some(_) => {}
+                None => {
+                    meta.insert("store_format", STORE_FORMAT)?;
+                }
+            }
+            txn.open_table(tables::RUNS)?;
+            txn.open_table(tables::TASKS)?;
+            txn.open_table(tables::TASK_RUN)?;
+            txn.open_table(tables::TASK_CHILDREN)?;
+            txn.open_table(tables::SESSION_LOGS)?;
+            txn.open_table(tables::CHECKPOINTS)?;
+            txn.open_table(tables::MANIFEST)?;
+            txn.open_table(tables::DEAD_LETTERS)?;
+            txn.open_table(tables::IDEMPOTENCY)?;
+            txn.open_table(tables::AUDIT)?;
+            txn.open_table(tables::ESCALATIONS)?;
+            txn.open_table(tables::BLOBS)?;
+            txn.open_table(tables::AGENTS)?;
+        }
+        txn.commit()?;
+        Ok(Self {
+            db,
+            limits: config.limits,
+        })
+    }
+
+    /// The limits this store enforces.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// The handle to one run's state. Every key it builds starts with `run`; a row of another run is
+    /// `NotFound` through it and cannot be written through it. Creating a scope does no IO: a scope
+    /// for a run that does not exist yet is how the run is created ([`RunScope::stage_create_run`]).
+    pub fn run(&self, run: RunId) -> RunScope<'_> {
+        RunScope::new(self, run)
+    }
+
+    /// The operator view: read-only, store-wide (list runs and tasks, locate a task's run). For the
+    /// CLI's `keel tasks` / `keel show TASK`, never for an actor acting inside a run.
+    pub fn catalog(&self) -> Catalog<'_> {
+        Catalog::new(self)
+    }
+
+    /// An agent profile by name. Profiles are store-wide configuration (shared by all runs), so they
+    /// are read from the store rather than through a run's scope; the supervisor resolves a task's
+    /// model from its assignee's profile here.
+    ///
+    /// # Errors
+    /// [`ReadError::NotFound`], [`ReadError::Decode`].
+    pub fn agent_profile(&self, agent: &str) -> Result<AgentProfile, ReadError> {
+        self.catalog().agent(agent)
+    }
+
+    /// Stages an agent profile write (store-wide: profiles are shared by all runs).
+    ///
+    /// # Errors
+    /// [`StageError::Limit`] if a field is over its limit.
+    pub fn stage_put_agent(&self, profile: AgentProfile) -> Result<StagedWrite, StageError> {
+        self.limits.check_agent(&profile)?;
+        if profile.name.is_empty() {
+            return Err(StageError::Invalid {
+                field: "agent.name",
+                reason: "empty",
+            });
+        }
+        Ok(StagedWrite {
+            staged: Staged::Agent(profile),
+        })
+    }
+
+    /// Commits one staged write in its own transaction.
+    ///
+    /// # Errors
+    /// As [`Store::commit_group`].
+    pub fn commit_one(
+        &self,
+        write: StagedWrite,
+        durability: Durability,
+    ) -> Result<Applied, CommitError> {
+        let mut batch = WriteBatch::new();
+        batch.push(write);
+        let mut applied = self.commit_group(batch, durability)?;
+        applied.pop().ok_or(CommitError::Item {
+            index: 0,
+            error: ItemError::SequenceExhausted("results"),
+        })
+    }
+
+    /// Commits every staged write of `batch` in one write transaction (one fsync with
+    /// [`Durability::Immediate`]), in batch order, and returns one [`Applied`] per write at the same
+    /// index. Either all of them are committed or none is.
+    ///
+    /// `durability` is explicit at every call: `Immediate` is durable when this returns; `None` is
+    /// visible to readers at once but lost on a crash unless a later `Immediate` commit follows.
+    ///
+    /// # Errors
+    /// [`CommitError::Item`] names the first write that could not be applied (nothing committed);
+    /// [`CommitError::DiskFull`] / [`CommitError::Storage`] for the backend (nothing committed, earlier
+    /// commits intact; reopen the store before writing again).
+    pub fn commit_group(
+        &self,
+        batch: WriteBatch,
+        durability: Durability,
+    ) -> Result<Vec<Applied>, CommitError> {
+        let count = u64::try_from(batch.items.len()).unwrap_or(u64::MAX);
+        if count > self.limits.batch_items_max {
+            return Err(CommitError::BatchTooLarge(LimitError {
+                field: "batch.items",
+                size: count,
+                limit: self.limits.batch_items_max,
+            }));
+        }
+        let mut txn = self.db.begin_write()?;
+        txn.set_durability(durability)?;
+        let applied = {
+            let mut writer = Writer::open(&txn, &self.limits)?;
+            let mut applied = Vec::with_capacity(batch.items.len());
+            let mut failure = None;
+            for (index, write) in batch.items.into_iter().enumerate() {
+                match writer.apply(write) {
+                    Ok(a) => applied.push(a),
+                    Err(Failure::Item(error)) => {
+                        failure = Some(CommitError::Item {
+                            index: u32::try_from(index).unwrap_or(u32::MAX),
+                            error,
+                        });
+                        break;
+                    }
+                    Err(Failure::Commit(e)) => {
+                        failure = Some(e);
+                        break;
+                    }
+                }
+            }
+            match failure {
+                None => Ok(applied),
+                Some(e) => Err(e),
+            }
+        };
+        match applied {
+            Ok(applied) => {
+                txn.commit()?;
+                Ok(applied)
+            }
+            Err(e) => {
+                // The first failure is the one worth reporting; an abort that also fails leaves the
+                // transaction uncommitted all the same.
+                let _ = txn.abort();
+                Err(e)
+            }
+        }
+    }
+
+    pub(crate) fn begin_read(&self) -> Result<redb::ReadTransaction, ReadError> {
+        Ok(self.db.begin_read()?)
+    }
+}
+
+/// Why one write of a batch could not be applied.
+pub(crate) enum Failure {
+    Item(ItemError),
+    Commit(CommitError),
+}
+
+impl From<redb::StorageError> for Failure {
+    fn from(e: redb::StorageError) -> Self {
+        Self::Commit(e.into())
+    }
+}
+
+impl From<ItemError> for Failure {
+    fn from(e: ItemError) -> Self {
+        Self::Item(e)
+    }
+}
+
+impl From<DecodeError> for Failure {
+    fn from(e: DecodeError) -> Self {
+        Self::Item(ItemError::Decode(e))
+    }
+}
+
+impl From<codec::EncodeError> for Failure {
+    fn from(e: codec::EncodeError) -> Self {
+        Self::Item(ItemError::Encode(e))
+    }
+}
+
+/// The next sequence number under `prefix` in a `(prefix, seq)` table: 1 for an empty range.
+fn next_seq<T: ReadableTable<(u128, u64), Row>>(
+    table: &T,
+    run: u128,
+    name: &'static str,
+) -> Result<u64, Failure> {
+    let last = table.range((run, 0u64)..=(run, u64::MAX))?.next_back();
+    match last {
+        None => Ok(1),
+        Some(entry) => {
+            let (k, _) = entry?;
+            k.value()
+                .1
+                .checked_add(1)
+                .ok_or(Failure::Item(ItemError::SequenceExhausted(name)))
+        }
+    }
+}
+
+/// The open tables of one write transaction, applying staged writes in order.
+struct Writer<'t> {
+    limits: &'t Limits,
+    runs: Table<'t, u128, Row>,
+    tasks: Table<'t, (u128, u128), Row>,
+    task_run: Table<'t, u128, u128>,
+    children: Table<'t, (u128, u128, u128), ()>,
+    logs: Table<'t, (u128, u128, u64), Row>,
+    checkpoints: Table<'t, u128, Row>,
+    manifest: Table<'t, (u128, u64), Row>,
+    dead_letters: Table<'t, (u128, u64), Row>,
+    idempotency: Table<'t, (u128, &'static str), Row>,
+    audit: Table<'t, (u128, u64), Row>,
+    escalations: Table<'t, (u128, u64), Row>,
+    blobs: Table<'t, (u128, u128), &'static [u8]>,
+    agents: Table<'t, &'static str, Row>,
+    /// Runs known to exist in this transaction, so a batch of N rows for one run checks it once.
+    known_runs: BTreeSet<u128>,
+}
+
+impl<'t> Writer<'t> {
+    fn open(txn: &'t redb::WriteTransaction, limits: &'t Limits) -> Result<Self, CommitError> {
+        Ok(Self {
+            limits,
+            runs: txn.open_table(tables::RUNS)?,
+            tasks: txn.open_table(tables::TASKS)?,
+            task_run: txn.open_table(tables::TASK_RUN)?,
+            children: txn.open_table(tables::TASK_CHILDREN)?,
+            logs: txn.open_table(tables::SESSION_LOGS)?,
+            checkpoints: txn.open_table(tables::CHECKPOINTS)?,
+            manifest: txn.open_table(tables::MANIFEST)?,
+            dead_letters: txn.open_table(tables::DEAD_LETTERS)?,
+            idempotency: txn.open_table(tables::IDEMPOTENCY)?,
+            audit: txn.open_table(tables::AUDIT)?,
+            escalations: txn.open_table(tables::ESCALATIONS)?,
+            blobs: txn.open_table(tables::BLOBS)?,
+            agents: txn.open_table(tables::AGENTS)?,
+            known_runs: BTreeSet::new(),
+        })
+    }
+
+    fn require_run(&mut self, run: RunId) -> Result<(), Failure> {
+        if self.known_runs.contains(&run.0) {
+            return Ok(());
+        }
+        if self.runs.get(run.0)?.is_none() {
+            return Err(ItemError::RunNotFound(run).into());
+        }
+        self.known_runs.insert(run.0);
+        Ok(())
+    }
+
+    fn stored_task(&self, run: RunId, task: TaskId) -> Result<Option<Task>, Failure> {
+        match self.tasks.get((run.0, task.0))? {
+            None => Ok(None),
+            Some(g) => Ok(Some(codec::decode(
+                name::TASKS,
+                &format_args!("{run}/{task}"),
+                g.value(),
+            )?)),
+        }
+    }
+
+    fn put_blob(&mut self, run: RunId, bytes: &[u8]) -> Result<(u128, u64), Failure> {
+        let last = {
+            let mut range = self.blobs.range((run.0, 0u128)..=(run.0, u128::MAX))?;
+            match range.next_back() {
+                None => None,
+                Some(entry) => Some(entry?.0.value().1),
+            }
+        };
+        let key = match last {
+            None => 1,
+            Some(k) => k
+                .checked_add(1)
+                .ok_or(Failure::Item(ItemError::SequenceExhausted("blobs")))?,
+        };
+        self.blobs.insert((run.0, key), bytes)?;
+        Ok((key, u64::try_from(bytes.len()).unwrap_or(u64::MAX)))
+    }
+
+    /// Moves attachments over the inline threshold into the blob table and checks that blob
+    /// references point at blobs of this run. Returns (attachment index, blob key) of moved ones.
+    fn externalize(&mut self, run: RunId, task: &mut Task) -> Result<Vec<(u32, u128)>, Failure> {
+        let mut moved = Vec::new();
+        let inline_max = self.limits.inline_bytes_max;
+        for (i, attachment) in task.attachments.iter_mut().enumerate() {
+            match &attachment.body {
+                AttachmentBody::Inline(text)
+                    if u64::try_from(text.len()).unwrap_or(u64::MAX) > inline_max =>
+                {
+                    let (key, len) = self.put_blob(run, text.as_bytes())?;
+                    attachment.body = AttachmentBody::Blob { key, len };
+                    moved.push((u32::try_from(i).unwrap_or(u32::MAX), key));
+                }
+                AttachmentBody::Inline(_) => {}
+                AttachmentBody::Blob { key, .. } => {
+                    if self.blobs.get((run.0, *key))?.is_none() {
+                        return Err(ItemError::BlobNotFound(*key).into());
+                    }
+                }
+            }
+        }
+        Ok(moved)
+    }
+
+    fn apply(&mut self, write: StagedWrite) -> Result<Applied, Failure> {
+        let (run, op) = match write.staged {
+            Staged::Agent(profile) => {
+                let bytes = codec::encode(name::AGENTS, &profile)?;
+                self.agents
+                    .insert(profile.name.as_str(), bytes.as_slice())?;
+                return Ok(Applied::AgentProfileWritten);
+            }
+            Staged::Run { run, op } => (run, op),
+        };
+        match op {
+            RunOp::CreateRun(r) => {
+                if self.runs.get(run.0)?.is_some() {
+                    return Err(ItemError::RunExists(run).into());
+                }
+                self.put_run(&r)?;
+                self.known_runs.insert(run.0);
+                Ok(Applied::RunCreated)
+            }
+            RunOp::UpdateRun(r) => {
+                self.require_run(run)?;
+                self.put_run(&r)?;
+                Ok(Applied::RunUpdated)
+            }
+            RunOp::CreateTask(mut task) => {
+                self.require_run(run)?;
+                if self.task_run.get(task.id.0)?.is_some() {
+                    return Err(ItemError::TaskIdTaken(task.id).into());
+                }
+                if let Some(parent) = task.parent
+                    && self.tasks.get((run.0, parent.0))?.is_none()
+                {
+                    return Err(ItemError::ParentNotFound {
+                        task: task.id,
+                        parent,
+                    }
+                    .into());
+                }
+                let blobbed = self.externalize(run, &mut task)?;
+                let bytes = codec::encode(name::TASKS, &task)?;
+                self.tasks.insert((run.0, task.id.0), bytes.as_slice())?;
+                self.task_run.insert(task.id.0, run.0)?;
+                if let Some(parent) = task.parent {
+                    self.children.insert((run.0, parent.0, task.id.0), ())?;
+                }
+                Ok(Applied::TaskCreated { blobbed })
+            }
+            RunOp::UpdateTask(mut task) => {
+                let Some(stored) = self.stored_task(run, task.id)? else {
+                    return Err(ItemError::TaskNotFound { run, task: task.id }.into());
+                };
+                if stored.parent != task.parent {
+                    return Err(ItemError::ParentChanged { task: task.id }.into());
+                }
+                let blobbed = self.externalize(run, &mut task)?;
+                let bytes = codec::encode(name::TASKS, &task)?;
+                self.tasks.insert((run.0, task.id.0), bytes.as_slice())?;
+                Ok(Applied::TaskUpdated { blobbed })
+            }
+            RunOp::AppendLog { task, row } => {
+                if self.tasks.get((run.0, task.0))?.is_none() {
+                    return Err(ItemError::TaskNotFound { run, task }.into());
+                }
+                let last = {
+                    let mut range = self
+                        .logs
+                        .range((run.0, task.0, 0u64)..=(run.0, task.0, u64::MAX))?;
+                    match range.next_back() {
+                        None => None,
+                        Some(entry) => Some(entry?.0.value().2),
+                    }
+                };
+                let seq = match last {
+                    None => 1,
+                    Some(k) => {
+                        k.checked_add(1)
+                            .ok_or(Failure::Item(ItemError::SequenceExhausted(
+                                name::SESSION_LOGS,
+                            )))?
+                    }
+                };
+                let bytes = codec::encode(name::SESSION_LOGS, &row)?;
+                self.logs.insert((run.0, task.0, seq), bytes.as_slice())?;
+                Ok(Applied::LogAppended { seq })
+            }
+            RunOp::PutCheckpoint(c) => {
+                self.require_run(run)?;
+                let bytes = codec::encode(name::CHECKPOINTS, &c)?;
+                self.checkpoints.insert(run.0, bytes.as_slice())?;
+                Ok(Applied::CheckpointWritten)
+            }
+            RunOp::AppendManifest(m) => {
+                self.require_run(run)?;
+                let seq = next_seq(&self.manifest, run.0, name::MANIFEST)?;
+                let bytes = codec::encode(name::MANIFEST, &m)?;
+                self.manifest.insert((run.0, seq), bytes.as_slice())?;
+                Ok(Applied::ManifestAppended { seq })
+            }
+            RunOp::AppendDeadLetter(d) => {
+                self.require_run(run)?;
+                let seq = next_seq(&self.dead_letters, run.0, name::DEAD_LETTERS)?;
+                let bytes = codec::encode(name::DEAD_LETTERS, &d)?;
+                self.dead_letters.insert((run.0, seq), bytes.as_slice())?;
+                Ok(Applied::DeadLetterAppended { seq })
+            }
+            RunOp::AppendAudit(a) => {
+                self.require_run(run)?;
+                let seq = next_seq(&self.audit, run.0, name::AUDIT)?;
+                let bytes = codec::encode(name::AUDIT, &a)?;
+                self.audit.insert((run.0, seq), bytes.as_slice())?;
+                Ok(Applied::AuditAppended { seq })
+            }
+            RunOp::AppendEscalation(e) => {
+                self.require_run(run)?;
+                let seq = next_seq(&self.escalations, run.0, name::ESCALATIONS)?;
+                let bytes = codec::encode(name::ESCALATIONS, &e)?;
+                self.escalations.insert((run.0, seq), bytes.as_slice())?;
+                Ok(Applied::EscalationAppended { seq })
+            }
+            RunOp::RecordIdempotency(record) => {
+                self.require_run(run)?;
+                if let Some(g) = self.idempotency.get((run.0, record.key.as_str()))? {
+                    let original: IdempotencyRecord = codec::decode(
+                        name::IDEMPOTENCY,
+                        &format_args!("{run}/{}", record.key),
+                        g.value(),
+                    )?;
+                    return Ok(Applied::AlreadyRecorded(original));
+                }
+                let bytes = codec::encode(name::IDEMPOTENCY, &record)?;
+                self.idempotency
+                    .insert((run.0, record.key.as_str()), bytes.as_slice())?;
+                Ok(Applied::IdempotencyRecorded)
+            }
+            RunOp::PutBlob(bytes) => {
+                self.require_run(run)?;
+                let (key, len) = self.put_blob(run, &bytes)?;
+                Ok(Applied::BlobStored { key, len })
+            }
+        }
+    }
+
+    fn put_run(&mut self, r: &Run) -> Result<(), Failure> {
+        let bytes = codec::encode(name::RUNS, r)?;
+        self.runs.insert(r.id.0, bytes.as_slice())?;
+        Ok(())
+    }
+}

@@ -1,0 +1,55 @@
+//! Table definitions. Every per-run table's key starts with the run id, so a run's rows are one
+//! contiguous key range and a [`crate::RunScope`] only ever builds keys inside its own range.
+
+use redb::TableDefinition;
+
+/// Bytes of one encoded row (schema version byte + bincode).
+pub(crate) type Row = &'static [u8];
+
+/// Store-wide facts: the store format.
+pub(crate) const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
+/// run -> Run.
+pub(crate) const RUNS: TableDefinition<'_, u128, Row> = TableDefinition::new("runs");
+/// (run, task) -> Task. The per-run index is the key order itself.
+pub(crate) const TASKS: TableDefinition<'_, (u128, u128), Row> = TableDefinition::new("tasks");
+/// task -> run: keeps task ids unique store-wide and lets the operator view locate a task.
+pub(crate) const TASK_RUN: TableDefinition<'_, u128, u128> = TableDefinition::new("task_run");
+/// (run, parent, child) -> (): the parent/child index.
+pub(crate) const TASK_CHILDREN: TableDefinition<'_, (u128, u128, u128), ()> =
+    TableDefinition::new("task_children");
+/// (run, task, seq) -> SessionLogRow.
+pub(crate) const SESSION_LOGS: TableDefinition<'_, (u128, u128, u64), Row> =
+    TableDefinition::new("session_logs");
+/// run -> Checkpoint (the latest).
+pub(crate) const CHECKPOINTS: TableDefinition<'_, u128, Row> = TableDefinition::new("checkpoints");
+/// (run, seq) -> ManifestEntry; append-only.
+pub(crate) const MANIFEST: TableDefinition<'_, (u128, u64), Row> = TableDefinition::new("manifest");
+/// (run, seq) -> DeadLetter.
+pub(crate) const DEAD_LETTERS: TableDefinition<'_, (u128, u64), Row> =
+    TableDefinition::new("dead_letters");
+/// (run, key) -> IdempotencyRecord.
+pub(crate) const IDEMPOTENCY: TableDefinition<'_, (u128, &str), Row> =
+    TableDefinition::new("idempotency");
+/// (run, seq) -> AuditEntry.
+pub(crate) const AUDIT: TableDefinition<'_, (u128, u64), Row> = TableDefinition::new("audit");
+/// (run, seq) -> Escalation.
+pub(crate) const ESCALATIONS: TableDefinition<'_, (u128, u64), Row> =
+    TableDefinition::new("escalations");
+/// (run, blob key) -> raw bytes of an attachment or output stored by reference.
+pub(crate) const BLOBS: TableDefinition<'_, (u128, u128), &[u8]> = TableDefinition::new("blobs");
+/// agent name -> AgentProfile (store-wide: profiles are shared by all runs).
+pub(crate) const AGENTS: TableDefinition<'_, &str, Row> = TableDefinition::new("agents");
+
+/// Table names as they appear in errors.
+pub(crate) mod name {
+    pub(crate) const RUNS: &str = "runs";
+    pub(crate) const TASKS: &str = "tasks";
+    pub(crate) const SESSION_LOGS: &str = "session_logs";
+    pub(crate) const CHECKPOINTS: &str = "checkpoints";
+    pub(crate) const MANIFEST: &str = "manifest";
+    pub(crate) const DEAD_LETTERS: &str = "dead_letters";
+    pub(crate) const IDEMPOTENCY: &str = "idempotency";
+    pub(crate) const AUDIT: &str = "audit";
+    pub(crate) const ESCALATIONS: &str = "escalations";
+    pub(crate) const AGENTS: &str = "agents";
+}
