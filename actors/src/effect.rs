@@ -1,0 +1,124 @@
+//! What machines ask their hosts to do. Effects are values; executing them is the host's job, and their
+//! completions come back as inputs (see each machine's input enum).
+
+use crate::ids::{AttemptId, Coordinator, IdempotencyKey, ReplyTo};
+use crate::machine::Millis;
+use crate::message::{
+    CheckpointMsg, CheckpointTimer, ContextRequest, CoordinatorMsg, CoordinatorTimer,
+    LifecycleEvent, SpecialistMsg, SpecialistReply, SpecialistStart, SpecialistTimer,
+    SupervisorMsg, SupervisorTimer,
+};
+use crate::persist::CommitBatch;
+use keel_harness::SessionSpec;
+use keel_store::RunId;
+
+/// A message with its destination, as emitted by the machines of the coordinator node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Envelope {
+    /// To the coordinator of a run.
+    Coordinator {
+        /// The run.
+        run: RunId,
+        /// The message.
+        msg: CoordinatorMsg,
+    },
+    /// To one specialist attempt (only the coordinator node's machines can name one).
+    Specialist {
+        /// The attempt.
+        attempt: AttemptId,
+        /// The message.
+        msg: SpecialistMsg,
+    },
+    /// To the supervisor.
+    Supervisor(SupervisorMsg),
+    /// To the checkpoint actor.
+    Checkpoint(CheckpointMsg),
+}
+
+/// Which machine a timer belongs to, so a host can route its firing back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TimerKey {
+    /// A coordinator's timer.
+    Coordinator(RunId, CoordinatorTimer),
+    /// The supervisor's timer.
+    Supervisor(SupervisorTimer),
+    /// The checkpoint's timer.
+    Checkpoint(CheckpointTimer),
+}
+
+/// An effect of the coordinator-node machines (coordinator, supervisor, checkpoint).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Effect {
+    /// Deliver a message (see the message's `# Delivery`).
+    Send(Envelope),
+    /// Commit this batch in one write transaction with `Durability::Immediate`; answer with
+    /// `CheckpointInput::Committed` or `CheckpointInput::CommitFailed`. Only the checkpoint machine
+    /// emits it: it is the only writer of progress.
+    Persist(CommitBatch),
+    /// Create a specialist for this attempt (on a worker node or locally) and give it
+    /// `SpecialistInput::Begin`. Only the supervisor emits it, after admission.
+    SpawnSpecialist(SpecialistStart),
+    /// Stop a specialist and its harness session (the host delivers `SpecialistMsg::Cancel` and, if the
+    /// attempt does not end by itself, kills it).
+    StopSpecialist {
+        /// The attempt.
+        attempt: AttemptId,
+        /// Why, one line.
+        reason: String,
+    },
+    /// Fire this timer at `at` (host time). Timers are never cancelled: a machine ignores a stale firing.
+    SetTimer {
+        /// Which timer.
+        key: TimerKey,
+        /// When.
+        at: Millis,
+    },
+    /// Tell observers.
+    Emit(LifecycleEvent),
+}
+
+/// An effect of a specialist. It has no variant that names another specialist: its only outbound
+/// address is its [`ReplyTo<Coordinator>`] (DESIGN.md §12, invariant 7).
+///
+/// ```compile_fail
+/// use keel_actors::{SpecialistEffect, Envelope};
+/// // A specialist cannot send to an arbitrary envelope (a sibling included): no such variant.
+/// fn to_sibling(e: Envelope) -> SpecialistEffect { SpecialistEffect::Send(e) }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SpecialistEffect {
+    /// Load the rows its preamble is built from; answer with `SpecialistInput::ContextLoaded`.
+    LoadContext(ContextRequest),
+    /// Start the harness session. The key is durable already (the coordinator recorded it before
+    /// admission); a host must never start two sessions with one key. Events come back as
+    /// `SpecialistInput::Harness`.
+    StartHarness {
+        /// The attempt's idempotency key.
+        key: IdempotencyKey,
+        /// The session, fully described (prompt with preamble placed, model resolved).
+        spec: Box<SessionSpec>,
+    },
+    /// Return a delegation turn's outcomes to the session as the result of its `delegate` tool call
+    /// (the host's MCP endpoint holds the pending call).
+    AnswerDelegation {
+        /// The turn.
+        turn: u32,
+        /// `(call_id, outcome)` per call.
+        results: Vec<(String, crate::report::StepOutcome)>,
+    },
+    /// Cancel the running harness session (it then ends with a `Failed(cancelled)` event).
+    CancelHarness,
+    /// Send to its coordinator, and nowhere else.
+    Reply(ReplyTo<Coordinator>, SpecialistReply),
+    /// Fire this timer at `at`.
+    SetTimer {
+        /// Which timer.
+        timer: SpecialistTimer,
+        /// When.
+        at: Millis,
+    },
+    /// Tell observers.
+    Emit(LifecycleEvent),
+    /// The attempt is over (acknowledged, cancelled, or out of resends): the host may drop it.
+    Exit,
+}

@@ -1,0 +1,580 @@
+//! The closed message enums, one per actor, and each machine's input enum (messages, timers,
+//! completions of effects).
+//!
+//! Delivery vocabulary used in every `# Delivery` section:
+//! - **cast**: fire and forget; **call**: the receiver answers with a named message back to the sender.
+//! - **local**: sender and receiver live on the coordinator node (coordinator, supervisor, checkpoint);
+//!   per-sender FIFO, never dropped while the node is up, lost with the node on a crash (the store is
+//!   what survives).
+//! - **remote**: crosses to or from a worker node (specialist <-> coordinator); may be delayed,
+//!   reordered, duplicated or lost. Every remote message is idempotent at the receiver and the sender
+//!   retries on a timer, with a bound.
+
+use crate::ids::AttemptId;
+use crate::machine::Millis;
+use crate::persist::{CommitId, Stage};
+use crate::plan::Plan;
+use crate::report::{AttemptResult, Continuity, SubtaskBrief, SubtaskFailure};
+use keel_harness::{HarnessEvent, HarnessKind};
+use keel_store::{
+    Budget, Checkpoint, IdempotencyRecord, Run, RunId, SessionLogRow, Task, TaskId, TaskKind,
+};
+use serde::{Deserialize, Serialize};
+
+/// How a run is decomposed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RunMode {
+    /// A fixed plan, dispatched by code (sectioning).
+    Plan(Plan),
+    /// A lead agent decomposes the brief with delegation calls (orchestrator-workers).
+    Lead {
+        /// The agent profile of the lead; `None` lets the supervisor pick.
+        agent: Option<String>,
+        /// Constraints restated to every specialist the lead delegates to.
+        constraints: Vec<String>,
+    },
+}
+
+/// A run as submitted: the brief plus how to decompose it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunSpec {
+    /// The run's id (minted by the submitter from its own stream).
+    pub run: RunId,
+    /// The brief, verbatim.
+    pub brief: String,
+    /// Plan or lead.
+    pub mode: RunMode,
+    /// The most the run may spend, in micro-dollars; `None` is unlimited.
+    pub budget_limit_micros: Option<u64>,
+    /// The configuration the run starts with, recorded on the run row so it can be explained later.
+    pub config_snapshot: String,
+}
+
+/// One delegation call of a lead agent: a subtask it wants done.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DelegationCall {
+    /// The lead's own id for the call, unique within its attempt (answers carry it back).
+    pub call_id: String,
+    /// The brief of the subtask.
+    pub brief: String,
+    /// Its goal.
+    pub goal: String,
+    /// Its quality criteria.
+    pub quality_criteria: Vec<String>,
+    /// The output schema of its report.
+    pub output_schema: Option<String>,
+    /// The agent to ask for, if any.
+    pub assignee: Option<String>,
+}
+
+/// What the supervisor decided for a spawn request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Assignment {
+    /// The agent profile the attempt runs as.
+    pub agent: String,
+    /// The harness that runs it.
+    pub harness: HarnessKind,
+    /// The model, resolved from the agent's profile (never from a parent task).
+    pub model: String,
+    /// The account the session bills to.
+    pub account: String,
+}
+
+/// Why a spawn was refused: a typed answer, never a hang (DESIGN.md §4).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Refusal {
+    /// Max concurrent specialists reached; retry after `retry_after_ms`.
+    Concurrency {
+        /// The limit.
+        limit: u32,
+        /// When a slot is worth asking for again.
+        retry_after_ms: u64,
+    },
+    /// Too deep.
+    Depth {
+        /// The depth requested.
+        depth: u8,
+        /// The limit.
+        limit: u8,
+    },
+    /// The spend budget cannot cover the reservation, or has tripped: the run ends with a budget outcome.
+    Budget {
+        /// Settled plus reserved.
+        committed_micros: u64,
+        /// The reservation asked for.
+        requested_micros: u64,
+        /// The run's limit.
+        limit_micros: u64,
+    },
+    /// The spawn rate is exceeded; retry after `retry_after_ms`.
+    Rate {
+        /// When a token will be available.
+        retry_after_ms: u64,
+    },
+    /// The run is not open at the supervisor (closed, or never opened).
+    UnknownRun,
+    /// No agent profile fits (unknown assignee, or every harness is cooling down).
+    NoAgent {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Refusal {
+    /// When asking again can succeed, if ever (budget, depth and missing agents are final).
+    pub fn retry_after_ms(&self) -> Option<u64> {
+        match self {
+            Refusal::Concurrency { retry_after_ms, .. } | Refusal::Rate { retry_after_ms } => {
+                Some(*retry_after_ms)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The supervisor's decision after an attempt failed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Verdict {
+    /// Try again with the same agent after a backoff.
+    Restart {
+        /// Wait this long first.
+        after_ms: u64,
+    },
+    /// Try again on another agent or harness (rate limit, repeated failures of one harness, context
+    /// overflow): a re-dispatched derived task with a resume preamble, model from the new assignee.
+    Reroute {
+        /// The agent to use.
+        agent: String,
+        /// Wait this long first.
+        after_ms: u64,
+    },
+    /// Hand it to a human; the step is parked in the dead-letter table.
+    Escalate {
+        /// Why (one line).
+        reason: String,
+    },
+    /// Not retryable and nothing to escalate: the step fails (parked in the dead-letter table).
+    GiveUp {
+        /// Why (one line).
+        reason: String,
+    },
+}
+
+/// A request to admit one specialist attempt.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpawnRequest {
+    /// The attempt to spawn (its idempotency record is durable already).
+    pub attempt: AttemptId,
+    /// Nesting depth of the task (root 0, subtasks 1, ...).
+    pub depth: u8,
+    /// Why the task exists.
+    pub kind: TaskKind,
+    /// The agent to use; `None` lets the supervisor pick.
+    pub agent: Option<String>,
+    /// The reservation for the budget ledger.
+    pub estimate_micros: u64,
+    /// Everything the specialist is given.
+    pub brief: SubtaskBrief,
+    /// How the session gets its continuity.
+    pub continuity: Continuity,
+}
+
+/// Messages to a coordinator (one per run).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CoordinatorMsg {
+    /// Start a run.
+    ///
+    /// # Delivery
+    /// Local cast from the host (submission API). Idempotent: a second `Accept` of the same run, or any
+    /// `Accept` after a `Recovered`, is ignored (and logged as a decision).
+    Accept(RunSpec),
+    /// A reply of one specialist attempt.
+    ///
+    /// # Delivery
+    /// Remote cast from a specialist's [`crate::ReplyTo`]. May be lost, duplicated or late: the
+    /// specialist resends `Finished` until it gets [`SpecialistMsg::Ack`]; the coordinator accepts a
+    /// result only from the task's current attempt and only once (a duplicate is re-acked, a stale one
+    /// is logged and dropped); log rows carry per-attempt sequence numbers and are deduplicated.
+    Specialist {
+        /// The attempt that sent it (taken from the reply address, not from the payload).
+        from: AttemptId,
+        /// What it says.
+        reply: SpecialistReply,
+    },
+    /// A stage is durable.
+    ///
+    /// # Delivery
+    /// Local; the answer to [`CheckpointMsg::Stage`]; exactly once per ticket, in ticket order.
+    Durable {
+        /// The stage's ticket.
+        ticket: u64,
+    },
+    /// A stage could not be made durable after the checkpoint's retries; nothing of it was written.
+    ///
+    /// # Delivery
+    /// Local; the alternative answer to [`CheckpointMsg::Stage`]; exactly once per ticket.
+    PersistFailed {
+        /// The stage's ticket.
+        ticket: u64,
+        /// Why, one line.
+        error: String,
+    },
+    /// The supervisor's answer to [`SupervisorMsg::Admit`].
+    ///
+    /// # Delivery
+    /// Local; exactly one per `Admit` (a repeated `Admit` of the same attempt gets the same answer).
+    Admission {
+        /// The attempt asked about.
+        attempt: AttemptId,
+        /// Admitted with an assignment (the specialist is being spawned), or refused.
+        answer: Result<Assignment, Refusal>,
+    },
+    /// The supervisor's decision about a failed attempt (answer to [`SupervisorMsg::Settle`] with a
+    /// failure).
+    ///
+    /// # Delivery
+    /// Local; exactly one per failed settle.
+    Verdict {
+        /// The attempt that failed.
+        attempt: AttemptId,
+        /// What to do.
+        verdict: Verdict,
+    },
+    /// The supervisor gave up on a live attempt (its deadline passed, or its node died) and already
+    /// stopped it and settled it; the failure is synthesised, the verdict decided.
+    ///
+    /// # Delivery
+    /// Local cast, at most once per attempt. A report of that attempt arriving later is stale.
+    AttemptLost {
+        /// The attempt.
+        attempt: AttemptId,
+        /// What happened, as a typed failure (kind `Timeout` or `Crashed`).
+        failure: SubtaskFailure,
+        /// What to do.
+        verdict: Verdict,
+    },
+    /// The run's spend budget tripped: no spawn will be admitted; the run must end with a budget outcome.
+    ///
+    /// # Delivery
+    /// Local cast, at most once per run; the supervisor has already stopped the run's live specialists.
+    BudgetTripped {
+        /// Settled plus reserved spend when it tripped.
+        committed_micros: u64,
+        /// The limit.
+        limit_micros: u64,
+    },
+    /// An operator cancels the run.
+    ///
+    /// # Delivery
+    /// Local cast from the host. Idempotent; ignored once the run is terminal.
+    Cancel {
+        /// Why, one line.
+        reason: String,
+    },
+}
+
+/// What a specialist tells its coordinator.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SpecialistReply {
+    /// New session log rows, numbered per attempt from 1 (duplicates and gaps are tolerated: the
+    /// coordinator keeps rows with a number above the last one it staged).
+    Logs {
+        /// `(seq, row)` pairs in order, at most [`crate::specialist::LOG_ROWS_PER_REPLY_MAX`].
+        rows: Vec<(u32, SessionLogRow)>,
+    },
+    /// Cumulative spend of the attempt so far (a budget trip inside a child is seen from this).
+    Spend {
+        /// Micro-dollars spent so far by this attempt.
+        spent_micros: u64,
+    },
+    /// The attempt's result. Resent until acknowledged.
+    Finished(AttemptResult),
+    /// A lead agent's delegation calls of one turn (run in parallel; turns run in sequence).
+    Delegate {
+        /// The lead's turn number, from 1; a repeated turn is a duplicate.
+        turn: u32,
+        /// The calls.
+        calls: Vec<DelegationCall>,
+    },
+}
+
+/// Messages to a specialist.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SpecialistMsg {
+    /// Its result is durable: stop resending and exit.
+    ///
+    /// # Delivery
+    /// Remote cast from the coordinator; sent again for every duplicate `Finished`, so a lost ack heals.
+    Ack,
+    /// The outcomes of a lead's delegation turn, in call order (answer to `SpecialistReply::Delegate`).
+    ///
+    /// # Delivery
+    /// Remote cast from the coordinator; resent for a repeated `Delegate` of the same turn, so the
+    /// specialist ignores a turn it has already answered.
+    Delegated {
+        /// The turn answered.
+        turn: u32,
+        /// `(call_id, outcome)` per call.
+        results: Vec<(String, crate::report::StepOutcome)>,
+    },
+    /// Stop now (deadline, budget trip, run cancelled, superseded attempt).
+    ///
+    /// # Delivery
+    /// Remote cast from the coordinator or supervisor; idempotent.
+    Cancel {
+        /// Why, one line.
+        reason: String,
+    },
+}
+
+/// Messages to the supervisor (one per node group).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SupervisorMsg {
+    /// Open (or re-open after recovery) a run's ledger.
+    ///
+    /// # Delivery
+    /// Local cast from a coordinator. Idempotent: re-opening keeps the ledger's settled spend if it is
+    /// higher than the given one.
+    OpenRun {
+        /// The run.
+        run: RunId,
+        /// Its budget as last made durable.
+        budget: Budget,
+    },
+    /// Admit or refuse one attempt.
+    ///
+    /// # Delivery
+    /// Local call; answered with exactly one [`CoordinatorMsg::Admission`]. Idempotent per attempt.
+    Admit(SpawnRequest),
+    /// Cumulative spend of a live attempt.
+    ///
+    /// # Delivery
+    /// Local cast, forwarded by the coordinator; stale values (lower than known) are ignored.
+    Spend {
+        /// The attempt.
+        attempt: AttemptId,
+        /// Micro-dollars spent so far.
+        spent_micros: u64,
+    },
+    /// An attempt ended: release its slot, settle its reservation, and for a failure decide.
+    ///
+    /// # Delivery
+    /// Local call for a failure (answered with [`CoordinatorMsg::Verdict`]), cast for a success.
+    /// Idempotent per attempt: a second settle of the same attempt is ignored.
+    Settle {
+        /// The attempt.
+        attempt: AttemptId,
+        /// Final spend.
+        spent_micros: u64,
+        /// `Ok` for a durable report, `Err` for a failure.
+        outcome: Result<(), SubtaskFailure>,
+    },
+    /// A specialist died (a ractor supervision event, or its node went away).
+    ///
+    /// # Delivery
+    /// Local cast from the host. Ignored for attempts already settled.
+    SpecialistDown {
+        /// The attempt.
+        attempt: AttemptId,
+        /// What the host saw.
+        reason: String,
+    },
+    /// Stop every live attempt of a run (cancel, budget outcome, synthesis done) and drop its ledger.
+    ///
+    /// # Delivery
+    /// Local cast. Idempotent.
+    CloseRun {
+        /// The run.
+        run: RunId,
+    },
+}
+
+/// Messages to the checkpoint actor (one per coordinator node).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CheckpointMsg {
+    /// Make these writes durable, atomically, then acknowledge.
+    ///
+    /// # Delivery
+    /// Local call from a coordinator; answered with exactly one [`CoordinatorMsg::Durable`] or
+    /// [`CoordinatorMsg::PersistFailed`] carrying the ticket. Stages of one run commit in the order
+    /// they were sent.
+    Stage(Stage),
+}
+
+/// A coordinator's timers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum CoordinatorTimer {
+    /// Ask for admission of a step again (after a retryable refusal) or dispatch a retry (after a
+    /// verdict's backoff).
+    Redispatch {
+        /// The plan step index.
+        step: u32,
+        /// Which attempt the timer was set for; stale timers are ignored.
+        generation: u32,
+    },
+    /// A stage failed; stage it again.
+    Restage {
+        /// The ticket.
+        ticket: u64,
+    },
+}
+
+/// The supervisor's timers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SupervisorTimer {
+    /// The per-subtask deadline of an attempt.
+    Deadline(AttemptId),
+}
+
+/// The checkpoint's timers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum CheckpointTimer {
+    /// Retry a failed commit.
+    RetryCommit(CommitId),
+}
+
+/// A specialist's timers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SpecialistTimer {
+    /// Resend the unacknowledged result (the number of resends so far).
+    ResendResult(u32),
+}
+
+/// The rows a restarted coordinator node loads for one non-terminal run. The host reads them through
+/// the run's scope and hands them over as [`CoordinatorInput::Recovered`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecoveredRun {
+    /// The run row.
+    pub run: Run,
+    /// The run's checkpoint, if one was written (it carries the coordinator's snapshot).
+    pub checkpoint: Option<Checkpoint>,
+    /// Every task row of the run.
+    pub tasks: Vec<Task>,
+    /// Every idempotency record of the run.
+    pub idempotency: Vec<IdempotencyRecord>,
+}
+
+/// Everything that can happen to a coordinator.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CoordinatorInput {
+    /// A message.
+    Msg(CoordinatorMsg),
+    /// A timer it set fired.
+    Timer(CoordinatorTimer),
+    /// The node restarted: rebuild from these rows and continue without re-running acknowledged work.
+    Recovered(Box<RecoveredRun>),
+}
+
+/// Everything that can happen to a supervisor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SupervisorInput {
+    /// A message.
+    Msg(SupervisorMsg),
+    /// A timer it set fired.
+    Timer(SupervisorTimer),
+}
+
+/// Everything that can happen to the checkpoint machine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CheckpointInput {
+    /// A message.
+    Msg(CheckpointMsg),
+    /// Completion of [`crate::Effect::Persist`]: the batch's transaction committed durably.
+    Committed(CommitId),
+    /// Completion of [`crate::Effect::Persist`]: the transaction failed and nothing of it was written.
+    CommitFailed {
+        /// The batch.
+        id: CommitId,
+        /// Why, one line.
+        error: String,
+    },
+    /// A timer it set fired.
+    Timer(CheckpointTimer),
+}
+
+/// The rows the host loads for a specialist whose session needs a preamble (completion of
+/// [`crate::SpecialistEffect::LoadContext`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoadedContext {
+    /// The task the preamble is about and its ancestors, nearest first, at most 6 rows (the task plus
+    /// five ancestors, DESIGN.md §6).
+    pub lineage: Vec<Task>,
+    /// The last session log rows of the task being resumed, oldest first, at most 50.
+    pub logs: Vec<SessionLogRow>,
+}
+
+/// What a specialist asks its host to load before it starts its session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContextRequest {
+    /// Which preamble and from which task.
+    pub continuity: Continuity,
+}
+
+/// Everything that can happen to a specialist.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SpecialistInput {
+    /// The host spawned it: begin (load context if needed, then start the session).
+    Begin,
+    /// A message.
+    Msg(SpecialistMsg),
+    /// Completion of [`crate::SpecialistEffect::LoadContext`]; `Err` carries why the rows could not be
+    /// read (the attempt then fails as a transient system failure).
+    ContextLoaded(Result<LoadedContext, String>),
+    /// An event of its harness session (completion stream of
+    /// [`crate::SpecialistEffect::StartHarness`]); `Finished` or `Failed` ends the session.
+    Harness(HarnessEvent),
+    /// A timer it set fired.
+    Timer(SpecialistTimer),
+}
+
+/// Something a run did that an operator or embedding host may want to hear about (DESIGN.md §8).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LifecycleEvent {
+    /// A specialist invocation started (once per attempt).
+    SubagentStart {
+        /// The attempt.
+        attempt: AttemptId,
+    },
+    /// A specialist completed normally with a report.
+    SubagentStop {
+        /// The attempt.
+        attempt: AttemptId,
+    },
+    /// A specialist failed or was cancelled.
+    SubagentError {
+        /// The attempt.
+        attempt: AttemptId,
+        /// The failure kind's stable name.
+        kind: String,
+    },
+    /// A run reached a terminal state (its row is durable).
+    RunFinished {
+        /// The run.
+        run: RunId,
+        /// Its terminal status.
+        status: keel_store::RunStatus,
+        /// The outcome text.
+        outcome: String,
+    },
+}
+
+/// When the supervisor spawns a specialist, everything the host needs to create and begin it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpecialistStart {
+    /// The attempt (the specialist's identity).
+    pub attempt: AttemptId,
+    /// Its only address: the coordinator's reply port for this attempt.
+    pub reply_to: crate::ids::ReplyTo<crate::ids::Coordinator>,
+    /// What it is given.
+    pub brief: SubtaskBrief,
+    /// Who runs it.
+    pub assignment: Assignment,
+    /// How its session gets continuity.
+    pub continuity: Continuity,
+    /// Why the task exists.
+    pub kind: TaskKind,
+    /// The per-subtask deadline (the supervisor enforces it; the session limits mirror it).
+    pub deadline_at: Millis,
+    /// The task the attempt belongs to (same as `attempt.task`, for hosts that index by task).
+    pub task: TaskId,
+}

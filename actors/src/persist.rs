@@ -1,0 +1,103 @@
+//! Store writes as values. Machines never touch the store: they describe writes, the checkpoint machine
+//! batches them (group commit), and its host commits each batch in one redb write transaction.
+//!
+//! [`PersistOp`] maps 1:1 onto keel-store's staged writes (`RunScope::stage_*`): the host turns each op
+//! into the staged write of the same name under the op's run scope, pushes them into one `WriteBatch` in
+//! order, and calls `Store::commit_group`. A [`Stage`] (the ops of one coordinator decision) is never
+//! split across transactions, which is how a step result and its done-marker land together.
+
+use keel_store::{
+    AuditEntry, Checkpoint, DeadLetter, Escalation, IdempotencyRecord, ManifestEntry, Run, RunId,
+    SessionLogRow, Task, TaskId,
+};
+
+/// One store write, run-scoped by the [`Stage`] that carries it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PersistOp {
+    /// `stage_create_run`: a new run row.
+    CreateRun(Run),
+    /// `stage_update_run`: replace the run row (status, budget, outcome).
+    UpdateRun(Run),
+    /// `stage_create_task`: a new task row, indexed under its run and parent.
+    CreateTask(Task),
+    /// `stage_update_task`: replace a task row (status, attempt, model, outcome).
+    UpdateTask(Task),
+    /// `stage_append_log`: one session log row; the store assigns its sequence number.
+    AppendLog {
+        /// The task whose log it extends.
+        task: TaskId,
+        /// The row.
+        row: SessionLogRow,
+    },
+    /// `stage_put_checkpoint`: replace the run's checkpoint (the coordinator's snapshot rides in
+    /// `Checkpoint::state`).
+    PutCheckpoint(Checkpoint),
+    /// `stage_append_manifest`: processed, failed or retried.
+    AppendManifest(ManifestEntry),
+    /// `stage_append_dead_letter`: an item whose retry budget is spent.
+    AppendDeadLetter(DeadLetter),
+    /// `stage_record_idempotency`: recorded before the side effect it guards.
+    RecordIdempotency(IdempotencyRecord),
+    /// `stage_append_audit`: a policy decision.
+    AppendAudit(AuditEntry),
+    /// `stage_append_escalation`: a hand-off to a human.
+    AppendEscalation(Escalation),
+}
+
+impl PersistOp {
+    /// A short name for traces and the simulator's fault counters.
+    pub fn name(&self) -> &'static str {
+        match self {
+            PersistOp::CreateRun(_) => "create_run",
+            PersistOp::UpdateRun(_) => "update_run",
+            PersistOp::CreateTask(_) => "create_task",
+            PersistOp::UpdateTask(_) => "update_task",
+            PersistOp::AppendLog { .. } => "append_log",
+            PersistOp::PutCheckpoint(_) => "put_checkpoint",
+            PersistOp::AppendManifest(_) => "append_manifest",
+            PersistOp::AppendDeadLetter(_) => "append_dead_letter",
+            PersistOp::RecordIdempotency(_) => "record_idempotency",
+            PersistOp::AppendAudit(_) => "append_audit",
+            PersistOp::AppendEscalation(_) => "append_escalation",
+        }
+    }
+}
+
+/// Most ops in one stage; a coordinator decision that needs more is a bug, not a bigger transaction.
+pub const STAGE_OPS_MAX: usize = 512;
+
+/// The writes of one decision of one run, committed atomically (never split across transactions) and
+/// acknowledged to the run's coordinator by `ticket` once durable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stage {
+    /// The run whose rows every op touches (DESIGN.md §12, invariant 9: the host stages them through
+    /// this run's scope only).
+    pub run: RunId,
+    /// The coordinator's sequence number for this stage; acks carry it back.
+    pub ticket: u64,
+    /// The writes, in order.
+    pub ops: Vec<PersistOp>,
+}
+
+/// Identifies one group commit of the checkpoint machine; its completion input carries it back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CommitId(pub u64);
+
+/// One group commit: every stage in it goes into one write transaction, in order, with
+/// `Durability::Immediate`. The host answers with `CheckpointInput::Committed` or `CommitFailed`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommitBatch {
+    /// Identifies the commit.
+    pub id: CommitId,
+    /// The stages, in the order they were received.
+    pub stages: Vec<Stage>,
+}
+
+impl CommitBatch {
+    /// Every op of the batch in commit order (what the host stages into one `WriteBatch`).
+    pub fn ops(&self) -> impl Iterator<Item = (RunId, &PersistOp)> {
+        self.stages
+            .iter()
+            .flat_map(|s| s.ops.iter().map(move |op| (s.run, op)))
+    }
+}

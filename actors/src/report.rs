@@ -1,0 +1,314 @@
+//! What flows along the spokes: the brief a specialist gets and the typed report or failure it returns
+//! (DESIGN.md §8). These are wire types (they cross nodes), so every field is fixed-width or bounded.
+
+use crate::ids::AttemptId;
+use crate::machine::Millis;
+use keel_harness::ErrorCategory;
+use keel_store::TaskId;
+use serde::{Deserialize, Serialize};
+
+/// Most findings one report may carry; more is a malformed report, not a bigger message.
+pub const FINDINGS_MAX: usize = 256;
+/// Most gaps one report may list.
+pub const GAPS_MAX: usize = 64;
+/// Most bytes of a claim, a summary, a gap or a brief field; longer input is cut on a char boundary.
+pub const TEXT_BYTES_MAX: usize = 8 * 1024;
+/// Most prior findings the coordinator passes to one specialist.
+pub const PRIOR_FINDINGS_MAX: usize = 64;
+
+/// Cut `text` to at most `bytes_max` bytes on a char boundary, so bounds never split a character.
+pub fn bounded(mut text: String, bytes_max: usize) -> String {
+    if text.len() > bytes_max {
+        let mut cut = bytes_max;
+        while cut > 0 && !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+    }
+    text
+}
+
+/// How a subtask ended when it produced a report. A failure is not a status here: it is a
+/// [`SubtaskFailure`], so an empty "success" cannot be expressed (DESIGN.md §12, invariant 10).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReportStatus {
+    /// Every quality criterion met.
+    Complete,
+    /// Useful but incomplete: the gaps say what is missing, and the synthesis annotates it.
+    Partial,
+    /// Could not proceed; the gaps say why. Not usable as input for dependent steps.
+    Blocked,
+}
+
+/// One claim bound to its source, so a synthesis can cite and a reviewer can check it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Finding {
+    /// What was found, as one statement.
+    pub claim: String,
+    /// Where it comes from (a URL, a file path relative to the work dir, a tool call id). Required: a
+    /// finding without a source is rejected by [`SubagentReport::verify`].
+    pub source: String,
+    /// The document inside the source, if any.
+    #[serde(default)]
+    pub document: Option<String>,
+    /// The page or line, if any.
+    #[serde(default)]
+    pub page: Option<u32>,
+    /// Confidence in per-mille (0..=1000); integers so replays compare exactly.
+    pub confidence_permille: u16,
+    /// Which agent or tool retrieved it.
+    #[serde(default)]
+    pub retrieved_by: String,
+    /// When it was retrieved (host clock, milliseconds).
+    #[serde(default)]
+    pub retrieved_at_ms: Millis,
+}
+
+/// The typed report a specialist returns on success (DESIGN.md §8).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubagentReport {
+    /// The task the report is about (must match the attempt that sends it).
+    pub subtask_id: TaskId,
+    /// Complete, partial or blocked.
+    pub status: ReportStatus,
+    /// The findings, each bound to its source.
+    pub findings: Vec<Finding>,
+    /// What is missing or could not be checked.
+    #[serde(default)]
+    pub gaps: Vec<String>,
+    /// A short human summary.
+    pub summary: String,
+}
+
+/// Why a report was refused by [`SubagentReport::verify`]; turns into a typed failure, never a success.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum ReportError {
+    /// The report names another task.
+    #[error("report names task {got}, expected {expected}")]
+    WrongSubtask {
+        /// The task the attempt is for.
+        expected: TaskId,
+        /// The task the report names.
+        got: TaskId,
+    },
+    /// A finding has no source.
+    #[error("finding {index} has no source")]
+    UnsourcedFinding {
+        /// Its position in the report.
+        index: u32,
+    },
+    /// More findings or gaps than the bounds allow.
+    #[error("report exceeds its bounds ({findings} findings, {gaps} gaps)")]
+    TooLarge {
+        /// Findings given.
+        findings: u32,
+        /// Gaps given.
+        gaps: u32,
+    },
+    /// A complete report with no findings and no summary: an empty success in disguise.
+    #[error("a complete report with no findings and no summary is an empty success")]
+    EmptySuccess,
+    /// A partial or blocked report must say what is missing.
+    #[error("a {0:?} report must list its gaps")]
+    MissingGaps(ReportStatus),
+    /// A confidence above 1000 per mille.
+    #[error("finding {index} has confidence {value} > 1000")]
+    BadConfidence {
+        /// Its position in the report.
+        index: u32,
+        /// The value given.
+        value: u16,
+    },
+}
+
+impl SubagentReport {
+    /// Check the report against the rules a coordinator relies on before it makes it durable.
+    ///
+    /// # Errors
+    /// The first rule broken, as a [`ReportError`].
+    pub fn verify(&self, expected: TaskId) -> Result<(), ReportError> {
+        if self.subtask_id != expected {
+            return Err(ReportError::WrongSubtask {
+                expected,
+                got: self.subtask_id,
+            });
+        }
+        if self.findings.len() > FINDINGS_MAX || self.gaps.len() > GAPS_MAX {
+            return Err(ReportError::TooLarge {
+                findings: u32::try_from(self.findings.len()).unwrap_or(u32::MAX),
+                gaps: u32::try_from(self.gaps.len()).unwrap_or(u32::MAX),
+            });
+        }
+        for (i, f) in self.findings.iter().enumerate() {
+            let index = u32::try_from(i).unwrap_or(u32::MAX);
+            if f.source.trim().is_empty() {
+                return Err(ReportError::UnsourcedFinding { index });
+            }
+            if f.confidence_permille > 1000 {
+                return Err(ReportError::BadConfidence {
+                    index,
+                    value: f.confidence_permille,
+                });
+            }
+        }
+        match self.status {
+            ReportStatus::Complete
+                if self.findings.is_empty() && self.summary.trim().is_empty() =>
+            {
+                Err(ReportError::EmptySuccess)
+            }
+            ReportStatus::Partial | ReportStatus::Blocked if self.gaps.is_empty() => {
+                Err(ReportError::MissingGaps(self.status))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Bound every free-text field, so a verbose agent cannot bloat the store or a message.
+    pub fn bound(mut self) -> Self {
+        self.summary = bounded(self.summary, TEXT_BYTES_MAX);
+        self.gaps.truncate(GAPS_MAX);
+        self.gaps = self
+            .gaps
+            .into_iter()
+            .map(|g| bounded(g, TEXT_BYTES_MAX))
+            .collect();
+        self.findings.truncate(FINDINGS_MAX);
+        for f in &mut self.findings {
+            f.claim = bounded(std::mem::take(&mut f.claim), TEXT_BYTES_MAX);
+            f.source = bounded(std::mem::take(&mut f.source), TEXT_BYTES_MAX);
+        }
+        self
+    }
+}
+
+/// What kind of failure ended an attempt. Decides the supervisor's answer (restart, reroute, escalate).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureKind {
+    /// The harness reported a failure of this category.
+    Harness(ErrorCategory),
+    /// The session ended with a stop reason that is not success (max_tokens, refusal, budget, ...).
+    NotSuccess,
+    /// The final output was not a valid report.
+    MalformedReport,
+    /// The per-subtask deadline passed with no report.
+    Timeout,
+    /// The specialist or its node died (a supervision event).
+    Crashed,
+    /// The coordinator or an operator cancelled it.
+    Cancelled,
+    /// The admission was refused (limits or budget).
+    Refused,
+}
+
+impl FailureKind {
+    /// The stable name for logs and the store.
+    pub fn name(&self) -> &'static str {
+        match self {
+            FailureKind::Harness(c) => c.name(),
+            FailureKind::NotSuccess => "not_success",
+            FailureKind::MalformedReport => "malformed_report",
+            FailureKind::Timeout => "timeout",
+            FailureKind::Crashed => "crashed",
+            FailureKind::Cancelled => "cancelled",
+            FailureKind::Refused => "refused",
+        }
+    }
+}
+
+/// The typed failure a specialist (or its supervisor, on its behalf) returns (DESIGN.md §8).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubtaskFailure {
+    /// What kind of failure.
+    pub kind: FailureKind,
+    /// What was attempted, in one bounded line (the tools used, how far it got).
+    pub attempted: String,
+    /// Findings gathered before the failure; kept, never presented as a success.
+    pub partial: Vec<Finding>,
+    /// Whether trying again can help.
+    pub retryable: bool,
+    /// When a retry makes sense at the earliest, in milliseconds from now, if the cause said so.
+    pub retry_after_ms: Option<u64>,
+    /// Bounded detail (the harness error message, the verify error).
+    pub detail: String,
+}
+
+/// How the session of a derived or resumed task gets its continuity: always from keel's store, never
+/// from a native resume (DESIGN.md §6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Continuity {
+    /// A fresh subtask: the brief is the whole context.
+    Fresh,
+    /// A task with a parent: the standard preamble (parent inline, older ancestors as pointers).
+    Standard {
+        /// The parent task.
+        parent: TaskId,
+    },
+    /// An interrupted task taken up again (restart, reroute, harness switch, context overflow): the
+    /// resume preamble (original brief verbatim plus the last log lines of `from`).
+    Resume {
+        /// The task whose brief and logs the preamble is built from.
+        from: TaskId,
+    },
+}
+
+/// A finding of an earlier step passed to a dependent step, as structured data with its provenance.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PriorFinding {
+    /// The plan step that produced it.
+    pub step: String,
+    /// The finding itself.
+    pub finding: Finding,
+}
+
+/// Everything a specialist is given, and nothing else: goal, quality criteria, the relevant prior
+/// findings, the output schema and every constraint restated (DESIGN.md §8: nothing propagates by
+/// itself).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubtaskBrief {
+    /// The plan step this brief is for.
+    pub step: String,
+    /// The task it is dispatched as.
+    pub task: TaskId,
+    /// What to do, verbatim.
+    pub brief: String,
+    /// The goal, for the report check.
+    pub goal: String,
+    /// Explicit quality criteria.
+    pub quality_criteria: Vec<String>,
+    /// Findings of the steps this one depends on (only those), bounded by [`PRIOR_FINDINGS_MAX`].
+    pub prior_findings: Vec<PriorFinding>,
+    /// The output schema the report must follow.
+    pub output_schema: Option<String>,
+    /// Constraints, restated for every specialist.
+    pub constraints: Vec<String>,
+    /// Gaps of dependencies that ended partial, so this step knows its inputs are incomplete.
+    pub known_gaps: Vec<String>,
+}
+
+/// The result of a step as it is made durable: either a verified report or a typed failure.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StepOutcome {
+    /// A verified report from this attempt.
+    Report(SubagentReport),
+    /// The step's retry budget is spent or it was escalated; this is the last failure.
+    Failed(SubtaskFailure),
+    /// Not dispatched because a dependency produced no usable report.
+    Skipped {
+        /// Why (which dependency failed).
+        reason: String,
+    },
+}
+
+/// A report or failure tagged with the attempt it came from, as the coordinator receives it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptResult {
+    /// Which attempt produced it.
+    pub attempt: AttemptId,
+    /// What it produced.
+    pub outcome: Result<SubagentReport, SubtaskFailure>,
+    /// What the attempt spent, in micro-dollars (settled in the supervisor's ledger).
+    pub spent_micros: u64,
+}
