@@ -1,2 +1,197 @@
-//! `keel`: the command line.
-fn main() {}
+//! `keel`: the command line. It opens the store in a keel home (`./.keel` by default) and reads it; later
+//! commands run orchestrated jobs on it.
+//!
+//! Exit codes mean something so scripts can branch on them: see [`Exit`].
+
+mod home;
+mod render;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use keel_store::{ReadError, RunId, Store, TaskId};
+
+use crate::home::{Home, HomeError};
+
+/// Exit codes of `keel`. Stable: scripts depend on them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Exit {
+    /// The command did what was asked.
+    Ok = 0,
+    /// Something failed that is not covered below (IO, a corrupt row, a store from a newer keel).
+    Failure = 1,
+    /// The command line was wrong (clap prints the usage).
+    Usage = 2,
+    /// The run or task named does not exist in the store.
+    NotFound = 3,
+    /// There is no keel home here: run `keel init` first.
+    NoHome = 4,
+}
+
+/// keel: an orchestrator for coding-agent harnesses whose conversations live in its own store.
+#[derive(Parser, Debug)]
+#[command(name = "keel", version, about, long_about = None)]
+struct Cli {
+    /// The keel home (a folder with `keel.toml` and the store). Defaults to `$KEEL_HOME`, else `./.keel`.
+    #[arg(long, global = true, value_name = "DIR")]
+    home: Option<PathBuf>,
+
+    /// Print machine-readable JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Create a keel home (`./.keel/` by default) with an empty store and a commented keel.toml.
+    Init,
+    /// List runs, oldest first.
+    Runs {
+        /// Show at most this many.
+        #[arg(long, default_value_t = 200)]
+        limit: u32,
+    },
+    /// List tasks, of one run or of all runs.
+    Tasks {
+        /// Only the tasks of this run.
+        #[arg(long, value_name = "RUN")]
+        run: Option<RunId>,
+        /// Show at most this many.
+        #[arg(long, default_value_t = 500)]
+        limit: u32,
+    },
+    /// Show every field of one task.
+    Show {
+        /// The task id (a ULID, as `keel tasks` prints it).
+        task: TaskId,
+    },
+    /// Print a task's session log, oldest row first.
+    Logs {
+        /// The task id.
+        task: TaskId,
+        /// Only the last N rows.
+        #[arg(long, default_value_t = 200)]
+        tail: u32,
+    },
+    /// Print a run's task tree.
+    Tree {
+        /// The run id.
+        run: RunId,
+        /// Read at most this many tasks.
+        #[arg(long, default_value_t = 2000)]
+        limit: u32,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() {
+                Exit::Usage
+            } else {
+                Exit::Ok
+            };
+            // clap formats help, version and usage errors itself.
+            let _ = e.print();
+            return ExitCode::from(code as u8);
+        }
+    };
+    match run(cli) {
+        Ok(()) => ExitCode::from(Exit::Ok as u8),
+        Err(e) => {
+            eprintln!("keel: {:#}", e.error);
+            ExitCode::from(e.exit as u8)
+        }
+    }
+}
+
+/// An error on its way out, with the exit code it maps to.
+struct Failed {
+    exit: Exit,
+    error: anyhow::Error,
+}
+
+impl From<HomeError> for Failed {
+    fn from(e: HomeError) -> Self {
+        let exit = match e {
+            HomeError::Missing { .. } => Exit::NoHome,
+            _ => Exit::Failure,
+        };
+        Failed {
+            exit,
+            error: e.into(),
+        }
+    }
+}
+
+impl From<ReadError> for Failed {
+    fn from(e: ReadError) -> Self {
+        let exit = match e {
+            ReadError::NotFound { .. } => Exit::NotFound,
+            _ => Exit::Failure,
+        };
+        Failed {
+            exit,
+            error: e.into(),
+        }
+    }
+}
+
+impl From<std::io::Error> for Failed {
+    fn from(e: std::io::Error) -> Self {
+        Failed {
+            exit: Exit::Failure,
+            error: e.into(),
+        }
+    }
+}
+
+impl From<serde_json::Error> for Failed {
+    fn from(e: serde_json::Error) -> Self {
+        Failed {
+            exit: Exit::Failure,
+            error: e.into(),
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<(), Failed> {
+    let home = Home::locate(cli.home)?;
+    let out = render::Output::new(cli.json);
+    match cli.command {
+        Command::Init => {
+            let created = home.init()?;
+            out.init(&home, created)?;
+        }
+        Command::Runs { limit } => {
+            let store = home.open_existing()?;
+            out.runs(&store.catalog().runs(limit)?)?;
+        }
+        Command::Tasks { run, limit } => {
+            let store = home.open_existing()?;
+            out.tasks(&store.catalog().tasks(run, limit)?)?;
+        }
+        Command::Show { task } => {
+            let store = home.open_existing()?;
+            let task = store.catalog().task(task)?;
+            let children = store.catalog().children(task.id, 200)?;
+            out.show(&task, &children)?;
+        }
+        Command::Logs { task, tail } => {
+            let store: Store = home.open_existing()?;
+            out.logs(task, &store.catalog().session_log(task, tail)?)?;
+        }
+        Command::Tree { run, limit } => {
+            let store = home.open_existing()?;
+            let catalog = store.catalog();
+            let header = catalog.run(run)?;
+            out.tree(&header, &catalog.tree(run, limit)?)?;
+        }
+    }
+    Ok(())
+}

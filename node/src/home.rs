@@ -1,0 +1,130 @@
+//! The keel home: the folder holding `keel.toml` and the store file. One place decides where it is, so
+//! every command agrees.
+
+use std::path::{Path, PathBuf};
+
+use keel_store::{OpenError, Store};
+
+/// The file name of the store inside a home.
+pub(crate) const STORE_FILE: &str = "keel.redb";
+/// The file name of the configuration inside a home.
+pub(crate) const CONFIG_FILE: &str = "keel.toml";
+/// The commented default configuration written by `keel init`.
+const CONFIG_TEMPLATE: &str = include_str!("keel.toml");
+
+/// Why a home could not be used.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum HomeError {
+    /// No store at the expected place: the user has not run `keel init` (or pointed elsewhere).
+    #[error("no keel store at {}: run `keel init` first (or pass --home DIR)", path.display())]
+    Missing {
+        /// Where the store was expected.
+        path: PathBuf,
+    },
+    /// Creating the home folder or writing keel.toml failed.
+    #[error("cannot create the keel home at {}: {source}", path.display())]
+    Create {
+        /// The path that failed.
+        path: PathBuf,
+        /// The IO error.
+        source: std::io::Error,
+    },
+    /// The store exists but does not open (locked by a running keel, not a redb file, newer format).
+    #[error("cannot open the store at {}: {source}", path.display())]
+    Open {
+        /// The store file.
+        path: PathBuf,
+        /// Why.
+        source: OpenError,
+    },
+}
+
+/// A located keel home.
+#[derive(Debug, Clone)]
+pub(crate) struct Home {
+    dir: PathBuf,
+}
+
+/// What `keel init` found and did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Created {
+    /// Whether keel.toml was written now (false: one was there and was kept).
+    pub(crate) config: bool,
+    /// Whether the store file was created now (false: it existed and was opened).
+    pub(crate) store: bool,
+}
+
+impl Home {
+    /// `--home`, else `$KEEL_HOME`, else `./.keel`.
+    pub(crate) fn locate(flag: Option<PathBuf>) -> Result<Self, HomeError> {
+        let dir = flag
+            .or_else(|| std::env::var_os("KEEL_HOME").map(PathBuf::from))
+            .unwrap_or_else(|| PathBuf::from(".keel"));
+        Ok(Self { dir })
+    }
+
+    /// The home folder.
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The store file.
+    pub(crate) fn store_path(&self) -> PathBuf {
+        self.dir.join(STORE_FILE)
+    }
+
+    /// The configuration file.
+    pub(crate) fn config_path(&self) -> PathBuf {
+        self.dir.join(CONFIG_FILE)
+    }
+
+    /// Creates the folder, a commented keel.toml and the store, keeping whatever already exists:
+    /// running it twice is harmless and never overwrites a user's configuration.
+    pub(crate) fn init(&self) -> Result<Created, HomeError> {
+        std::fs::create_dir_all(&self.dir).map_err(|source| HomeError::Create {
+            path: self.dir.clone(),
+            source,
+        })?;
+        let config_path = self.config_path();
+        let config = match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&config_path)
+        {
+            Ok(mut file) => {
+                use std::io::Write;
+                file.write_all(CONFIG_TEMPLATE.as_bytes())
+                    .and_then(|()| file.sync_all())
+                    .map_err(|source| HomeError::Create {
+                        path: config_path.clone(),
+                        source,
+                    })?;
+                true
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
+            Err(source) => {
+                return Err(HomeError::Create {
+                    path: config_path,
+                    source,
+                });
+            }
+        };
+        let store_path = self.store_path();
+        let store = !store_path.exists();
+        Store::open(&store_path).map_err(|source| HomeError::Open {
+            path: store_path,
+            source,
+        })?;
+        Ok(Created { config, store })
+    }
+
+    /// Opens the store of an initialised home. Read commands never create a store: a missing one is
+    /// [`HomeError::Missing`], so a typo in `--home` does not silently create an empty store.
+    pub(crate) fn open_existing(&self) -> Result<Store, HomeError> {
+        let path = self.store_path();
+        if !path.is_file() {
+            return Err(HomeError::Missing { path });
+        }
+        Store::open(&path).map_err(|source| HomeError::Open { path, source })
+    }
+}

@@ -1,0 +1,281 @@
+//! The read commands against a real store file: `keel init`, `tasks`, `show`, `logs`, `tree`, `runs`,
+//! their `--json` output and their exit codes, run as a real process.
+
+// Test helpers panic on purpose: a panic is the failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use keel_store::{
+    Attachment, AttachmentBody, Budget, Durability, LogKind, ObservedSession, Run, RunId,
+    RunStatus, SessionLogRow, Store, Task, TaskId, TaskKind, TaskStatus, WriteBatch,
+};
+
+fn keel(home: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_keel"))
+        .arg("--home")
+        .arg(home)
+        .args(args)
+        .env_remove("KEEL_HOME")
+        .output()
+        .expect("keel runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn task(run: RunId, id: u128, parent: Option<u128>, depth: u8, brief: &str) -> Task {
+    Task {
+        id: TaskId(id),
+        run_id: run,
+        parent: parent.map(TaskId),
+        depth,
+        kind: if parent.is_some() {
+            TaskKind::Subtask
+        } else {
+            TaskKind::Root
+        },
+        brief: brief.into(),
+        goal: format!("goal of {brief}"),
+        quality_criteria: vec!["cites sources".into()],
+        output_schema: None,
+        assignee: Some("researcher".into()),
+        model: Some("claude-sonnet-4-5".into()),
+        observed: Some(ObservedSession {
+            harness: "scripted".into(),
+            account: "default".into(),
+            native_session_id: format!("native-{id}"),
+        }),
+        status: TaskStatus::Complete,
+        attempt: 1,
+        idempotency_key: None,
+        outcome: Some(format!("done: {brief}")),
+        attachments: vec![Attachment {
+            name: "notes.md".into(),
+            body: AttachmentBody::Inline("short".into()),
+        }],
+        progress_notes: vec![],
+        created_ms: 1_700_000_000_000,
+        updated_ms: 1_700_000_000_500,
+    }
+}
+
+/// Writes one run with a root, two children and a grandchild, plus three log rows on the root.
+fn populate(store_path: &Path) -> (RunId, TaskId) {
+    let store = Store::open(store_path).unwrap();
+    let run_id = RunId(0x0190_0000_0000_0000_0000_0000_0000_0001);
+    let scope = store.run(run_id);
+    let mut batch = WriteBatch::new();
+    batch.push(
+        scope
+            .stage_create_run(Run {
+                id: run_id,
+                brief: "survey the parser crates".into(),
+                plan: None,
+                status: RunStatus::Completed,
+                budget: Budget::default(),
+                created_ms: 1_700_000_000_000,
+                updated_ms: 1_700_000_001_000,
+                config_snapshot: String::new(),
+                outcome: Some("synthesis written".into()),
+            })
+            .unwrap(),
+    );
+    let root = 0x0190_0000_0000_0000_0000_0000_0000_0010u128;
+    batch.push(
+        scope
+            .stage_create_task(task(run_id, root, None, 0, "root brief"))
+            .unwrap(),
+    );
+    batch.push(
+        scope
+            .stage_create_task(task(run_id, root + 1, Some(root), 1, "child one"))
+            .unwrap(),
+    );
+    batch.push(
+        scope
+            .stage_create_task(task(run_id, root + 2, Some(root), 1, "child two"))
+            .unwrap(),
+    );
+    batch.push(
+        scope
+            .stage_create_task(task(run_id, root + 3, Some(root + 1), 2, "grandchild"))
+            .unwrap(),
+    );
+    for (i, (kind, summary)) in [
+        (LogKind::Lifecycle, "session started on scripted"),
+        (LogKind::ToolUse, "bash: ls -la"),
+        (LogKind::Text, "found three crates"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        batch.push(
+            scope
+                .stage_append_log(
+                    TaskId(root),
+                    SessionLogRow {
+                        ts_ms: 1_700_000_000_000 + i as u64,
+                        kind,
+                        summary: summary.into(),
+                        detail: String::new(),
+                    },
+                )
+                .unwrap(),
+        );
+    }
+    store.commit_group(batch, Durability::Immediate).unwrap();
+    (run_id, TaskId(root))
+}
+
+#[test]
+fn read_commands_on_a_missing_home_exit_4_and_say_how_to_fix_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("nowhere");
+    for args in [
+        &["tasks"][..],
+        &["runs"],
+        &["tree", "01ARZ3NDEKTSV4RRFFQ69G5FAV"],
+    ] {
+        let out = keel(&home, args);
+        assert_eq!(out.status.code(), Some(4), "{args:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("keel init"));
+    }
+    assert!(!home.exists(), "a read command must not create a home");
+}
+
+#[test]
+fn init_creates_store_and_config_and_is_idempotent() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join(".keel");
+    let out = keel(&home, &["init", "--json"]);
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["created_store"], true);
+    assert_eq!(v["created_config"], true);
+    assert!(home.join("keel.redb").is_file());
+    let config = std::fs::read_to_string(home.join("keel.toml")).unwrap();
+    assert!(config.contains("[supervisor]"));
+
+    std::fs::write(home.join("keel.toml"), "# mine\n").unwrap();
+    let again = keel(&home, &["init", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(v["created_store"], false);
+    assert_eq!(v["created_config"], false);
+    assert_eq!(
+        std::fs::read_to_string(home.join("keel.toml")).unwrap(),
+        "# mine\n",
+        "init never overwrites a user's configuration"
+    );
+    let empty = keel(&home, &["tasks"]);
+    assert_eq!(empty.status.code(), Some(0));
+    assert_eq!(stdout(&empty).trim(), "no tasks yet");
+}
+
+#[test]
+fn tasks_show_logs_and_tree_explain_a_populated_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join(".keel");
+    assert_eq!(keel(&home, &["init"]).status.code(), Some(0));
+    let (run, root) = populate(&home.join("keel.redb"));
+
+    let tasks = keel(&home, &["tasks", "--json"]);
+    assert_eq!(tasks.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&tasks.stdout).unwrap();
+    let items = v["tasks"].as_array().unwrap();
+    assert_eq!(items.len(), 4);
+    assert_eq!(items[0]["id"], root.to_string());
+    assert_eq!(items[0]["run"], run.to_string());
+    assert_eq!(items[1]["parent"], root.to_string());
+
+    let table = stdout(&keel(&home, &["tasks"]));
+    assert!(
+        table.contains(&root.to_string()) && table.contains("child two"),
+        "{table}"
+    );
+
+    let show = stdout(&keel(&home, &["show", &root.to_string()]));
+    assert!(show.contains("root brief"), "{show}");
+    assert!(show.contains("native-"), "{show}");
+    assert!(show.contains("never resumed"), "{show}");
+    assert_eq!(show.matches("child       ").count(), 2, "{show}");
+
+    let logs = keel(&home, &["logs", &root.to_string(), "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&logs.stdout).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    let seqs: Vec<u64> = rows.iter().map(|r| r["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, vec![1, 2, 3]);
+    assert_eq!(rows[1]["kind"], "tool_use");
+    let tail = keel(&home, &["logs", &root.to_string(), "--tail", "1", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&tail.stdout).unwrap();
+    assert_eq!(v["rows"][0]["summary"], "found three crates");
+
+    let tree = stdout(&keel(&home, &["tree", &run.to_string()]));
+    let lines: Vec<&str> = tree.lines().collect();
+    assert_eq!(lines.len(), 5, "{tree}");
+    assert!(
+        lines[1].starts_with("  ") && lines[1].contains("root brief"),
+        "{tree}"
+    );
+    assert!(
+        lines[2].starts_with("    ") && lines[2].contains("child one"),
+        "{tree}"
+    );
+    assert!(
+        lines[3].starts_with("      ") && lines[3].contains("grandchild"),
+        "{tree}"
+    );
+    assert!(
+        lines[4].starts_with("    ") && lines[4].contains("child two"),
+        "{tree}"
+    );
+
+    let tree_json = keel(&home, &["tree", &run.to_string(), "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&tree_json.stdout).unwrap();
+    let levels: Vec<u64> = v["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["level"].as_u64().unwrap())
+        .collect();
+    assert_eq!(levels, vec![0, 1, 2, 1]);
+
+    let runs = keel(&home, &["runs", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&runs.stdout).unwrap();
+    assert_eq!(v["runs"][0]["status"], "Completed");
+}
+
+#[test]
+fn unknown_ids_exit_3_and_malformed_ids_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join(".keel");
+    assert_eq!(keel(&home, &["init"]).status.code(), Some(0));
+    populate(&home.join("keel.redb"));
+    let missing = "01ARZ3NDEKTSV4RRFFQ69G5FAV";
+    for args in [
+        &["show", missing][..],
+        &["logs", missing],
+        &["tree", missing],
+    ] {
+        let out = keel(&home, args);
+        assert_eq!(out.status.code(), Some(3), "{args:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("not found"));
+    }
+    let bad = keel(&home, &["show", "not-an-id"]);
+    assert_eq!(bad.status.code(), Some(2));
+}
+
+#[test]
+fn a_file_that_is_not_a_store_is_a_clear_error_and_is_left_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join(".keel");
+    std::fs::create_dir_all(&home).unwrap();
+    let junk = vec![0x5au8; 8192];
+    std::fs::write(home.join("keel.redb"), &junk).unwrap();
+    let out = keel(&home, &["tasks"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot open the store"));
+    assert_eq!(std::fs::read(home.join("keel.redb")).unwrap(), junk);
+}
