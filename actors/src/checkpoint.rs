@@ -1,11 +1,22 @@
-//! The checkpoint writer: the only writer of progress, with group commit (DESIGN.md §4).
+//! The checkpoint writer: the only writer of progress (DESIGN.md §4).
+//!
+//! Coordinators send it [`Stage`]s (the writes of one decision); it batches whatever arrived while the
+//! previous commit was in flight into the next one (group commit: one transaction, one fsync for many
+//! stages), asks its host to commit, and acknowledges each stage to its coordinator only after the host
+//! says the commit is durable. A stage is never split across transactions. A failed commit wrote
+//! nothing; it is retried with backoff a bounded number of times, then its stages are answered with
+//! `PersistFailed` so no coordinator waits forever.
 
-use crate::machine::Millis;
+use crate::effect::{Effect, Envelope, TimerKey};
+use crate::machine::{Entropy, Machine, Millis};
+use crate::message::{CheckpointInput, CheckpointMsg, CheckpointTimer, CoordinatorMsg};
+use crate::persist::{CommitBatch, CommitId, STAGE_OPS_MAX, Stage};
+use std::collections::VecDeque;
 
 /// Bounds of the checkpoint writer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CheckpointConfig {
-    /// Most ops in one commit (the store's `batch_items_max`).
+    /// Most ops in one commit (keep it at or below the store's `batch_items_max`).
     pub batch_ops_max: u32,
     /// Most stages waiting for a commit; past it a stage is refused with `PersistFailed`.
     pub queued_stages_max: u32,
@@ -26,10 +37,173 @@ impl Default for CheckpointConfig {
     }
 }
 
-/// The checkpoint writer of a coordinator node (named for its role; the store's `Checkpoint` row is
-/// one of the things it writes).
+#[derive(Debug)]
+struct InFlight {
+    id: CommitId,
+    stages: Vec<Stage>,
+    retries: u32,
+    /// Waiting for the retry timer rather than for the host.
+    waiting_retry: bool,
+}
+
+/// The checkpoint writer of a coordinator node (named for its role; the store's `Checkpoint` row is one
+/// of the things it writes).
 #[derive(Debug)]
 pub struct CheckpointWriter {
-    #[allow(dead_code)]
     config: CheckpointConfig,
+    queue: VecDeque<Stage>,
+    in_flight: Option<InFlight>,
+    next_commit: u64,
+    commits_count: u64,
+}
+
+impl CheckpointWriter {
+    /// An idle writer. After a crash a new one starts empty: completions of commits of the old one are
+    /// recognised by their id and ignored.
+    pub fn new(config: CheckpointConfig) -> Self {
+        Self {
+            config,
+            queue: VecDeque::new(),
+            in_flight: None,
+            next_commit: 1,
+            commits_count: 0,
+        }
+    }
+
+    /// Stages waiting for the next commit.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Commits made durable so far (for benchmarks and the simulator's statistics).
+    pub fn commits_count(&self) -> u64 {
+        self.commits_count
+    }
+
+    fn answer(stage: &Stage, msg: CoordinatorMsg, out: &mut Vec<Effect>) {
+        out.push(Effect::Send(Envelope::Coordinator {
+            run: stage.run,
+            msg,
+        }));
+    }
+
+    fn flush(&mut self, out: &mut Vec<Effect>) {
+        if self.in_flight.is_some() || self.queue.is_empty() {
+            return;
+        }
+        let mut ops = 0usize;
+        let mut stages = Vec::new();
+        while let Some(front) = self.queue.front() {
+            let n = front.ops.len();
+            if !stages.is_empty() && ops + n > self.config.batch_ops_max as usize {
+                break;
+            }
+            ops += n;
+            if let Some(stage) = self.queue.pop_front() {
+                stages.push(stage);
+            }
+        }
+        let id = CommitId(self.next_commit);
+        self.next_commit += 1;
+        out.push(Effect::Persist(CommitBatch {
+            id,
+            stages: stages.clone(),
+        }));
+        self.in_flight = Some(InFlight {
+            id,
+            stages,
+            retries: 0,
+            waiting_retry: false,
+        });
+    }
+}
+
+impl Machine for CheckpointWriter {
+    type Input = CheckpointInput;
+    type Effect = Effect;
+
+    fn handle(
+        &mut self,
+        input: CheckpointInput,
+        now: Millis,
+        _rng: &mut dyn Entropy,
+        out: &mut Vec<Effect>,
+    ) {
+        match input {
+            CheckpointInput::Msg(CheckpointMsg::Stage(stage)) => {
+                let ticket = stage.ticket;
+                if stage.ops.len() > STAGE_OPS_MAX
+                    || stage.ops.len() > self.config.batch_ops_max as usize
+                {
+                    let error = format!("a stage of {} ops exceeds the limit", stage.ops.len());
+                    Self::answer(&stage, CoordinatorMsg::PersistFailed { ticket, error }, out);
+                    return;
+                }
+                if self.queue.len() >= self.config.queued_stages_max as usize {
+                    let error = "the checkpoint queue is full; stage again later".to_string();
+                    Self::answer(&stage, CoordinatorMsg::PersistFailed { ticket, error }, out);
+                    return;
+                }
+                self.queue.push_back(stage);
+                self.flush(out);
+            }
+            CheckpointInput::Committed(id) => {
+                let Some(flight) = self.in_flight.take_if(|f| f.id == id && !f.waiting_retry)
+                else {
+                    return; // a completion of a commit this writer no longer waits for
+                };
+                self.commits_count += 1;
+                for stage in &flight.stages {
+                    let ticket = stage.ticket;
+                    Self::answer(stage, CoordinatorMsg::Durable { ticket }, out);
+                }
+                self.flush(out);
+            }
+            CheckpointInput::CommitFailed { id, error } => {
+                let Some(flight) = self.in_flight.as_mut().filter(|f| f.id == id) else {
+                    return;
+                };
+                if flight.retries < self.config.commit_retries_max {
+                    let delay = self
+                        .config
+                        .retry_backoff_ms
+                        .saturating_mul(1u64 << flight.retries.min(20));
+                    flight.retries += 1;
+                    flight.waiting_retry = true;
+                    out.push(Effect::SetTimer {
+                        key: TimerKey::Checkpoint(CheckpointTimer::RetryCommit(id)),
+                        at: now.saturating_add(delay),
+                    });
+                    return;
+                }
+                if let Some(flight) = self.in_flight.take() {
+                    for stage in &flight.stages {
+                        let ticket = stage.ticket;
+                        let error =
+                            format!("commit failed after {} retries: {error}", flight.retries);
+                        Self::answer(stage, CoordinatorMsg::PersistFailed { ticket, error }, out);
+                    }
+                }
+                self.flush(out);
+            }
+            CheckpointInput::Timer(CheckpointTimer::RetryCommit(id)) => {
+                let next = CommitId(self.next_commit);
+                let Some(flight) = self
+                    .in_flight
+                    .as_mut()
+                    .filter(|f| f.id == id && f.waiting_retry)
+                else {
+                    return;
+                };
+                // A fresh id, so a late completion of the failed try cannot be taken for this one.
+                self.next_commit += 1;
+                flight.id = next;
+                flight.waiting_retry = false;
+                out.push(Effect::Persist(CommitBatch {
+                    id: next,
+                    stages: flight.stages.clone(),
+                }));
+            }
+        }
+    }
 }
