@@ -6,6 +6,10 @@
 
 pub mod error;
 pub mod event;
+pub mod messages_api;
+pub mod rfc3339;
+pub mod scripted;
+pub mod server;
 pub mod session;
 pub mod spec;
 pub mod usage;
