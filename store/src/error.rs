@@ -67,7 +67,7 @@ pub enum ReadError {
     TooManyRows(LimitError),
     /// A read transaction could not begin.
     #[error("cannot begin a read transaction: {0}")]
-    Transaction(#[from] redb::TransactionError),
+    Transaction(redb::TransactionError),
     /// A table could not be opened.
     #[error("cannot open a table: {0}")]
     Table(#[from] redb::TableError),
@@ -77,6 +77,15 @@ pub enum ReadError {
     /// The backend failed earlier and redb refuses further IO: drop the store and open it again.
     #[error("the storage failed earlier; reopen the store")]
     NeedsReopen,
+}
+
+impl From<redb::TransactionError> for ReadError {
+    fn from(e: redb::TransactionError) -> Self {
+        match e {
+            redb::TransactionError::Storage(s) => s.into(),
+            other => Self::Transaction(other),
+        }
+    }
 }
 
 impl From<redb::StorageError> for ReadError {
@@ -180,7 +189,7 @@ pub enum CommitError {
     },
     /// The write transaction could not begin.
     #[error("cannot begin a write transaction: {0}")]
-    Begin(#[from] redb::TransactionError),
+    Begin(redb::TransactionError),
     /// The durability could not be set on the transaction.
     #[error("cannot set durability: {0}")]
     Durability(#[from] redb::SetDurabilityError),
@@ -212,6 +221,15 @@ impl From<redb::StorageError> for CommitError {
             redb::StorageError::PreviousIo => Self::NeedsReopen,
             e if is_disk_full(&e) => Self::DiskFull(e),
             other => Self::Storage(other),
+        }
+    }
+}
+
+impl From<redb::TransactionError> for CommitError {
+    fn from(e: redb::TransactionError) -> Self {
+        match e {
+            redb::TransactionError::Storage(s) => s.into(),
+            other => Self::Begin(other),
         }
     }
 }

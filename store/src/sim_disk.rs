@@ -5,7 +5,8 @@
 //! `sync_data` copies the volatile image to the durable image. [`SimDisk::crash`] returns a new disk
 //! holding only the durable image, as a machine would find its disk after losing power. Faults:
 //! a capacity (writes that would grow the file past it fail with `StorageFull`), a write budget
-//! (writes fail once a number of bytes has been written), and failing syncs.
+//! (writes fail once a number of bytes has been written), failing syncs, and a power loss scheduled
+//! at any backend operation (so a crash can land in the middle of a commit).
 //!
 //! What it does not model: torn writes (a write that half reaches the disk) and writes that reach the
 //! disk without a sync (a crash image is exactly the last synced state). redb's own crash test goes
@@ -31,6 +32,22 @@ struct DiskState {
     syncs_to_fail: u32,
     /// Successful syncs so far.
     syncs: u64,
+    /// Backend operations (writes, resizes, syncs) so far.
+    ops: u64,
+    /// Power is lost when `ops` reaches this: from then on nothing more becomes durable.
+    power_loss_at_op: Option<u64>,
+}
+
+impl DiskState {
+    /// Counts one operation; returns whether power is already lost (the durable image is frozen).
+    fn tick(&mut self) -> bool {
+        self.ops += 1;
+        self.power_lost()
+    }
+
+    fn power_lost(&self) -> bool {
+        self.power_loss_at_op.is_some_and(|at| self.ops >= at)
+    }
 }
 
 /// A shareable simulated disk: clones share one state, so the simulator can keep a handle, give a
@@ -90,6 +107,25 @@ impl SimDisk {
         self.lock().syncs_to_fail = count;
     }
 
+    /// Schedules a power loss `ops_from_now` backend operations (writes, resizes, syncs) from now:
+    /// from that operation on, syncs still return `Ok` (the process does not know) but nothing more
+    /// becomes durable. [`SimDisk::crash`] then shows the disk as the power loss left it, which may
+    /// be in the middle of a commit. `None` cancels it.
+    pub fn schedule_power_loss(&self, ops_from_now: Option<u64>) {
+        let mut s = self.lock();
+        s.power_loss_at_op = ops_from_now.map(|n| s.ops.saturating_add(n));
+    }
+
+    /// Whether a scheduled power loss has happened.
+    pub fn power_lost(&self) -> bool {
+        self.lock().power_lost()
+    }
+
+    /// Backend operations so far.
+    pub fn ops(&self) -> u64 {
+        self.lock().ops
+    }
+
     /// Successful syncs so far, so a test can see that a group commit cost one sync, not N.
     pub fn syncs(&self) -> u64 {
         self.lock().syncs
@@ -128,6 +164,7 @@ impl StorageBackend for SimDisk {
 
     fn set_len(&self, len: u64) -> Result<(), io::Error> {
         let mut s = self.lock();
+        s.tick();
         if let Some(cap) = s.capacity
             && len > cap
         {
@@ -141,17 +178,21 @@ impl StorageBackend for SimDisk {
     fn sync_data(&self) -> Result<(), io::Error> {
         let mut guard = self.lock();
         let s = &mut *guard;
+        let lost = s.tick();
         if s.syncs_to_fail > 0 {
             s.syncs_to_fail -= 1;
             return Err(io::Error::other("simulated sync failure"));
         }
-        s.durable.clone_from(&s.volatile);
+        if !lost {
+            s.durable.clone_from(&s.volatile);
+        }
         s.syncs += 1;
         Ok(())
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
         let mut s = self.lock();
+        s.tick();
         let data_len = u64::try_from(data.len()).unwrap_or(u64::MAX);
         let end = offset
             .checked_add(data_len)
