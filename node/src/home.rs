@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 
 use keel_store::{OpenError, Store};
 
+use crate::config::{Config, ConfigError};
+
 /// The file name of the store inside a home.
 pub(crate) const STORE_FILE: &str = "keel.redb";
 /// The file name of the configuration inside a home.
@@ -29,6 +31,9 @@ pub(crate) enum HomeError {
         /// The IO error.
         source: std::io::Error,
     },
+    /// keel.toml is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
     /// The store exists but does not open (locked by a running keel, not a redb file, newer format).
     #[error("cannot open the store at {}: {source}", path.display())]
     Open {
@@ -43,6 +48,13 @@ pub(crate) enum HomeError {
 #[derive(Debug, Clone)]
 pub(crate) struct Home {
     dir: PathBuf,
+}
+
+impl Home {
+    /// Reads this home's keel.toml (defaults when there is none yet).
+    pub(crate) fn config(&self) -> Result<Config, ConfigError> {
+        Config::load(&self.config_path())
+    }
 }
 
 /// What `keel init` found and did.
@@ -68,9 +80,9 @@ impl Home {
         &self.dir
     }
 
-    /// The store file.
-    pub(crate) fn store_path(&self) -> PathBuf {
-        self.dir.join(STORE_FILE)
+    /// The store file: `[store] path` of keel.toml, relative to the home unless absolute.
+    pub(crate) fn store_path(&self) -> Result<PathBuf, ConfigError> {
+        Ok(self.dir.join(self.config()?.store.path))
     }
 
     /// The configuration file.
@@ -109,7 +121,8 @@ impl Home {
                 });
             }
         };
-        let store_path = self.store_path();
+        // A kept keel.toml is checked now, so a bad one is reported at init rather than at first use.
+        let store_path = self.store_path()?;
         let store = !store_path.exists();
         Store::open(&store_path).map_err(|source| HomeError::Open {
             path: store_path,
@@ -121,7 +134,7 @@ impl Home {
     /// Opens the store of an initialised home. Read commands never create a store: a missing one is
     /// [`HomeError::Missing`], so a typo in `--home` does not silently create an empty store.
     pub(crate) fn open_existing(&self) -> Result<Store, HomeError> {
-        let path = self.store_path();
+        let path = self.store_path()?;
         if !path.is_file() {
             return Err(HomeError::Missing { path });
         }

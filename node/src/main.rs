@@ -3,6 +3,7 @@
 //!
 //! Exit codes mean something so scripts can branch on them: see [`Exit`].
 
+mod config;
 mod home;
 mod render;
 
@@ -49,6 +50,8 @@ struct Cli {
 enum Command {
     /// Create a keel home (`./.keel/` by default) with an empty store and a commented keel.toml.
     Init,
+    /// Check keel.toml and print the configuration keel would use (defaults filled in).
+    Config,
     /// List runs, oldest first.
     Runs {
         /// Show at most this many.
@@ -129,6 +132,24 @@ impl From<HomeError> for Failed {
     }
 }
 
+impl From<config::ConfigError> for Failed {
+    fn from(e: config::ConfigError) -> Self {
+        Failed {
+            exit: Exit::Failure,
+            error: e.into(),
+        }
+    }
+}
+
+impl From<toml::ser::Error> for Failed {
+    fn from(e: toml::ser::Error) -> Self {
+        Failed {
+            exit: Exit::Failure,
+            error: e.into(),
+        }
+    }
+}
+
 impl From<ReadError> for Failed {
     fn from(e: ReadError) -> Self {
         let exit = match e {
@@ -166,7 +187,11 @@ fn run(cli: Cli) -> Result<(), Failed> {
     match cli.command {
         Command::Init => {
             let created = home.init()?;
-            out.init(&home, created)?;
+            out.init(&home, &home.store_path()?, created)?;
+        }
+        Command::Config => {
+            let config = home.config()?;
+            out.config(&home, &config)?;
         }
         Command::Runs { limit } => {
             let store = home.open_existing()?;

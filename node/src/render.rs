@@ -2,6 +2,7 @@
 //! ULID strings (a 128-bit number does not survive a JavaScript reader) and carry every field of the row.
 
 use std::io::Write;
+use std::path::Path;
 use std::time::{Duration, UNIX_EPOCH};
 
 use comfy_table::{ContentArrangement, Table, presets::UTF8_BORDERS_ONLY};
@@ -12,6 +13,8 @@ use keel_store::{
 use serde::Serialize;
 use serde_json::json;
 
+use crate::Failed;
+use crate::config::Config;
 use crate::home::{Created, Home};
 
 /// The longest brief shown in one table cell; `keel show` prints the whole brief.
@@ -38,11 +41,11 @@ impl Output {
         writeln!(out, "{text}")
     }
 
-    pub(crate) fn init(&self, home: &Home, created: Created) -> std::io::Result<()> {
+    pub(crate) fn init(&self, home: &Home, store: &Path, created: Created) -> std::io::Result<()> {
         if self.json {
             return self.print_json(&json!({
                 "home": home.dir(),
-                "store": home.store_path(),
+                "store": store,
                 "config": home.config_path(),
                 "created_store": created.store,
                 "created_config": created.config,
@@ -52,11 +55,22 @@ impl Output {
         self.print(&format!(
             "keel home {}\n  store   {} ({})\n  config  {} ({})",
             home.dir().display(),
-            home.store_path().display(),
+            store.display(),
             verb(created.store),
             home.config_path().display(),
             verb(created.config),
         ))
+    }
+
+    pub(crate) fn config(&self, home: &Home, config: &Config) -> Result<(), Failed> {
+        if self.json {
+            return Ok(self.print_json(config)?);
+        }
+        let text = toml::to_string_pretty(config)?;
+        Ok(self.print(&format!(
+            "# {} is valid; the configuration in effect:\n{text}",
+            home.config_path().display()
+        ))?)
     }
 
     pub(crate) fn runs(&self, runs: &Listing<Run>) -> std::io::Result<()> {

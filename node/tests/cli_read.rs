@@ -279,3 +279,41 @@ fn a_file_that_is_not_a_store_is_a_clear_error_and_is_left_untouched() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot open the store"));
     assert_eq!(std::fs::read(home.join("keel.redb")).unwrap(), junk);
 }
+
+#[test]
+fn a_bad_keel_toml_is_refused_with_file_key_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join(".keel");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::write(
+        home.join("keel.toml"),
+        "[supervisor]\nmax_depth = 2\nmax_concurent_specialists = 4\n",
+    )
+    .unwrap();
+    for args in [&["init"][..], &["config"], &["tasks"]] {
+        let out = keel(&home, args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("keel.toml:3:"), "{err}");
+        assert!(err.contains("max_concurent_specialists"), "{err}");
+    }
+    assert!(
+        !home.join("keel.redb").exists(),
+        "nothing is created from a bad config"
+    );
+}
+
+#[test]
+fn the_store_path_of_keel_toml_is_honoured() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join(".keel");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::write(home.join("keel.toml"), "[store]\npath = \"other.redb\"\n").unwrap();
+    assert_eq!(keel(&home, &["init"]).status.code(), Some(0));
+    assert!(home.join("other.redb").is_file());
+    assert!(!home.join("keel.redb").exists());
+    populate(&home.join("other.redb"));
+    let v: serde_json::Value =
+        serde_json::from_slice(&keel(&home, &["tasks", "--json"]).stdout).unwrap();
+    assert_eq!(v["tasks"].as_array().unwrap().len(), 4);
+}

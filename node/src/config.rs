@@ -1,0 +1,373 @@
+//! `keel.toml`: the configuration of one keel home. Every key is documented in `docs/CONFIG.md`.
+//!
+//! Parsing is strict: an unknown key is an error (a typo must not silently fall back to a default), and
+//! every invalid value is refused by the type it is read into, so the error names the key, the file and
+//! the line.
+
+use std::num::NonZeroU32;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// The longest keel.toml read. A configuration is a few kilobytes; a larger file is a mistake.
+const CONFIG_BYTES_MAX: u64 = 1024 * 1024;
+
+/// The whole file.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct Config {
+    /// Where the store lives.
+    pub(crate) store: StoreSection,
+    /// How keel logs.
+    pub(crate) log: LogSection,
+    /// The supervisor's limits.
+    pub(crate) supervisor: SupervisorSection,
+    /// Agent profiles.
+    pub(crate) agents: Vec<AgentSection>,
+}
+
+/// `[store]`.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct StoreSection {
+    /// The redb file, relative to the keel home unless absolute.
+    pub(crate) path: PathBuf,
+}
+
+impl Default for StoreSection {
+    fn default() -> Self {
+        Self {
+            path: PathBuf::from(crate::home::STORE_FILE),
+        }
+    }
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct LogSection {
+    /// Human-readable lines or one JSON object a line.
+    pub(crate) format: LogFormat,
+}
+
+/// The log formats keel writes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum LogFormat {
+    /// For people at a terminal.
+    #[default]
+    Human,
+    /// For log collectors.
+    Json,
+}
+
+/// `[supervisor]`: the limits every spawn is admitted against (DESIGN.md §4).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct SupervisorSection {
+    /// Most specialists running at once.
+    pub(crate) max_concurrent_specialists: NonZeroU32,
+    /// Deepest nesting of delegated tasks (a root is depth 0).
+    #[serde(deserialize_with = "depth")]
+    pub(crate) max_depth: u8,
+    /// Spawns admitted per minute.
+    pub(crate) spawns_per_minute: NonZeroU32,
+    /// Spawns admitted at once before the rate applies.
+    pub(crate) spawn_burst: NonZeroU32,
+    /// One run's spend budget in US dollars; `None` means no budget.
+    #[serde(deserialize_with = "dollars", skip_serializing_if = "Option::is_none")]
+    pub(crate) run_budget_usd: Option<f64>,
+    /// Per-subtask timeout in seconds.
+    pub(crate) subtask_timeout_s: NonZeroU32,
+}
+
+impl Default for SupervisorSection {
+    fn default() -> Self {
+        Self {
+            max_concurrent_specialists: NonZeroU32::new(20).unwrap_or(NonZeroU32::MIN),
+            max_depth: 3,
+            spawns_per_minute: NonZeroU32::new(120).unwrap_or(NonZeroU32::MIN),
+            spawn_burst: NonZeroU32::new(20).unwrap_or(NonZeroU32::MIN),
+            run_budget_usd: None,
+            subtask_timeout_s: NonZeroU32::new(900).unwrap_or(NonZeroU32::MIN),
+        }
+    }
+}
+
+/// The deepest nesting keel accepts at all: deeper trees are a runaway, not a plan.
+const DEPTH_MAX: u8 = 16;
+
+fn depth<'de, D: Deserializer<'de>>(d: D) -> Result<u8, D::Error> {
+    let v = u8::deserialize(d)?;
+    if v == 0 || v > DEPTH_MAX {
+        return Err(serde::de::Error::custom(format!(
+            "max_depth must be between 1 and {DEPTH_MAX}, not {v}"
+        )));
+    }
+    Ok(v)
+}
+
+fn dollars<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+    let v = f64::deserialize(d)?;
+    if !v.is_finite() || v < 0.0 {
+        return Err(serde::de::Error::custom(format!(
+            "run_budget_usd must be a non-negative number of dollars, not {v}"
+        )));
+    }
+    Ok(Some(v))
+}
+
+/// The harnesses an agent profile can name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum HarnessName {
+    /// Claude Code (`claude -p`).
+    ClaudeCode,
+    /// Codex (`codex exec`).
+    Codex,
+    /// OpenCode (`opencode run`).
+    Opencode,
+    /// pi (`pi --mode json`).
+    Pi,
+    /// keel's own agent loop on the Anthropic Messages API.
+    MessagesApi,
+    /// The built-in deterministic scripted model.
+    Scripted,
+}
+
+/// `[[agents]]`: who can be assigned a task. A derived task takes its model from its assignee's profile.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AgentSection {
+    /// The name tasks are assigned to.
+    pub(crate) name: String,
+    /// What the agent is for (shown to a lead agent choosing whom to delegate to).
+    #[serde(default)]
+    pub(crate) description: String,
+    /// Which harness runs its sessions.
+    pub(crate) harness: HarnessName,
+    /// The model its sessions use.
+    pub(crate) model: String,
+    /// Which credentials to use.
+    #[serde(default = "default_account")]
+    pub(crate) account: String,
+    /// The tools it may use.
+    #[serde(default)]
+    pub(crate) tools: Vec<String>,
+    /// Appended to the harness's system prompt.
+    #[serde(default)]
+    pub(crate) system_prompt: String,
+    /// Most model turns per session.
+    #[serde(default)]
+    pub(crate) max_turns: Option<NonZeroU32>,
+}
+
+fn default_account() -> String {
+    "default".into()
+}
+
+/// Why keel.toml could not be used.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The IO error.
+        source: std::io::Error,
+    },
+    /// The file is larger than any real configuration.
+    #[error("{} is {size} bytes; keel reads at most {CONFIG_BYTES_MAX}", path.display())]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        size: u64,
+    },
+    /// A key is unknown, a value invalid, or the TOML malformed. The message names the key and line.
+    #[error("{}:{line}: {message}", path.display())]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// The 1-based line of the offending key or value (0 when the parser gave no position).
+        line: usize,
+        /// What is wrong, as the parser said it.
+        message: String,
+    },
+    /// Two agent profiles share a name, so assignment would be ambiguous.
+    #[error("{}:{line}: agent name {name:?} is used twice", path.display())]
+    DuplicateAgent {
+        /// The file.
+        path: PathBuf,
+        /// The line of the second profile.
+        line: usize,
+        /// The name.
+        name: String,
+    },
+}
+
+impl Config {
+    /// Reads and validates a keel.toml. A missing file is the default configuration: `keel init`
+    /// writes one, but a hand-made home without it still works.
+    pub(crate) fn load(path: &Path) -> Result<Self, ConfigError> {
+        let meta = match std::fs::metadata(path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Self::default()),
+            Err(source) => {
+                return Err(ConfigError::Read {
+                    path: path.into(),
+                    source,
+                });
+            }
+        };
+        if meta.len() > CONFIG_BYTES_MAX {
+            return Err(ConfigError::TooLarge {
+                path: path.into(),
+                size: meta.len(),
+            });
+        }
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.into(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// Parses and validates keel.toml text; `path` is only for messages.
+    pub(crate) fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Invalid {
+            path: path.into(),
+            line: e.span().map_or(0, |s| line_of(text, s.start)),
+            message: e.message().to_string(),
+        })?;
+        let mut seen = std::collections::BTreeSet::new();
+        for agent in &config.agents {
+            if !seen.insert(agent.name.as_str()) {
+                let needle = format!("\"{}\"", agent.name);
+                let line = text
+                    .match_indices(&needle)
+                    .nth(1)
+                    .map_or(0, |(at, _)| line_of(text, at));
+                return Err(ConfigError::DuplicateAgent {
+                    path: path.into(),
+                    line,
+                    name: agent.name.clone(),
+                });
+            }
+        }
+        Ok(config)
+    }
+}
+
+fn line_of(text: &str, byte: usize) -> usize {
+    let end = byte.min(text.len());
+    text.as_bytes()[..end]
+        .iter()
+        .filter(|b| **b == b'\n')
+        .count()
+        + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check_err(text: &str, line: usize, needle: &str) {
+        match Config::parse(text, Path::new("keel.toml")) {
+            Ok(c) => panic!("accepted {text:?} as {c:?}"),
+            Err(e) => {
+                let msg = e.to_string();
+                assert!(
+                    msg.starts_with(&format!("keel.toml:{line}: ")),
+                    "wrong line in {msg:?}"
+                );
+                assert!(msg.contains(needle), "{msg:?} lacks {needle:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_template_written_by_init_parses_to_the_defaults() {
+        let c = Config::parse(include_str!("keel.toml"), Path::new("keel.toml")).unwrap();
+        assert_eq!(c, Config::default());
+    }
+
+    #[test]
+    fn every_documented_key_parses() {
+        let c = Config::parse(
+            r#"
+[store]
+path = "elsewhere.redb"
+[log]
+format = "json"
+[supervisor]
+max_concurrent_specialists = 4
+max_depth = 2
+spawns_per_minute = 10
+spawn_burst = 2
+run_budget_usd = 1.5
+subtask_timeout_s = 60
+[[agents]]
+name = "reviewer"
+description = "reviews diffs"
+harness = "claude-code"
+model = "claude-opus-4-8"
+account = "team"
+tools = ["Read"]
+system_prompt = "be terse"
+max_turns = 8
+"#,
+            Path::new("keel.toml"),
+        )
+        .unwrap();
+        assert_eq!(c.log.format, LogFormat::Json);
+        assert_eq!(c.supervisor.max_depth, 2);
+        assert_eq!(c.supervisor.run_budget_usd, Some(1.5));
+        assert_eq!(c.agents[0].harness, HarnessName::ClaudeCode);
+        assert_eq!(c.agents[0].max_turns.map(NonZeroU32::get), Some(8));
+    }
+
+    #[test]
+    fn an_unknown_key_is_named_with_its_line() {
+        check_err("[supervisor]\nmax_depth = 2\nmax_dept = 3\n", 3, "max_dept");
+    }
+
+    #[test]
+    fn an_unknown_section_is_named_with_its_line() {
+        check_err("\n\n[supervisr]\nmax_depth = 2\n", 3, "supervisr");
+    }
+
+    #[test]
+    fn invalid_values_are_refused_with_their_line() {
+        check_err(
+            "[supervisor]\n\nmax_concurrent_specialists = 0\n",
+            3,
+            "nonzero",
+        );
+        check_err("[supervisor]\nmax_depth = 40\n", 2, "between 1 and 16");
+        check_err("[supervisor]\nrun_budget_usd = -1.0\n", 2, "non-negative");
+        check_err("[log]\nformat = \"yaml\"\n", 2, "yaml");
+        check_err(
+            "[[agents]]\nname = \"a\"\nharness = \"gpt\"\nmodel = \"m\"\n",
+            3,
+            "gpt",
+        );
+    }
+
+    #[test]
+    fn an_agent_without_a_model_is_refused() {
+        check_err("[[agents]]\nname = \"a\"\nharness = \"pi\"\n", 1, "model");
+    }
+
+    #[test]
+    fn duplicate_agent_names_are_refused_at_the_second() {
+        let text = "[[agents]]\nname = \"a\"\nharness = \"pi\"\nmodel = \"m\"\n\n[[agents]]\nname = \"a\"\nharness = \"codex\"\nmodel = \"m\"\n";
+        check_err(text, 7, "used twice");
+    }
+
+    #[test]
+    fn malformed_toml_is_a_clear_error() {
+        check_err("[supervisor\nmax_depth = 2\n", 1, "");
+    }
+}
