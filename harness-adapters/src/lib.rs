@@ -4,9 +4,11 @@
 //!   simulator (no tokio needed to build or read them).
 //! - [`session`]: the async [`session::Harness`] trait, running sessions and cancellation.
 
+pub mod cli;
 pub mod error;
 pub mod event;
 pub mod messages_api;
+pub mod process;
 pub mod rfc3339;
 pub mod scripted;
 pub mod server;

@@ -1,0 +1,449 @@
+//! Codex CLI (`codex exec --json`).
+//!
+//! Facts this relies on (harnesses README §2): only the Responses wire API works, through a custom
+//! model provider given entirely with `-c` (the built-in provider ignores `OPENAI_BASE_URL`);
+//! `request_max_retries=0,stream_max_retries=0` in the provider table and `--disable
+//! unbounded_connection_retries` make failures surface in well under a second (the default never
+//! gives up on a dead endpoint); hooks need `--dangerously-bypass-hook-trust` or they are skipped
+//! silently; the JSONL names tool calls by a local `item_N` id (the model's `call_id` is not
+//! printed), so tool events pair by that id.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use super::jsonl::{ParseError, parse_json};
+use super::{CliBinary, CliFlavor, EventParser, Invocation, ProcessOutcome, SessionFile, limits};
+use crate::error::StartError;
+use crate::event::{HarnessEvent, StopReason};
+use crate::spec::{HarnessKind, PermissionMode, SessionSpec};
+use crate::usage::{TokenCounts, UsageReport, UsageScope};
+
+/// The endpoint used when the account names none.
+pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
+
+/// The environment variable the custom provider reads its key from.
+pub const KEY_VAR: &str = "KEEL_CODEX_API_KEY";
+
+/// Most in-flight tool items remembered (an item's id is dropped when it completes).
+const OPEN_ITEMS_MAX: usize = 1024;
+
+/// The Codex adapter's flavor (use through [`super::CliHarness`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Codex;
+
+/// Codex as a [`crate::Harness`].
+pub type CodexHarness = super::CliHarness<Codex>;
+
+impl CodexHarness {
+    /// The adapter with default configuration.
+    pub fn codex() -> Self {
+        super::CliHarness::new(Codex, super::CliConfig::default())
+    }
+}
+
+/// A TOML basic string (JSON string escapes are valid TOML escapes).
+fn toml_str(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".to_owned())
+}
+
+/// The account's base URL in the form OpenAI-style clients want (`.../v1`).
+pub fn openai_base_url(base_url: Option<&str>) -> String {
+    match base_url {
+        None => DEFAULT_BASE_URL.to_owned(),
+        Some(u) => {
+            let u = u.trim_end_matches('/');
+            if u.ends_with("/v1") {
+                u.to_owned()
+            } else {
+                format!("{u}/v1")
+            }
+        }
+    }
+}
+
+impl CliFlavor for Codex {
+    fn kind(&self) -> HarnessKind {
+        HarnessKind::Codex
+    }
+
+    fn binary(&self) -> CliBinary {
+        CliBinary {
+            env_var: "KEEL_CODEX_BIN",
+            bin_name: "codex",
+        }
+    }
+
+    fn invocation(
+        &self,
+        spec: &SessionSpec,
+        program: &Path,
+        session_dir: &Path,
+    ) -> Result<Invocation, StartError> {
+        let home = session_dir.join("home");
+        let codex_home = session_dir.join("codex-home");
+        let mut env = super::base_env(spec, &home);
+        env.insert("CODEX_HOME".into(), codex_home.display().to_string());
+        // A local endpoint needs no key, but the provider insists the variable exists.
+        let key =
+            super::credential_value(spec)?.map_or_else(|| "keel-no-key".to_owned(), |(_, v)| v);
+        env.insert(KEY_VAR.into(), key);
+        let base_url = openai_base_url(spec.account.base_url.as_deref());
+        let provider = format!(
+            "model_providers.keel={{name=\"keel\",base_url={},env_key=\"{KEY_VAR}\",wire_api=\"responses\",request_max_retries=0,stream_max_retries=0}}",
+            toml_str(&base_url)
+        );
+        let mut args: Vec<String> = vec![
+            "exec".into(),
+            "--json".into(),
+            "--skip-git-repo-check".into(),
+            "--ephemeral".into(),
+            "-C".into(),
+            spec.working_dir.display().to_string(),
+            "-m".into(),
+            spec.model.clone(),
+            "-c".into(),
+            "model_provider=keel".into(),
+            "-c".into(),
+            provider,
+            "-c".into(),
+            "analytics.enabled=false".into(),
+            "-c".into(),
+            "check_for_update_on_startup=false".into(),
+        ];
+        for feature in [
+            "plugins",
+            "apps",
+            "remote_plugin",
+            "in_app_updates",
+            "unbounded_connection_retries",
+        ] {
+            args.push("--disable".into());
+            args.push(feature.into());
+        }
+        match spec.permission_mode {
+            PermissionMode::ReadOnly => args.extend(["-s".into(), "read-only".into()]),
+            PermissionMode::AcceptEdits => args.extend(["-s".into(), "workspace-write".into()]),
+            PermissionMode::Bypass => {
+                args.push("--dangerously-bypass-approvals-and-sandbox".into())
+            }
+        }
+        if let Some(text) = &spec.append_system_prompt {
+            args.push("-c".into());
+            args.push(format!("developer_instructions={}", toml_str(text)));
+        }
+        let mut files = Vec::new();
+        if let Some(gate) = &spec.pre_tool_gate {
+            let wrapper = session_dir.join("keel-gate.sh");
+            files.push(SessionFile {
+                path: wrapper.clone(),
+                contents: super::gate_wrapper_script(gate),
+                executable: true,
+            });
+            let secs = gate.timeout_ms.div_ceil(1000).max(1) + 5;
+            args.push("-c".into());
+            args.push(format!(
+                "hooks.PreToolUse=[{{matcher=\"*\",hooks=[{{type=\"command\",command={},timeout={secs}}}]}}]",
+                toml_str(&super::shell_quote(&wrapper.display().to_string()))
+            ));
+            args.push("--dangerously-bypass-hook-trust".into());
+        }
+        if let Some(mcp) = &spec.mcp_endpoint {
+            let name = &mcp.server_name;
+            args.push("-c".into());
+            args.push(format!("mcp_servers.{name}.url={}", toml_str(&mcp.url)));
+            args.push("-c".into());
+            args.push(format!(
+                "mcp_servers.{name}.default_tools_approval_mode=\"approve\""
+            ));
+            if let Some(var) = &mcp.bearer_token_env {
+                args.push("-c".into());
+                args.push(format!(
+                    "mcp_servers.{name}.bearer_token_env_var={}",
+                    toml_str(var)
+                ));
+                if let Some(v) = spec.env_var(var) {
+                    env.insert(var.clone(), v);
+                }
+            }
+        }
+        // Codex has no allow/deny list for its built-in tools on the command line (README §2.4):
+        // `allowed_tools`/`disallowed_tools` are enforced by the pre-tool gate, if any.
+        args.push("--".into());
+        args.push(spec.prompt.clone());
+        Ok(Invocation {
+            program: program.to_path_buf(),
+            args,
+            env,
+            cwd: spec.working_dir.clone(),
+            files,
+        })
+    }
+
+    fn parser(&self, _spec: &SessionSpec) -> Box<dyn EventParser> {
+        Box::new(CodexParser::default())
+    }
+}
+
+#[derive(Deserialize)]
+struct Line<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: &'a str,
+    #[serde(default)]
+    thread_id: Option<String>,
+    #[serde(default)]
+    item: Option<Item>,
+    #[serde(default)]
+    usage: Option<Usage>,
+    #[serde(default)]
+    error: Option<ErrorBody>,
+    #[serde(default)]
+    message: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    #[serde(default)]
+    message: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Item {
+    id: String,
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    command: Option<String>,
+    #[serde(default)]
+    aggregated_output: Option<String>,
+    #[serde(default)]
+    exit_code: Option<i64>,
+    #[serde(default)]
+    status: Option<String>,
+    #[serde(default)]
+    changes: Option<serde_json::Value>,
+    #[serde(default)]
+    server: Option<String>,
+    #[serde(default)]
+    tool: Option<String>,
+    #[serde(default)]
+    arguments: Option<serde_json::Value>,
+    #[serde(default)]
+    result: Option<serde_json::Value>,
+    #[serde(default)]
+    error: Option<serde_json::Value>,
+}
+
+#[derive(Deserialize, Clone, Copy)]
+struct Usage {
+    #[serde(default)]
+    input_tokens: u64,
+    #[serde(default)]
+    cached_input_tokens: u64,
+    #[serde(default)]
+    cache_write_input_tokens: u64,
+    #[serde(default)]
+    output_tokens: u64,
+}
+
+/// Parses `codex exec --json` output.
+#[derive(Debug, Default)]
+pub struct CodexParser {
+    open_items: BTreeSet<String>,
+    tool_calls: u32,
+    turns_completed: u32,
+    last_text: String,
+    last_error: Option<String>,
+}
+
+impl CodexParser {
+    fn tool_use(&mut self, item: &Item, out: &mut Vec<HarnessEvent>) {
+        if self.open_items.contains(&item.id) {
+            return;
+        }
+        let (name, input) = match item.kind.as_str() {
+            "command_execution" => (
+                "shell".to_owned(),
+                serde_json::json!({"command": item.command.clone().unwrap_or_default()}),
+            ),
+            "file_change" => (
+                "apply_patch".to_owned(),
+                serde_json::json!({"changes": item.changes.clone()}),
+            ),
+            "mcp_tool_call" => (
+                format!(
+                    "mcp__{}__{}",
+                    item.server.as_deref().unwrap_or(""),
+                    item.tool.as_deref().unwrap_or("")
+                ),
+                item.arguments.clone().unwrap_or(serde_json::Value::Null),
+            ),
+            _ => return,
+        };
+        if self.open_items.len() < OPEN_ITEMS_MAX {
+            self.open_items.insert(item.id.clone());
+        }
+        self.tool_calls += 1;
+        out.push(HarnessEvent::tool_use(
+            item.id.clone(),
+            name,
+            input.to_string(),
+        ));
+    }
+
+    fn tool_result(&mut self, item: &Item, out: &mut Vec<HarnessEvent>) {
+        let failed = item.status.as_deref() == Some("failed");
+        let (is_error, content) = match item.kind.as_str() {
+            "command_execution" => (
+                failed || item.exit_code.is_some_and(|c| c != 0),
+                item.aggregated_output.clone().unwrap_or_default(),
+            ),
+            "file_change" => {
+                let summary = item
+                    .changes
+                    .as_ref()
+                    .and_then(serde_json::Value::as_array)
+                    .map(|cs| {
+                        cs.iter()
+                            .map(|c| {
+                                format!(
+                                    "{} {}",
+                                    c.get("kind")
+                                        .and_then(serde_json::Value::as_str)
+                                        .unwrap_or("?"),
+                                    c.get("path")
+                                        .and_then(serde_json::Value::as_str)
+                                        .unwrap_or("?")
+                                )
+                            })
+                            .collect::<Vec<_>>()
+                            .join("\n")
+                    })
+                    .unwrap_or_default();
+                (failed, summary)
+            }
+            "mcp_tool_call" => {
+                let err = item.error.as_ref().filter(|e| !e.is_null());
+                match err {
+                    Some(e) => (
+                        true,
+                        e.get("message")
+                            .map_or_else(|| e.to_string(), super::content_text),
+                    ),
+                    None => (
+                        failed,
+                        item.result
+                            .as_ref()
+                            .and_then(|r| r.get("content"))
+                            .map(super::content_text)
+                            .unwrap_or_default(),
+                    ),
+                }
+            }
+            _ => return,
+        };
+        self.tool_use(item, out);
+        self.open_items.remove(&item.id);
+        out.push(HarnessEvent::tool_result(
+            item.id.clone(),
+            is_error,
+            content,
+        ));
+    }
+}
+
+impl EventParser for CodexParser {
+    fn parse_line(
+        &mut self,
+        line: &[u8],
+        now_unix_ms: u64,
+        out: &mut Vec<HarnessEvent>,
+    ) -> Result<(), ParseError> {
+        let l: Line<'_> = parse_json(line)?;
+        match l.kind {
+            "thread.started" => out.push(HarnessEvent::Started {
+                native_session_id: l.thread_id,
+                model: None,
+            }),
+            "item.started" | "item.updated" => {
+                let item = l.item.ok_or(ParseError::MissingField {
+                    event: l.kind.into(),
+                    field: "item",
+                })?;
+                self.tool_use(&item, out);
+            }
+            "item.completed" => {
+                let item = l.item.ok_or(ParseError::MissingField {
+                    event: l.kind.into(),
+                    field: "item",
+                })?;
+                match item.kind.as_str() {
+                    "agent_message" => {
+                        let text = item.text.unwrap_or_default();
+                        self.last_text.clone_from(&text);
+                        out.push(HarnessEvent::Text { text });
+                    }
+                    // Notices ("Model metadata ... not found", hook-trust warnings) are harmless.
+                    "error" | "reasoning" | "todo_list" | "web_search" => {}
+                    _ => self.tool_result(&item, out),
+                }
+            }
+            "turn.completed" => {
+                self.turns_completed += 1;
+                if let Some(u) = l.usage {
+                    // OpenAI counts cached tokens inside input_tokens; keel counts them apart.
+                    out.push(HarnessEvent::Usage(UsageReport {
+                        scope: UsageScope::Message(format!("turn-{}", self.turns_completed)),
+                        counts: TokenCounts {
+                            input_tokens: u.input_tokens.saturating_sub(u.cached_input_tokens),
+                            output_tokens: u.output_tokens,
+                            cache_read_tokens: u.cached_input_tokens,
+                            cache_write_tokens: u.cache_write_input_tokens,
+                            cost_micros: None,
+                        },
+                    }));
+                }
+                out.push(HarnessEvent::Finished {
+                    stop_reason: StopReason::EndTurn,
+                    final_text: self.last_text.clone(),
+                });
+            }
+            "turn.failed" => {
+                let message = l
+                    .error
+                    .and_then(|e| e.message)
+                    .or_else(|| self.last_error.clone())
+                    .unwrap_or_else(|| "codex turn failed".to_owned());
+                out.push(HarnessEvent::Failed(limits::classify(
+                    &message,
+                    None,
+                    None,
+                    now_unix_ms,
+                )));
+            }
+            "error" => self.last_error = l.message,
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn turns(&self) -> u32 {
+        // Codex prints no per-request event: each tool call implies one more model request.
+        self.tool_calls + 1
+    }
+
+    fn last_text(&self) -> &str {
+        &self.last_text
+    }
+
+    fn finish(&mut self, outcome: &ProcessOutcome) -> HarnessEvent {
+        let message = match &self.last_error {
+            Some(e) => e.clone(),
+            None => super::died_message("codex", outcome),
+        };
+        HarnessEvent::Failed(limits::classify(&message, None, None, outcome.now_unix_ms))
+    }
+}
