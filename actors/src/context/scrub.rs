@@ -1,0 +1,715 @@
+//! Secret scrubbing for everything that goes into a preamble (DESIGN.md §6, invariant 4).
+//!
+//! A preamble is sent to a model provider and often logged; a key that slipped into a brief, a tool
+//! summary or an attachment must not travel with it. The [`Scrubber`] finds secrets in three ways, each a
+//! precompiled automaton that scans a text once:
+//!
+//! 1. literals registered at runtime (an account's key, whatever its shape), through Aho-Corasick;
+//! 2. one combined regex of the known shapes (provider keys, bearer tokens, JWTs, private key blocks,
+//!    passwords in URLs and connection strings), compiled once per process;
+//! 3. one regex of `NAME = value` assignments, kept only when the name sounds secret **and** the value
+//!    looks like one (length, character classes, entropy): the name alone is not enough, so
+//!    `api_key = os.environ["API_KEY"]`, a git sha and a UUID pass untouched.
+//!
+//! The spans found are merged (a union: a partly overlapping pair is redacted as one) and each is replaced
+//! by a marker naming what was removed, such as `[REDACTED:anthropic-key]`.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::LazyLock;
+
+use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
+use regex::Regex;
+use serde::{Deserialize, Serialize};
+
+/// What kind of secret a redaction removed, so a reader of a preamble knows something was there and what.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SecretKind {
+    /// A literal registered at runtime (an account's key).
+    Registered,
+    /// A PEM or PGP private key block.
+    PrivateKey,
+    /// An Anthropic API key (`sk-ant-...`).
+    AnthropicKey,
+    /// An OpenAI API key (`sk-...`, `sk-proj-...`).
+    OpenaiKey,
+    /// An AWS access key id (`AKIA...`, `ASIA...`).
+    AwsAccessKey,
+    /// An AWS secret access key (40 characters after an `aws...secret` name).
+    AwsSecretKey,
+    /// A GitHub token (`ghp_`, `gho_`, `ghs_`, `github_pat_`, ...).
+    GithubToken,
+    /// A GitLab token (`glpat-`, ...).
+    GitlabToken,
+    /// A Slack token (`xoxb-`, `xapp-`, ...).
+    SlackToken,
+    /// A Slack incoming webhook URL.
+    SlackWebhook,
+    /// A Stripe secret or restricted key, or a webhook signing secret.
+    StripeKey,
+    /// A Google API key (`AIza...`).
+    GoogleApiKey,
+    /// A Google OAuth client secret or access token.
+    GoogleOauth,
+    /// A JSON Web Token.
+    Jwt,
+    /// The credential after `Bearer`.
+    BearerToken,
+    /// The credential of an `Authorization: Basic|Token` header.
+    BasicAuth,
+    /// The password of a `scheme://user:password@host` URL.
+    UrlPassword,
+    /// The password of a `Key=value;` connection string.
+    ConnectionPassword,
+    /// The value of a `SECRET_NAME = value` assignment whose value looks like a secret.
+    SecretAssignment,
+}
+
+impl SecretKind {
+    /// Every kind, in declaration order (for counting without a hash map).
+    pub const ALL: [SecretKind; 19] = [
+        Self::Registered,
+        Self::PrivateKey,
+        Self::AnthropicKey,
+        Self::OpenaiKey,
+        Self::AwsAccessKey,
+        Self::AwsSecretKey,
+        Self::GithubToken,
+        Self::GitlabToken,
+        Self::SlackToken,
+        Self::SlackWebhook,
+        Self::StripeKey,
+        Self::GoogleApiKey,
+        Self::GoogleOauth,
+        Self::Jwt,
+        Self::BearerToken,
+        Self::BasicAuth,
+        Self::UrlPassword,
+        Self::ConnectionPassword,
+        Self::SecretAssignment,
+    ];
+
+    /// The label used in the marker (`[REDACTED:<label>]`).
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Registered => "registered-secret",
+            Self::PrivateKey => "private-key",
+            Self::AnthropicKey => "anthropic-key",
+            Self::OpenaiKey => "openai-key",
+            Self::AwsAccessKey => "aws-access-key",
+            Self::AwsSecretKey => "aws-secret-key",
+            Self::GithubToken => "github-token",
+            Self::GitlabToken => "gitlab-token",
+            Self::SlackToken => "slack-token",
+            Self::SlackWebhook => "slack-webhook",
+            Self::StripeKey => "stripe-key",
+            Self::GoogleApiKey => "google-api-key",
+            Self::GoogleOauth => "google-oauth",
+            Self::Jwt => "jwt",
+            Self::BearerToken => "bearer-token",
+            Self::BasicAuth => "basic-auth",
+            Self::UrlPassword => "url-password",
+            Self::ConnectionPassword => "connection-password",
+            Self::SecretAssignment => "secret-assignment",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl fmt::Display for SecretKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
+/// The text that opens every redaction marker; truncation never cuts inside a marker that starts with it.
+pub const REDACTION_MARKER_PREFIX: &str = "[REDACTED:";
+
+/// How many redactions of each kind a scrub made. Kept as a fixed array (no hash map: deterministic).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Redactions {
+    counts: [u32; SecretKind::ALL.len()],
+}
+
+impl Redactions {
+    /// Counts one more redaction of `kind`.
+    pub fn add(&mut self, kind: SecretKind) {
+        let slot = &mut self.counts[kind.index()];
+        *slot = slot.saturating_add(1);
+    }
+
+    /// Adds every count of `other`.
+    pub fn merge(&mut self, other: &Redactions) {
+        for (mine, theirs) in self.counts.iter_mut().zip(other.counts.iter()) {
+            *mine = mine.saturating_add(*theirs);
+        }
+    }
+
+    /// How many redactions of `kind`.
+    pub fn count(&self, kind: SecretKind) -> u32 {
+        self.counts[kind.index()]
+    }
+
+    /// How many redactions in all.
+    pub fn total(&self) -> u32 {
+        self.counts.iter().fold(0u32, |a, b| a.saturating_add(*b))
+    }
+
+    /// The kinds with a non-zero count, in declaration order, with their counts.
+    pub fn iter(&self) -> impl Iterator<Item = (SecretKind, u32)> + '_ {
+        SecretKind::ALL
+            .iter()
+            .map(|k| (*k, self.counts[k.index()]))
+            .filter(|(_, n)| *n > 0)
+    }
+}
+
+/// A registered secret was refused; nothing was registered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegisterSecretError {
+    /// Shorter than [`Scrubber::REGISTERED_CHARS_MIN`]: redacting it everywhere would mangle ordinary
+    /// text, and a credential that short is not a credential.
+    #[error("a registered secret must be at least {min} characters long (got {len})")]
+    TooShort {
+        /// Its length in characters.
+        len: usize,
+        /// The minimum.
+        min: usize,
+    },
+    /// Longer than [`Scrubber::REGISTERED_BYTES_MAX`].
+    #[error("a registered secret must be at most {max} bytes long (got {len})")]
+    TooLong {
+        /// Its length in bytes.
+        len: usize,
+        /// The maximum.
+        max: usize,
+    },
+    /// The registry already holds [`Scrubber::REGISTERED_COUNT_MAX`] secrets.
+    #[error("at most {max} secrets can be registered")]
+    Full {
+        /// The maximum.
+        max: usize,
+    },
+}
+
+/// The scrubbed text and what was removed from it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Scrubbed<'a> {
+    /// The text with every secret replaced by a marker (borrowed when nothing was found).
+    pub text: Cow<'a, str>,
+    /// What was removed.
+    pub redactions: Redactions,
+}
+
+/// Removes secrets from text before it goes into a preamble. Cheap to clone (patterns are shared
+/// statics); registered literals are per scrubber, since they belong to the accounts a node runs.
+#[derive(Clone, Default)]
+pub struct Scrubber {
+    literals: Vec<String>,
+    literal_automaton: Option<AhoCorasick>,
+}
+
+impl fmt::Debug for Scrubber {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never print the registered secrets themselves.
+        f.debug_struct("Scrubber")
+            .field("registered", &self.literals.len())
+            .finish()
+    }
+}
+
+impl Scrubber {
+    /// Shortest literal that can be registered, in characters.
+    pub const REGISTERED_CHARS_MIN: usize = 6;
+    /// Longest literal that can be registered, in bytes.
+    pub const REGISTERED_BYTES_MAX: usize = 16 * 1024;
+    /// Most literals one scrubber holds.
+    pub const REGISTERED_COUNT_MAX: usize = 1024;
+
+    /// A scrubber with the built-in patterns and no registered literal.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers a literal secret (an account's key): it is redacted wherever it appears, whatever its
+    /// shape. Registering the same literal twice is a no-op.
+    ///
+    /// # Errors
+    /// [`RegisterSecretError`] when the literal is too short, too long, or the registry is full.
+    pub fn register_secret(&mut self, secret: &str) -> Result<(), RegisterSecretError> {
+        let chars = secret.chars().count();
+        if chars < Self::REGISTERED_CHARS_MIN {
+            return Err(RegisterSecretError::TooShort {
+                len: chars,
+                min: Self::REGISTERED_CHARS_MIN,
+            });
+        }
+        if secret.len() > Self::REGISTERED_BYTES_MAX {
+            return Err(RegisterSecretError::TooLong {
+                len: secret.len(),
+                max: Self::REGISTERED_BYTES_MAX,
+            });
+        }
+        if self.literals.iter().any(|s| s == secret) {
+            return Ok(());
+        }
+        if self.literals.len() >= Self::REGISTERED_COUNT_MAX {
+            return Err(RegisterSecretError::Full {
+                max: Self::REGISTERED_COUNT_MAX,
+            });
+        }
+        self.literals.push(secret.to_owned());
+        // Leftmost-longest so that a secret that contains another registered one is removed whole.
+        self.literal_automaton = AhoCorasickBuilder::new()
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(&self.literals)
+            .ok();
+        Ok(())
+    }
+
+    /// How many literals are registered.
+    pub fn registered_count(&self) -> usize {
+        self.literals.len()
+    }
+
+    /// The longest registered literal in bytes (0 when none): a caller that cuts a field before scrubbing
+    /// keeps at least this much margin so a literal that straddles the cut is still found.
+    pub fn longest_registered_bytes(&self) -> usize {
+        self.literals.iter().map(String::len).max().unwrap_or(0)
+    }
+
+    /// Replaces every secret in `text` with a marker naming its kind.
+    pub fn scrub<'a>(&self, text: &'a str) -> Scrubbed<'a> {
+        let mut spans: Vec<Span> = Vec::new();
+        if let Some(automaton) = &self.literal_automaton {
+            for m in automaton.find_iter(text) {
+                spans.push(Span {
+                    start: m.start(),
+                    end: m.end(),
+                    kind: SecretKind::Registered,
+                });
+            }
+        }
+        if let Some(patterns) = Patterns::get() {
+            patterns.find_known(text, &mut spans);
+            patterns.find_assignments(text, &mut spans);
+        }
+        if spans.is_empty() {
+            return Scrubbed {
+                text: Cow::Borrowed(text),
+                redactions: Redactions::default(),
+            };
+        }
+        spans.sort_by_key(|s| (s.start, s.kind));
+        let mut redactions = Redactions::default();
+        let mut out = String::with_capacity(text.len());
+        let mut cursor = 0usize;
+        let mut i = 0usize;
+        while i < spans.len() {
+            let first = spans[i];
+            let mut end = first.end;
+            i += 1;
+            // Union of overlapping spans: redact a superset rather than leave a piece of a secret.
+            while i < spans.len() && spans[i].start < end {
+                end = end.max(spans[i].end);
+                i += 1;
+            }
+            out.push_str(&text[cursor..first.start]);
+            out.push_str(REDACTION_MARKER_PREFIX);
+            out.push_str(first.kind.label());
+            out.push(']');
+            redactions.add(first.kind);
+            cursor = end;
+        }
+        out.push_str(&text[cursor..]);
+        Scrubbed {
+            text: Cow::Owned(out),
+            redactions,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    start: usize,
+    end: usize,
+    kind: SecretKind,
+}
+
+/// How a match of a known shape is checked before it is redacted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Check {
+    /// The shape is specific enough.
+    None,
+    /// The value must contain a digit and a letter (OpenAI keys: `sk-` is a common prefix).
+    DigitAndLetter,
+    /// The value must not be a placeholder (`$VAR`, `<token>`, `***`) nor code (`get_password()`).
+    NotPlaceholder,
+    /// The value must look like a token (not a placeholder; a digit, or 24 characters or more).
+    TokenLike,
+}
+
+/// One known shape. `(?P<v>...)` marks the secret inside the match when the match has context around it
+/// (a `Bearer ` prefix, a URL's user); otherwise the whole match is the secret.
+struct Shape {
+    kind: SecretKind,
+    pattern: &'static str,
+    check: Check,
+}
+
+/// The known shapes, most specific first: at one position the first shape that matches wins.
+const SHAPES: &[Shape] = &[
+    Shape {
+        kind: SecretKind::PrivateKey,
+        // A block with no END line (cut by an upstream limit) is redacted to the end of the text.
+        pattern: r"-----BEGIN[ A-Z0-9]{0,40}PRIVATE KEY(?: BLOCK)?-----(?:[\s\S]*?-----END[ A-Z0-9]{0,40}PRIVATE KEY(?: BLOCK)?-----|[\s\S]*)",
+        check: Check::None,
+    },
+    Shape {
+        kind: SecretKind::AnthropicKey,
+        pattern: r"(?-u:\b)sk-ant-[A-Za-z0-9_\-]{20,}",
+        check: Check::None,
+    },
+    Shape {
+        kind: SecretKind::OpenaiKey,
+        pattern: r"(?-u:\b)sk-(?:proj-|svcacct-|admin-|None-)?(?P<v>[A-Za-z0-9_\-]{20,})",
+        check: Check::DigitAndLetter,
+    },
+    Shape {
+        kind: SecretKind::AwsAccessKey,
+        pattern: r"(?-u:\b)(?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AROA|AIPA|ANPA|ANVA|APKA)[A-Z0-9]{16}(?-u:\b)",
+        check: Check::None,
+    },
+    Shape {
+        kind: SecretKind::AwsSecretKey,
+        pattern: r#"(?i:aws[A-Za-z0-9_.\-]{0,30}(?:secret|sk)[A-Za-z0-9_.\-]{0,30})["']?\s*(?:=|:|=>)\s*["']?(?P<v>[A-Za-z0-9/+]{40})(?:[^A-Za-z0-9/+=]|$)"#,
+        check: Check::None,
+    },
+    Shape {
+        kind: SecretKind::GithubToken,
+        pattern: r"(?-u:\b)(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})",
+        check: Check::None,
+    },
+    Shape {
+        kind: SecretKind::GitlabToken,
+        pattern: r"(?-u:\b)gl(?:pat|dt|rt|ptt|ft|cbt|oas|imt|soat|agent)-[A-Za-z0-9_\-]{20,}",
+        check: Check::None,
+    },
+    Shape {
+        kind: SecretKind::SlackWebhook,
+        pattern: r"https://hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9/_\-]{8,}",
+        check: Check::None,
+    },
+    Shape {
+        kind: SecretKind::SlackToken,
+        pattern: r"(?-u:\b)(?:xox[abposre]-[A-Za-z0-9\-]{10,}|xapp-[0-9]-[A-Za-z0-9\-]{10,})",
+        check: Check::None,
+    },
+    Shape {
+        kind: SecretKind::StripeKey,
+        pattern: r"(?-u:\b)(?:(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}|whsec_[A-Za-z0-9+/=]{20,})",
+        check: Check::None,
+    },
+    Shape {
+        kind: SecretKind::GoogleApiKey,
+        pattern: r"(?-u:\b)AIza[0-9A-Za-z_\-]{35}",
+        check: Check::None,
+    },
+    Shape {
+        kind: SecretKind::GoogleOauth,
+        pattern: r"(?-u:\b)(?:GOCSPX-[A-Za-z0-9_\-]{20,}|ya29\.[0-9A-Za-z_\-]{20,})",
+        check: Check::None,
+    },
+    Shape {
+        kind: SecretKind::Jwt,
+        pattern: r"(?-u:\b)eyJ[A-Za-z0-9_\-]{5,}\.eyJ[A-Za-z0-9_\-]{5,}\.[A-Za-z0-9_\-]*",
+        check: Check::None,
+    },
+    Shape {
+        kind: SecretKind::BasicAuth,
+        pattern: r#"(?i:authorization)["']?\s*[:=]\s*["']?(?i:basic|token|digest)\s+(?P<v>[A-Za-z0-9._~+/=\-]{8,})"#,
+        check: Check::NotPlaceholder,
+    },
+    Shape {
+        kind: SecretKind::BearerToken,
+        pattern: r"(?-u:\b)(?i:bearer)\s+(?P<v>[A-Za-z0-9._~+/=\-]{16,})",
+        check: Check::TokenLike,
+    },
+    Shape {
+        kind: SecretKind::UrlPassword,
+        pattern: r#"(?-u:\b)[A-Za-z][A-Za-z0-9+.\-]*://[^\s/:@"'<>]+:(?P<v>[^\s/@"'<>]+)@"#,
+        check: Check::NotPlaceholder,
+    },
+    Shape {
+        kind: SecretKind::ConnectionPassword,
+        pattern: r#"(?i:;\s*(?:password|pwd)\s*=\s*)(?P<v>[^;"'\s]+)"#,
+        check: Check::NotPlaceholder,
+    },
+    Shape {
+        kind: SecretKind::ConnectionPassword,
+        pattern: r#"(?-u:\b)(?i:password|pwd)=(?P<v>[^;"'\s]+);"#,
+        check: Check::NotPlaceholder,
+    },
+];
+
+/// `NAME = value` where NAME contains a secret-sounding word; the value is then judged on its own.
+const ASSIGNMENT: &str = r#"(?i:[A-Za-z0-9_.\-]*(?:key|secret|token|passwd|password|pwd|pass|auth|credential|private|cred)[A-Za-z0-9_.\-]*)["']?\s*(?::=|=>|=|:)\s*["']?(?P<v>[^\s"'`,;(){}\[\]<>]{16,})"#;
+
+/// Group indices of one shape inside the combined regex.
+struct ShapeGroups {
+    whole: usize,
+    value: Option<usize>,
+}
+
+struct Patterns {
+    known: Regex,
+    groups: Vec<ShapeGroups>,
+    assignment: Regex,
+}
+
+static PATTERNS: LazyLock<Option<Patterns>> = LazyLock::new(Patterns::compile);
+
+impl Patterns {
+    fn get() -> Option<&'static Patterns> {
+        PATTERNS.as_ref()
+    }
+
+    /// Compiles the combined regexes. The patterns are constants, so a failure is a programming error that
+    /// the unit tests catch; it is reported through `debug_assert` and the scrubber then refuses nothing
+    /// silently only in a release build that was never tested (the tests assert `Patterns::get()`).
+    fn compile() -> Option<Patterns> {
+        let mut combined = String::new();
+        for (i, shape) in SHAPES.iter().enumerate() {
+            if i > 0 {
+                combined.push('|');
+            }
+            combined.push_str(&format!("(?P<k{i}>"));
+            combined.push_str(&shape.pattern.replace("(?P<v>", &format!("(?P<v{i}>")));
+            combined.push(')');
+        }
+        let known = Regex::new(&combined);
+        debug_assert!(known.is_ok(), "the secret patterns must compile: {known:?}");
+        let known = known.ok()?;
+        let mut groups = Vec::with_capacity(SHAPES.len());
+        for i in 0..SHAPES.len() {
+            let whole = group_index(&known, &format!("k{i}"))?;
+            let value = group_index(&known, &format!("v{i}"));
+            groups.push(ShapeGroups { whole, value });
+        }
+        let assignment = Regex::new(ASSIGNMENT);
+        debug_assert!(assignment.is_ok(), "the assignment pattern must compile");
+        Some(Patterns {
+            known,
+            groups,
+            assignment: assignment.ok()?,
+        })
+    }
+
+    fn find_known(&self, text: &str, spans: &mut Vec<Span>) {
+        let mut at = 0usize;
+        let mut locs = self.known.capture_locations();
+        while at <= text.len() {
+            let Some(whole) = self.known.captures_read_at(&mut locs, text, at) else {
+                break;
+            };
+            let (m_start, m_end) = (whole.start(), whole.end());
+            let matched = self
+                .groups
+                .iter()
+                .enumerate()
+                .find(|(_, g)| locs.get(g.whole).is_some());
+            let Some((i, g)) = matched else {
+                break;
+            };
+            let shape = &SHAPES[i];
+            let (start, end) = g
+                .value
+                .and_then(|v| locs.get(v))
+                .unwrap_or((m_start, m_end));
+            let value = &text[start..end];
+            let accepted = match shape.check {
+                Check::None => true,
+                Check::DigitAndLetter => has_digit_and_letter(value),
+                Check::NotPlaceholder => !is_placeholder(value),
+                Check::TokenLike => {
+                    !is_placeholder(value)
+                        && (value.bytes().any(|b| b.is_ascii_digit()) || value.len() >= 24)
+                }
+            };
+            if accepted {
+                spans.push(Span {
+                    start,
+                    end,
+                    kind: shape.kind,
+                });
+                at = if m_end > m_start {
+                    m_end
+                } else {
+                    next_char(text, m_end)
+                };
+            } else {
+                // A rejected candidate may hide a real secret that starts inside it: look again one
+                // character further rather than after the whole match.
+                at = next_char(text, m_start);
+            }
+        }
+    }
+
+    fn find_assignments(&self, text: &str, spans: &mut Vec<Span>) {
+        let mut at = 0usize;
+        let mut locs = self.assignment.capture_locations();
+        while at <= text.len() {
+            let Some(whole) = self.assignment.captures_read_at(&mut locs, text, at) else {
+                break;
+            };
+            let m_start = whole.start();
+            let Some((start, end)) = locs.get(1) else {
+                break;
+            };
+            let value = &text[start..end];
+            // A value that a known shape already covers keeps that shape's more precise label.
+            let covered = spans.iter().any(|s| s.start < end && start < s.end);
+            if !covered && looks_like_secret(value) {
+                spans.push(Span {
+                    start,
+                    end,
+                    kind: SecretKind::SecretAssignment,
+                });
+                at = end;
+            } else if covered {
+                at = end.max(next_char(text, m_start));
+            } else {
+                // The rejected value may itself hold an assignment (`a_token=b_key=...`): look again
+                // from where the value starts.
+                at = start.max(next_char(text, m_start));
+            }
+        }
+    }
+}
+
+fn group_index(re: &Regex, name: &str) -> Option<usize> {
+    re.capture_names().position(|n| n == Some(name))
+}
+
+fn next_char(text: &str, at: usize) -> usize {
+    let mut next = at + 1;
+    while next < text.len() && !text.is_char_boundary(next) {
+        next += 1;
+    }
+    next
+}
+
+fn has_digit_and_letter(value: &str) -> bool {
+    value.bytes().any(|b| b.is_ascii_digit()) && value.bytes().any(|b| b.is_ascii_alphabetic())
+}
+
+/// A value that stands for a secret rather than being one: a variable reference, a template, a mask, code.
+fn is_placeholder(value: &str) -> bool {
+    let first = value.chars().next().unwrap_or('$');
+    if matches!(first, '$' | '%' | '<' | '{' | '*' | '#') {
+        return true;
+    }
+    if value.contains('(') || value.contains("${") || value.contains("{{") {
+        return true;
+    }
+    let lower = value.to_ascii_lowercase();
+    lower.chars().all(|c| c == 'x' || c == '*' || c == '.')
+        || lower.starts_with("your")
+        || lower.contains("xxxx")
+        || lower.contains("redacted")
+        || lower == "password"
+        || lower == "changeme"
+}
+
+/// Whether an assignment's value looks like a secret by its shape alone: long enough, mixed, random
+/// enough, and not one of the common shapes of ordinary values (paths, URLs, dotted code, UUIDs, shas).
+pub(crate) fn looks_like_secret(value: &str) -> bool {
+    let len = value.chars().count();
+    if len < 16 || is_placeholder(value) {
+        return false;
+    }
+    if value.starts_with('/')
+        || value.starts_with("./")
+        || value.starts_with("../")
+        || value.starts_with("~/")
+        || value.contains("://")
+    {
+        return false;
+    }
+    if is_uuid(value) || is_sha(value) || is_dotted_identifier(value) {
+        return false;
+    }
+    let digits = value.bytes().filter(u8::is_ascii_digit).count();
+    let letters = value.bytes().filter(u8::is_ascii_alphabetic).count();
+    let upper = value.bytes().any(|b| b.is_ascii_uppercase());
+    let lower = value.bytes().any(|b| b.is_ascii_lowercase());
+    let word_separators = value.bytes().any(|b| matches!(b, b'_' | b'.' | b'-'));
+    let mixed = (digits > 0 && letters > 0) || (len >= 32 && upper && lower && !word_separators);
+    mixed && shannon_bits_per_char(value) >= 3.0
+}
+
+fn is_uuid(value: &str) -> bool {
+    let parts: Vec<&str> = value.split('-').collect();
+    parts.len() == 5
+        && parts
+            .iter()
+            .zip([8usize, 4, 4, 4, 12])
+            .all(|(p, n)| p.len() == n && p.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// A git or content sha: 40 or 64 hex digits (an identifier, not a credential, in ordinary text).
+fn is_sha(value: &str) -> bool {
+    (value.len() == 40 || value.len() == 64) && value.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// `os.environ`, `self.config.api_token`, `settings.SECRET_KEY`: code that names a value, not a value.
+fn is_dotted_identifier(value: &str) -> bool {
+    value.contains('.')
+        && value.split('.').all(|part| {
+            let mut bytes = part.bytes();
+            matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
+                && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        })
+}
+
+fn shannon_bits_per_char(value: &str) -> f64 {
+    let mut counts = [0u32; 256];
+    let mut n = 0u32;
+    for b in value.bytes() {
+        counts[usize::from(b)] += 1;
+        n += 1;
+    }
+    if n == 0 {
+        return 0.0;
+    }
+    let n = f64::from(n);
+    counts
+        .iter()
+        .filter(|c| **c > 0)
+        .map(|c| {
+            let p = f64::from(*c) / n;
+            -p * p.log2()
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_compile() {
+        assert!(Patterns::get().is_some());
+    }
+
+    #[test]
+    fn entropy_of_repeated_char_is_zero() {
+        assert_eq!(shannon_bits_per_char("aaaa"), 0.0);
+        assert!((shannon_bits_per_char("abcd") - 2.0).abs() < 1e-9);
+    }
+}
