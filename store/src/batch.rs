@@ -118,6 +118,12 @@ impl WriteBatch {
         self.items.len()
     }
 
+    /// Takes out the write at `index` (for example the one a [`crate::CommitError::Item`] named), so
+    /// the rest can be committed again with [`crate::Store::commit_batch`]. `None` if out of range.
+    pub fn remove(&mut self, index: usize) -> Option<StagedWrite> {
+        (index < self.items.len()).then(|| self.items.remove(index))
+    }
+
     /// Whether nothing is staged.
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()

@@ -337,7 +337,19 @@ impl<'s> RunScope<'s> {
     }
 
     /// Stages a manifest entry; it gets the run's next sequence number at commit. There is no way to
-    /// update or delete one.
+    /// update or delete one: the manifest is the run's trustworthy history.
+    ///
+    /// ```compile_fail,E0599
+    /// # fn f(store: &keel_store::Store, entry: keel_store::ManifestEntry) {
+    /// let w = store.run(keel_store::RunId(1)).stage_update_manifest(1, entry);
+    /// # }
+    /// ```
+    ///
+    /// ```compile_fail,E0599
+    /// # fn f(store: &keel_store::Store) {
+    /// let w = store.run(keel_store::RunId(1)).stage_delete_manifest(1);
+    /// # }
+    /// ```
     ///
     /// # Errors
     /// [`StageError::Limit`].

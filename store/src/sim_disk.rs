@@ -218,3 +218,61 @@ impl StorageBackend for SimDisk {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_crash_keeps_only_synced_bytes() {
+        let disk = SimDisk::new();
+        disk.write(0, b"synced").unwrap();
+        disk.sync_data().unwrap();
+        disk.write(0, b"SYNCED, then more").unwrap();
+        let crashed = disk.crash();
+        assert_eq!(crashed.len().unwrap(), 6);
+        let mut out = [0u8; 6];
+        crashed.read(0, &mut out).unwrap();
+        assert_eq!(&out, b"synced");
+        // The original keeps its volatile bytes; the crashed image is independent of it.
+        assert_eq!(disk.len().unwrap(), 17);
+        disk.sync_data().unwrap();
+        assert_eq!(crashed.len().unwrap(), 6);
+    }
+
+    #[test]
+    fn capacity_and_write_budget_fail_with_storage_full() {
+        let disk = SimDisk::new();
+        disk.set_capacity(Some(8));
+        assert!(disk.write(0, b"12345678").is_ok());
+        let err = disk.write(4, b"56789").unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::StorageFull);
+        assert_eq!(
+            disk.set_len(9).unwrap_err().kind(),
+            io::ErrorKind::StorageFull
+        );
+        disk.set_capacity(None);
+        disk.set_write_budget(Some(3));
+        assert!(disk.write(0, b"abc").is_ok());
+        assert_eq!(
+            disk.write(0, b"d").unwrap_err().kind(),
+            io::ErrorKind::StorageFull
+        );
+    }
+
+    #[test]
+    fn failed_syncs_and_power_loss_make_nothing_durable() {
+        let disk = SimDisk::new();
+        disk.write(0, b"a").unwrap();
+        disk.fail_next_syncs(1);
+        assert!(disk.sync_data().is_err());
+        assert_eq!(disk.crash().len().unwrap(), 0);
+        disk.sync_data().unwrap();
+        assert_eq!(disk.crash().len().unwrap(), 1);
+        disk.schedule_power_loss(Some(1));
+        disk.write(1, b"b").unwrap(); // the op at which power is lost
+        assert!(disk.power_lost());
+        disk.sync_data().unwrap(); // returns Ok, but nothing becomes durable
+        assert_eq!(disk.crash().len().unwrap(), 1);
+    }
+}

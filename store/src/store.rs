@@ -1,5 +1,6 @@
 //! The store: opening, group commit, and the two ways in (a run's scope, the operator's catalog).
 
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::path::Path;
 
@@ -197,6 +198,20 @@ impl Store {
         batch: WriteBatch,
         durability: Durability,
     ) -> Result<Vec<Applied>, CommitError> {
+        self.commit_batch(&batch, durability)
+    }
+
+    /// [`Store::commit_group`] by reference: the caller keeps the batch, so after a
+    /// [`CommitError::Item`] it can [`WriteBatch::remove`] the failing write (and answer its caller)
+    /// and commit the rest again, without one bad write failing every caller of a group.
+    ///
+    /// # Errors
+    /// As [`Store::commit_group`].
+    pub fn commit_batch(
+        &self,
+        batch: &WriteBatch,
+        durability: Durability,
+    ) -> Result<Vec<Applied>, CommitError> {
         let count = u64::try_from(batch.items.len()).unwrap_or(u64::MAX);
         if count > self.limits.batch_items_max {
             return Err(CommitError::BatchTooLarge(LimitError {
@@ -211,7 +226,7 @@ impl Store {
             let mut writer = Writer::open(&txn, &self.limits)?;
             let mut applied = Vec::with_capacity(batch.items.len());
             let mut failure = None;
-            for (index, write) in batch.items.into_iter().enumerate() {
+            for (index, write) in batch.items.iter().enumerate() {
                 match writer.apply(write) {
                     Ok(a) => applied.push(a),
                     Err(Failure::Item(error)) => {
@@ -250,6 +265,9 @@ impl Store {
         Ok(self.db.begin_read()?)
     }
 }
+
+/// Attachments moved to the blob table: (attachment index, blob key).
+type Blobbed = Vec<(u32, u128)>;
 
 /// Why one write of a batch could not be applied.
 pub(crate) enum Failure {
@@ -383,16 +401,23 @@ impl<'t> Writer<'t> {
 
     /// Moves attachments over the inline threshold into the blob table and checks that blob
     /// references point at blobs of this run. Returns (attachment index, blob key) of moved ones.
-    fn externalize(&mut self, run: RunId, task: &mut Task) -> Result<Vec<(u32, u128)>, Failure> {
+    /// The task is copied only when an attachment moves, so the common case encodes the staged
+    /// value as it is.
+    fn externalize<'a>(
+        &mut self,
+        run: RunId,
+        task: &'a Task,
+    ) -> Result<(Cow<'a, Task>, Blobbed), Failure> {
         let mut moved = Vec::new();
+        let mut task = Cow::Borrowed(task);
         let inline_max = self.limits.inline_bytes_max;
-        for (i, attachment) in task.attachments.iter_mut().enumerate() {
-            match &attachment.body {
+        for i in 0..task.attachments.len() {
+            match &task.attachments[i].body {
                 AttachmentBody::Inline(text)
                     if u64::try_from(text.len()).unwrap_or(u64::MAX) > inline_max =>
                 {
                     let (key, len) = self.put_blob(run, text.as_bytes())?;
-                    attachment.body = AttachmentBody::Blob { key, len };
+                    task.to_mut().attachments[i].body = AttachmentBody::Blob { key, len };
                     moved.push((u32::try_from(i).unwrap_or(u32::MAX), key));
                 }
                 AttachmentBody::Inline(_) => {}
@@ -403,34 +428,34 @@ impl<'t> Writer<'t> {
                 }
             }
         }
-        Ok(moved)
+        Ok((task, moved))
     }
 
-    fn apply(&mut self, write: StagedWrite) -> Result<Applied, Failure> {
-        let (run, op) = match write.staged {
+    fn apply(&mut self, write: &StagedWrite) -> Result<Applied, Failure> {
+        let (run, op) = match &write.staged {
             Staged::Agent(profile) => {
-                let bytes = codec::encode(name::AGENTS, &profile)?;
+                let bytes = codec::encode(name::AGENTS, profile)?;
                 self.agents
                     .insert(profile.name.as_str(), bytes.as_slice())?;
                 return Ok(Applied::AgentProfileWritten);
             }
-            Staged::Run { run, op } => (run, op),
+            Staged::Run { run, op } => (*run, op),
         };
         match op {
             RunOp::CreateRun(r) => {
                 if self.runs.get(run.0)?.is_some() {
                     return Err(ItemError::RunExists(run).into());
                 }
-                self.put_run(&r)?;
+                self.put_run(r)?;
                 self.known_runs.insert(run.0);
                 Ok(Applied::RunCreated)
             }
             RunOp::UpdateRun(r) => {
                 self.require_run(run)?;
-                self.put_run(&r)?;
+                self.put_run(r)?;
                 Ok(Applied::RunUpdated)
             }
-            RunOp::CreateTask(mut task) => {
+            RunOp::CreateTask(task) => {
                 self.require_run(run)?;
                 if self.task_run.get(task.id.0)?.is_some() {
                     return Err(ItemError::TaskIdTaken(task.id).into());
@@ -444,8 +469,8 @@ impl<'t> Writer<'t> {
                     }
                     .into());
                 }
-                let blobbed = self.externalize(run, &mut task)?;
-                let bytes = codec::encode(name::TASKS, &task)?;
+                let (task, blobbed) = self.externalize(run, task)?;
+                let bytes = codec::encode(name::TASKS, &*task)?;
                 self.tasks.insert((run.0, task.id.0), bytes.as_slice())?;
                 self.task_run.insert(task.id.0, run.0)?;
                 if let Some(parent) = task.parent {
@@ -453,19 +478,20 @@ impl<'t> Writer<'t> {
                 }
                 Ok(Applied::TaskCreated { blobbed })
             }
-            RunOp::UpdateTask(mut task) => {
+            RunOp::UpdateTask(task) => {
                 let Some(stored) = self.stored_task(run, task.id)? else {
                     return Err(ItemError::TaskNotFound { run, task: task.id }.into());
                 };
                 if stored.parent != task.parent {
                     return Err(ItemError::ParentChanged { task: task.id }.into());
                 }
-                let blobbed = self.externalize(run, &mut task)?;
-                let bytes = codec::encode(name::TASKS, &task)?;
+                let (task, blobbed) = self.externalize(run, task)?;
+                let bytes = codec::encode(name::TASKS, &*task)?;
                 self.tasks.insert((run.0, task.id.0), bytes.as_slice())?;
                 Ok(Applied::TaskUpdated { blobbed })
             }
             RunOp::AppendLog { task, row } => {
+                let task = *task;
                 if self.tasks.get((run.0, task.0))?.is_none() {
                     return Err(ItemError::TaskNotFound { run, task }.into());
                 }
@@ -542,7 +568,7 @@ impl<'t> Writer<'t> {
             }
             RunOp::PutBlob(bytes) => {
                 self.require_run(run)?;
-                let (key, len) = self.put_blob(run, &bytes)?;
+                let (key, len) = self.put_blob(run, bytes)?;
                 Ok(Applied::BlobStored { key, len })
             }
         }

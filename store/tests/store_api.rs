@@ -247,6 +247,49 @@ fn a_failed_group_commits_nothing_and_the_store_stays_usable() {
 }
 
 #[test]
+fn a_kept_batch_can_drop_its_failing_write_and_commit_the_rest() {
+    let (_dir, store) = open_temp();
+    create_run(&store, 1);
+    create_run(&store, 2);
+    create_task(&store, 2, 20, None);
+    let mut batch = WriteBatch::new();
+    batch.push(
+        store
+            .run(RunId(1))
+            .stage_append_manifest(manifest("one"))
+            .unwrap(),
+    );
+    batch.push(
+        store
+            .run(RunId(1))
+            .stage_append_log(TaskId(20), log_row(1))
+            .unwrap(),
+    ); // run 2's task
+    batch.push(
+        store
+            .run(RunId(2))
+            .stage_append_log(TaskId(20), log_row(2))
+            .unwrap(),
+    );
+    let Err(CommitError::Item { index, .. }) = store.commit_batch(&batch, Durability::Immediate)
+    else {
+        panic!("the write through the wrong scope must fail")
+    };
+    assert_eq!(index, 1);
+    let dropped = batch.remove(index as usize).unwrap();
+    assert_eq!(dropped.run(), Some(RunId(1)));
+    let applied = store.commit_batch(&batch, Durability::Immediate).unwrap();
+    assert_eq!(
+        applied,
+        vec![
+            Applied::ManifestAppended { seq: 1 },
+            Applied::LogAppended { seq: 1 }
+        ]
+    );
+    assert!(batch.remove(5).is_none());
+}
+
+#[test]
 fn batch_size_is_bounded() {
     let dir = tempfile::tempdir().unwrap();
     let limits = Limits {
