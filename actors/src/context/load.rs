@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use keel_store::{SessionLogRow, Task, TaskId, TaskKind, TaskStatus};
+use keel_store::{ReadError, RunScope, SessionLogRow, Store, Task, TaskId, TaskKind, TaskStatus};
 use serde::{Deserialize, Serialize};
 
 use super::placement::place_preamble;
@@ -77,6 +77,33 @@ impl ThreadSource for RowSet {
     ) -> Result<Vec<(u64, SessionLogRow)>, Self::Error> {
         let log = self.logs.get(&id).map_or(&[][..], Vec::as_slice);
         Ok(log[log.len().saturating_sub(rows_max)..].to_vec())
+    }
+}
+
+/// The store, through one run's scope: a task of another run is not found here, by construction
+/// (invariant 9), so a walk that reaches one ends as a missing parent.
+impl ThreadSource for RunScope<'_> {
+    type Error = ReadError;
+
+    fn task(&self, id: TaskId) -> Result<Option<Task>, Self::Error> {
+        match RunScope::task(self, id) {
+            Ok(task) => Ok(Some(task)),
+            Err(ReadError::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn log_tail(
+        &self,
+        id: TaskId,
+        rows_max: usize,
+    ) -> Result<Vec<(u64, SessionLogRow)>, Self::Error> {
+        let n = u32::try_from(rows_max).unwrap_or(u32::MAX);
+        match self.last_log_rows(id, n) {
+            Ok(rows) => Ok(rows.into_iter().map(|r| (r.seq, r.value)).collect()),
+            Err(ReadError::NotFound { .. }) => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
     }
 }
 
@@ -354,6 +381,27 @@ pub fn context_for_task<S: ThreadSource>(
         prompt,
         prompt_chars,
     })
+}
+
+/// [`context_for_task`] on the store: finds the task's run, then reads only through that run's scope.
+/// This is what `keel context TASK [--resume]` calls.
+///
+/// # Errors
+/// [`ContextError`] when the config is invalid, no run has the task, or the store fails.
+pub fn context_from_store(
+    store: &Store,
+    task: TaskId,
+    start: SessionStart,
+    config: &ContextConfig,
+    scrubber: &Scrubber,
+) -> Result<ContextReport, ContextError> {
+    config.validate()?;
+    let run = match store.catalog().locate_task(task) {
+        Ok(run) => run,
+        Err(ReadError::NotFound { .. }) => return Err(LoadError::TaskNotFound(task).into()),
+        Err(e) => return Err(source(e).into()),
+    };
+    context_for_task(&store.run(run), task, start, config, scrubber)
 }
 
 /// The first message of a resumed session: the preamble (which carries the brief verbatim) and the

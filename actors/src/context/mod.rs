@@ -25,7 +25,7 @@ mod text;
 
 pub use load::{
     ContextError, ContextReport, LoadError, RESUME_INSTRUCTION, RowSet, SessionStart, ThreadSource,
-    context_for_task, load_resume, load_thread, resume_prompt,
+    context_for_task, context_from_store, load_resume, load_thread, resume_prompt,
 };
 pub use placement::{is_slash_skill_line, place_preamble};
 pub use preamble::{CutUnit, Preamble, PreambleKind, Section, Truncation};

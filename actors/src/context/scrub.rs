@@ -346,8 +346,8 @@ struct Span {
 enum Check {
     /// The shape is specific enough.
     None,
-    /// The value must contain a digit and a letter (OpenAI keys: `sk-` is a common prefix).
-    DigitAndLetter,
+    /// The match must contain a digit (OpenAI keys: `sk-` followed by words is a slug, not a key).
+    HasDigit,
     /// The value must not be a placeholder (`$VAR`, `<token>`, `***`) nor code (`get_password()`).
     NotPlaceholder,
     /// The value must look like a token (not a placeholder; a digit, or 24 characters or more).
@@ -377,8 +377,8 @@ const SHAPES: &[Shape] = &[
     },
     Shape {
         kind: SecretKind::OpenaiKey,
-        pattern: r"(?-u:\b)sk-(?:proj-|svcacct-|admin-|None-)?(?P<v>[A-Za-z0-9_\-]{20,})",
-        check: Check::DigitAndLetter,
+        pattern: r"(?-u:\b)sk-(?:proj-|svcacct-|admin-|None-)?[A-Za-z0-9_\-]{20,}",
+        check: Check::HasDigit,
     },
     Shape {
         kind: SecretKind::AwsAccessKey,
@@ -442,7 +442,7 @@ const SHAPES: &[Shape] = &[
     },
     Shape {
         kind: SecretKind::UrlPassword,
-        pattern: r#"(?-u:\b)[A-Za-z][A-Za-z0-9+.\-]*://[^\s/:@"'<>]+:(?P<v>[^\s/@"'<>]+)@"#,
+        pattern: r#"(?-u:\b)[A-Za-z][A-Za-z0-9+.\-]*://[^\s/:@"'<>\[\]]+:(?P<v>[^\s/@"'<>\[\]]+)@"#,
         check: Check::NotPlaceholder,
     },
     Shape {
@@ -458,7 +458,7 @@ const SHAPES: &[Shape] = &[
 ];
 
 /// `NAME = value` where NAME contains a secret-sounding word; the value is then judged on its own.
-const ASSIGNMENT: &str = r#"(?i:[A-Za-z0-9_.\-]*(?:key|secret|token|passwd|password|pwd|pass|auth|credential|private|cred)[A-Za-z0-9_.\-]*)["']?\s*(?::=|=>|=|:)\s*["']?(?P<v>[^\s"'`,;(){}\[\]<>]{16,})"#;
+const ASSIGNMENT: &str = r#"(?i:[A-Za-z0-9_.\-]*(?:key|secret|token|passwd|password|pwd|pass|auth|credential|private|cred)[A-Za-z0-9_.\-]*)["']?\s*(?::=|=>|=|:)\s*["']?(?P<v>[^\s"'`,;:(){}\[\]<>]{16,})"#;
 
 /// Group indices of one shape inside the combined regex.
 struct ShapeGroups {
@@ -534,7 +534,7 @@ impl Patterns {
             let value = &text[start..end];
             let accepted = match shape.check {
                 Check::None => true,
-                Check::DigitAndLetter => has_digit_and_letter(value),
+                Check::HasDigit => value.bytes().any(|b| b.is_ascii_digit()),
                 Check::NotPlaceholder => !is_placeholder(value),
                 Check::TokenLike => {
                     !is_placeholder(value)
@@ -604,10 +604,6 @@ fn next_char(text: &str, at: usize) -> usize {
     next
 }
 
-fn has_digit_and_letter(value: &str) -> bool {
-    value.bytes().any(|b| b.is_ascii_digit()) && value.bytes().any(|b| b.is_ascii_alphabetic())
-}
-
 /// A value that stands for a secret rather than being one: a variable reference, a template, a mask, code.
 fn is_placeholder(value: &str) -> bool {
     let first = value.chars().next().unwrap_or('$');
@@ -641,7 +637,7 @@ pub(crate) fn looks_like_secret(value: &str) -> bool {
     {
         return false;
     }
-    if is_uuid(value) || is_sha(value) || is_dotted_identifier(value) {
+    if is_uuid(value) || is_sha(value) || is_dotted_identifier(value) || is_wordy(value) {
         return false;
     }
     let digits = value.bytes().filter(u8::is_ascii_digit).count();
@@ -674,6 +670,27 @@ fn is_dotted_identifier(value: &str) -> bool {
             let mut bytes = part.bytes();
             matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
                 && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        })
+}
+
+/// `created_at_2024_01_01`, `PROD-DB-PASSWORD`, `v2.3.1-rc1`: separated parts that are each a plain
+/// word or number. Random tokens mix cases and digits inside their parts.
+fn is_wordy(value: &str) -> bool {
+    let parts: Vec<&str> = value
+        .split(['_', '-', '.'])
+        .filter(|p| !p.is_empty())
+        .collect();
+    parts.len() >= 2
+        && parts.iter().all(|p| {
+            let b = p.as_bytes();
+            b.iter().all(u8::is_ascii_lowercase)
+                || b.iter().all(u8::is_ascii_uppercase)
+                || b.iter().all(u8::is_ascii_digit)
+                || (b[0].is_ascii_uppercase() && b[1..].iter().all(u8::is_ascii_lowercase))
+                || (b[0] == b'v' && b[1..].iter().all(u8::is_ascii_digit))
+                || (b.len() <= 3
+                    && b.iter()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()))
         })
 }
 
