@@ -14,6 +14,7 @@ pub mod scripted;
 pub mod server;
 pub mod session;
 pub mod spec;
+pub mod tools;
 pub mod usage;
 
 pub use error::{ErrorCategory, HarnessError, StartError};

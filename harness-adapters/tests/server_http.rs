@@ -1,6 +1,9 @@
 //! The scripted model server over real HTTP on 127.0.0.1: each wire API, streaming and JSON,
 //! recording, failure injection and a bounded shutdown.
 
+// Test helpers panic on setup failure by design: a broken fixture must fail the test loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::{Duration, Instant};
 
 use keel_harness::scripted::{Script, ScriptFailure, ScriptTurn};
