@@ -29,6 +29,9 @@ pub enum OpenError {
         /// The newest format this build reads.
         supported: u8,
     },
+    /// The file is a redb database but holds no keel store (opened read-only, nothing to read).
+    #[error("the file is a database but not a keel store")]
+    NotAStore,
     /// Creating the tables on first use failed to begin a transaction.
     #[error("cannot begin the set-up transaction: {0}")]
     Transaction(#[from] redb::TransactionError),
@@ -206,6 +209,9 @@ pub enum CommitError {
     /// The backend failed earlier and redb refuses further IO: drop the store and open it again.
     #[error("the storage failed earlier; reopen the store")]
     NeedsReopen,
+    /// The store was opened with [`crate::Store::open_read_only`].
+    #[error("the store is open read-only")]
+    ReadOnly,
     /// The commit itself failed (the final write or sync).
     #[error("commit failed: {0}")]
     Commit(redb::CommitError),

@@ -55,7 +55,7 @@ pub use model::*;
 pub use read::{Listing, Sequenced, TreeNode};
 pub use scope::RunScope;
 pub use sim_disk::SimDisk;
-pub use store::{STORE_FORMAT, Store, StoreConfig};
+pub use store::{STORE_FORMAT, Sharing, Store, StoreConfig};
 
 /// Whether a commit is durable when it returns (`Immediate`: one fsync) or only visible
 /// (`None`: lost on a crash unless a later `Immediate` commit follows). Re-exported from redb so

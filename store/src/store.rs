@@ -4,7 +4,10 @@ use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, StorageBackend, Table};
+use redb::{
+    ConcurrencyMode, Database, Durability, ReadOnlyDatabase, ReadableDatabase, ReadableTable,
+    StorageBackend, Table,
+};
 
 use crate::batch::{Applied, RunOp, Staged, StagedWrite, WriteBatch};
 use crate::catalog::Catalog;
@@ -24,6 +27,32 @@ pub const STORE_FORMAT: u64 = 1;
 pub struct StoreConfig {
     /// The size limits enforced on every write and read.
     pub limits: Limits,
+    /// Who else may open the file while this process has it open.
+    pub sharing: Sharing,
+}
+
+/// Who else may open a store file while a writer has it open. A choice with a cost, so it is explicit:
+/// sharing the file with readers in other processes rules out `Durability::None` commits, because
+/// redb cannot show a commit that was never written to the file to another process.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Sharing {
+    /// This process alone: both durabilities work; [`Store::open_read_only`] from another process is
+    /// refused while the store is open. The default, and the only mode of a custom backend.
+    #[default]
+    Exclusive,
+    /// This process writes and any number of [`Store::open_read_only`] handles (the operator's
+    /// `keel tasks` while a node runs) share the file and follow its commits. Every commit must be
+    /// [`Durability::Immediate`]; a `None` commit fails with [`CommitError::Durability`].
+    WithReaders,
+}
+
+impl Sharing {
+    fn mode(self) -> ConcurrencyMode {
+        match self {
+            Self::Exclusive => ConcurrencyMode::ExclusiveWriter,
+            Self::WithReaders => ConcurrencyMode::SingleWriter,
+        }
+    }
 }
 
 /// keel's durable model: one redb database holding every run, task, log row and record.
@@ -34,8 +63,14 @@ pub struct StoreConfig {
 ///
 /// `Store` is `Send + Sync`; redb serializes write transactions, so concurrent committers queue.
 pub struct Store {
-    db: Database,
+    db: Db,
     limits: Limits,
+}
+
+/// The open database: a writer, or a read-only handle that follows a writer in another process.
+enum Db {
+    Writer(Database),
+    Reader(ReadOnlyDatabase),
 }
 
 impl std::fmt::Debug for Store {
@@ -47,8 +82,9 @@ impl std::fmt::Debug for Store {
 }
 
 impl Store {
-    /// Opens the store file at `path`, creating the file and its tables on first use, with the
-    /// default [`Limits`]. The parent directory must exist.
+    /// Opens the store file at `path` for writing, creating the file and its tables on first use, with
+    /// the default [`Limits`] and [`Sharing::Exclusive`]. The parent directory must exist. One process
+    /// writes a store at a time.
     ///
     /// # Errors
     /// [`OpenError::Database`] if the file is locked by another process, is not a redb database, or
@@ -62,8 +98,40 @@ impl Store {
     /// # Errors
     /// As [`Store::open`].
     pub fn open_with(path: impl AsRef<Path>, config: StoreConfig) -> Result<Self, OpenError> {
-        let db = Database::create(path)?;
+        let db = Database::builder()
+            .set_concurrency_mode(config.sharing.mode())
+            .create(path)?;
         Self::init(db, config)
+    }
+
+    /// Opens an existing store file read-only, alongside the process that writes it if that one opened
+    /// it with [`Sharing::WithReaders`] (a running node): the CLI's read commands use this so they
+    /// work while a node holds the store. `config.sharing` is ignored (a reader always shares).
+    /// Every commit on the returned store fails with [`CommitError::ReadOnly`].
+    ///
+    /// # Errors
+    /// [`OpenError::Database`] if the file does not exist, is not a redb database, is held by an
+    /// [`Sharing::Exclusive`] writer (`DatabaseAlreadyOpen`), or needs recovery after a crash (a
+    /// read-only handle cannot repair it: open it once with [`Store::open`]);
+    /// [`OpenError::StoreFromFuture`]; [`OpenError::NotAStore`] if the file holds no keel tables.
+    pub fn open_read_only(path: impl AsRef<Path>, config: StoreConfig) -> Result<Self, OpenError> {
+        let db = Database::builder()
+            .set_concurrency_mode(Sharing::WithReaders.mode())
+            .open_read_only(path)?;
+        let txn = db.begin_read()?;
+        let meta = match txn.open_table(tables::META) {
+            Ok(meta) => meta,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Err(OpenError::NotAStore),
+            Err(e) => return Err(e.into()),
+        };
+        let found = meta.get("store_format")?.map(|g| g.value());
+        check_format(found)?;
+        drop(meta);
+        drop(txn);
+        Ok(Self {
+            db: Db::Reader(db),
+            limits: config.limits,
+        })
     }
 
     /// Opens (or creates) a store on any redb [`StorageBackend`]: the simulator and the crash tests
@@ -86,18 +154,10 @@ impl Store {
         {
             let mut meta = txn.open_table(tables::META)?;
             let found = meta.get("store_format")?.map(|g| g.value());
-            match found {
-                Some(found) if found > STORE_FORMAT => {
-                    return Err(OpenError::StoreFromFuture {
-                        found: u8::try_from(found).unwrap_or(u8::MAX),
-                        supported: u8::try_from(STORE_FORMAT).unwrap_or(u8::MAX),
-                    });
-                }
-                Some(_) => {}
-                None => {
-                    meta.insert("store_format", STORE_FORMAT)?;
-                }
+            if found.is_none() {
+                meta.insert("store_format", STORE_FORMAT)?;
             }
+            check_format(found)?;
             txn.open_table(tables::RUNS)?;
             txn.open_table(tables::TASKS)?;
             txn.open_table(tables::TASK_RUN)?;
@@ -114,7 +174,7 @@ impl Store {
         }
         txn.commit()?;
         Ok(Self {
-            db,
+            db: Db::Writer(db),
             limits: config.limits,
         })
     }
@@ -220,7 +280,10 @@ impl Store {
                 limit: self.limits.batch_items_max,
             }));
         }
-        let mut txn = self.db.begin_write()?;
+        let Db::Writer(db) = &self.db else {
+            return Err(CommitError::ReadOnly);
+        };
+        let mut txn = db.begin_write()?;
         txn.set_durability(durability)?;
         let applied = {
             let mut writer = Writer::open(&txn, &self.limits)?;
@@ -262,7 +325,20 @@ impl Store {
     }
 
     pub(crate) fn begin_read(&self) -> Result<redb::ReadTransaction, ReadError> {
-        Ok(self.db.begin_read()?)
+        Ok(match &self.db {
+            Db::Writer(db) => db.begin_read()?,
+            Db::Reader(db) => db.begin_read()?,
+        })
+    }
+}
+
+fn check_format(found: Option<u64>) -> Result<(), OpenError> {
+    match found {
+        Some(found) if found > STORE_FORMAT => Err(OpenError::StoreFromFuture {
+            found: u8::try_from(found).unwrap_or(u8::MAX),
+            supported: u8::try_from(STORE_FORMAT).unwrap_or(u8::MAX),
+        }),
+        _ => Ok(()),
     }
 }
 

@@ -23,6 +23,47 @@ fn open_creates_file_and_tables_and_reopens() {
 }
 
 #[test]
+fn a_read_only_handle_shares_the_file_with_the_writer_and_follows_its_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keel.redb");
+    assert!(matches!(
+        Store::open_read_only(&path, StoreConfig::default()),
+        Err(OpenError::Database(_))
+    ));
+    let writer = Store::open_with(
+        &path,
+        StoreConfig {
+            sharing: Sharing::WithReaders,
+            ..StoreConfig::default()
+        },
+    )
+    .unwrap();
+    create_run(&writer, 1);
+    let reader = Store::open_read_only(&path, StoreConfig::default()).unwrap();
+    assert_eq!(reader.catalog().runs(10).unwrap().items, vec![run(1)]);
+    create_task(&writer, 1, 10, None);
+    assert_eq!(
+        reader.catalog().task(TaskId(10)).unwrap(),
+        task(1, 10, None)
+    );
+    let refused = reader.commit_one(
+        reader
+            .run(RunId(1))
+            .stage_append_manifest(manifest("x"))
+            .unwrap(),
+        Durability::Immediate,
+    );
+    assert!(matches!(refused, Err(CommitError::ReadOnly)));
+    // A second writer is refused while the first holds the file.
+    assert!(matches!(
+        Store::open(&path),
+        Err(OpenError::Database(
+            redb::DatabaseError::DatabaseAlreadyOpen
+        ))
+    ));
+}
+
+#[test]
 fn tasks_children_tree_and_ancestors() {
     let (_dir, store) = open_temp();
     create_run(&store, 1);
@@ -296,7 +337,14 @@ fn batch_size_is_bounded() {
         batch_items_max: 2,
         ..Limits::default()
     };
-    let store = Store::open_with(dir.path().join("k.redb"), StoreConfig { limits }).unwrap();
+    let store = Store::open_with(
+        dir.path().join("k.redb"),
+        StoreConfig {
+            limits,
+            ..StoreConfig::default()
+        },
+    )
+    .unwrap();
     create_run(&store, 1);
     let scope = store.run(RunId(1));
     let batch: WriteBatch = (0..3)
@@ -639,7 +687,14 @@ fn large_attachments_are_stored_by_reference_small_ones_inline() {
         attachment_bytes_max: 1_000,
         ..Limits::default()
     };
-    let store = Store::open_with(dir.path().join("k.redb"), StoreConfig { limits }).unwrap();
+    let store = Store::open_with(
+        dir.path().join("k.redb"),
+        StoreConfig {
+            limits,
+            ..StoreConfig::default()
+        },
+    )
+    .unwrap();
     create_run(&store, 1);
     let scope = store.run(RunId(1));
     let big = "b".repeat(500);
