@@ -233,12 +233,8 @@ impl Store {
         write: StagedWrite,
         durability: Durability,
     ) -> Result<Applied, CommitError> {
-        let mut batch = WriteBatch::new();
-        batch.push(write);
-        let mut applied = self.commit_group(batch, durability)?;
-        applied.pop().ok_or(CommitError::Item {
-            index: 0,
-            error: ItemError::SequenceExhausted("results"),
+        self.in_write_txn(durability, |writer| {
+            writer.apply(&write).map_err(|f| f.at(0))
         })
     }
 
@@ -280,40 +276,34 @@ impl Store {
                 limit: self.limits.batch_items_max,
             }));
         }
+        self.in_write_txn(durability, |writer| {
+            let mut applied = Vec::with_capacity(batch.items.len());
+            for (index, write) in batch.items.iter().enumerate() {
+                applied.push(writer.apply(write).map_err(|f| f.at(index))?);
+            }
+            Ok(applied)
+        })
+    }
+
+    /// Runs `work` in one write transaction with `durability`; commits if it succeeds, aborts if not.
+    fn in_write_txn<R>(
+        &self,
+        durability: Durability,
+        work: impl FnOnce(&mut Writer<'_>) -> Result<R, CommitError>,
+    ) -> Result<R, CommitError> {
         let Db::Writer(db) = &self.db else {
             return Err(CommitError::ReadOnly);
         };
         let mut txn = db.begin_write()?;
         txn.set_durability(durability)?;
-        let applied = {
-            let mut writer = Writer::open(&txn, &self.limits)?;
-            let mut applied = Vec::with_capacity(batch.items.len());
-            let mut failure = None;
-            for (index, write) in batch.items.iter().enumerate() {
-                match writer.apply(write) {
-                    Ok(a) => applied.push(a),
-                    Err(Failure::Item(error)) => {
-                        failure = Some(CommitError::Item {
-                            index: u32::try_from(index).unwrap_or(u32::MAX),
-                            error,
-                        });
-                        break;
-                    }
-                    Err(Failure::Commit(e)) => {
-                        failure = Some(e);
-                        break;
-                    }
-                }
-            }
-            match failure {
-                None => Ok(applied),
-                Some(e) => Err(e),
-            }
+        let outcome = match Writer::open(&txn, &self.limits) {
+            Ok(mut writer) => work(&mut writer),
+            Err(e) => Err(e),
         };
-        match applied {
-            Ok(applied) => {
+        match outcome {
+            Ok(result) => {
                 txn.commit()?;
-                Ok(applied)
+                Ok(result)
             }
             Err(e) => {
                 // The first failure is the one worth reporting; an abort that also fails leaves the
@@ -349,6 +339,19 @@ type Blobbed = Vec<(u32, u128)>;
 pub(crate) enum Failure {
     Item(ItemError),
     Commit(CommitError),
+}
+
+impl Failure {
+    /// The commit error for the write at `index` of its batch.
+    fn at(self, index: usize) -> CommitError {
+        match self {
+            Failure::Item(error) => CommitError::Item {
+                index: u32::try_from(index).unwrap_or(u32::MAX),
+                error,
+            },
+            Failure::Commit(e) => e,
+        }
+    }
 }
 
 impl From<redb::StorageError> for Failure {
