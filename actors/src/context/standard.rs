@@ -173,8 +173,15 @@ pub fn standard_preamble(
         Some(o) if !o.is_empty() => Clean::new(o, budget, scrubber, &mut redactions),
         _ => Clean::fixed("(none recorded)"),
     };
+    let entries = attachment_entries(
+        parent,
+        budget,
+        usize::from(config.attachments_max),
+        scrubber,
+        &mut redactions,
+    );
     let attachment_demand = if with_attachments {
-        attachments_demand(parent, budget)
+        attachments_demand(&entries, parent.attachments.len())
     } else {
         0
     };
@@ -201,11 +208,10 @@ pub fn standard_preamble(
     }
     let attachments_text = if with_attachments {
         Some(attachments_block(
-            parent,
+            entries,
+            parent.attachments.len(),
             shares[2],
-            config,
-            scrubber,
-            &mut redactions,
+            attachment_demand,
             &mut truncations,
         ))
     } else {
@@ -359,61 +365,73 @@ fn blob_text(len: u64) -> String {
     format!("stored blob of {len} bytes (get_task_details on the parent)")
 }
 
-/// What the attachments would take uncut (bounded: never more than the budget plus one, so a huge
-/// attachment does not have to be measured whole).
-fn attachments_demand(parent: &Task, budget: usize) -> usize {
-    let mut n = 0usize;
-    for (i, a) in parent.attachments.iter().enumerate() {
-        if i > 0 {
-            n += 1;
-        }
-        n += chars(&attachment_prefix(&a.name));
-        n += match &a.body {
-            AttachmentBody::Inline(s) => {
-                let window = prefix_bytes(s, budget.saturating_mul(4) + 4);
-                chars(window) + usize::from(window.len() < s.len())
-            }
-            AttachmentBody::Blob { len, .. } => chars(&blob_text(*len)),
-        };
-        if n > budget {
-            return budget + 1;
-        }
+/// The line that counts attachments left out.
+fn omitted_attachments_line(omitted: usize) -> String {
+    format!("- [truncated: {omitted} attachments left out]")
+}
+
+/// The parent's attachments that can be listed (up to the count limit), each scrubbed once, with the
+/// line prefix that names it.
+fn attachment_entries(
+    parent: &Task,
+    budget: usize,
+    attachments_max: usize,
+    scrubber: &Scrubber,
+    redactions: &mut Redactions,
+) -> Vec<(String, Clean)> {
+    let listable = parent.attachments.len().min(attachments_max);
+    parent.attachments[..listable]
+        .iter()
+        .map(|a| {
+            let prefix = attachment_prefix(&a.name);
+            let body = match &a.body {
+                AttachmentBody::Inline(s) => Clean::new(s, budget, scrubber, redactions),
+                AttachmentBody::Blob { len, .. } => Clean::fixed(&blob_text(*len)),
+            };
+            (prefix, body)
+        })
+        .collect()
+}
+
+/// What the attachments would take uncut, measured after scrubbing (a marker can be longer than the
+/// secret it replaced), the line counting those over the count limit included.
+fn attachments_demand(entries: &[(String, Clean)], total: usize) -> usize {
+    let mut n = entries
+        .iter()
+        .map(|(p, b)| chars(p) + b.demand())
+        .sum::<usize>()
+        + entries.len().saturating_sub(1);
+    if total > entries.len() {
+        n += usize::from(!entries.is_empty())
+            + chars(&omitted_attachments_line(total - entries.len()));
     }
     n
 }
 
 fn attachments_block(
-    parent: &Task,
+    entries: Vec<(String, Clean)>,
+    total: usize,
     share: usize,
-    config: &ContextConfig,
-    scrubber: &Scrubber,
-    redactions: &mut Redactions,
+    demand: usize,
     truncations: &mut Vec<Truncation>,
 ) -> String {
-    let all = &parent.attachments;
-    let listed_max = usize::from(config.attachments_max)
-        .min(all.len())
-        .min(share / ATTACHMENT_SHARE_MIN);
-    let omitted = all.len() - listed_max;
-    let omitted_line =
-        (omitted > 0).then(|| format!("- [truncated: {omitted} attachments left out]"));
+    // All listable ones when they fit; otherwise as many as can each get a useful share.
+    let listed = if demand <= share {
+        entries.len()
+    } else {
+        let line_room = share.saturating_sub(chars(&omitted_attachments_line(total)) + 1);
+        entries.len().min(line_room / ATTACHMENT_SHARE_MIN)
+    };
+    let omitted = total - listed;
+    let omitted_line = (omitted > 0).then(|| omitted_attachments_line(omitted));
     let mut room = share;
     if let Some(l) = &omitted_line {
-        room = room.saturating_sub(chars(l) + usize::from(listed_max > 0));
+        room = room.saturating_sub(chars(l) + usize::from(listed > 0));
     }
     // One newline between listed entries.
-    room = room.saturating_sub(listed_max.saturating_sub(1));
-    let entries: Vec<(String, Clean)> = all[..listed_max]
-        .iter()
-        .map(|a| {
-            let prefix = attachment_prefix(&a.name);
-            let body = match &a.body {
-                AttachmentBody::Inline(s) => Clean::new(s, room, scrubber, redactions),
-                AttachmentBody::Blob { len, .. } => Clean::fixed(&blob_text(*len)),
-            };
-            (prefix, body)
-        })
-        .collect();
+    room = room.saturating_sub(listed.saturating_sub(1));
+    let mut entries = entries;
+    entries.truncate(listed);
     let demands: Vec<usize> = entries.iter().map(|(p, b)| chars(p) + b.demand()).collect();
     let shares = fair_shares(&demands, room);
     let mut cut_chars = 0usize;
