@@ -80,7 +80,7 @@ pub enum Effect {
 /// An effect of a specialist. It has no variant that names another specialist: its only outbound
 /// address is its [`ReplyTo<Coordinator>`] (DESIGN.md §12, invariant 7).
 ///
-/// ```compile_fail
+/// ```compile_fail,E0599
 /// use keel_actors::{SpecialistEffect, Envelope};
 /// // A specialist cannot send to an arbitrary envelope (a sibling included): no such variant.
 /// fn to_sibling(e: Envelope) -> SpecialistEffect { SpecialistEffect::Send(e) }

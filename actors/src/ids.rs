@@ -86,7 +86,7 @@ impl ReplyTarget for Coordinator {}
 ///
 /// Specialists cannot address each other; this does not compile:
 ///
-/// ```compile_fail
+/// ```compile_fail,E0277
 /// use keel_actors::{ReplyTo, Specialist};
 /// // There is no reply address of a specialist: `Specialist` is not a `ReplyTarget`.
 /// fn sibling(_: ReplyTo<Specialist>) {}
@@ -94,7 +94,7 @@ impl ReplyTarget for Coordinator {}
 ///
 /// Nor can code outside this crate forge one:
 ///
-/// ```compile_fail
+/// ```compile_fail,E0451
 /// use keel_actors::{AttemptId, Coordinator, ReplyTo};
 /// fn forge(a: AttemptId) -> ReplyTo<Coordinator> { ReplyTo { attempt: a, role: std::marker::PhantomData } }
 /// ```

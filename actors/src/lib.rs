@@ -14,11 +14,12 @@ pub mod message;
 pub mod persist;
 pub mod plan;
 pub mod report;
+pub mod routing;
 pub mod specialist;
 pub mod supervisor;
 
 pub use checkpoint::{CheckpointConfig, CheckpointWriter};
-pub use coordinator::{Coordinator, CoordinatorConfig};
+pub use coordinator::{Coordinator, CoordinatorConfig, Coverage, StepStatus, Synthesis};
 pub use effect::{Effect, Envelope, SpecialistEffect, TimerKey};
 pub use ids::{AttemptId, IdempotencyKey, ReplyTarget, ReplyTo};
 pub use machine::{Entropy, Machine, Millis, SplitMix64};

@@ -492,22 +492,15 @@ pub enum CheckpointInput {
     Timer(CheckpointTimer),
 }
 
-/// The rows the host loads for a specialist whose session needs a preamble (completion of
-/// [`crate::SpecialistEffect::LoadContext`]).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LoadedContext {
-    /// The task the preamble is about and its ancestors, nearest first, at most 6 rows (the task plus
-    /// five ancestors, DESIGN.md §6).
-    pub lineage: Vec<Task>,
-    /// The last session log rows of the task being resumed, oldest first, at most 50.
-    pub logs: Vec<SessionLogRow>,
-}
-
-/// What a specialist asks its host to load before it starts its session.
+/// What a specialist asks its host to load before it starts its session: the rows its preamble is built
+/// from. The host fills a [`crate::context::RowSet`] with [`crate::specialist::context_rows`] over its
+/// store (any [`crate::context::ThreadSource`]) and answers with `SpecialistInput::ContextLoaded`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ContextRequest {
-    /// Which preamble and from which task.
-    pub continuity: Continuity,
+    /// The task the new session is for.
+    pub task: TaskId,
+    /// Fresh (standard preamble when the task has a parent) or resume.
+    pub start: crate::context::SessionStart,
 }
 
 /// Everything that can happen to a specialist.
@@ -519,7 +512,7 @@ pub enum SpecialistInput {
     Msg(SpecialistMsg),
     /// Completion of [`crate::SpecialistEffect::LoadContext`]; `Err` carries why the rows could not be
     /// read (the attempt then fails as a transient system failure).
-    ContextLoaded(Result<LoadedContext, String>),
+    ContextLoaded(Result<crate::context::RowSet, String>),
     /// An event of its harness session (completion stream of
     /// [`crate::SpecialistEffect::StartHarness`]); `Finished` or `Failed` ends the session.
     Harness(HarnessEvent),

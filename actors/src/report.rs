@@ -68,7 +68,9 @@ pub struct Finding {
 /// The typed report a specialist returns on success (DESIGN.md §8).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SubagentReport {
-    /// The task the report is about (must match the attempt that sends it).
+    /// The task the report is about (must match the attempt that sends it). Written as the task's ULID
+    /// string, the form the agent saw in its brief.
+    #[serde(with = "task_id_text")]
     pub subtask_id: TaskId,
     /// Complete, partial or blocked.
     pub status: ReportStatus,
@@ -286,6 +288,10 @@ pub struct SubtaskBrief {
     pub constraints: Vec<String>,
     /// Gaps of dependencies that ended partial, so this step knows its inputs are incomplete.
     pub known_gaps: Vec<String>,
+    /// Earlier tasks of the same step (a re-dispatch continues them): a resumed session read their brief
+    /// in its preamble and may report under the original id, which the specialist accepts and rewrites.
+    #[serde(default)]
+    pub aliases: Vec<TaskId>,
 }
 
 /// The result of a step as it is made durable: either a verified report or a typed failure.
@@ -311,4 +317,102 @@ pub struct AttemptResult {
     pub outcome: Result<SubagentReport, SubtaskFailure>,
     /// What the attempt spent, in micro-dollars (settled in the supervisor's ledger).
     pub spent_micros: u64,
+}
+
+/// The instruction that ends every specialist prompt: the report format the specialist machine parses.
+pub const REPORT_INSTRUCTION: &str = "When you are done, end your answer with one JSON object of this \
+form and nothing after it: {\"subtask_id\": \"<task id>\", \"status\": \"complete\"|\"partial\"|\"blocked\", \
+\"findings\": [{\"claim\": \"...\", \"source\": \"...\", \"confidence_permille\": 0-1000}], \"gaps\": [\"...\"], \
+\"summary\": \"...\"}. Every finding names its source. A partial or blocked report lists its gaps.";
+
+impl SubtaskBrief {
+    /// The brief as the text a session reads and the task row keeps (so a resume preamble carries it
+    /// verbatim): the brief, then goal, criteria, prior findings as JSON, known gaps, constraints, the
+    /// output schema and the report instruction. Deterministic: same brief, same bytes.
+    pub fn render(&self) -> String {
+        let mut text = String::with_capacity(self.brief.len() + 512);
+        text.push_str(&self.brief);
+        text.push_str("\n\nSubtask id: ");
+        text.push_str(&self.task.to_string());
+        text.push_str("\nGoal: ");
+        text.push_str(&self.goal);
+        if !self.quality_criteria.is_empty() {
+            text.push_str("\nQuality criteria:");
+            for c in &self.quality_criteria {
+                text.push_str("\n- ");
+                text.push_str(c);
+            }
+        }
+        if !self.prior_findings.is_empty() {
+            text.push_str("\nPrior findings (JSON, from the steps this one depends on):\n");
+            // Serialising plain strings and integers cannot fail; an empty list is the safe fallback.
+            text.push_str(
+                &serde_json::to_string(&self.prior_findings).unwrap_or_else(|_| "[]".into()),
+            );
+        }
+        if !self.known_gaps.is_empty() {
+            text.push_str("\nKnown gaps in those findings:");
+            for g in &self.known_gaps {
+                text.push_str("\n- ");
+                text.push_str(g);
+            }
+        }
+        if !self.constraints.is_empty() {
+            text.push_str("\nConstraints:");
+            for c in &self.constraints {
+                text.push_str("\n- ");
+                text.push_str(c);
+            }
+        }
+        if let Some(schema) = &self.output_schema {
+            text.push_str("\nOutput schema: ");
+            text.push_str(schema);
+        }
+        text.push_str("\n\n");
+        text.push_str(REPORT_INSTRUCTION);
+        text
+    }
+}
+
+/// Find the report in a session's final text: the whole text if it is a report, else the last
+/// fenced ```json block, else the span from the last line that opens a `{` to the end.
+///
+/// # Errors
+/// The JSON error of the best candidate when none parses.
+pub fn parse_report(final_text: &str) -> Result<SubagentReport, String> {
+    let trimmed = final_text.trim();
+    if let Ok(r) = serde_json::from_str::<SubagentReport>(trimmed) {
+        return Ok(r);
+    }
+    if let Some(start) = trimmed.rfind("```json") {
+        let body = &trimmed[start + "```json".len()..];
+        let body = body.split("```").next().unwrap_or(body).trim();
+        if let Ok(r) = serde_json::from_str::<SubagentReport>(body) {
+            return Ok(r);
+        }
+    }
+    let mut last_err = String::from("no JSON object in the final text");
+    // Bounded: at most 64 candidate openings from the end.
+    for (i, _) in trimmed.match_indices('{').rev().take(64) {
+        match serde_json::from_str::<SubagentReport>(trimmed[i..].trim()) {
+            Ok(r) => return Ok(r),
+            Err(e) => last_err = e.to_string(),
+        }
+    }
+    Err(last_err)
+}
+
+/// Task ids as ULID text in reports, the form an agent reads in its brief and writes back.
+mod task_id_text {
+    use keel_store::TaskId;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(id: &TaskId, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(id)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<TaskId, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
 }

@@ -1,11 +1,45 @@
 //! The specialist: one subtask attempt, one harness session (DESIGN.md §4).
+//!
+//! It starts its session through an effect (after loading the rows its preamble needs, when it needs
+//! one), turns each harness event into a session_log row sent to its coordinator, and ends with a
+//! verified [`SubagentReport`] or a typed [`SubtaskFailure`], which it resends until the coordinator
+//! acknowledges it. It holds exactly one address, its [`ReplyTo<Coordinator>`]: it cannot reach a
+//! sibling (its effect type has no such variant).
 
-use crate::machine::Millis;
-use keel_harness::SessionLimits;
+use crate::context::{
+    ContextConfig, LoadError, RowSet, Scrubber, SessionStart, ThreadSource, context_for_task,
+    load_resume, load_thread,
+};
+use crate::coordinator::Coordinator;
+use crate::effect::SpecialistEffect;
+use crate::ids::{AttemptId, ReplyTo};
+use crate::machine::{Entropy, Machine, Millis};
+use crate::message::{
+    Assignment, ContextRequest, DelegationCall, LifecycleEvent, SpecialistInput, SpecialistMsg,
+    SpecialistReply, SpecialistStart, SpecialistTimer,
+};
+use crate::report::{
+    AttemptResult, Continuity, FailureKind, Finding, SubagentReport, SubtaskBrief, SubtaskFailure,
+    TEXT_BYTES_MAX, bounded, parse_report,
+};
+use keel_harness::{
+    Account, ErrorCategory, HarnessError, HarnessEvent, SessionLimits, SessionSpec, StopReason,
+    UsageAccumulator,
+};
+use keel_store::{LogKind, SessionLogRow, TaskKind};
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 /// Most log rows in one `SpecialistReply::Logs`.
 pub const LOG_ROWS_PER_REPLY_MAX: usize = 64;
+/// Most bytes of a log row's one-line summary (the store's `log_summary_bytes_max`).
+pub const LOG_SUMMARY_BYTES_MAX: usize = 512;
+/// Most bytes of a log row's detail.
+pub const LOG_DETAIL_BYTES_MAX: usize = 4 * 1024;
+/// Most delegation turns one lead attempt may have answered (and remembered).
+pub const DELEGATION_TURNS_MAX: usize = 64;
+/// A tool whose name ends with this is the coordination tool a lead delegates with.
+pub const DELEGATE_TOOL_SUFFIX: &str = "delegate";
 
 /// Limits and environment of a specialist.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -19,11 +53,13 @@ pub struct SpecialistConfig {
     /// How many times it is sent again before the specialist exits anyway (the supervisor's deadline
     /// then decides).
     pub resends_max: u32,
-    /// Most log rows one attempt forwards; past it, rows are counted but not sent (the session keeps
-    /// running: the preamble only ever needs the last 50).
+    /// Most log rows one attempt forwards; past it rows are counted, not sent (a resume preamble only
+    /// ever needs the last 50).
     pub log_rows_max: u32,
     /// Price of a million tokens in micro-dollars, for harnesses that report tokens but not cost.
     pub micros_per_mtok: u64,
+    /// The preamble builders' limits.
+    pub context: ContextConfig,
 }
 
 impl Default for SpecialistConfig {
@@ -35,14 +71,557 @@ impl Default for SpecialistConfig {
             resends_max: 10,
             log_rows_max: 10_000,
             micros_per_mtok: 3_000_000,
+            context: ContextConfig::default(),
         }
     }
 }
 
-/// One specialist attempt. Created by the host from a `SpecialistStart`, then given
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Phase {
+    Created,
+    Loading,
+    Running,
+    Reporting { resends: u32 },
+    Done,
+}
+
+/// One specialist attempt. Created by the host from the supervisor's `SpecialistStart`, then given
 /// `SpecialistInput::Begin`.
 #[derive(Debug)]
 pub struct Specialist {
-    #[allow(dead_code)]
     config: SpecialistConfig,
+    attempt: AttemptId,
+    reply_to: ReplyTo<Coordinator>,
+    brief: SubtaskBrief,
+    assignment: Assignment,
+    continuity: Continuity,
+    kind: TaskKind,
+    phase: Phase,
+    log_seq: u32,
+    logs_dropped: u32,
+    usage: UsageAccumulator,
+    spent_micros: u64,
+    result: Option<AttemptResult>,
+    tools_used: u32,
+    delegated_turns: BTreeSet<u32>,
+    delegate_turn: u32,
+    scrubber: Scrubber,
+}
+
+impl Specialist {
+    /// A specialist for the attempt the supervisor admitted.
+    pub fn new(start: SpecialistStart, config: SpecialistConfig) -> Self {
+        Self {
+            config,
+            attempt: start.attempt,
+            reply_to: start.reply_to,
+            brief: start.brief,
+            assignment: start.assignment,
+            continuity: start.continuity,
+            kind: start.kind,
+            phase: Phase::Created,
+            log_seq: 0,
+            logs_dropped: 0,
+            usage: UsageAccumulator::new(),
+            spent_micros: 0,
+            result: None,
+            tools_used: 0,
+            delegated_turns: BTreeSet::new(),
+            delegate_turn: 0,
+            scrubber: Scrubber::new(),
+        }
+    }
+
+    /// The attempt this specialist is.
+    pub fn attempt(&self) -> AttemptId {
+        self.attempt
+    }
+
+    /// Its only address.
+    pub fn reply_to(&self) -> ReplyTo<Coordinator> {
+        self.reply_to
+    }
+
+    /// Whether it has exited.
+    pub fn is_done(&self) -> bool {
+        self.phase == Phase::Done
+    }
+
+    /// Why the task exists.
+    pub fn kind(&self) -> TaskKind {
+        self.kind
+    }
+
+    fn reply(&self, reply: SpecialistReply, out: &mut Vec<SpecialistEffect>) {
+        out.push(SpecialistEffect::Reply(self.reply_to, reply));
+    }
+
+    fn log(
+        &mut self,
+        kind: LogKind,
+        summary: String,
+        detail: String,
+        now: Millis,
+        out: &mut Vec<SpecialistEffect>,
+    ) {
+        if self.log_seq >= self.config.log_rows_max {
+            self.logs_dropped = self.logs_dropped.saturating_add(1);
+            return;
+        }
+        self.log_seq += 1;
+        let row = SessionLogRow {
+            ts_ms: now,
+            kind,
+            summary: one_line(&summary, LOG_SUMMARY_BYTES_MAX),
+            detail: bounded(detail, LOG_DETAIL_BYTES_MAX),
+        };
+        self.reply(
+            SpecialistReply::Logs {
+                rows: vec![(self.log_seq, row)],
+            },
+            out,
+        );
+    }
+
+    fn start_session(&mut self, prompt: String, out: &mut Vec<SpecialistEffect>) {
+        let mut spec = SessionSpec::new(
+            prompt,
+            self.assignment.model.clone(),
+            self.config.working_dir.clone(),
+        );
+        spec.limits = self.config.session_limits;
+        spec.account = Account {
+            id: self.assignment.account.clone(),
+            ..Account::default()
+        };
+        self.phase = Phase::Running;
+        out.push(SpecialistEffect::StartHarness {
+            key: self.attempt.idempotency_key(),
+            spec: Box::new(spec),
+        });
+    }
+
+    fn finish(
+        &mut self,
+        outcome: Result<SubagentReport, SubtaskFailure>,
+        now: Millis,
+        out: &mut Vec<SpecialistEffect>,
+    ) {
+        let event = match &outcome {
+            Ok(_) => LifecycleEvent::SubagentStop {
+                attempt: self.attempt,
+            },
+            Err(f) => LifecycleEvent::SubagentError {
+                attempt: self.attempt,
+                kind: f.kind.name().to_string(),
+            },
+        };
+        let summary = match &outcome {
+            Ok(r) => format!(
+                "finished: {:?} report, {} findings",
+                r.status,
+                r.findings.len()
+            ),
+            Err(f) => format!("failed: {} ({})", f.kind.name(), f.detail),
+        };
+        self.log(LogKind::Lifecycle, summary, String::new(), now, out);
+        let result = AttemptResult {
+            attempt: self.attempt,
+            outcome,
+            spent_micros: self.spent_micros,
+        };
+        self.reply(SpecialistReply::Finished(result.clone()), out);
+        self.result = Some(result);
+        out.push(SpecialistEffect::Emit(event));
+        self.phase = Phase::Reporting { resends: 0 };
+        out.push(SpecialistEffect::SetTimer {
+            timer: SpecialistTimer::ResendResult(0),
+            at: now.saturating_add(self.config.resend_interval_ms),
+        });
+    }
+
+    fn failure(
+        &self,
+        kind: FailureKind,
+        retryable: bool,
+        retry_after_ms: Option<u64>,
+        detail: String,
+    ) -> SubtaskFailure {
+        SubtaskFailure {
+            kind,
+            attempted: format!(
+                "attempt {} as {} on {} ({}): {} log rows, {} tool calls",
+                self.attempt.attempt,
+                self.assignment.agent,
+                self.assignment.harness,
+                self.assignment.model,
+                self.log_seq,
+                self.tools_used
+            ),
+            partial: Vec::<Finding>::new(),
+            retryable,
+            retry_after_ms,
+            detail: bounded(detail, TEXT_BYTES_MAX),
+        }
+    }
+
+    fn on_harness(&mut self, event: HarnessEvent, now: Millis, out: &mut Vec<SpecialistEffect>) {
+        if self.phase != Phase::Running {
+            return; // events after the session ended (or before it started) change nothing
+        }
+        match event {
+            HarnessEvent::Started {
+                native_session_id,
+                model,
+            } => {
+                // The native id is kept for the record only; keel never resumes through it.
+                let detail = format!(
+                    "native session {}; model {}",
+                    native_session_id.as_deref().unwrap_or("-"),
+                    model.as_deref().unwrap_or(&self.assignment.model)
+                );
+                self.log(
+                    LogKind::Lifecycle,
+                    "session started".into(),
+                    detail,
+                    now,
+                    out,
+                );
+            }
+            HarnessEvent::Text { text } => {
+                self.log(LogKind::Text, text.clone(), text, now, out);
+            }
+            HarnessEvent::ToolUse {
+                id,
+                name,
+                input_json,
+            } => {
+                self.tools_used = self.tools_used.saturating_add(1);
+                let summary = format!("{name} {}", one_line(&input_json.text, 120));
+                if name.ends_with(DELEGATE_TOOL_SUFFIX) {
+                    self.delegate(&input_json.text, out);
+                }
+                self.log(
+                    LogKind::ToolUse,
+                    summary,
+                    format!("{id}: {}", input_json.text),
+                    now,
+                    out,
+                );
+            }
+            HarnessEvent::ToolResult {
+                id,
+                is_error,
+                content,
+            } => {
+                let verdict = if is_error { "error" } else { "ok" };
+                let summary = format!("{verdict}: {}", one_line(&content.text, 160));
+                self.log(
+                    LogKind::ToolResult,
+                    summary,
+                    format!("{id}: {}", content.text),
+                    now,
+                    out,
+                );
+            }
+            HarnessEvent::Usage(report) => {
+                self.usage.record(&report);
+                let total = self.usage.total();
+                let spent = total.cost_micros.unwrap_or_else(|| {
+                    let t = u128::from(total.total_tokens());
+                    let micros = t * u128::from(self.config.micros_per_mtok) / 1_000_000;
+                    u64::try_from(micros).unwrap_or(u64::MAX)
+                });
+                if spent > self.spent_micros {
+                    self.spent_micros = spent;
+                    self.reply(
+                        SpecialistReply::Spend {
+                            spent_micros: spent,
+                        },
+                        out,
+                    );
+                }
+                let summary = format!("usage: {} tokens, {} micros", total.total_tokens(), spent);
+                self.log(LogKind::Usage, summary, String::new(), now, out);
+            }
+            HarnessEvent::Finished {
+                stop_reason,
+                final_text,
+            } => {
+                let outcome = self.outcome_of(stop_reason, &final_text);
+                self.finish(outcome, now, out);
+            }
+            HarnessEvent::Failed(error) => {
+                let failure = self.failure_of(&error, now);
+                self.finish(Err(failure), now, out);
+            }
+        }
+    }
+
+    fn outcome_of(
+        &self,
+        stop_reason: StopReason,
+        final_text: &str,
+    ) -> Result<SubagentReport, SubtaskFailure> {
+        if !stop_reason.is_success() {
+            let (kind, retryable) = match &stop_reason {
+                StopReason::ModelContextWindowExceeded => {
+                    (FailureKind::Harness(ErrorCategory::ContextOverflow), true)
+                }
+                StopReason::Refusal => (FailureKind::NotSuccess, false),
+                _ => (FailureKind::NotSuccess, true),
+            };
+            return Err(self.failure(
+                kind,
+                retryable,
+                None,
+                format!("the session stopped with {stop_reason}, which is not a success"),
+            ));
+        }
+        let report = parse_report(final_text).map_err(|e| {
+            self.failure(
+                FailureKind::MalformedReport,
+                true,
+                None,
+                format!("the final output is not a report: {e}"),
+            )
+        })?;
+        let mut report = report.bound();
+        if self.brief.aliases.contains(&report.subtask_id) {
+            report.subtask_id = self.attempt.task;
+        }
+        report
+            .verify(self.attempt.task)
+            .map_err(|e| self.failure(FailureKind::MalformedReport, true, None, e.to_string()))?;
+        Ok(report)
+    }
+
+    fn failure_of(&self, error: &HarnessError, now: Millis) -> SubtaskFailure {
+        let mut retry_after = error.retry_after_ms;
+        if let ErrorCategory::RateLimited {
+            reset_at_unix_ms: Some(reset),
+        } = error.category
+        {
+            retry_after = Some(retry_after.unwrap_or(0).max(reset.saturating_sub(now)));
+        }
+        // A saturated context is retried by a re-dispatch with a bounded preamble, never by resuming.
+        let retryable = error.retryable || error.category == ErrorCategory::ContextOverflow;
+        self.failure(
+            FailureKind::Harness(error.category),
+            retryable,
+            retry_after,
+            error.message.clone(),
+        )
+    }
+
+    fn delegate(&mut self, input_json: &str, out: &mut Vec<SpecialistEffect>) {
+        #[derive(serde::Deserialize)]
+        struct Calls {
+            calls: Vec<DelegationCall>,
+        }
+        if self.delegate_turn as usize >= DELEGATION_TURNS_MAX {
+            return;
+        }
+        // A malformed delegate call is answered by the host's MCP layer as a tool error; here it
+        // simply does not become a delegation.
+        if let Ok(parsed) = serde_json::from_str::<Calls>(input_json) {
+            self.delegate_turn += 1;
+            self.reply(
+                SpecialistReply::Delegate {
+                    turn: self.delegate_turn,
+                    calls: parsed.calls,
+                },
+                out,
+            );
+        }
+    }
+}
+
+/// Collapse text to one bounded line (for log summaries).
+fn one_line(text: &str, bytes_max: usize) -> String {
+    let line: String = text
+        .split_whitespace()
+        .take(256)
+        .collect::<Vec<_>>()
+        .join(" ");
+    bounded(line, bytes_max)
+}
+
+/// The rows a session's preamble is built from, read from any source (the store, or rows in memory)
+/// with the context loaders' bounded walks. Hosts call this to answer `SpecialistEffect::LoadContext`.
+///
+/// # Errors
+/// [`LoadError`] when the task is missing or the source fails.
+pub fn context_rows<S: ThreadSource>(
+    src: &S,
+    request: &ContextRequest,
+    config: &ContextConfig,
+) -> Result<RowSet, LoadError> {
+    let mut rows = RowSet::default();
+    match request.start {
+        SessionStart::Fresh => {
+            let view = load_thread(src, request.task, config)?;
+            rows.put_task(view.task);
+            for t in view.ancestors {
+                rows.put_task(t);
+            }
+        }
+        SessionStart::Resume => {
+            let view = load_resume(src, request.task, config)?;
+            rows.put_task(view.task);
+            for t in view.earlier_attempts {
+                rows.put_task(t);
+            }
+            for entry in view.log {
+                rows.logs
+                    .entry(entry.task)
+                    .or_default()
+                    .push((entry.seq, entry.row));
+            }
+        }
+    }
+    Ok(rows)
+}
+
+impl Machine for Specialist {
+    type Input = SpecialistInput;
+    type Effect = SpecialistEffect;
+
+    fn handle(
+        &mut self,
+        input: SpecialistInput,
+        now: Millis,
+        _rng: &mut dyn Entropy,
+        out: &mut Vec<SpecialistEffect>,
+    ) {
+        match input {
+            SpecialistInput::Begin => {
+                if self.phase != Phase::Created {
+                    return;
+                }
+                out.push(SpecialistEffect::Emit(LifecycleEvent::SubagentStart {
+                    attempt: self.attempt,
+                }));
+                match self.continuity {
+                    Continuity::Fresh => {
+                        let prompt = self.scrubber.scrub(&self.brief.render()).text.into_owned();
+                        self.start_session(prompt, out);
+                    }
+                    Continuity::Standard { .. } | Continuity::Resume { .. } => {
+                        let start = match self.continuity {
+                            Continuity::Resume { .. } => SessionStart::Resume,
+                            _ => SessionStart::Fresh,
+                        };
+                        self.phase = Phase::Loading;
+                        out.push(SpecialistEffect::LoadContext(ContextRequest {
+                            task: self.attempt.task,
+                            start,
+                        }));
+                    }
+                }
+            }
+            SpecialistInput::ContextLoaded(loaded) => {
+                if self.phase != Phase::Loading {
+                    return;
+                }
+                let start = match self.continuity {
+                    Continuity::Resume { .. } => SessionStart::Resume,
+                    _ => SessionStart::Fresh,
+                };
+                let built = loaded.and_then(|rows| {
+                    context_for_task(
+                        &rows,
+                        self.attempt.task,
+                        start,
+                        &self.config.context,
+                        &self.scrubber,
+                    )
+                    .map_err(|e| e.to_string())
+                });
+                match built {
+                    Ok(report) => {
+                        let detail = match &report.preamble {
+                            Some(p) => {
+                                format!("{} preamble, {} of {} chars", p.kind, p.chars, p.chars_max)
+                            }
+                            None => "no preamble".to_string(),
+                        };
+                        self.log(LogKind::Lifecycle, "context built".into(), detail, now, out);
+                        self.start_session(report.prompt, out);
+                    }
+                    Err(e) => {
+                        self.phase = Phase::Running;
+                        let f = self.failure(
+                            FailureKind::Harness(ErrorCategory::System),
+                            true,
+                            None,
+                            format!("the context rows could not be loaded: {e}"),
+                        );
+                        self.finish(Err(f), now, out);
+                    }
+                }
+            }
+            SpecialistInput::Harness(event) => self.on_harness(event, now, out),
+            SpecialistInput::Msg(SpecialistMsg::Ack) => {
+                if matches!(self.phase, Phase::Reporting { .. }) {
+                    self.phase = Phase::Done;
+                    out.push(SpecialistEffect::Exit);
+                }
+            }
+            SpecialistInput::Msg(SpecialistMsg::Cancel { reason }) => match self.phase {
+                Phase::Created | Phase::Loading => {
+                    self.phase = Phase::Done;
+                    out.push(SpecialistEffect::Emit(LifecycleEvent::SubagentError {
+                        attempt: self.attempt,
+                        kind: FailureKind::Cancelled.name().to_string(),
+                    }));
+                    out.push(SpecialistEffect::Exit);
+                }
+                Phase::Running => {
+                    out.push(SpecialistEffect::CancelHarness);
+                    let f = self.failure(FailureKind::Cancelled, false, None, reason);
+                    self.finish(Err(f), now, out);
+                    // Nobody waits for a cancelled attempt's result: send it once and exit.
+                    self.phase = Phase::Done;
+                    out.push(SpecialistEffect::Exit);
+                }
+                Phase::Reporting { .. } => {
+                    self.phase = Phase::Done;
+                    out.push(SpecialistEffect::Exit);
+                }
+                Phase::Done => {}
+            },
+            SpecialistInput::Msg(SpecialistMsg::Delegated { turn, results }) => {
+                if self.phase == Phase::Running
+                    && turn <= self.delegate_turn
+                    && self.delegated_turns.insert(turn)
+                {
+                    out.push(SpecialistEffect::AnswerDelegation { turn, results });
+                }
+            }
+            SpecialistInput::Timer(SpecialistTimer::ResendResult(n)) => {
+                let Phase::Reporting { resends } = self.phase else {
+                    return;
+                };
+                if n != resends {
+                    return;
+                }
+                if resends >= self.config.resends_max {
+                    self.phase = Phase::Done;
+                    out.push(SpecialistEffect::Exit);
+                    return;
+                }
+                if let Some(result) = self.result.clone() {
+                    self.reply(SpecialistReply::Finished(result), out);
+                }
+                self.phase = Phase::Reporting {
+                    resends: resends + 1,
+                };
+                out.push(SpecialistEffect::SetTimer {
+                    timer: SpecialistTimer::ResendResult(resends + 1),
+                    at: now.saturating_add(self.config.resend_interval_ms),
+                });
+            }
+        }
+    }
 }

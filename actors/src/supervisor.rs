@@ -625,7 +625,7 @@ pub fn resolve_assignment(profile: &AgentProfile, harness: HarnessKind) -> Assig
     Assignment {
         agent: profile.name.clone(),
         harness,
-        model: profile.model.clone(),
+        model: crate::routing::model_for(profile).to_string(),
         account: profile.account.clone(),
     }
 }

@@ -1,0 +1,419 @@
+//! A small deterministic host for the machines in tests: one FIFO of inputs, a virtual clock, timers,
+//! an in-memory store that applies committed batches, and scripted harness sessions. It wires the real
+//! machines the way a runtime does, so end-to-end rules (batches, retries, recovery) can be checked
+//! without the simulator crate.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use keel_actors::context::{ContextConfig, RowSet};
+use keel_actors::specialist::context_rows;
+use keel_actors::*;
+use keel_harness::{HarnessEvent, SessionSpec, StopReason};
+use keel_store::{
+    AgentProfile, Checkpoint, DeadLetter, Escalation, IdempotencyRecord, ManifestEntry, Run, RunId,
+    SessionLogRow, Task, TaskId,
+};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+pub fn agent(name: &str, harness: &str, model: &str) -> AgentProfile {
+    AgentProfile {
+        name: name.into(),
+        description: String::new(),
+        harness: harness.into(),
+        model: model.into(),
+        account: format!("acct-{name}"),
+        tools: Vec::new(),
+        system_prompt: String::new(),
+        limits: Default::default(),
+    }
+}
+
+pub fn step(key: &str, deps: &[&str]) -> PlanStep {
+    PlanStep {
+        key: key.into(),
+        brief: format!("do {key}"),
+        goal: format!("goal of {key}"),
+        quality_criteria: vec!["cite sources".into()],
+        output_schema: None,
+        assignee: None,
+        depends_on: deps.iter().map(|d| d.to_string()).collect(),
+        estimate_micros: 0,
+    }
+}
+
+pub fn report_json(task: TaskId, status: &str, claim: &str) -> String {
+    let gaps = if status == "complete" {
+        "[]"
+    } else {
+        "[\"missing part\"]"
+    };
+    format!(
+        "Done.\n{{\"subtask_id\": \"{task}\", \"status\": \"{status}\", \"findings\": [{{\"claim\": \"{claim}\", \"source\": \"https://example.org/{claim}\", \"confidence_permille\": 800}}], \"gaps\": {gaps}, \"summary\": \"summary of {claim}\"}}"
+    )
+}
+
+/// What a scripted session does, given the attempt, its spec, and how many sessions this task had.
+pub type Script = Box<dyn FnMut(AttemptId, &SessionSpec) -> Vec<HarnessEvent>>;
+
+pub fn ok_script() -> Script {
+    Box::new(|a: AttemptId, _spec: &SessionSpec| {
+        vec![
+            HarnessEvent::Started {
+                native_session_id: Some("native-1".into()),
+                model: None,
+            },
+            HarnessEvent::tool_use("t1", "Read", "{\"path\":\"a\"}"),
+            HarnessEvent::tool_result("t1", false, "contents"),
+            HarnessEvent::Finished {
+                stop_reason: StopReason::EndTurn,
+                final_text: report_json(a.task, "complete", &format!("c{}", a.task.0 % 1000)),
+            },
+        ]
+    })
+}
+
+#[derive(Default, Debug, Clone)]
+pub struct MemStore {
+    pub runs: BTreeMap<RunId, Run>,
+    pub tasks: BTreeMap<TaskId, Task>,
+    pub logs: BTreeMap<TaskId, Vec<(u64, SessionLogRow)>>,
+    pub checkpoints: BTreeMap<RunId, Checkpoint>,
+    pub idempotency: Vec<IdempotencyRecord>,
+    pub manifest: Vec<ManifestEntry>,
+    pub dead_letters: Vec<DeadLetter>,
+    pub escalations: Vec<Escalation>,
+    pub commits: u64,
+}
+
+impl MemStore {
+    pub fn apply(&mut self, batch: &CommitBatch) {
+        self.commits += 1;
+        for (_run, op) in batch.ops() {
+            match op.clone() {
+                PersistOp::CreateRun(r) | PersistOp::UpdateRun(r) => {
+                    self.runs.insert(r.id, r);
+                }
+                PersistOp::CreateTask(t) | PersistOp::UpdateTask(t) => {
+                    self.tasks.insert(t.id, t);
+                }
+                PersistOp::AppendLog { task, row } => {
+                    let log = self.logs.entry(task).or_default();
+                    let seq = log.last().map_or(1, |(s, _)| s + 1);
+                    log.push((seq, row));
+                }
+                PersistOp::PutCheckpoint(c) => {
+                    self.checkpoints.insert(c.run_id, c);
+                }
+                PersistOp::AppendManifest(m) => self.manifest.push(m),
+                PersistOp::AppendDeadLetter(d) => self.dead_letters.push(d),
+                PersistOp::RecordIdempotency(r) => self.idempotency.push(r),
+                PersistOp::AppendAudit(_) => {}
+                PersistOp::AppendEscalation(e) => self.escalations.push(e),
+            }
+        }
+    }
+
+    pub fn rows(&self) -> RowSet {
+        RowSet {
+            tasks: self.tasks.clone(),
+            logs: self.logs.clone(),
+        }
+    }
+
+    pub fn recovered(&self, run: RunId) -> RecoveredRun {
+        RecoveredRun {
+            run: self.runs[&run].clone(),
+            checkpoint: self.checkpoints.get(&run).cloned(),
+            tasks: self
+                .tasks
+                .values()
+                .filter(|t| t.run_id == run)
+                .cloned()
+                .collect(),
+            idempotency: self.idempotency.clone(),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub enum Ev {
+    Coord(CoordinatorInput),
+    Sup(SupervisorInput),
+    Ck(CheckpointInput),
+    Spec(AttemptId, SpecialistInput),
+}
+
+pub struct World {
+    pub now: Millis,
+    pub rng: SplitMix64,
+    pub run: RunId,
+    pub coordinator: Coordinator,
+    pub supervisor: Supervisor,
+    pub checkpoint: CheckpointWriter,
+    pub specialists: BTreeMap<AttemptId, Specialist>,
+    pub queue: VecDeque<Ev>,
+    pub timers: BTreeMap<(Millis, u64), Ev>,
+    timer_seq: u64,
+    pub store: MemStore,
+    pub script: Script,
+    pub started_keys: Vec<IdempotencyKey>,
+    pub specs: Vec<(AttemptId, SessionSpec)>,
+    pub events: Vec<LifecycleEvent>,
+    pub effects_count: u64,
+    pub fail_commits: u32,
+    pub sup_config: SupervisorConfig,
+    pub coord_config: CoordinatorConfig,
+    pub max_live: usize,
+    pub delivered_acks: BTreeSet<AttemptId>,
+}
+
+impl World {
+    pub fn new(sup_config: SupervisorConfig, script: Script) -> Self {
+        Self {
+            now: 1_000_000,
+            rng: SplitMix64(7),
+            run: RunId(0x0123_4567_89AB_CDEF),
+            coordinator: Coordinator::new(CoordinatorConfig::default()),
+            supervisor: Supervisor::new(sup_config.clone()),
+            checkpoint: CheckpointWriter::new(CheckpointConfig::default()),
+            specialists: BTreeMap::new(),
+            queue: VecDeque::new(),
+            timers: BTreeMap::new(),
+            timer_seq: 0,
+            store: MemStore::default(),
+            script,
+            started_keys: Vec::new(),
+            specs: Vec::new(),
+            events: Vec::new(),
+            effects_count: 0,
+            fail_commits: 0,
+            sup_config,
+            coord_config: CoordinatorConfig::default(),
+            max_live: 0,
+            delivered_acks: BTreeSet::new(),
+        }
+    }
+
+    pub fn default_agents() -> SupervisorConfig {
+        SupervisorConfig {
+            agents: vec![
+                agent("alpha", "claude-code", "model-a"),
+                agent("beta", "codex", "model-b"),
+            ],
+            spawn_burst: 100,
+            spawn_interval_ms: 1,
+            ..SupervisorConfig::default()
+        }
+    }
+
+    pub fn submit(&mut self, mode: RunMode, budget: Option<u64>) {
+        self.queue
+            .push_back(Ev::Coord(CoordinatorInput::Msg(CoordinatorMsg::Accept(
+                RunSpec {
+                    run: self.run,
+                    brief: "the run's brief".into(),
+                    mode,
+                    budget_limit_micros: budget,
+                    config_snapshot: "test".into(),
+                },
+            ))));
+    }
+
+    fn timer(&mut self, at: Millis, ev: Ev) {
+        self.timer_seq += 1;
+        self.timers.insert((at.max(self.now), self.timer_seq), ev);
+    }
+
+    fn effects(&mut self, effects: Vec<Effect>) {
+        for e in effects {
+            self.effects_count += 1;
+            match e {
+                Effect::Send(Envelope::Coordinator { run, msg }) => {
+                    assert_eq!(run, self.run, "a message for another run");
+                    self.queue.push_back(Ev::Coord(CoordinatorInput::Msg(msg)));
+                }
+                Effect::Send(Envelope::Specialist { attempt, msg }) => {
+                    if msg == SpecialistMsg::Ack {
+                        self.delivered_acks.insert(attempt);
+                    }
+                    self.queue
+                        .push_back(Ev::Spec(attempt, SpecialistInput::Msg(msg)));
+                }
+                Effect::Send(Envelope::Supervisor(m)) => {
+                    self.queue.push_back(Ev::Sup(SupervisorInput::Msg(m)));
+                }
+                Effect::Send(Envelope::Checkpoint(m)) => {
+                    self.queue.push_back(Ev::Ck(CheckpointInput::Msg(m)));
+                }
+                Effect::Persist(batch) => {
+                    if self.fail_commits > 0 {
+                        self.fail_commits -= 1;
+                        self.queue.push_back(Ev::Ck(CheckpointInput::CommitFailed {
+                            id: batch.id,
+                            error: "injected disk fault".into(),
+                        }));
+                    } else {
+                        self.store.apply(&batch);
+                        self.queue
+                            .push_back(Ev::Ck(CheckpointInput::Committed(batch.id)));
+                    }
+                }
+                Effect::SpawnSpecialist(start) => {
+                    let attempt = start.attempt;
+                    let s = Specialist::new(start, SpecialistConfig::default());
+                    self.specialists.insert(attempt, s);
+                    self.max_live = self.max_live.max(self.supervisor.live_count());
+                    self.queue
+                        .push_back(Ev::Spec(attempt, SpecialistInput::Begin));
+                }
+                Effect::StopSpecialist { attempt, reason } => {
+                    self.queue.push_back(Ev::Spec(
+                        attempt,
+                        SpecialistInput::Msg(SpecialistMsg::Cancel { reason }),
+                    ));
+                }
+                Effect::SetTimer { key, at } => {
+                    let ev = match key {
+                        TimerKey::Coordinator(_, t) => Ev::Coord(CoordinatorInput::Timer(t)),
+                        TimerKey::Supervisor(t) => Ev::Sup(SupervisorInput::Timer(t)),
+                        TimerKey::Checkpoint(t) => Ev::Ck(CheckpointInput::Timer(t)),
+                    };
+                    self.timer(at, ev);
+                }
+                Effect::Emit(ev) => self.events.push(ev),
+            }
+        }
+    }
+
+    fn specialist_effects(&mut self, attempt: AttemptId, effects: Vec<SpecialistEffect>) {
+        for e in effects {
+            self.effects_count += 1;
+            match e {
+                SpecialistEffect::LoadContext(req) => {
+                    let rows = context_rows(&self.store.rows(), &req, &ContextConfig::default())
+                        .map_err(|e| e.to_string());
+                    self.queue
+                        .push_back(Ev::Spec(attempt, SpecialistInput::ContextLoaded(rows)));
+                }
+                SpecialistEffect::StartHarness { key, spec } => {
+                    assert!(
+                        !self.started_keys.contains(&key),
+                        "a session was started twice with idempotency key {key}"
+                    );
+                    assert!(
+                        self.store.idempotency.iter().any(|r| r.key == key.0),
+                        "a session started before its idempotency key was durable"
+                    );
+                    self.started_keys.push(key);
+                    let events = (self.script)(attempt, &spec);
+                    self.specs.push((attempt, *spec));
+                    for ev in events {
+                        self.queue
+                            .push_back(Ev::Spec(attempt, SpecialistInput::Harness(ev)));
+                    }
+                }
+                SpecialistEffect::CancelHarness | SpecialistEffect::AnswerDelegation { .. } => {}
+                SpecialistEffect::Reply(to, reply) => {
+                    assert_eq!(
+                        to.attempt(),
+                        attempt,
+                        "a specialist replied for another attempt"
+                    );
+                    self.queue.push_back(Ev::Coord(CoordinatorInput::Msg(
+                        CoordinatorMsg::Specialist {
+                            from: to.attempt(),
+                            reply,
+                        },
+                    )));
+                }
+                SpecialistEffect::SetTimer { timer, at } => {
+                    self.timer(at, Ev::Spec(attempt, SpecialistInput::Timer(timer)));
+                }
+                SpecialistEffect::Emit(ev) => self.events.push(ev),
+                SpecialistEffect::Exit => {
+                    self.specialists.remove(&attempt);
+                }
+            }
+        }
+    }
+
+    /// Handle one input; false when nothing is left.
+    pub fn step(&mut self) -> bool {
+        let ev = match self.queue.pop_front() {
+            Some(ev) => ev,
+            None => match self.timers.pop_first() {
+                Some(((at, _), ev)) => {
+                    self.now = self.now.max(at);
+                    ev
+                }
+                None => return false,
+            },
+        };
+        let mut out = Vec::new();
+        match ev {
+            Ev::Coord(i) => {
+                self.coordinator
+                    .handle(i, self.now, &mut self.rng, &mut out);
+                self.effects(out);
+            }
+            Ev::Sup(i) => {
+                self.supervisor.handle(i, self.now, &mut self.rng, &mut out);
+                assert!(self.supervisor.live_count() <= self.sup_config.specialists_max as usize);
+                self.effects(out);
+            }
+            Ev::Ck(i) => {
+                self.checkpoint.handle(i, self.now, &mut self.rng, &mut out);
+                self.effects(out);
+            }
+            Ev::Spec(a, i) => {
+                let mut sout = Vec::new();
+                if let Some(s) = self.specialists.get_mut(&a) {
+                    s.handle(i, self.now, &mut self.rng, &mut sout);
+                }
+                self.specialist_effects(a, sout);
+            }
+        }
+        true
+    }
+
+    /// Run until the run is terminal and nothing is queued, or `steps_max` inputs were handled.
+    pub fn run(&mut self, steps_max: usize) -> usize {
+        for n in 0..steps_max {
+            if self.coordinator.is_terminal() && self.queue.is_empty() {
+                return n;
+            }
+            if !self.step() {
+                return n;
+            }
+        }
+        steps_max
+    }
+
+    /// Lose everything in memory (machines, queued messages, timers); keep the store. Then recover.
+    pub fn crash_and_recover(&mut self) {
+        self.coordinator = Coordinator::new(self.coord_config.clone());
+        self.supervisor = Supervisor::new(self.sup_config.clone());
+        self.checkpoint = CheckpointWriter::new(CheckpointConfig::default());
+        self.specialists.clear();
+        self.queue.clear();
+        self.timers.clear();
+        if self.store.runs.contains_key(&self.run) {
+            let rows = self.store.recovered(self.run);
+            self.queue
+                .push_back(Ev::Coord(CoordinatorInput::Recovered(Box::new(rows))));
+        }
+    }
+
+    pub fn run_status(&self) -> Option<keel_store::RunStatus> {
+        self.store.runs.get(&self.run).map(|r| r.status)
+    }
+
+    pub fn decisions(&self) -> Vec<String> {
+        self.store
+            .tasks
+            .values()
+            .filter(|t| t.kind == keel_store::TaskKind::Root)
+            .flat_map(|t| self.store.logs.get(&t.id).cloned().unwrap_or_default())
+            .map(|(_, r)| r.summary)
+            .collect()
+    }
+}

@@ -1,0 +1,487 @@
+//! The coordinator's rules, checked end to end with the real supervisor, checkpoint writer and
+//! specialists on a deterministic in-memory host.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use keel_actors::*;
+use keel_harness::{HarnessError, HarnessEvent, StopReason};
+use keel_store::{RunStatus, TaskKind, TaskStatus};
+
+struct Expect<'a> {
+    status: RunStatus,
+    coverage: &'a [(&'a str, &'a str)],
+}
+
+/// Run a plan to the end and compare the run's status and the synthesis' coverage table.
+fn check(plan: Plan, script: Script, budget: Option<u64>, expect: Expect<'_>) -> World {
+    let mut w = World::new(World::default_agents(), script);
+    w.submit(RunMode::Plan(plan), budget);
+    let steps = w.run(100_000);
+    assert!(steps < 100_000, "the run did not settle");
+    assert!(w.coordinator.is_terminal(), "the run is not terminal");
+    assert_eq!(
+        w.run_status(),
+        Some(expect.status),
+        "decisions: {:#?}",
+        w.decisions()
+    );
+    if !expect.coverage.is_empty() {
+        let outcome = w.store.runs[&w.run].outcome.clone().unwrap_or_default();
+        let synthesis: Synthesis = serde_json::from_str(&outcome).expect("a synthesis");
+        let got: Vec<(String, String)> = synthesis
+            .coverage
+            .iter()
+            .map(|c| (c.step.clone(), c.status.clone()))
+            .collect();
+        let want: Vec<(String, String)> = expect
+            .coverage
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect();
+        assert_eq!(got, want);
+        assert_eq!(
+            synthesis.partial_coverage,
+            want.iter().any(|(_, s)| s != "complete")
+        );
+    }
+    w
+}
+
+fn plan(steps: Vec<PlanStep>) -> Plan {
+    Plan {
+        steps,
+        constraints: vec!["stay read-only".into()],
+    }
+}
+
+#[test]
+fn a_plan_runs_in_topological_batches_and_ends_with_a_synthesis() {
+    let w = check(
+        plan(vec![step("a", &[]), step("b", &[]), step("c", &["a", "b"])]),
+        ok_script(),
+        None,
+        Expect {
+            status: RunStatus::Completed,
+            coverage: &[("a", "complete"), ("b", "complete"), ("c", "complete")],
+        },
+    );
+    // a and b started before either finished; c started only after both were durable.
+    let order: Vec<String> = w
+        .specs
+        .iter()
+        .map(|(a, _)| {
+            w.store.tasks[&a.task]
+                .brief
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect();
+    assert_eq!(order, vec!["do a", "do b", "do c"]);
+    let decisions = w.decisions();
+    assert!(
+        decisions
+            .iter()
+            .any(|d| d.contains("plan accepted: 3 steps in 2 batches"))
+    );
+    assert!(
+        decisions
+            .iter()
+            .any(|d| d.contains("dispatch batch 1 together: [a, b]"))
+    );
+    assert!(decisions.iter().any(|d| d.contains("synthesis")));
+    // Every acknowledged result was durable first: the ack set equals the set of accepted attempts.
+    assert_eq!(w.delivered_acks.len(), 3);
+    for a in &w.delivered_acks {
+        assert_eq!(w.store.tasks[&a.task].status, TaskStatus::Complete);
+    }
+}
+
+#[test]
+fn a_dependent_step_gets_only_its_dependencies_findings_and_the_constraints() {
+    let w = check(
+        plan(vec![step("a", &[]), step("b", &[]), step("c", &["a"])]),
+        ok_script(),
+        None,
+        Expect {
+            status: RunStatus::Completed,
+            coverage: &[],
+        },
+    );
+    let (a, _) = &w.specs[0];
+    let (_, c_spec) = w
+        .specs
+        .iter()
+        .find(|(x, _)| w.store.tasks[&x.task].brief.starts_with("do c"))
+        .unwrap();
+    let a_claim = format!("c{}", a.task.0 % 1000);
+    let b = &w.specs[1].0;
+    let b_claim = format!("c{}", b.task.0 % 1000);
+    assert!(c_spec.prompt.contains(&a_claim), "c must see a's finding");
+    assert!(
+        !c_spec.prompt.contains(&format!("\"{b_claim}\"")),
+        "c must not see b's finding"
+    );
+    assert!(
+        c_spec.prompt.contains("stay read-only"),
+        "constraints are restated"
+    );
+    assert!(c_spec.prompt.contains("Goal: goal of c"));
+}
+
+#[test]
+fn a_cyclic_plan_is_rejected_and_nothing_is_dispatched() {
+    let w = check(
+        plan(vec![step("a", &["b"]), step("b", &["a"])]),
+        ok_script(),
+        None,
+        Expect {
+            status: RunStatus::Failed,
+            coverage: &[],
+        },
+    );
+    assert!(w.specs.is_empty());
+    assert!(
+        w.store.runs[&w.run]
+            .outcome
+            .as_deref()
+            .unwrap_or("")
+            .contains("cycle")
+    );
+}
+
+fn failing_once(kind: &'static str) -> Script {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut ok = ok_script();
+    Box::new(move |a: AttemptId, spec: &keel_harness::SessionSpec| {
+        let first_of_step = spec.prompt.contains("do b") && seen.insert("b");
+        if first_of_step {
+            let err = match kind {
+                "transient" => HarnessError::transient("500 from the endpoint"),
+                "rate" => HarnessError::rate_limited("429", None, Some(1000)),
+                "overflow" => {
+                    HarnessError::new(keel_harness::ErrorCategory::ContextOverflow, "SIGTERM 143")
+                }
+                _ => HarnessError::new(keel_harness::ErrorCategory::BusinessRule, "bad request"),
+            };
+            vec![HarnessEvent::Failed(err)]
+        } else {
+            ok(a, spec)
+        }
+    })
+}
+
+#[test]
+fn only_the_failed_step_is_retried() {
+    let w = check(
+        plan(vec![step("a", &[]), step("b", &[])]),
+        failing_once("transient"),
+        None,
+        Expect {
+            status: RunStatus::Completed,
+            coverage: &[("a", "complete"), ("b", "complete")],
+        },
+    );
+    // a ran once, b twice (same task, attempt 2, with a resume preamble).
+    let a_runs = w
+        .specs
+        .iter()
+        .filter(|(_, s)| s.prompt.contains("do a"))
+        .count();
+    assert_eq!(a_runs, 1);
+    let b: Vec<&AttemptId> = w
+        .specs
+        .iter()
+        .filter(|(_, s)| s.prompt.contains("do b"))
+        .map(|(a, _)| a)
+        .collect();
+    assert_eq!(b.len(), 2);
+    assert_eq!(b[0].task, b[1].task);
+    assert_eq!((b[0].attempt, b[1].attempt), (1, 2));
+    assert!(
+        w.specs
+            .last()
+            .unwrap()
+            .1
+            .prompt
+            .contains("Continue the task above")
+    );
+    assert!(w.decisions().iter().any(|d| d.contains("restart after")));
+}
+
+#[test]
+fn a_rate_limit_moves_the_step_to_another_harness_with_the_new_assignees_model() {
+    let w = check(
+        plan(vec![step("b", &[])]),
+        failing_once("rate"),
+        None,
+        Expect {
+            status: RunStatus::Completed,
+            coverage: &[("b", "complete")],
+        },
+    );
+    assert_eq!(w.specs.len(), 2);
+    let (first, first_spec) = &w.specs[0];
+    let (second, second_spec) = &w.specs[1];
+    assert_eq!(first_spec.model, "model-a");
+    assert_eq!(
+        second_spec.model, "model-b",
+        "the model comes from the new assignee"
+    );
+    let redispatch = &w.store.tasks[&second.task];
+    assert_eq!(redispatch.kind, TaskKind::Redispatch);
+    assert_eq!(redispatch.parent, Some(first.task));
+    assert_eq!(redispatch.model.as_deref(), Some("model-b"));
+    assert!(
+        second_spec.prompt.contains("Continue the task above"),
+        "a resume preamble"
+    );
+}
+
+#[test]
+fn context_overflow_is_redispatched_with_a_bounded_resume_preamble() {
+    let w = check(
+        plan(vec![step("b", &[])]),
+        failing_once("overflow"),
+        None,
+        Expect {
+            status: RunStatus::Completed,
+            coverage: &[("b", "complete")],
+        },
+    );
+    let (second, spec) = &w.specs[1];
+    assert_eq!(w.store.tasks[&second.task].kind, TaskKind::Redispatch);
+    assert!(
+        spec.prompt.chars().count() <= 16_000 + 2_000,
+        "bounded by the resume cap"
+    );
+}
+
+#[test]
+fn a_non_retryable_failure_is_a_failure_and_coverage_is_annotated() {
+    let w = check(
+        plan(vec![step("a", &[]), step("b", &[]), step("c", &["b"])]),
+        failing_once("business"),
+        None,
+        Expect {
+            status: RunStatus::Completed,
+            coverage: &[("a", "complete"), ("b", "failed"), ("c", "skipped")],
+        },
+    );
+    assert_eq!(w.store.dead_letters.len(), 1);
+    let b = w
+        .store
+        .tasks
+        .values()
+        .find(|t| t.brief.starts_with("do b"))
+        .unwrap();
+    assert_eq!(b.status, TaskStatus::Failed);
+    assert!(
+        w.specs.iter().all(|(_, s)| !s.prompt.contains("do c")),
+        "c never ran"
+    );
+}
+
+#[test]
+fn a_run_where_every_step_fails_is_a_failed_run_not_an_empty_success() {
+    let script: Script = Box::new(|_a, _s| {
+        vec![HarnessEvent::Finished {
+            stop_reason: StopReason::EndTurn,
+            final_text: "I could not do it, sorry.".into(),
+        }]
+    });
+    let w = check(
+        plan(vec![step("a", &[])]),
+        script,
+        None,
+        Expect {
+            status: RunStatus::Failed,
+            coverage: &[],
+        },
+    );
+    // Malformed output is retried up to the retry budget, then dead-lettered.
+    assert_eq!(w.store.dead_letters.len(), 1);
+    assert!(w.specs.len() >= 2);
+}
+
+#[test]
+fn a_budget_trip_refuses_spawns_and_ends_the_run_with_a_budget_outcome() {
+    let script: Script = Box::new(|a, _s| {
+        vec![
+            HarnessEvent::Usage(keel_harness::UsageReport {
+                scope: keel_harness::UsageScope::SessionTotal,
+                counts: keel_harness::TokenCounts {
+                    cost_micros: Some(600),
+                    ..Default::default()
+                },
+            }),
+            HarnessEvent::Finished {
+                stop_reason: StopReason::EndTurn,
+                final_text: report_json(a.task, "complete", "x"),
+            },
+        ]
+    });
+    let w = check(
+        plan(vec![step("a", &[]), step("b", &[]), step("c", &["a"])]),
+        script,
+        Some(1_000),
+        Expect {
+            status: RunStatus::BudgetExceeded,
+            coverage: &[],
+        },
+    );
+    assert!(
+        w.specs.iter().all(|(_, s)| !s.prompt.contains("do c")),
+        "no spawn after the trip"
+    );
+    assert!(w.events.iter().any(|e| matches!(
+        e,
+        LifecycleEvent::RunFinished {
+            status: RunStatus::BudgetExceeded,
+            ..
+        }
+    )));
+}
+
+#[test]
+fn recovery_after_a_crash_does_not_rerun_acknowledged_work() {
+    let mut w = World::new(World::default_agents(), ok_script());
+    w.submit(
+        RunMode::Plan(plan(vec![
+            step("a", &[]),
+            step("b", &[]),
+            step("c", &["a", "b"]),
+        ])),
+        None,
+    );
+    // Run until a and b are durable but c has not finished.
+    let ab_done = |w: &World| {
+        let steps = w.coordinator.steps();
+        !steps.is_empty()
+            && steps
+                .iter()
+                .filter(|s| s.0 != "c")
+                .all(|s| s.1 == StepStatus::Done)
+    };
+    while !ab_done(&w) {
+        assert!(w.step());
+    }
+    let before: Vec<AttemptId> = w.specs.iter().map(|(a, _)| *a).collect();
+    w.crash_and_recover();
+    w.run(100_000);
+    assert_eq!(w.run_status(), Some(RunStatus::Completed));
+    let after: Vec<AttemptId> = w.specs.iter().map(|(a, _)| *a).skip(before.len()).collect();
+    // Only c ran after the crash (a and b are acknowledged).
+    assert!(
+        after
+            .iter()
+            .all(|a| w.store.tasks[&a.task].brief.starts_with("do c")),
+        "{after:?}"
+    );
+    assert!(
+        w.decisions()
+            .iter()
+            .any(|d| d.contains("recovered from checkpoint: 2 steps durable"))
+    );
+}
+
+#[test]
+fn a_crash_at_every_input_boundary_ends_with_the_same_reports() {
+    let (reference, total_inputs) = {
+        let mut w = World::new(World::default_agents(), ok_script());
+        w.submit(
+            RunMode::Plan(plan(vec![step("a", &[]), step("b", &["a"])])),
+            None,
+        );
+        let n = w.run(100_000);
+        (w, n)
+    };
+    assert!(
+        total_inputs > 20,
+        "the reference run is not trivial: {total_inputs} inputs"
+    );
+    let claims = |w: &World| -> Vec<String> {
+        let mut v: Vec<String> = w
+            .coordinator
+            .steps()
+            .into_iter()
+            .map(|(k, _, o)| match o {
+                Some(StepOutcome::Report(r)) => format!("{k}:{:?}:{}", r.status, r.findings.len()),
+                other => format!("{k}:{other:?}"),
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let want = claims(&reference);
+    for crash_at in 1..=total_inputs {
+        let mut w = World::new(World::default_agents(), ok_script());
+        w.submit(
+            RunMode::Plan(plan(vec![step("a", &[]), step("b", &["a"])])),
+            None,
+        );
+        for _ in 0..crash_at {
+            if !w.step() {
+                break;
+            }
+        }
+        w.crash_and_recover();
+        w.run(100_000);
+        if !w.store.runs.contains_key(&w.run) {
+            continue; // crashed before the run row was durable: nothing was accepted
+        }
+        assert_eq!(
+            w.run_status(),
+            Some(RunStatus::Completed),
+            "crash at {crash_at}"
+        );
+        assert_eq!(claims(&w), want, "crash at {crash_at}");
+    }
+}
+
+#[test]
+fn a_lead_agent_delegates_turns_and_gets_their_outcomes() {
+    let mut turn_sent = false;
+    let script: Script = Box::new(move |a, spec| {
+        if spec.prompt.starts_with("the run's brief") && !turn_sent {
+            turn_sent = true;
+            vec![
+                HarnessEvent::tool_use(
+                    "d1",
+                    "mcp__keel__delegate",
+                    "{\"calls\":[{\"call_id\":\"x\",\"brief\":\"do x\",\"goal\":\"gx\",\"quality_criteria\":[],\"output_schema\":null,\"assignee\":null},{\"call_id\":\"y\",\"brief\":\"do y\",\"goal\":\"gy\",\"quality_criteria\":[],\"output_schema\":null,\"assignee\":null}]}",
+                ),
+                HarnessEvent::Finished {
+                    stop_reason: StopReason::EndTurn,
+                    final_text: report_json(a.task, "complete", "lead"),
+                },
+            ]
+        } else {
+            vec![HarnessEvent::Finished {
+                stop_reason: StopReason::EndTurn,
+                final_text: report_json(a.task, "complete", "sub"),
+            }]
+        }
+    });
+    let mut w = World::new(World::default_agents(), script);
+    w.submit(
+        RunMode::Lead {
+            agent: Some("alpha".into()),
+            constraints: vec![],
+        },
+        None,
+    );
+    w.run(100_000);
+    assert_eq!(w.run_status(), Some(RunStatus::Completed));
+    let steps = w.coordinator.steps();
+    let keys: Vec<&str> = steps.iter().map(|s| s.0.as_str()).collect();
+    assert_eq!(keys, vec!["lead", "t1.0", "t1.1"]);
+    assert!(
+        steps
+            .iter()
+            .all(|s| matches!(s.2, Some(StepOutcome::Report(_))))
+    );
+}
