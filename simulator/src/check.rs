@@ -1,0 +1,763 @@
+//! The invariant checker: sees every effect the machines emit and every input they get, and keeps what
+//! it saw (the [`Observed`] record) across crashes, because it stands for the outside world: a harness
+//! session that was started stays started even if the node that asked for it forgot.
+//!
+//! Checks are made at the moment a rule could break (an effect about to run), plus after every event
+//! (limits) and at the end (liveness). The first violation stops the run.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use keel_actors::context::is_slash_skill_line;
+use keel_actors::{
+    AttemptId, Continuity, CoordinatorInput, CoordinatorMsg, Effect, Envelope, LifecycleEvent,
+    Refusal, SpecialistEffect, SpecialistMsg, SpecialistReply, SpecialistStart, SubagentReport,
+    Supervisor, SupervisorMsg, Verdict,
+};
+use keel_store::{LogKind, RunId, RunStatus, SessionLogRow, TaskId, TaskKind};
+
+use crate::config::WorldConfig;
+use crate::harness::PLANTED_SECRET;
+use crate::profile::HarnessBehaviour;
+use crate::queue::SimMillis;
+use crate::violation::{Invariant, Violation};
+
+/// Flags and words that would make a harness resume its own session (DESIGN.md §6).
+pub const NATIVE_RESUME_MARKERS: [&str; 5] = [
+    "--resume",
+    "--continue",
+    "resumeThread",
+    "--session",
+    "resume_thread",
+];
+
+/// Slack allowed around a preamble's cap for the framing the builders add (tag lines, the resume
+/// instruction); the cap itself is the builders' to keep, this only catches growth.
+pub const PREAMBLE_FRAMING_CHARS_MAX: usize = 512;
+
+/// What was admitted for one attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpawnObs {
+    /// The run.
+    pub run: RunId,
+    /// The plan step.
+    pub step: String,
+    /// Why the task exists.
+    pub kind: TaskKind,
+    /// How its session gets continuity.
+    pub continuity: Continuity,
+    /// The agent it runs as.
+    pub agent: String,
+    /// The harness that runs it.
+    pub harness: String,
+    /// The model the supervisor resolved.
+    pub model: String,
+    /// The brief text as the coordinator gave it.
+    pub brief: String,
+}
+
+/// One harness session start, as the world saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionObs {
+    /// The attempt.
+    pub attempt: AttemptId,
+    /// Its spawn record, if the checker saw it (it always does: a specialist exists only by a spawn).
+    pub step: String,
+    /// The model the spec carries.
+    pub model: String,
+    /// The preamble kind found in the prompt (`standard`, `resume`), if any.
+    pub preamble: Option<String>,
+    /// Characters of the preamble.
+    pub preamble_chars: usize,
+    /// Characters of the whole prompt.
+    pub prompt_chars: usize,
+    /// Whether the preamble says something was cut to fit.
+    pub preamble_truncated: bool,
+}
+
+/// Everything the checker saw, for the scenario tests.
+#[derive(Debug, Clone, Default)]
+pub struct Observed {
+    /// Spawns that reached a worker, by attempt.
+    pub spawns: BTreeMap<AttemptId, SpawnObs>,
+    /// Every harness session start, in order.
+    pub sessions: Vec<SessionObs>,
+    /// The scripted behaviour of each attempt's session.
+    pub behaviours: BTreeMap<AttemptId, HarnessBehaviour>,
+    /// What each attempt reported last: `true` for a report, `false` for a failure.
+    pub results: BTreeMap<AttemptId, bool>,
+    /// Reports sent by attempts, by attempt.
+    pub reports: BTreeMap<AttemptId, SubagentReport>,
+    /// Attempts a coordinator acknowledged.
+    pub acked: BTreeSet<AttemptId>,
+    /// Per task, the attempts whose *report* (not failure) was acknowledged.
+    pub accepted_reports: BTreeMap<TaskId, BTreeSet<AttemptId>>,
+    /// Results delivered to a coordinator from an attempt that was not the accepted one of its task,
+    /// after another attempt's report had been accepted (late duplicates).
+    pub late_results: Vec<AttemptId>,
+    /// Run-finished events, by run (last one wins).
+    pub run_finished: BTreeMap<RunId, (RunStatus, String)>,
+    /// Admissions that were refused, with the reason.
+    pub refusals: Vec<(AttemptId, Refusal)>,
+    /// Admissions granted.
+    pub admissions: u64,
+    /// Specialists the coordinator node asked to stop.
+    pub stops: Vec<AttemptId>,
+    /// Verdicts about failed attempts (from `Verdict` and `AttemptLost`).
+    pub verdicts: Vec<(AttemptId, Verdict)>,
+    /// Attempts the supervisor gave up on (deadline or node down).
+    pub lost: Vec<AttemptId>,
+    /// Runs whose budget tripped.
+    pub budget_trips: Vec<RunId>,
+    /// Specs that carried a native resume marker (must stay 0).
+    pub native_resume_calls: u64,
+    /// Idempotency keys of started sessions.
+    pub keys_started: BTreeMap<String, AttemptId>,
+    /// How often the coordinator node crashed.
+    pub coordinator_crashes: u32,
+    /// Session log rows each attempt sent, by its own sequence number.
+    pub logs: BTreeMap<AttemptId, BTreeMap<u32, SessionLogRow>>,
+    /// Admissions granted while a run's budget had tripped.
+    pub admissions_after_trip: u64,
+}
+
+/// The checker of one seed.
+#[derive(Debug)]
+pub struct Checker {
+    seed: u64,
+    violation: Option<Violation>,
+    observed: Observed,
+    specialists_max: u32,
+    depth_max: u8,
+    resume_chars_max: usize,
+    standard_chars_max: usize,
+    runs: BTreeSet<RunId>,
+    first_prompt_chars: BTreeMap<TaskId, usize>,
+    tripped: BTreeSet<RunId>,
+    depths: BTreeMap<AttemptId, u8>,
+}
+
+impl Checker {
+    /// A checker for a world of `config` running `runs`.
+    pub fn new(seed: u64, config: &WorldConfig, runs: &[keel_actors::RunSpec]) -> Self {
+        Self {
+            seed,
+            violation: None,
+            observed: Observed::default(),
+            specialists_max: config.supervisor.specialists_max,
+            depth_max: config.supervisor.depth_max,
+            resume_chars_max: config.specialist.context.resume_chars_max(),
+            standard_chars_max: config.specialist.context.standard_chars_max(),
+            runs: runs.iter().map(|r| r.run).collect(),
+            first_prompt_chars: BTreeMap::new(),
+            tripped: BTreeSet::new(),
+            depths: BTreeMap::new(),
+        }
+    }
+
+    fn fail(&mut self, event: u64, invariant: Invariant, detail: String) {
+        if self.violation.is_none() {
+            self.violation = Some(Violation {
+                seed: self.seed,
+                event,
+                invariant,
+                detail,
+            });
+        }
+    }
+
+    /// The first violation, if any.
+    pub fn violation(&self) -> Option<&Violation> {
+        self.violation.as_ref()
+    }
+
+    /// What was seen.
+    pub fn into_observed(self) -> Observed {
+        self.observed
+    }
+
+    /// The world itself hit a bound.
+    pub fn world_bound(&mut self, event: u64, detail: String) {
+        self.fail(event, Invariant::WorldBound, detail);
+    }
+
+    /// The plan step an attempt works on.
+    pub fn step_of(&self, attempt: AttemptId) -> Option<String> {
+        self.observed.spawns.get(&attempt).map(|s| s.step.clone())
+    }
+
+    /// Whether a run-finished event was seen for `run`.
+    pub fn run_finished(&self, run: RunId) -> bool {
+        self.observed.run_finished.contains_key(&run)
+    }
+
+    /// The coordinator node went down.
+    pub fn coordinator_crashed(&mut self) {
+        self.observed.coordinator_crashes += 1;
+    }
+
+    /// A session's scripted behaviour was chosen.
+    pub fn session_behaviour(&mut self, attempt: AttemptId, behaviour: HarnessBehaviour) {
+        self.observed.behaviours.insert(attempt, behaviour);
+    }
+
+    /// A commit failed: only a disk fault may cause that; a staging error is a bug in the machines
+    /// (a run mismatch is an isolation breach).
+    pub fn commit_failed(&mut self, event: u64, error: &crate::store_host::StoreHostError) {
+        use crate::store_host::StoreHostError;
+        if let StoreHostError::Stage { source, .. } = error {
+            let invariant = if matches!(source, keel_store::StageError::RunMismatch { .. }) {
+                Invariant::RunIsolation
+            } else {
+                Invariant::WorldBound
+            };
+            self.fail(
+                event,
+                invariant,
+                format!("a persist op was refused at staging: {error}"),
+            );
+        }
+    }
+
+    /// Limits that must hold after every event (DESIGN.md §12, invariant 8).
+    pub fn after_event(&mut self, event: u64, supervisor: &Supervisor) {
+        let live = supervisor.live_count();
+        if live > self.specialists_max as usize {
+            self.fail(
+                event,
+                Invariant::LimitsHold,
+                format!("{live} live specialists, limit {}", self.specialists_max),
+            );
+        }
+    }
+
+    /// An input reaches a coordinator.
+    pub fn coordinator_input(&mut self, _event: u64, _run: RunId, input: &CoordinatorInput) {
+        if let CoordinatorInput::Msg(CoordinatorMsg::Specialist {
+            from,
+            reply: SpecialistReply::Finished(_),
+        }) = input
+            && let Some(accepted) = self.observed.accepted_reports.get(&from.task)
+            && !accepted.is_empty()
+            && !accepted.contains(from)
+        {
+            self.observed.late_results.push(*from);
+        }
+    }
+
+    /// An effect of a coordinator-node machine is about to run.
+    pub fn coord_effect(
+        &mut self,
+        event: u64,
+        _now: SimMillis,
+        from_run: Option<RunId>,
+        effect: &Effect,
+        supervisor: Option<&Supervisor>,
+    ) {
+        match effect {
+            Effect::Send(envelope) => {
+                if let Some(from) = from_run {
+                    let target = match envelope {
+                        Envelope::Coordinator { run, .. } => Some(*run),
+                        Envelope::Specialist { attempt, .. } => Some(attempt.run),
+                        _ => None,
+                    };
+                    if let Some(target) = target
+                        && target != from
+                    {
+                        self.fail(
+                            event,
+                            Invariant::RunIsolation,
+                            format!("the coordinator of run {from} addressed run {target}"),
+                        );
+                    }
+                }
+                match envelope {
+                    Envelope::Specialist {
+                        attempt,
+                        msg: SpecialistMsg::Ack,
+                    } => self.acked(event, *attempt),
+                    Envelope::Coordinator { run, msg } => {
+                        self.coordinator_msg(event, *run, msg, supervisor)
+                    }
+                    Envelope::Supervisor(SupervisorMsg::Admit(request)) => {
+                        self.depths.insert(request.attempt, request.depth);
+                    }
+                    _ => {}
+                }
+            }
+            Effect::Persist(batch) => {
+                for stage in &batch.stages {
+                    for op in &stage.ops {
+                        if let Some(other) = op_run(op)
+                            && other != stage.run
+                        {
+                            self.fail(
+                                event,
+                                Invariant::RunIsolation,
+                                format!(
+                                    "a stage of run {} writes a row of run {other} ({})",
+                                    stage.run,
+                                    op.name()
+                                ),
+                            );
+                        }
+                    }
+                }
+            }
+            Effect::SpawnSpecialist(start) => {
+                let profile_model = crate::setup::model_of(&start.assignment.agent);
+                if profile_model.as_deref() != Some(start.assignment.model.as_str()) {
+                    self.fail(
+                        event,
+                        Invariant::ModelFromAssignee,
+                        format!(
+                            "attempt {} of agent {} got model {} (profile: {:?})",
+                            start.attempt,
+                            start.assignment.agent,
+                            start.assignment.model,
+                            profile_model
+                        ),
+                    );
+                }
+            }
+            Effect::StopSpecialist { attempt, .. } => self.observed.stops.push(*attempt),
+            Effect::Emit(LifecycleEvent::RunFinished {
+                run,
+                status,
+                outcome,
+            }) => {
+                self.observed
+                    .run_finished
+                    .insert(*run, (*status, outcome.clone()));
+            }
+            _ => {}
+        }
+    }
+
+    fn coordinator_msg(
+        &mut self,
+        event: u64,
+        run: RunId,
+        msg: &CoordinatorMsg,
+        supervisor: Option<&Supervisor>,
+    ) {
+        match msg {
+            CoordinatorMsg::Admission { attempt, answer } => match answer {
+                Ok(_) => {
+                    self.observed.admissions += 1;
+                    if let Some(depth) = self.depths.get(attempt)
+                        && *depth > self.depth_max
+                    {
+                        self.fail(
+                            event,
+                            Invariant::LimitsHold,
+                            format!(
+                                "attempt {attempt} admitted at depth {depth}, limit {}",
+                                self.depth_max
+                            ),
+                        );
+                    }
+                    if self.tripped.contains(&attempt.run) {
+                        self.observed.admissions_after_trip += 1;
+                        self.fail(
+                            event,
+                            Invariant::LimitsHold,
+                            format!(
+                                "attempt {attempt} admitted after run {}'s budget tripped",
+                                attempt.run
+                            ),
+                        );
+                    }
+                    if let Some(ledger) = supervisor.and_then(|s| s.ledger(attempt.run))
+                        && let Some(limit) = ledger.limit_micros
+                        && ledger.reserved_micros.saturating_add(ledger.spent_micros) > limit
+                        && ledger.reserved_micros > 0
+                    {
+                        self.fail(
+                            event,
+                            Invariant::LimitsHold,
+                            format!(
+                                "attempt {attempt} admitted with {} reserved + {} spent over a limit of {limit}",
+                                ledger.reserved_micros, ledger.spent_micros
+                            ),
+                        );
+                    }
+                }
+                Err(refusal) => self.observed.refusals.push((*attempt, refusal.clone())),
+            },
+            CoordinatorMsg::Verdict { attempt, verdict } => {
+                self.observed.verdicts.push((*attempt, verdict.clone()))
+            }
+            CoordinatorMsg::AttemptLost {
+                attempt, verdict, ..
+            } => {
+                self.observed.lost.push(*attempt);
+                self.observed.verdicts.push((*attempt, verdict.clone()));
+            }
+            CoordinatorMsg::BudgetTripped { .. } => self.budget_tripped(run),
+            _ => {}
+        }
+    }
+
+    fn acked(&mut self, event: u64, attempt: AttemptId) {
+        self.observed.acked.insert(attempt);
+        if self.observed.results.get(&attempt) == Some(&true) {
+            let accepted = self
+                .observed
+                .accepted_reports
+                .entry(attempt.task)
+                .or_default();
+            accepted.insert(attempt);
+            if accepted.len() > 1 {
+                let list: Vec<String> = accepted.iter().map(ToString::to_string).collect();
+                self.fail(
+                    event,
+                    Invariant::IdempotentOnce,
+                    format!(
+                        "task {} had reports of several attempts accepted: {}",
+                        attempt.task,
+                        list.join(", ")
+                    ),
+                );
+            }
+        }
+    }
+
+    /// A spawn request reached a worker: the specialist exists from now on.
+    pub fn spawned(&mut self, event: u64, start: &SpecialistStart) {
+        let obs = SpawnObs {
+            run: start.attempt.run,
+            step: start.brief.step.clone(),
+            kind: start.kind,
+            continuity: start.continuity,
+            agent: start.assignment.agent.clone(),
+            harness: start.assignment.harness.as_str().to_string(),
+            model: start.assignment.model.clone(),
+            brief: start.brief.brief.clone(),
+        };
+        if !self.runs.contains(&obs.run) {
+            self.fail(
+                event,
+                Invariant::RunIsolation,
+                format!("attempt {} belongs to no submitted run", start.attempt),
+            );
+        }
+        self.observed.spawns.insert(start.attempt, obs);
+    }
+
+    /// An effect of a specialist is about to run.
+    pub fn spec_effect(
+        &mut self,
+        event: u64,
+        _now: SimMillis,
+        attempt: AttemptId,
+        effect: &SpecialistEffect,
+    ) {
+        match effect {
+            SpecialistEffect::Reply(to, reply) => {
+                if to.attempt() != attempt {
+                    self.fail(
+                        event,
+                        Invariant::NoSiblingAddress,
+                        format!(
+                            "specialist {attempt} replied through the address of {}",
+                            to.attempt()
+                        ),
+                    );
+                }
+                match reply {
+                    SpecialistReply::Finished(result) => self.finished(event, attempt, result),
+                    SpecialistReply::Logs { rows } => self.logs(event, attempt, rows),
+                    _ => {}
+                }
+            }
+            SpecialistEffect::StartHarness { key, spec } => {
+                self.start(event, attempt, &key.0, spec)
+            }
+            _ => {}
+        }
+    }
+
+    fn finished(&mut self, event: u64, attempt: AttemptId, result: &keel_actors::AttemptResult) {
+        if result.attempt != attempt {
+            self.fail(
+                event,
+                Invariant::NoSiblingAddress,
+                format!(
+                    "specialist {attempt} sent a result tagged {}",
+                    result.attempt
+                ),
+            );
+        }
+        match &result.outcome {
+            Ok(report) => {
+                if let Err(e) = report.verify(attempt.task) {
+                    self.fail(
+                        event,
+                        Invariant::NoEmptySuccess,
+                        format!("attempt {attempt} sent an unverified report: {e}"),
+                    );
+                }
+                if let Some(b) = self.observed.behaviours.get(&attempt)
+                    && b.is_failure()
+                {
+                    self.fail(
+                        event,
+                        Invariant::NoEmptySuccess,
+                        format!("attempt {attempt} reported success after a {b:?} session"),
+                    );
+                }
+                self.observed.reports.insert(attempt, report.clone());
+                self.observed.results.insert(attempt, true);
+            }
+            Err(_) => {
+                self.observed.results.insert(attempt, false);
+            }
+        }
+    }
+
+    fn logs(&mut self, event: u64, attempt: AttemptId, rows: &[(u32, SessionLogRow)]) {
+        let log = self.observed.logs.entry(attempt).or_default();
+        for (seq, row) in rows {
+            log.insert(*seq, row.clone());
+        }
+        // Tool pairing as far as the rows show it: in sequence order, a tool_use is answered by a
+        // tool_result before any text row of the model (DESIGN.md §12, invariant 3). Only a gapless
+        // prefix is checked, since rows may still be in flight.
+        let mut open = 0u32;
+        let first_seq = log.keys().next().copied().unwrap_or(1);
+        let mut broken = None;
+        for (expected, (seq, row)) in (first_seq..).zip(log.iter()) {
+            if *seq != expected {
+                break;
+            }
+            match row.kind {
+                LogKind::ToolUse => open += 1,
+                LogKind::ToolResult => {
+                    if open == 0 {
+                        broken = Some(format!(
+                            "attempt {attempt}: tool_result row {seq} answers nothing"
+                        ));
+                        break;
+                    }
+                    open -= 1;
+                }
+                LogKind::Text if open > 0 => {
+                    broken = Some(format!(
+                        "attempt {attempt}: text row {seq} before the tool results"
+                    ));
+                    break;
+                }
+                _ => {}
+            }
+        }
+        if let Some(detail) = broken {
+            self.fail(event, Invariant::ToolPairing, detail);
+        }
+    }
+
+    fn start(
+        &mut self,
+        event: u64,
+        attempt: AttemptId,
+        key: &str,
+        spec: &keel_harness::SessionSpec,
+    ) {
+        // Invariant 2: one key, one session, across crashes and replays.
+        if let Some(first) = self.observed.keys_started.get(key) {
+            self.fail(
+                event,
+                Invariant::IdempotentOnce,
+                format!("session key {key} started twice (first by {first})"),
+            );
+            return;
+        }
+        self.observed.keys_started.insert(key.to_string(), attempt);
+
+        // Invariant 5: nothing that would resume a native session.
+        let fields = [
+            spec.prompt.as_str(),
+            spec.append_system_prompt.as_deref().unwrap_or(""),
+        ];
+        let env = spec.env.iter().flat_map(|(k, v)| [k.as_str(), v.as_str()]);
+        if let Some(m) = fields
+            .into_iter()
+            .chain(env)
+            .find_map(|f| NATIVE_RESUME_MARKERS.iter().find(|m| f.contains(**m)))
+        {
+            self.observed.native_resume_calls += 1;
+            self.fail(
+                event,
+                Invariant::NoNativeResume,
+                format!("attempt {attempt}'s session spec carries {m:?}"),
+            );
+        }
+
+        let Some(spawn) = self.observed.spawns.get(&attempt).cloned() else {
+            self.fail(
+                event,
+                Invariant::WorldBound,
+                format!("attempt {attempt} started a session without a spawn"),
+            );
+            return;
+        };
+        // Invariant 6: the model is the assignee's.
+        let profile_model = crate::setup::model_of(&spawn.agent);
+        if profile_model.as_deref() != Some(spec.model.as_str()) {
+            self.fail(
+                event,
+                Invariant::ModelFromAssignee,
+                format!(
+                    "attempt {attempt} ({:?}) runs model {} but its assignee {} has {:?}",
+                    spawn.kind, spec.model, spawn.agent, profile_model
+                ),
+            );
+        }
+
+        // Invariant 4: preamble bounds, brief intact, slash line first, no secret.
+        let prompt = &spec.prompt;
+        if prompt.contains(PLANTED_SECRET) {
+            self.fail(
+                event,
+                Invariant::PreambleBounds,
+                format!("attempt {attempt}'s prompt carries a secret"),
+            );
+        }
+        let first_brief_line = spawn.brief.lines().next().unwrap_or("");
+        if is_slash_skill_line(first_brief_line) && prompt.lines().next() != Some(first_brief_line)
+        {
+            self.fail(
+                event,
+                Invariant::PreambleBounds,
+                format!(
+                    "attempt {attempt}: the slash skill {first_brief_line:?} is not on line one"
+                ),
+            );
+        }
+        if let Some(line) = spawn
+            .brief
+            .lines()
+            .find(|l| !l.trim().is_empty() && !prompt.contains(*l))
+        {
+            self.fail(
+                event,
+                Invariant::PreambleBounds,
+                format!("attempt {attempt}: brief line {line:?} is not intact in the prompt"),
+            );
+        }
+        let (kind, body) = preamble_of(prompt);
+        let chars = body.map_or(0, |b| b.chars().count());
+        let expected = match spawn.continuity {
+            Continuity::Fresh => None,
+            Continuity::Standard { .. } => Some(("standard", self.standard_chars_max)),
+            Continuity::Resume { .. } => Some(("resume", self.resume_chars_max)),
+        };
+        match (expected, kind) {
+            (Some((want, cap)), Some(got)) => {
+                if want != got {
+                    self.fail(
+                        event,
+                        Invariant::PreambleBounds,
+                        format!("attempt {attempt} wanted a {want} preamble, got {got}"),
+                    );
+                }
+                if chars > cap + PREAMBLE_FRAMING_CHARS_MAX {
+                    self.fail(
+                        event,
+                        Invariant::PreambleBounds,
+                        format!("attempt {attempt}: {got} preamble of {chars} chars, cap {cap}"),
+                    );
+                }
+            }
+            (Some((want, _)), None) => {
+                self.fail(
+                    event,
+                    Invariant::PreambleBounds,
+                    format!("attempt {attempt} wanted a {want} preamble and got none"),
+                );
+            }
+            (None, Some(_)) | (None, None) => {}
+        }
+        let prompt_chars = prompt.chars().count();
+        let first = *self
+            .first_prompt_chars
+            .entry(attempt.task)
+            .or_insert(prompt_chars);
+        let _ = first;
+        self.observed.sessions.push(SessionObs {
+            attempt,
+            step: spawn.step.clone(),
+            model: spec.model.clone(),
+            preamble: kind.map(str::to_string),
+            preamble_chars: chars,
+            prompt_chars,
+            preamble_truncated: body.is_some_and(|b| b.contains("[truncated")),
+        });
+    }
+
+    /// A run's budget tripped at the supervisor (seen on its way to the run's coordinator).
+    fn budget_tripped(&mut self, run: RunId) {
+        self.tripped.insert(run);
+        self.observed.budget_trips.push(run);
+    }
+
+    /// End of the run: liveness (DESIGN.md §12, invariant 1).
+    pub fn at_end(
+        &mut self,
+        event: u64,
+        runs_final: &BTreeMap<RunId, (RunStatus, Option<String>)>,
+        healed: bool,
+    ) {
+        if self.violation.is_some() || !healed {
+            return;
+        }
+        for run in self.runs.clone() {
+            match runs_final.get(&run) {
+                Some((status, _)) if status.is_terminal() => {}
+                Some((status, _)) => {
+                    self.fail(
+                        event,
+                        Invariant::NoTaskLost,
+                        format!("run {run} ended the liveness phase {status:?}"),
+                    );
+                }
+                None => self.fail(
+                    event,
+                    Invariant::NoTaskLost,
+                    format!("run {run} was never made durable"),
+                ),
+            }
+        }
+    }
+}
+
+/// The run a persisted row names, when it names one.
+fn op_run(op: &keel_actors::PersistOp) -> Option<RunId> {
+    use keel_actors::PersistOp;
+    match op {
+        PersistOp::CreateRun(r) | PersistOp::UpdateRun(r) => Some(r.id),
+        PersistOp::CreateTask(t) | PersistOp::UpdateTask(t) => Some(t.run_id),
+        PersistOp::PutCheckpoint(c) => Some(c.run_id),
+        _ => None,
+    }
+}
+
+/// The preamble inside a prompt: its kind and its text, tags included.
+pub fn preamble_of(prompt: &str) -> (Option<&'static str>, Option<&str>) {
+    let Some(start) = prompt.find("<keel-context") else {
+        return (None, None);
+    };
+    let rest = &prompt[start..];
+    let end = rest
+        .find("</keel-context>")
+        .map_or(rest.len(), |e| e + "</keel-context>".len());
+    let body = &rest[..end];
+    let kind = if body.starts_with("<keel-context kind=\"resume\"") {
+        Some("resume")
+    } else if body.starts_with("<keel-context kind=\"standard\"") {
+        Some("standard")
+    } else {
+        Some("unknown")
+    };
+    (kind, Some(body))
+}

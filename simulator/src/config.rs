@@ -1,0 +1,117 @@
+//! How a world is set up: the seed, the topology, the machines' configurations, and (for the named
+//! scenarios) the faults and harness behaviours to script instead of sampling.
+
+use std::collections::BTreeMap;
+
+use keel_actors::{
+    CheckpointConfig, CoordinatorConfig, RunSpec, SpecialistConfig, SupervisorConfig,
+};
+
+use crate::net::NodeId;
+use crate::profile::{FaultProfile, HarnessBehaviour};
+use crate::queue::SimMillis;
+use crate::trace::TraceMode;
+
+/// A fault placed by a scenario at a fixed time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Intervention {
+    /// Cut the link `a -> b` (and `b -> a` unless one-way) until `until_ms`.
+    Partition {
+        /// One end.
+        a: NodeId,
+        /// The other end.
+        b: NodeId,
+        /// Only `a -> b`.
+        one_way: bool,
+        /// When it heals.
+        until_ms: SimMillis,
+    },
+    /// Crash a node for `down_ms`.
+    Crash {
+        /// The node.
+        node: NodeId,
+        /// How long it stays down.
+        down_ms: u64,
+    },
+}
+
+/// Everything that decides a world. Two worlds with equal configs produce equal traces.
+#[derive(Debug, Clone)]
+pub struct WorldConfig {
+    /// The seed of the one random stream.
+    pub seed: u64,
+    /// Worker nodes (node ids 1..=workers).
+    pub workers: u8,
+    /// The runs to submit; `None` draws 1 to 3 random runs from the seed.
+    pub runs: Option<Vec<RunSpec>>,
+    /// The fault profile; `None` samples one from the seed (swarm testing).
+    pub profile: Option<FaultProfile>,
+    /// Faults stop and everything heals at this virtual time.
+    pub fault_phase_ms: SimMillis,
+    /// After healing, every run must be terminal within this much virtual time.
+    pub liveness_ms_max: SimMillis,
+    /// Most events one world may process.
+    pub events_max: u64,
+    /// How much of the trace to keep.
+    pub trace: TraceMode,
+    /// Scripted faults.
+    pub interventions: Vec<(SimMillis, Intervention)>,
+    /// Scripted harness behaviour by (plan step, attempt number); others are drawn from the profile.
+    pub harness_script: BTreeMap<(String, u32), HarnessBehaviour>,
+    /// Crash the coordinator node right after its machines' N-th executed effect (1-based).
+    pub crash_after_coord_effect: Option<u64>,
+    /// How long a scripted crash keeps the coordinator node down.
+    pub restart_after_ms: u64,
+    /// How long a specialist's context load may take before the host fails it.
+    pub context_timeout_ms: u64,
+    /// How long the coordinator node takes to notice that a worker went away.
+    pub down_detect_ms: u64,
+    /// The coordinators' limits.
+    pub coordinator: CoordinatorConfig,
+    /// The supervisor's limits (its agent list is replaced by [`crate::setup::agents`]).
+    pub supervisor: SupervisorConfig,
+    /// The specialists' limits.
+    pub specialist: SpecialistConfig,
+    /// The checkpoint writer's limits.
+    pub checkpoint: CheckpointConfig,
+}
+
+impl WorldConfig {
+    /// The sweep's configuration for `seed`: sampled faults and runs, three workers, a short per-subtask
+    /// deadline so hung sessions cost little virtual time.
+    pub fn for_seed(seed: u64) -> Self {
+        let supervisor = SupervisorConfig {
+            subtask_timeout_ms: 120_000,
+            ..SupervisorConfig::default()
+        };
+        Self {
+            seed,
+            workers: 3,
+            runs: None,
+            profile: None,
+            fault_phase_ms: 60_000,
+            liveness_ms_max: 3_600_000,
+            events_max: 200_000,
+            trace: TraceMode::HashOnly,
+            interventions: Vec::new(),
+            harness_script: BTreeMap::new(),
+            crash_after_coord_effect: None,
+            restart_after_ms: 1_000,
+            context_timeout_ms: 5_000,
+            down_detect_ms: 1_000,
+            coordinator: CoordinatorConfig::default(),
+            supervisor,
+            specialist: SpecialistConfig::default(),
+            checkpoint: CheckpointConfig::default(),
+        }
+    }
+
+    /// A calm world for a scenario: no sampled faults, the given runs.
+    pub fn calm(seed: u64, runs: Vec<RunSpec>) -> Self {
+        Self {
+            runs: Some(runs),
+            profile: Some(FaultProfile::calm()),
+            ..Self::for_seed(seed)
+        }
+    }
+}

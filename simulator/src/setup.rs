@@ -1,0 +1,153 @@
+//! What a simulated run is asked to do: the agent profiles the supervisor assigns, and the runs (brief
+//! and plan) the world submits. Random setups come from the seed's stream; the canonical ones are fixed
+//! so scenarios can compare runs.
+
+use keel_actors::{Plan, PlanStep, RunMode, RunSpec};
+use keel_store::{AgentLimits, AgentProfile, RunId};
+
+use crate::rng::SimRng;
+
+/// Most plan steps of a random run.
+pub const RANDOM_STEPS_MAX: u64 = 8;
+/// Most runs one seed submits.
+pub const RANDOM_RUNS_MAX: u64 = 3;
+
+/// The agent profiles every world knows: one per harness kind with a distinct model each, so a
+/// harness switch is visible in the model a session gets (DESIGN.md §12, invariant 6).
+pub fn agents() -> Vec<AgentProfile> {
+    let agent = |name: &str, harness: &str, model: &str, account: &str| AgentProfile {
+        name: name.into(),
+        description: format!("{name}: a simulated agent on {harness}"),
+        harness: harness.into(),
+        model: model.into(),
+        account: account.into(),
+        tools: vec!["Bash".into(), "Read".into()],
+        system_prompt: "You are a careful specialist.".into(),
+        limits: AgentLimits {
+            turns_max: 50,
+            tokens_max: 1_000_000,
+            timeout_ms: 600_000,
+            spend_micros_max: None,
+        },
+    };
+    vec![
+        agent(
+            "claude-a",
+            "claude-code",
+            "claude-sonnet-4-5",
+            "acct-anthropic",
+        ),
+        agent("codex-a", "codex", "gpt-5-codex", "acct-openai"),
+        agent("opencode-a", "opencode", "glm-4.6", "acct-zai"),
+        agent("pi-a", "pi", "gemini-2.5-pro", "acct-google"),
+    ]
+}
+
+/// The model an agent's profile names (what every session of that agent must use).
+pub fn model_of(agent: &str) -> Option<String> {
+    agents()
+        .into_iter()
+        .find(|a| a.name == agent)
+        .map(|a| a.model)
+}
+
+/// One plan step with a brief that says what it is, for tests and random plans alike.
+pub fn step(
+    key: &str,
+    depends_on: &[&str],
+    assignee: Option<&str>,
+    estimate_micros: u64,
+) -> PlanStep {
+    PlanStep {
+        key: key.into(),
+        brief: format!("Investigate {key} and report what holds, with sources."),
+        goal: format!("A sourced account of {key}"),
+        quality_criteria: vec!["every claim has a source".into()],
+        output_schema: None,
+        assignee: assignee.map(Into::into),
+        depends_on: depends_on.iter().map(|d| (*d).to_string()).collect(),
+        estimate_micros,
+    }
+}
+
+/// A run of `plan` under `run`, with an optional budget.
+pub fn run_spec(run: RunId, brief: &str, plan: Plan, budget_limit_micros: Option<u64>) -> RunSpec {
+    RunSpec {
+        run,
+        brief: brief.into(),
+        mode: RunMode::Plan(plan),
+        budget_limit_micros,
+        config_snapshot: "keel-sim".into(),
+    }
+}
+
+/// A random run: 1 to 8 steps, each depending on up to two earlier ones, some briefs opening with a
+/// slash skill, a budget that is usually ample and sometimes tight.
+pub fn random_run(rng: &mut SimRng, index: u64) -> RunSpec {
+    let names = agents();
+    let steps_count = rng.range(1, RANDOM_STEPS_MAX);
+    let mut steps: Vec<PlanStep> = Vec::new();
+    for i in 0..steps_count {
+        let key = format!("r{index}s{i}");
+        let mut deps: Vec<String> = Vec::new();
+        if i > 0 {
+            for _ in 0..rng.range(0, 2) {
+                let d = format!("r{index}s{}", rng.range(0, i - 1));
+                if !deps.contains(&d) {
+                    deps.push(d);
+                }
+            }
+        }
+        let assignee = if rng.chance(500_000) {
+            Some(names[rng.index(names.len())].name.clone())
+        } else {
+            None
+        };
+        let mut s = step(&key, &[], assignee.as_deref(), rng.range(1_000, 20_000));
+        s.depends_on = deps;
+        if rng.chance(250_000) {
+            s.brief = format!("/review {key}\n{}", s.brief);
+        }
+        steps.push(s);
+    }
+    let budget = match rng.range(0, 9) {
+        0 => Some(rng.range(5_000, 60_000)),
+        1..=3 => Some(10_000_000),
+        _ => None,
+    };
+    let run = RunId(u128::from(rng.next_u64()) << 64 | u128::from(index));
+    run_spec(
+        run,
+        &format!("Random run {index}"),
+        Plan {
+            steps,
+            constraints: vec!["cite sources".into()],
+        },
+        budget,
+    )
+}
+
+/// The canonical run of scenario 3: sixteen independent-then-dependent steps (twelve in the first
+/// batch, four that each depend on three of them), no budget limit.
+pub fn canonical_run(run: RunId, steps_count: usize) -> RunSpec {
+    let first = steps_count.saturating_sub(steps_count / 4);
+    let mut steps: Vec<PlanStep> = (0..first)
+        .map(|i| step(&format!("s{i:02}"), &[], None, 10_000))
+        .collect();
+    for j in first..steps_count {
+        let deps: Vec<String> = (0..3)
+            .map(|k| format!("s{:02}", (j * 3 + k) % first.max(1)))
+            .collect();
+        let dep_refs: Vec<&str> = deps.iter().map(String::as_str).collect();
+        steps.push(step(&format!("s{j:02}"), &dep_refs, None, 10_000));
+    }
+    run_spec(
+        run,
+        "The canonical run",
+        Plan {
+            steps,
+            constraints: vec!["cite sources".into()],
+        },
+        None,
+    )
+}
