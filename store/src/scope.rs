@@ -239,6 +239,46 @@ impl<'s> RunScope<'s> {
         }
     }
 
+    /// This run's idempotency records in key order, starting after `after_key` when paging: what a
+    /// restarted coordinator reads to know which side effects already started.
+    ///
+    /// # Errors
+    /// [`ReadError::TooManyRows`], [`ReadError::Decode`].
+    pub fn idempotency_records(
+        &self,
+        after_key: Option<&str>,
+        limit: u32,
+    ) -> Result<Listing<IdempotencyRecord>, ReadError> {
+        let limit = self.limit(limit)?;
+        let txn = self.store.begin_read()?;
+        let table = txn.open_table(tables::IDEMPOTENCY)?;
+        let start = (self.run.0, after_key.unwrap_or(""));
+        let mut items = Vec::new();
+        let mut more = false;
+        // Keys of this run only: the range ends at the next run id (or the table's end for the last).
+        let range = match self.run.0.checked_add(1) {
+            Some(next) => table.range::<(u128, &str)>(start..(next, ""))?,
+            None => table.range::<(u128, &str)>(start..)?,
+        };
+        for entry in range {
+            let (k, v) = entry?;
+            let (_, key) = k.value();
+            if after_key == Some(key) {
+                continue;
+            }
+            if items.len() == limit {
+                more = true;
+                break;
+            }
+            items.push(codec::decode(
+                name::IDEMPOTENCY,
+                &format_args!("{}/{key}", self.run),
+                v.value(),
+            )?);
+        }
+        Ok(Listing { items, more })
+    }
+
     /// The bytes of a blob of this run (an attachment or output stored by reference).
     ///
     /// # Errors

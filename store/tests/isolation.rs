@@ -169,6 +169,10 @@ proptest! {
             }
             let items: Vec<String> = scope.manifest(0, 10_000).unwrap().items.into_iter().map(|e| e.value.item).collect();
             prop_assert_eq!(items, model.manifest.get(&run).cloned().unwrap_or_default());
+            let mut own_keys = model.idem.get(&run).cloned().unwrap_or_default();
+            own_keys.sort();
+            let listed_keys: Vec<String> = scope.idempotency_records(None, 10_000).unwrap().items.into_iter().map(|r| r.key).collect();
+            prop_assert_eq!(listed_keys, own_keys);
             for k in model.idem.get(&run).cloned().unwrap_or_default() {
                 prop_assert_eq!(scope.idempotency(&k).unwrap().unwrap().effect, format!("run {run}"));
             }

@@ -462,6 +462,19 @@ fn idempotency_key_recorded_once_and_replay_gets_the_original() {
         "send mail"
     );
     assert!(scope.idempotency("unknown").unwrap().is_none());
+
+    // Listing: this run's keys only, in key order, paged.
+    let keys =
+        |l: Listing<IdempotencyRecord>| l.items.into_iter().map(|r| r.key).collect::<Vec<_>>();
+    let first = scope.idempotency_records(None, 1).unwrap();
+    assert!(first.more);
+    assert_eq!(keys(first), vec!["k2"]);
+    let rest = scope.idempotency_records(Some("k2"), 10).unwrap();
+    assert!(!rest.more);
+    assert_eq!(keys(rest), vec!["send-mail-42"]);
+    let other = store.run(RunId(2)).idempotency_records(None, 10).unwrap();
+    assert_eq!(other.items, vec![idem("send-mail-42", "x")]);
+    assert!(keys(store.run(RunId(3)).idempotency_records(None, 10).unwrap()).is_empty());
 }
 
 #[test]
