@@ -4,13 +4,16 @@
 //! - [`script`]: the serde script format (JSON or TOML).
 //! - [`request`]: a wire-independent view of a request.
 //! - [`model`]: the pure model (no IO, no tokio), usable from the simulator.
+//! - [`harness`]: the model as a [`crate::session::Harness`], running keel's loop in process.
 //!
 //! The HTTP server in [`crate::server`] serves this model to real CLIs.
 
+pub mod harness;
 pub mod model;
 pub mod request;
 pub mod script;
 
+pub use harness::{InProcessTransport, ScriptedHarness};
 pub use model::{Answer, ModelReply, PlannedToolCall, ScriptedModel};
 pub use request::{ModelRequest, OfferedTool, OfferedToolKind, ToolResultSeen, WireApi};
 pub use script::{Script, ScriptError, ScriptFailure, ScriptToolCall, ScriptTurn, ScriptUsage};
