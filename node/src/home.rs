@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use keel_store::{OpenError, Store};
+use keel_store::{OpenError, Store, StoreConfig};
 
 use crate::config::{Config, ConfigError};
 
@@ -138,6 +138,15 @@ impl Home {
         if !path.is_file() {
             return Err(HomeError::Missing { path });
         }
-        Store::open(&path).map_err(|source| HomeError::Open { path, source })
+        // Read-only first, so the read commands work beside a running node that shares the file. A
+        // store left by a crash needs one writable open to recover; only then fall back to it (which
+        // fails cleanly if another process holds the file).
+        match Store::open_read_only(&path, StoreConfig::default()) {
+            Ok(store) => Ok(store),
+            Err(OpenError::Database(_)) => {
+                Store::open(&path).map_err(|source| HomeError::Open { path, source })
+            }
+            Err(source) => Err(HomeError::Open { path, source }),
+        }
     }
 }

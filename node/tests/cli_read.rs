@@ -317,3 +317,29 @@ fn the_store_path_of_keel_toml_is_honoured() {
         serde_json::from_slice(&keel(&home, &["tasks", "--json"]).stdout).unwrap();
     assert_eq!(v["tasks"].as_array().unwrap().len(), 4);
 }
+
+#[test]
+fn read_commands_work_while_a_node_holds_the_store_open_for_readers() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join(".keel");
+    assert_eq!(keel(&home, &["init"]).status.code(), Some(0));
+    let (run, _) = populate(&home.join("keel.redb"));
+    let writer = keel_store::Store::open_with(
+        home.join("keel.redb"),
+        keel_store::StoreConfig {
+            sharing: keel_store::Sharing::WithReaders,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let out = keel(&home, &["tree", &run.to_string(), "--json"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["tasks"].as_array().unwrap().len(), 4);
+    drop(writer);
+}
