@@ -1,5 +1,6 @@
 //! Durable commit throughput on a real file: single-record `Immediate` commits, and group commits of
-//! 1, 16 and 256 records (one transaction, one fsync each), the checkpoint actor's pattern.
+//! 1, 16 and 256 records (one transaction, one fsync each), the checkpoint actor's pattern; plus the
+//! resume preamble's read (the last 50 log rows of a task).
 //!
 //! Run: `cargo bench -p keel-store --bench commit`. The database lives under the crate's target
 //! directory (`CARGO_TARGET_TMPDIR`), a real disk, never tmpfs, so the fsync cost is real.
@@ -124,12 +125,41 @@ fn group_durable_commits(c: &mut Criterion) {
     group.finish();
 }
 
+/// What the resume preamble reads: the last 50 log rows of a task that has 5,000.
+fn read_last_log_rows(c: &mut Criterion) {
+    let (_dir, store) = setup();
+    for chunk in 0..20u64 {
+        let batch: WriteBatch = (0..250u64)
+            .map(|i| {
+                store
+                    .run(RunId(1))
+                    .stage_append_log(TaskId(1_001), record(chunk * 250 + i))
+                    .unwrap()
+            })
+            .collect();
+        store.commit_group(batch, Durability::None).unwrap();
+    }
+    let mut group = c.benchmark_group("read");
+    group.throughput(Throughput::Elements(50));
+    group.bench_function("last_50_log_rows", |b| {
+        b.iter(|| {
+            black_box(
+                store
+                    .run(RunId(1))
+                    .last_log_rows(TaskId(1_001), 50)
+                    .unwrap(),
+            )
+        })
+    });
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3))
         .sample_size(20);
-    targets = single_durable_commits, group_durable_commits
+    targets = single_durable_commits, group_durable_commits, read_last_log_rows
 }
 criterion_main!(benches);

@@ -7,7 +7,7 @@
 //! When a record type changes shape, bump [`SCHEMA_VERSION`], copy the old shape into a frozen module
 //! (`v1::Task`, ...) and decode older versions through it with a conversion into the current type in
 //! [`decode`]. The fixtures under `tests/fixtures/v1/` hold bytes of every record type as version 1
-//! wrote them; `tests/codec_fixtures.rs` decodes them forever, so a change that breaks old rows fails CI.
+//! wrote them; `tests/codec.rs` decodes them forever, so a change that breaks old rows fails CI.
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
