@@ -58,14 +58,15 @@ pub struct CheckpointWriter {
 }
 
 impl CheckpointWriter {
-    /// An idle writer. After a crash a new one starts empty: completions of commits of the old one are
-    /// recognised by their id and ignored.
+    /// An idle writer. After a crash a new one starts empty. Its commit ids start at a point drawn from
+    /// the injected stream on its first input, so a late completion of an old writer's commit is not
+    /// mistaken for one of the new writer's.
     pub fn new(config: CheckpointConfig) -> Self {
         Self {
             config,
             queue: VecDeque::new(),
             in_flight: None,
-            next_commit: 1,
+            next_commit: 0,
             commits_count: 0,
         }
     }
@@ -126,9 +127,13 @@ impl Machine for CheckpointWriter {
         &mut self,
         input: CheckpointInput,
         now: Millis,
-        _rng: &mut dyn Entropy,
+        rng: &mut dyn Entropy,
         out: &mut Vec<Effect>,
     ) {
+        if self.next_commit == 0 {
+            // 62 random bits: room for any number of commits without wrapping.
+            self.next_commit = (rng.next_u64() >> 2).max(1);
+        }
         match input {
             CheckpointInput::Msg(CheckpointMsg::Stage(stage)) => {
                 let ticket = stage.ticket;

@@ -1,0 +1,226 @@
+//! The checkpoint writer: group commit, acknowledgement only after durability, bounded retries.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use keel_actors::*;
+use keel_store::{ManifestEntry, ManifestOutcome, RunId};
+
+fn stage(run: u128, ticket: u64, ops: usize) -> CheckpointInput {
+    CheckpointInput::Msg(CheckpointMsg::Stage(Stage {
+        run: RunId(run),
+        ticket,
+        ops: (0..ops)
+            .map(|i| {
+                PersistOp::AppendManifest(ManifestEntry {
+                    ts_ms: 0,
+                    item: format!("item{i}"),
+                    task_id: None,
+                    outcome: ManifestOutcome::Processed,
+                })
+            })
+            .collect(),
+    }))
+}
+
+/// What one input produced, summarised: commits as (id, tickets), acks, failures, timers.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Seen {
+    commits: Vec<(u64, Vec<u64>)>,
+    durable: Vec<u64>,
+    failed: Vec<u64>,
+    timers: u32,
+}
+
+/// Commit ids start at a point drawn from the stream; specs name them 1, 2, 3 relative to that.
+fn base() -> u64 {
+    let mut w = CheckpointWriter::new(CheckpointConfig::default());
+    let mut out = Vec::new();
+    w.handle(stage(1, 1, 1), 0, &mut SplitMix64(0), &mut out);
+    match &out[0] {
+        Effect::Persist(b) => b.id.0 - 1,
+        other => panic!("expected a commit, got {other:?}"),
+    }
+}
+
+fn seen(effects: &[Effect]) -> Seen {
+    let mut s = Seen::default();
+    for e in effects {
+        match e {
+            Effect::Persist(b) => s.commits.push((
+                b.id.0 - base(),
+                b.stages.iter().map(|st| st.ticket).collect(),
+            )),
+            Effect::Send(Envelope::Coordinator {
+                msg: CoordinatorMsg::Durable { ticket },
+                ..
+            }) => s.durable.push(*ticket),
+            Effect::Send(Envelope::Coordinator {
+                msg: CoordinatorMsg::PersistFailed { ticket, .. },
+                ..
+            }) => s.failed.push(*ticket),
+            Effect::SetTimer { .. } => s.timers += 1,
+            other => panic!("unexpected effect {other:?}"),
+        }
+    }
+    s
+}
+
+/// Feed inputs in order; compare what each produced with the expected list.
+fn check(config: CheckpointConfig, steps: Vec<(CheckpointInput, Seen)>) {
+    let mut w = CheckpointWriter::new(config);
+    let mut rng = SplitMix64(0);
+    for (i, (input, want)) in steps.into_iter().enumerate() {
+        let mut out = Vec::new();
+        w.handle(input, 0, &mut rng, &mut out);
+        assert_eq!(seen(&out), want, "step {i}");
+    }
+}
+
+fn commit(id: u64, tickets: &[u64]) -> Seen {
+    Seen {
+        commits: vec![(id, tickets.to_vec())],
+        ..Seen::default()
+    }
+}
+
+#[test]
+fn stages_arriving_during_a_commit_share_the_next_one() {
+    check(
+        CheckpointConfig::default(),
+        vec![
+            (stage(1, 1, 2), commit(1, &[1])),
+            (stage(1, 2, 2), Seen::default()),
+            (stage(2, 7, 2), Seen::default()),
+            // Acks only after the commit, then the waiting stages go together.
+            (
+                CheckpointInput::Committed(CommitId(base() + 1)),
+                Seen {
+                    durable: vec![1],
+                    commits: vec![(2, vec![2, 7])],
+                    ..Seen::default()
+                },
+            ),
+            (
+                CheckpointInput::Committed(CommitId(base() + 2)),
+                Seen {
+                    durable: vec![2, 7],
+                    ..Seen::default()
+                },
+            ),
+        ],
+    );
+}
+
+#[test]
+fn a_batch_never_exceeds_its_op_bound_and_never_splits_a_stage() {
+    let config = CheckpointConfig {
+        batch_ops_max: 5,
+        ..CheckpointConfig::default()
+    };
+    check(
+        config,
+        vec![
+            (stage(1, 1, 1), commit(1, &[1])),
+            (stage(1, 2, 3), Seen::default()),
+            (stage(1, 3, 3), Seen::default()),
+            (
+                CheckpointInput::Committed(CommitId(base() + 1)),
+                Seen {
+                    durable: vec![1],
+                    commits: vec![(2, vec![2])],
+                    ..Seen::default()
+                },
+            ),
+            (
+                CheckpointInput::Committed(CommitId(base() + 2)),
+                Seen {
+                    durable: vec![2],
+                    commits: vec![(3, vec![3])],
+                    ..Seen::default()
+                },
+            ),
+            (
+                stage(1, 4, 6),
+                Seen {
+                    failed: vec![4],
+                    ..Seen::default()
+                },
+            ),
+        ],
+    );
+}
+
+#[test]
+fn a_failed_commit_is_retried_then_answered_with_a_failure() {
+    let config = CheckpointConfig {
+        commit_retries_max: 1,
+        ..CheckpointConfig::default()
+    };
+    let failed = |id| CheckpointInput::CommitFailed {
+        id: CommitId(base() + id),
+        error: "disk".into(),
+    };
+    let retry = |id| CheckpointInput::Timer(CheckpointTimer::RetryCommit(CommitId(base() + id)));
+    check(
+        config,
+        vec![
+            (stage(1, 1, 1), commit(1, &[1])),
+            (
+                failed(1),
+                Seen {
+                    timers: 1,
+                    ..Seen::default()
+                },
+            ),
+            // A late success of the failed try is not taken for the retry.
+            (
+                CheckpointInput::Committed(CommitId(base() + 1)),
+                Seen::default(),
+            ),
+            (retry(1), commit(2, &[1])),
+            (
+                failed(2),
+                Seen {
+                    failed: vec![1],
+                    ..Seen::default()
+                },
+            ),
+            (stage(1, 2, 1), commit(3, &[2])),
+        ],
+    );
+}
+
+#[test]
+fn a_full_queue_refuses_instead_of_growing() {
+    let config = CheckpointConfig {
+        queued_stages_max: 1,
+        ..CheckpointConfig::default()
+    };
+    check(
+        config,
+        vec![
+            (stage(1, 1, 1), commit(1, &[1])),
+            (stage(1, 2, 1), Seen::default()),
+            (
+                stage(1, 3, 1),
+                Seen {
+                    failed: vec![3],
+                    ..Seen::default()
+                },
+            ),
+        ],
+    );
+}
+
+#[test]
+fn a_restarted_writer_ignores_completions_of_the_old_one() {
+    check(
+        CheckpointConfig::default(),
+        vec![
+            (
+                CheckpointInput::Committed(CommitId(base() + 1)),
+                Seen::default(),
+            ),
+            (stage(1, 1, 1), commit(1, &[1])),
+        ],
+    );
+}
