@@ -54,7 +54,7 @@ pub use limits::{LimitError, Limits};
 pub use model::*;
 pub use read::{Listing, Sequenced, TreeNode};
 pub use scope::RunScope;
-pub use sim_disk::SimDisk;
+pub use sim_disk::{PENDING_OPS_MAX, SimDisk, TornCrashUnavailable};
 pub use store::{STORE_FORMAT, Sharing, Store, StoreConfig};
 
 /// Whether a commit is durable when it returns (`Immediate`: one fsync) or only visible

@@ -6,12 +6,12 @@
 //! holding only the durable image, as a machine would find its disk after losing power. Faults:
 //! a capacity (writes that would grow the file past it fail with `StorageFull`), a write budget
 //! (writes fail once a number of bytes has been written), failing syncs, and a power loss scheduled
-//! at any backend operation (so a crash can land in the middle of a commit).
+//! at any backend operation or at a sync (so a crash can land in the middle of a commit).
 //!
-//! What it does not model: torn writes (a write that half reaches the disk) and writes that reach the
-//! disk without a sync (a crash image is exactly the last synced state). redb's own crash test goes
-//! further for the header page; keel relies on redb for that and tests its own contract: committed
-//! `Immediate` survives, the rest leaves no trace.
+//! [`SimDisk::crash_torn`] goes further: any chosen subset of the operations since the last sync
+//! also reached the disk (a commit's pages in any order, the header without the data, a lost file
+//! extension), which is what a real power loss can leave. What it does not model: a single write
+//! torn inside itself (sectors of one write surviving apart), and reads that fail.
 
 use std::io;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -36,9 +36,47 @@ struct DiskState {
     ops: u64,
     /// Power is lost when `ops` reaches this: from then on nothing more becomes durable.
     power_loss_at_op: Option<u64>,
+    /// Power is lost at the sync after this many more syncs (0: the next one).
+    syncs_until_power_loss: Option<u64>,
+    /// Writes and resizes since the last sync that took effect, in order, for a torn crash
+    /// ([`SimDisk::crash_torn`]); `None` once more than [`PENDING_OPS_MAX`] piled up.
+    pending: Option<Vec<Pending>>,
+    /// Set when the pending log overflowed since the last sync.
+    pending_overflow: bool,
 }
 
+/// Most unsynced operations a disk remembers for [`SimDisk::crash_torn`]; past this it refuses a
+/// torn crash rather than model one wrongly. redb syncs at every durable commit, so only a
+/// workload with a huge durable-less stretch gets there.
+pub const PENDING_OPS_MAX: usize = 1 << 16;
+
+/// One operation that reached the page cache but not yet the disk.
+#[derive(Debug, Clone)]
+enum Pending {
+    Write { offset: usize, data: Vec<u8> },
+    SetLen(usize),
+}
+
+/// A torn crash could not be modelled: too many unsynced operations were pending.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("more than {PENDING_OPS_MAX} unsynced operations pending: a torn crash cannot be modelled")]
+pub struct TornCrashUnavailable;
+
 impl DiskState {
+    fn remember(&mut self, op: Pending) {
+        if self.power_lost() {
+            // After the power loss nothing reaches anything: the op never happened physically.
+            return;
+        }
+        let pending = self.pending.get_or_insert_with(Vec::new);
+        if pending.len() < PENDING_OPS_MAX {
+            pending.push(op);
+        } else {
+            self.pending = None;
+            self.pending_overflow = true;
+        }
+    }
+
     /// Counts one operation; returns whether power is already lost (the durable image is frozen).
     fn tick(&mut self) -> bool {
         self.ops += 1;
@@ -90,6 +128,52 @@ impl SimDisk {
         }
     }
 
+    /// Like [`SimDisk::crash`], but each operation that reached the page cache since the last sync
+    /// may also have reached the disk, in any subset: `survives(i)` decides for the `i`-th pending
+    /// operation (a seeded random stream in the simulator). This is what a real power loss can
+    /// leave: a commit's pages partly written, the header written before the data, a file extension
+    /// lost. A write survives whole or not at all (no torn sectors).
+    ///
+    /// # Errors
+    /// [`TornCrashUnavailable`] if more than [`PENDING_OPS_MAX`] operations were pending.
+    pub fn crash_torn(
+        &self,
+        mut survives: impl FnMut(usize) -> bool,
+    ) -> Result<SimDisk, TornCrashUnavailable> {
+        let s = self.lock();
+        if s.pending_overflow {
+            return Err(TornCrashUnavailable);
+        }
+        let mut image = s.durable.clone();
+        for (i, op) in s.pending.iter().flatten().enumerate() {
+            if !survives(i) {
+                continue;
+            }
+            match op {
+                Pending::Write { offset, data } => {
+                    let end = offset + data.len();
+                    if end > image.len() {
+                        image.resize(end, 0);
+                    }
+                    image[*offset..end].copy_from_slice(data);
+                }
+                Pending::SetLen(len) => image.resize(*len, 0),
+            }
+        }
+        Ok(SimDisk {
+            state: Arc::new(Mutex::new(DiskState {
+                volatile: image.clone(),
+                durable: image,
+                ..DiskState::default()
+            })),
+        })
+    }
+
+    /// How many operations are pending (reached the page cache, not the disk) for a torn crash.
+    pub fn pending_ops(&self) -> usize {
+        self.lock().pending.as_ref().map_or(0, Vec::len)
+    }
+
     /// Limits the file's length: a write or resize past `capacity` bytes fails with `StorageFull`
     /// (a full disk). `None` removes the limit.
     pub fn set_capacity(&self, capacity: Option<u64>) {
@@ -114,6 +198,13 @@ impl SimDisk {
     pub fn schedule_power_loss(&self, ops_from_now: Option<u64>) {
         let mut s = self.lock();
         s.power_loss_at_op = ops_from_now.map(|n| s.ops.saturating_add(n));
+    }
+
+    /// Schedules a power loss at a sync: `syncs_from_now` syncs go through, and power is lost at the
+    /// next one, so everything written since the previous sync (a whole commit) is pending and a
+    /// [`SimDisk::crash_torn`] decides which of it reached the disk. `None` cancels it.
+    pub fn schedule_power_loss_at_sync(&self, syncs_from_now: Option<u64>) {
+        self.lock().syncs_until_power_loss = syncs_from_now;
     }
 
     /// Whether a scheduled power loss has happened.
@@ -172,12 +263,21 @@ impl StorageBackend for SimDisk {
         }
         let len = to_usize(len)?;
         s.volatile.resize(len, 0);
+        s.remember(Pending::SetLen(len));
         Ok(())
     }
 
     fn sync_data(&self) -> Result<(), io::Error> {
         let mut guard = self.lock();
         let s = &mut *guard;
+        match s.syncs_until_power_loss {
+            Some(0) => {
+                s.power_loss_at_op = Some(s.ops + 1);
+                s.syncs_until_power_loss = None;
+            }
+            Some(n) => s.syncs_until_power_loss = Some(n - 1),
+            None => {}
+        }
         let lost = s.tick();
         if s.syncs_to_fail > 0 {
             s.syncs_to_fail -= 1;
@@ -185,6 +285,8 @@ impl StorageBackend for SimDisk {
         }
         if !lost {
             s.durable.clone_from(&s.volatile);
+            s.pending = None;
+            s.pending_overflow = false;
         }
         s.syncs += 1;
         Ok(())
@@ -215,6 +317,10 @@ impl StorageBackend for SimDisk {
             s.volatile.resize(end, 0);
         }
         s.volatile[start..end].copy_from_slice(data);
+        s.remember(Pending::Write {
+            offset: start,
+            data: data.to_vec(),
+        });
         Ok(())
     }
 }
@@ -274,5 +380,30 @@ mod tests {
         assert!(disk.power_lost());
         disk.sync_data().unwrap(); // returns Ok, but nothing becomes durable
         assert_eq!(disk.crash().len().unwrap(), 1);
+    }
+
+    #[test]
+    fn a_torn_crash_keeps_any_chosen_subset_of_unsynced_writes() {
+        let disk = SimDisk::new();
+        disk.write(0, b"0000").unwrap();
+        disk.sync_data().unwrap();
+        disk.schedule_power_loss_at_sync(Some(0));
+        disk.write(0, b"a").unwrap();
+        disk.write(2, b"c").unwrap();
+        disk.set_len(6).unwrap();
+        assert_eq!(disk.pending_ops(), 3);
+        disk.sync_data().unwrap(); // power is lost here: nothing becomes durable
+        assert!(disk.power_lost());
+        disk.write(3, b"x").unwrap(); // after the loss: never reaches anything
+        assert_eq!(disk.pending_ops(), 3);
+        let image = |d: &SimDisk| {
+            let mut out = vec![0u8; usize::try_from(d.len().unwrap()).unwrap()];
+            d.read(0, &mut out).unwrap();
+            out
+        };
+        assert_eq!(image(&disk.crash_torn(|_| false).unwrap()), b"0000");
+        assert_eq!(image(&disk.crash_torn(|_| true).unwrap()), b"a0c0\0\0");
+        assert_eq!(image(&disk.crash_torn(|i| i == 1).unwrap()), b"00c0");
+        assert_eq!(image(&disk.crash()), b"0000");
     }
 }
