@@ -182,10 +182,24 @@ impl Machine for CheckpointWriter {
                     return;
                 }
                 if let Some(flight) = self.in_flight.take() {
+                    let error = format!("commit failed after {} retries: {error}", flight.retries);
                     for stage in &flight.stages {
                         let ticket = stage.ticket;
-                        let error =
-                            format!("commit failed after {} retries: {error}", flight.retries);
+                        let error = error.clone();
+                        Self::answer(stage, CoordinatorMsg::PersistFailed { ticket, error }, out);
+                    }
+                    // Later stages of the same runs depend on the failed ones: fail them too, so a
+                    // run's writes only ever commit as a prefix of what its coordinator decided.
+                    let runs: std::collections::BTreeSet<_> =
+                        flight.stages.iter().map(|s| s.run).collect();
+                    let (dependent, rest): (VecDeque<Stage>, VecDeque<Stage>) =
+                        std::mem::take(&mut self.queue)
+                            .into_iter()
+                            .partition(|s| runs.contains(&s.run));
+                    self.queue = rest;
+                    for stage in &dependent {
+                        let ticket = stage.ticket;
+                        let error = format!("an earlier write of this run failed: {error}");
                         Self::answer(stage, CoordinatorMsg::PersistFailed { ticket, error }, out);
                     }
                 }

@@ -193,6 +193,9 @@ struct Pending {
     checkpoint: bool,
     then: Then,
     restages: u32,
+    /// Whether it is at the checkpoint now. A failed stage and every stage after it are held back and
+    /// re-sent together in ticket order, so a run's writes always commit as a prefix of its decisions.
+    sent: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -453,13 +456,17 @@ impl RunState {
         self.decisions.clear();
         let ticket = self.next_ticket;
         self.next_ticket += 1;
+        let held = self.pending.values().any(|p| !p.sent);
         let pending = Pending {
             ops,
             checkpoint,
             then,
             restages: 0,
+            sent: !held,
         };
-        self.send_stage(ticket, &pending, now, out);
+        if !held {
+            self.send_stage(ticket, &pending, now, out);
+        }
         self.pending.insert(ticket, pending);
     }
 
@@ -1616,8 +1623,16 @@ impl Coordinator {
         };
         if pending.restages < restages_max {
             pending.restages += 1;
-            let at = now.saturating_add(backoff.saturating_mul(u64::from(pending.restages)));
-            run.timer(CoordinatorTimer::Restage { ticket }, at, out);
+            let restages = pending.restages;
+            let was_holding = run.pending.values().any(|p| !p.sent);
+            // Hold this stage and everything after it; one timer re-sends them all in order.
+            for (_, p) in run.pending.range_mut(ticket..) {
+                p.sent = false;
+            }
+            if !was_holding {
+                let at = now.saturating_add(backoff.saturating_mul(u64::from(restages)));
+                run.timer(CoordinatorTimer::Restage { ticket }, at, out);
+            }
             return;
         }
         // The store is unavailable: stop here without pretending anything was written. The run is not
@@ -2081,10 +2096,22 @@ impl Machine for Coordinator {
                 self.on_persist_failed(ticket, error, now, out);
             }
             CoordinatorInput::Timer(CoordinatorTimer::Restage { ticket }) => {
-                if let Some(run) = self.run.as_ref()
-                    && let Some(pending) = run.pending.get(&ticket)
-                {
-                    run.send_stage(ticket, pending, now, out);
+                let _ = ticket;
+                if let Some(run) = self.run.as_mut() {
+                    let held: Vec<u64> = run
+                        .pending
+                        .iter()
+                        .filter(|(_, p)| !p.sent)
+                        .map(|(t, _)| *t)
+                        .collect();
+                    for t in held {
+                        if let Some(p) = run.pending.get(&t) {
+                            run.send_stage(t, p, now, out);
+                        }
+                        if let Some(p) = run.pending.get_mut(&t) {
+                            p.sent = true;
+                        }
+                    }
                 }
             }
             CoordinatorInput::Timer(CoordinatorTimer::Redispatch { step, generation }) => {
@@ -2197,10 +2224,29 @@ impl Coordinator {
         let Some(&index) = run.by_task.get(&attempt.task) else {
             return;
         };
-        if run.steps[index].current(run.id) != Some(attempt)
-            || run.steps[index].status != StepStatus::Admitting
-            || run.phase != Phase::Running
-        {
+        if run.steps[index].current(run.id) != Some(attempt) || run.phase != Phase::Running {
+            return;
+        }
+        if run.steps[index].status != StepStatus::Admitting {
+            // The attempt's result can overtake its admission answer: still record who ran it, so the
+            // task row carries the model resolved from the assignee.
+            if let Ok(assignment) = answer
+                && run.steps[index].assignment.is_none()
+                && let Some(t) = run.tasks.get_mut(&attempt.task)
+            {
+                t.assignee = Some(assignment.agent.clone());
+                t.model = Some(assignment.model.clone());
+                t.updated_ms = now;
+                let row = t.clone();
+                run.steps[index].assignment = Some(assignment);
+                run.stage(
+                    vec![PersistOp::UpdateTask(row)],
+                    Then::Nothing,
+                    false,
+                    now,
+                    out,
+                );
+            }
             return;
         }
         let key = run.steps[index].spec.key.clone();

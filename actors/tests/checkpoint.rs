@@ -224,3 +224,31 @@ fn a_restarted_writer_ignores_completions_of_the_old_one() {
         ],
     );
 }
+
+#[test]
+fn a_permanent_failure_also_fails_the_runs_later_stages() {
+    let config = CheckpointConfig {
+        commit_retries_max: 0,
+        ..CheckpointConfig::default()
+    };
+    let failed = CheckpointInput::CommitFailed {
+        id: CommitId(base() + 1),
+        error: "disk".into(),
+    };
+    check(
+        config,
+        vec![
+            (stage(1, 1, 1), commit(1, &[1])),
+            (stage(1, 2, 1), Seen::default()),
+            (stage(2, 9, 1), Seen::default()),
+            (
+                failed,
+                Seen {
+                    failed: vec![1, 2],
+                    commits: vec![(2, vec![9])],
+                    ..Seen::default()
+                },
+            ),
+        ],
+    );
+}

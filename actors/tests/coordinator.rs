@@ -485,3 +485,23 @@ fn a_lead_agent_delegates_turns_and_gets_their_outcomes() {
             .all(|s| matches!(s.2, Some(StepOutcome::Report(_))))
     );
 }
+
+#[test]
+fn disk_faults_delay_the_run_but_lose_nothing() {
+    let mut w = World::new(World::default_agents(), ok_script());
+    // Every commit fails 6 times in a row at first: more than the checkpoint's own retries, so the
+    // coordinator's restage path runs too.
+    w.fail_commits = 12;
+    w.submit(
+        RunMode::Plan(plan(vec![step("a", &[]), step("b", &["a"])])),
+        None,
+    );
+    w.run(100_000);
+    assert_eq!(
+        w.run_status(),
+        Some(RunStatus::Completed),
+        "{:#?}",
+        w.decisions()
+    );
+    assert_eq!(w.specs.len(), 2, "no step ran twice");
+}
