@@ -8,6 +8,7 @@
 //! silently; the JSONL names tool calls by a local `item_N` id (the model's `call_id` is not
 //! printed), so tool events pair by that id.
 
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::path::Path;
 
@@ -192,8 +193,8 @@ struct Line<'a> {
     kind: &'a str,
     #[serde(default)]
     thread_id: Option<String>,
-    #[serde(default)]
-    item: Option<Item>,
+    #[serde(default, borrow)]
+    item: Option<Item<'a>>,
     #[serde(default)]
     usage: Option<Usage>,
     #[serde(default)]
@@ -209,26 +210,27 @@ struct ErrorBody {
 }
 
 #[derive(Deserialize)]
-struct Item {
-    id: String,
-    #[serde(rename = "type")]
-    kind: String,
-    #[serde(default)]
-    text: Option<String>,
-    #[serde(default)]
-    command: Option<String>,
-    #[serde(default)]
-    aggregated_output: Option<String>,
+struct Item<'a> {
+    #[serde(borrow)]
+    id: Cow<'a, str>,
+    #[serde(rename = "type", borrow)]
+    kind: Cow<'a, str>,
+    #[serde(default, borrow)]
+    text: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    command: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    aggregated_output: Option<Cow<'a, str>>,
     #[serde(default)]
     exit_code: Option<i64>,
-    #[serde(default)]
-    status: Option<String>,
+    #[serde(default, borrow)]
+    status: Option<Cow<'a, str>>,
     #[serde(default)]
     changes: Option<serde_json::Value>,
-    #[serde(default)]
-    server: Option<String>,
-    #[serde(default)]
-    tool: Option<String>,
+    #[serde(default, borrow)]
+    server: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    tool: Option<Cow<'a, str>>,
     #[serde(default)]
     arguments: Option<serde_json::Value>,
     #[serde(default)]
@@ -260,14 +262,14 @@ pub struct CodexParser {
 }
 
 impl CodexParser {
-    fn tool_use(&mut self, item: &Item, out: &mut Vec<HarnessEvent>) {
-        if self.open_items.contains(&item.id) {
+    fn tool_use(&mut self, item: &Item<'_>, out: &mut Vec<HarnessEvent>) {
+        if self.open_items.contains(item.id.as_ref()) {
             return;
         }
-        let (name, input) = match item.kind.as_str() {
+        let (name, input) = match item.kind.as_ref() {
             "command_execution" => (
                 "shell".to_owned(),
-                serde_json::json!({"command": item.command.clone().unwrap_or_default()}),
+                serde_json::json!({"command": item.command.as_deref().unwrap_or_default()}),
             ),
             "file_change" => (
                 "apply_patch".to_owned(),
@@ -284,22 +286,25 @@ impl CodexParser {
             _ => return,
         };
         if self.open_items.len() < OPEN_ITEMS_MAX {
-            self.open_items.insert(item.id.clone());
+            self.open_items.insert(item.id.to_string());
         }
         self.tool_calls += 1;
         out.push(HarnessEvent::tool_use(
-            item.id.clone(),
+            item.id.to_string(),
             name,
             input.to_string(),
         ));
     }
 
-    fn tool_result(&mut self, item: &Item, out: &mut Vec<HarnessEvent>) {
+    fn tool_result(&mut self, item: &Item<'_>, out: &mut Vec<HarnessEvent>) {
         let failed = item.status.as_deref() == Some("failed");
-        let (is_error, content) = match item.kind.as_str() {
+        let (is_error, content) = match item.kind.as_ref() {
             "command_execution" => (
                 failed || item.exit_code.is_some_and(|c| c != 0),
-                item.aggregated_output.clone().unwrap_or_default(),
+                item.aggregated_output
+                    .as_deref()
+                    .unwrap_or_default()
+                    .to_owned(),
             ),
             "file_change" => {
                 let summary = item
@@ -346,9 +351,9 @@ impl CodexParser {
             _ => return,
         };
         self.tool_use(item, out);
-        self.open_items.remove(&item.id);
+        self.open_items.remove(item.id.as_ref());
         out.push(HarnessEvent::tool_result(
-            item.id.clone(),
+            item.id.to_string(),
             is_error,
             content,
         ));
@@ -380,9 +385,9 @@ impl EventParser for CodexParser {
                     event: l.kind.into(),
                     field: "item",
                 })?;
-                match item.kind.as_str() {
+                match item.kind.as_ref() {
                     "agent_message" => {
-                        let text = item.text.unwrap_or_default();
+                        let text = item.text.map(Cow::into_owned).unwrap_or_default();
                         self.last_text.clone_from(&text);
                         out.push(HarnessEvent::Text { text });
                     }

@@ -56,6 +56,30 @@ pub fn parse_json<'a, T: serde::Deserialize<'a>>(line: &'a [u8]) -> Result<T, Pa
     serde_json::from_slice(line).map_err(|e| ParseError::from_json(&e))
 }
 
+/// The `type` of a line whose first key is `"type"` (as every CLI prints it), read without parsing
+/// the rest; `None` when the line has another shape (the caller then parses it in full).
+pub fn leading_type(line: &[u8]) -> Option<&[u8]> {
+    let rest = line.strip_prefix(b"{\"type\":")?;
+    let rest = rest.strip_prefix(b" ").unwrap_or(rest);
+    let rest = rest.strip_prefix(b"\"")?;
+    let end = rest.iter().position(|b| *b == b'"' || *b == b'\\')?;
+    (rest[end] == b'"').then_some(&rest[..end])
+}
+
+/// A cheap check for a line the parser skips without reading: a cut line almost never ends with
+/// the object's closing brace. Lets skipped event types still report truncation.
+///
+/// # Errors
+/// [`ParseError::Truncated`] when the line does not end with `}`.
+pub fn check_closed(line: &[u8]) -> Result<(), ParseError> {
+    match line.iter().rev().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'}') => Ok(()),
+        _ => Err(ParseError::Truncated(
+            "line does not end with `}`".to_owned(),
+        )),
+    }
+}
+
 /// Strips a trailing `\r`, and reports whether the line holds nothing but whitespace (such lines are
 /// skipped, not errors: some CLIs print blank lines between events).
 pub fn trim_line(line: &[u8]) -> Option<&[u8]> {
@@ -140,6 +164,14 @@ mod tests {
             Err(ParseError::InvalidJson(_))
         ));
         assert_eq!(trim_line(b"  \r"), None);
+        assert_eq!(
+            leading_type(br#"{"type": "message_update", "x": 1}"#),
+            Some(&b"message_update"[..])
+        );
+        assert_eq!(leading_type(br#"{"type":"a\"b"}"#), None);
+        assert_eq!(leading_type(br#"{"id":1,"type":"x"}"#), None);
+        assert!(check_closed(b"{\"type\":\"x\"} ").is_ok());
+        assert!(check_closed(b"{\"type\":\"x\",\"a\":[1").is_err());
         assert_eq!(trim_line(b"{}\r"), Some(&b"{}"[..]));
     }
 

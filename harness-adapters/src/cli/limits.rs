@@ -35,6 +35,8 @@ pub fn classify(
         || lower.contains("context length")
     {
         ErrorCategory::ContextOverflow
+    } else if lower.contains("invalid_request_error") || lower.contains("bad request") {
+        ErrorCategory::BusinessRule
     } else if lower.contains("unauthorized")
         || lower.contains("invalid api key")
         || lower.contains("invalid x-api-key")

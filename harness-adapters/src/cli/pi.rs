@@ -255,6 +255,16 @@ struct Cost {
     total: f64,
 }
 
+/// Event types read for nothing but their shape (see `parse_line`).
+const SKIPPED_TYPES: [&[u8]; 6] = [
+    b"message_update",
+    b"message_start",
+    b"tool_execution_start",
+    b"tool_execution_update",
+    b"turn_end",
+    b"auto_retry_start",
+];
+
 /// Parses `pi --mode json` output.
 #[derive(Debug, Default)]
 pub struct PiParser {
@@ -273,6 +283,14 @@ impl EventParser for PiParser {
         now_unix_ms: u64,
         out: &mut Vec<HarnessEvent>,
     ) -> Result<(), ParseError> {
+        // Streaming updates repeat the whole partial message on every delta and make up most of the
+        // bytes; nothing in them is needed (message_end carries the final content), so they are
+        // skipped with only a structural check.
+        if let Some(kind) = super::jsonl::leading_type(line)
+            && SKIPPED_TYPES.contains(&kind)
+        {
+            return super::jsonl::check_closed(line);
+        }
         let l: Line<'_> = parse_json(line)?;
         match l.kind {
             "session" => out.push(HarnessEvent::Started {
