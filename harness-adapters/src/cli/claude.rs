@@ -13,7 +13,7 @@ use serde::Deserialize;
 
 use super::jsonl::{ParseError, parse_json};
 use super::{CliBinary, CliFlavor, EventParser, Invocation, ProcessOutcome, SessionFile, limits};
-use crate::error::StartError;
+use crate::error::{ErrorCategory, HarnessError, StartError};
 use crate::event::{HarnessEvent, StopReason};
 use crate::spec::{Credential, HarnessKind, PermissionMode, SessionSpec};
 use crate::usage::{TokenCounts, UsageReport, UsageScope};
@@ -108,7 +108,7 @@ impl CliFlavor for ClaudeCode {
             "--permission-mode".into(),
             mode.into(),
             "--setting-sources".into(),
-            String::new(),
+            "project".into(),
             "--settings".into(),
             settings.to_string(),
             "--strict-mcp-config".into(),
@@ -151,6 +151,7 @@ impl CliFlavor for ClaudeCode {
             env,
             cwd: spec.working_dir.clone(),
             files,
+            dirs: vec![home.clone()],
         })
     }
 
@@ -374,6 +375,15 @@ impl EventParser for ClaudeParser {
                     };
                     if let Some(n) = l.num_turns {
                         self.turns = self.turns.max(n);
+                    }
+                    if self.turns == 0 && text.starts_with("Unknown command: ") {
+                        // A slash command that exists nowhere: Claude Code answers by itself, calls
+                        // no model and reports success. It is not one.
+                        out.push(HarnessEvent::Failed(HarnessError::new(
+                            ErrorCategory::BusinessRule,
+                            text,
+                        )));
+                        return Ok(());
                     }
                     out.push(HarnessEvent::Finished {
                         stop_reason,

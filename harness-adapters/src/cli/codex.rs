@@ -179,6 +179,7 @@ impl CliFlavor for Codex {
             env,
             cwd: spec.working_dir.clone(),
             files,
+            dirs: vec![home.clone(), codex_home.clone()],
         })
     }
 

@@ -105,6 +105,8 @@ pub struct Invocation {
     pub cwd: PathBuf,
     /// Files to write before the spawn (config, hooks, plugins), with their mode bits.
     pub files: Vec<SessionFile>,
+    /// Directories to create before the spawn (HOME, config homes): some CLIs refuse a missing one.
+    pub dirs: Vec<PathBuf>,
 }
 
 /// A file an adapter writes into the session directory before the spawn.
@@ -402,6 +404,9 @@ impl<F: CliFlavor> Harness for CliHarness<F> {
                 .flavor
                 .invocation(&spec, &program, session_dir.path())?;
             check_no_resume_flag(self.flavor.kind(), &invocation.args)?;
+            for dir in &invocation.dirs {
+                std::fs::create_dir_all(dir)?;
+            }
             write_session_files(&invocation.files)?;
             if let Some(observer) = &self.observer {
                 observer(&invocation);

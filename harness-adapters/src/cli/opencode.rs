@@ -181,6 +181,7 @@ impl CliFlavor for Opencode {
             env,
             cwd: spec.working_dir.clone(),
             files,
+            dirs: vec![home.clone()],
         })
     }
 

@@ -187,6 +187,7 @@ impl CliFlavor for Pi {
             env,
             cwd: spec.working_dir.clone(),
             files,
+            dirs: vec![home.clone(), agent_dir.clone()],
         })
     }
 
