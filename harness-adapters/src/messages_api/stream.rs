@@ -3,6 +3,7 @@
 //! Tool input arrives as `input_json_delta` fragments; they are concatenated per block and parsed
 //! only when the stream has ended, so no tool ever runs on half an input (DESIGN.md §7). Pure.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde_json::Value;
@@ -51,6 +52,25 @@ pub enum StreamError {
     /// A bound was exceeded.
     #[error("stream exceeds a limit: {0}")]
     TooLarge(&'static str),
+}
+
+/// The typed shape of a `content_block_delta` event; strings borrow from the event when they hold
+/// no escapes.
+#[derive(serde::Deserialize)]
+struct DeltaEvent<'a> {
+    index: u64,
+    #[serde(borrow)]
+    delta: Delta<'a>,
+}
+
+#[derive(serde::Deserialize)]
+struct Delta<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Cow<'a, str>,
+    #[serde(default, borrow)]
+    text: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    partial_json: Option<Cow<'a, str>>,
 }
 
 #[derive(Debug)]
@@ -124,6 +144,18 @@ impl MessageAssembler {
         if kind == Some("ping") {
             return Ok(());
         }
+        if kind == Some("content_block_delta") {
+            // The bulk of every stream: parsed into borrowed, typed fields instead of a `Value`.
+            let delta: DeltaEvent<'_> = serde_json::from_str(&frame.data)
+                .map_err(|e| malformed("content_block_delta", e.to_string()))?;
+            let d = &delta.delta;
+            return self.apply_delta(
+                delta.index,
+                &d.kind,
+                d.text.as_deref(),
+                d.partial_json.as_deref(),
+            );
+        }
         let v: Value = serde_json::from_str(&frame.data)
             .map_err(|e| malformed(kind.unwrap_or("unnamed"), e.to_string()))?;
         let ty = v
@@ -190,36 +222,10 @@ impl MessageAssembler {
                     .and_then(Value::as_u64)
                     .ok_or_else(|| malformed(&ty, "no index"))?;
                 let delta = v.get("delta").ok_or_else(|| malformed(&ty, "no delta"))?;
-                let block = self
-                    .blocks
-                    .get_mut(&index)
-                    .ok_or_else(|| malformed(&ty, format!("delta for unknown block {index}")))?;
-                match (block, delta.get("type").and_then(Value::as_str)) {
-                    (Block::Text(text), Some("text_delta")) => {
-                        let part = delta.get("text").and_then(Value::as_str).unwrap_or("");
-                        if text.len() + part.len() > BLOCK_BYTES_MAX {
-                            return Err(StreamError::TooLarge("text block"));
-                        }
-                        text.push_str(part);
-                    }
-                    (Block::Tool { json, .. }, Some("input_json_delta")) => {
-                        let part = delta
-                            .get("partial_json")
-                            .and_then(Value::as_str)
-                            .unwrap_or("");
-                        if json.len() + part.len() > BLOCK_BYTES_MAX {
-                            return Err(StreamError::TooLarge("tool input"));
-                        }
-                        json.push_str(part);
-                    }
-                    (Block::Ignored, _) => {}
-                    (_, other) => {
-                        return Err(malformed(
-                            &ty,
-                            format!("delta {other:?} does not fit block {index}"),
-                        ));
-                    }
-                }
+                let kind = delta.get("type").and_then(Value::as_str).unwrap_or("");
+                let text = delta.get("text").and_then(Value::as_str);
+                let partial = delta.get("partial_json").and_then(Value::as_str);
+                return self.apply_delta(index, kind, text, partial);
             }
             "content_block_stop" => {}
             "message_delta" => {
@@ -252,6 +258,44 @@ impl MessageAssembler {
             }
             // Unknown events are skipped so endpoint additions do not break the loop.
             _ => {}
+        }
+        Ok(())
+    }
+
+    fn apply_delta(
+        &mut self,
+        index: u64,
+        kind: &str,
+        text: Option<&str>,
+        partial_json: Option<&str>,
+    ) -> Result<(), StreamError> {
+        let ty = "content_block_delta";
+        let block = self
+            .blocks
+            .get_mut(&index)
+            .ok_or_else(|| malformed(ty, format!("delta for unknown block {index}")))?;
+        match (block, kind) {
+            (Block::Text(buf), "text_delta") => {
+                let part = text.unwrap_or("");
+                if buf.len() + part.len() > BLOCK_BYTES_MAX {
+                    return Err(StreamError::TooLarge("text block"));
+                }
+                buf.push_str(part);
+            }
+            (Block::Tool { json, .. }, "input_json_delta") => {
+                let part = partial_json.unwrap_or("");
+                if json.len() + part.len() > BLOCK_BYTES_MAX {
+                    return Err(StreamError::TooLarge("tool input"));
+                }
+                json.push_str(part);
+            }
+            (Block::Ignored, _) => {}
+            (_, other) => {
+                return Err(malformed(
+                    ty,
+                    format!("delta {other:?} does not fit block {index}"),
+                ));
+            }
         }
         Ok(())
     }
@@ -351,6 +395,16 @@ mod tests {
         );
         assert_eq!(m.stop_reason.as_deref(), Some("tool_use"));
         assert_eq!((m.usage.input_tokens, m.usage.output_tokens), (10, 42));
+    }
+
+    #[test]
+    fn unnamed_events_take_the_general_path_to_the_same_message() {
+        let unnamed: String = TOOL_STREAM
+            .lines()
+            .filter(|l| !l.starts_with("event:"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert_eq!(assemble(&unnamed).unwrap(), assemble(TOOL_STREAM).unwrap());
     }
 
     #[test]
