@@ -308,3 +308,39 @@ async fn requests_are_written_to_the_record_dir() {
         .collect();
     assert_eq!(files, ["001-POST-v1_messages.json"]);
 }
+
+#[tokio::test]
+async fn a_failure_mode_holds_until_cleared() {
+    let server = start(Script::rules()).await;
+    server.set_failure_mode(Some(ScriptFailure::Http {
+        status: 500,
+        message: None,
+    }));
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+    let url = format!("{}/v1/messages", server.base_url());
+    for _ in 0..3 {
+        assert_eq!(
+            client()
+                .post(&url)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            500
+        );
+    }
+    server.set_failure_mode(None);
+    assert_eq!(
+        client()
+            .post(&url)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(server.requests_count(), 4);
+    server.shutdown().await.unwrap();
+}

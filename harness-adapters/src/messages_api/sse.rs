@@ -55,7 +55,7 @@ impl SseParser {
     /// [`SseError`] when a bound is exceeded or a line is not UTF-8; the stream is then unusable.
     pub fn feed(&mut self, bytes: &[u8], out: &mut Vec<SseFrame>) -> Result<(), SseError> {
         let mut rest = bytes;
-        if self.pending_cr {
+        if self.pending_cr && !rest.is_empty() {
             // A `\r` ended the last chunk: a `\n` right after it belongs to the same line ending.
             self.pending_cr = false;
             if let Some(b'\n') = rest.first() {
@@ -185,6 +185,22 @@ mod tests {
                 "piece size {piece}"
             );
         }
+    }
+
+    #[test]
+    fn a_crlf_split_by_an_empty_chunk_is_one_line_ending() {
+        let mut p = SseParser::new();
+        let mut out = Vec::new();
+        for chunk in [&b"data: x\r"[..], b"", b"\n", b"data: y\n\n"] {
+            p.feed(chunk, &mut out).unwrap();
+        }
+        assert_eq!(
+            out,
+            vec![SseFrame {
+                event: String::new(),
+                data: "x\ny".into()
+            }]
+        );
     }
 
     #[test]

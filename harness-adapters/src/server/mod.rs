@@ -116,6 +116,7 @@ pub enum ServerError {
 struct Shared {
     model: Mutex<ScriptedModel>,
     injected: Mutex<VecDeque<ScriptFailure>>,
+    persistent: Mutex<Option<ScriptFailure>>,
     recorded: Mutex<VecDeque<RecordedRequest>>,
     seq: Mutex<u64>,
     record_dir: Option<PathBuf>,
@@ -168,6 +169,7 @@ impl ModelServer {
         let shared = Arc::new(Shared {
             model: Mutex::new(ScriptedModel::new(config.script)),
             injected: Mutex::new(VecDeque::new()),
+            persistent: Mutex::new(None),
             recorded: Mutex::new(VecDeque::new()),
             seq: Mutex::new(0),
             record_dir: config.record_dir,
@@ -219,6 +221,13 @@ impl ModelServer {
     /// consulted; several injections apply to successive requests. The script does not advance.
     pub fn inject_failure(&self, failure: ScriptFailure) {
         lock(&self.shared.0.injected).push_back(failure);
+    }
+
+    /// Makes every model request fail this way until cleared with `None` (after any one-shot
+    /// injections). For CLIs that retry on their own: each retry meets the same failure, like a
+    /// real outage, so a test can count the attempts a CLI makes.
+    pub fn set_failure_mode(&self, failure: Option<ScriptFailure>) {
+        *lock(&self.shared.0.persistent) = failure;
     }
 
     /// Waits until at least `count` requests arrived, up to `wait_max`; returns whether they did.
@@ -402,7 +411,9 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
         }
     };
     let model_request = ModelRequest::from_body(wire, &parsed);
-    let injected = lock(&shared.injected).pop_front();
+    let injected = lock(&shared.injected)
+        .pop_front()
+        .or_else(|| lock(&shared.persistent).clone());
     let reply = match injected {
         Some(failure) => failure_reply(failure, &model_request),
         None => lock(&shared.model).respond(&model_request),
