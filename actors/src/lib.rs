@@ -15,6 +15,8 @@ pub mod persist;
 pub mod plan;
 pub mod report;
 pub mod routing;
+#[cfg(feature = "runtime")]
+pub mod runtime;
 pub mod specialist;
 pub mod supervisor;
 

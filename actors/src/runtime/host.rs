@@ -1,0 +1,170 @@
+//! The generic host: any [`Machine`] as a ractor actor.
+//!
+//! One actor per machine instance. Its mailbox carries the machine's inputs ([`Deliver`]); for each it
+//! reads the wall clock (never backwards), lets the machine decide with its own ChaCha8 stream, and
+//! hands the effects to the machine's [`Role`], which executes them (awaiting where it must) and may
+//! ask the actor to stop. Completions of effects come back later as ordinary inputs through the same
+//! mailbox, so a machine still sees one input at a time.
+
+use crate::machine::Machine;
+use crate::runtime::clock::{MonotonicMillis, OsEntropy};
+use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
+use std::future::Future;
+
+/// One input of a hosted machine, as a ractor message.
+///
+/// # Delivery
+/// Local cast (ractor's per-sender FIFO). Never crosses a node: remote messages are the cluster
+/// issue's typed, versioned wire enums, translated into these at the receiving node.
+#[derive(Debug)]
+pub struct Deliver<I>(pub I);
+
+// With ractor's `cluster` feature every message type opts in explicitly; these stay local (not
+// serializable), which is the trait's default.
+impl<I: Send + 'static> ractor::Message for Deliver<I> {}
+
+/// The mailbox address of a hosted machine.
+pub type HostRef<M> = ActorRef<Deliver<<M as Machine>::Input>>;
+
+/// What the actor does after executing one input's effects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Flow {
+    /// Keep running.
+    Continue,
+    /// Stop with this exit reason (reported to the supervising actor).
+    Stop(String),
+}
+
+/// How one kind of machine is hosted: how its effects are executed and what its actor does around
+/// them. Implemented by the runtime for the coordinator, supervisor, checkpoint and specialist.
+pub trait Role: Send + Sync + Sized + 'static {
+    /// The machine hosted.
+    type M: Machine + Send + 'static;
+    /// Per-actor host state (a running session's cancel switch, an unacknowledged result).
+    type Local: Send + 'static;
+
+    /// Look at an input before the machine does (observers only; the machine still gets it).
+    fn before(&self, _input: &<Self::M as Machine>::Input, _local: &mut Self::Local) {}
+
+    /// Execute the effects of one input, in order.
+    fn execute(
+        &self,
+        me: &HostRef<Self::M>,
+        local: &mut Self::Local,
+        effects: Vec<<Self::M as Machine>::Effect>,
+    ) -> impl Future<Output = Flow> + Send;
+
+    /// After the effects: whether the machine is finished with (e.g. its run is terminal).
+    fn after(&self, _machine: &Self::M, _local: &mut Self::Local) -> Flow {
+        Flow::Continue
+    }
+
+    /// Turn a ractor supervision event of a linked child into an input, if it means something to the
+    /// machine. The default ignores every event (ractor's default would stop this actor).
+    fn supervision(
+        &self,
+        _event: &SupervisionEvent,
+        _local: &mut Self::Local,
+    ) -> Option<<Self::M as Machine>::Input> {
+        None
+    }
+
+    /// The actor stopped (cleanly or not): release what `local` holds.
+    fn stopped(&self, _me: &HostRef<Self::M>, _local: &mut Self::Local) {}
+}
+
+/// The ractor actor hosting one machine under a [`Role`].
+pub struct Host<R: Role> {
+    role: R,
+}
+
+impl<R: Role> Host<R> {
+    /// A host for one machine instance.
+    pub fn new(role: R) -> Self {
+        Self { role }
+    }
+}
+
+/// The state of a hosted machine's actor: the machine itself, its injected clock and stream, and the
+/// role's local state.
+pub struct HostState<R: Role> {
+    machine: R::M,
+    clock: MonotonicMillis,
+    rng: OsEntropy,
+    local: R::Local,
+}
+
+impl<R: Role> HostState<R> {
+    /// The starting state.
+    pub fn new(machine: R::M, rng: OsEntropy, local: R::Local) -> Self {
+        Self {
+            machine,
+            clock: MonotonicMillis::default(),
+            rng,
+            local,
+        }
+    }
+}
+
+impl<R: Role> Actor for Host<R>
+where
+    <R::M as Machine>::Input: Send + 'static,
+    <R::M as Machine>::Effect: Send + 'static,
+{
+    type Msg = Deliver<<R::M as Machine>::Input>;
+    type State = HostState<R>;
+    type Arguments = HostState<R>;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(args)
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        message: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        self.role.before(&message.0, &mut state.local);
+        let now = state.clock.now();
+        let mut out = Vec::new();
+        state
+            .machine
+            .handle(message.0, now, &mut state.rng, &mut out);
+        let mut flow = self.role.execute(&myself, &mut state.local, out).await;
+        if flow == Flow::Continue {
+            flow = self.role.after(&state.machine, &mut state.local);
+        }
+        if let Flow::Stop(reason) = flow {
+            myself.stop(Some(reason));
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        event: SupervisionEvent,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        // Overridden on purpose: ractor's default stops the supervisor when any child exits. The
+        // machine decides what a child's end means; the event becomes one of its inputs.
+        if let Some(input) = self.role.supervision(&event, &mut state.local) {
+            let _ = myself.send_message(Deliver(input));
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        self.role.stopped(&myself, &mut state.local);
+        Ok(())
+    }
+}

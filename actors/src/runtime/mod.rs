@@ -1,0 +1,615 @@
+//! The ractor runtime: the machines of this crate hosted as ractor actors on tokio, with their effects
+//! executed for real (DESIGN.md §3, §4). It is the real-IO twin of the simulator's world loop and the
+//! only module of the crate that awaits, spawns, reads the wall clock or draws OS entropy.
+//!
+//! - One actor per machine: a coordinator per run, one supervisor, one checkpoint writer, one
+//!   specialist per attempt (linked to the supervisor actor, whose supervision events become
+//!   `SupervisorMsg::SpecialistDown` inputs: ractor has no restart strategies; the machine decides).
+//! - `Persist` effects become one redb write transaction per group commit (`Durability::Immediate`),
+//!   executed off the actor thread; only the checkpoint actor's effects write.
+//! - `StartHarness` starts a session through keel-harness; its events stream back into the
+//!   specialist's mailbox and its replies go to the coordinator as messages.
+//! - Timers are tokio sleeps that deliver the machine's timer input.
+//!
+//! Embedding: build a [`HarnessSet`], open a [`keel_store::Store`], call [`Runtime::start`] inside
+//! your tokio runtime, [`Runtime::submit`] briefs, and read [`RuntimeEvent`]s from the channel it
+//! returns. `examples/embed.rs` shows it end to end.
+//!
+//! Bounds: runs in flight are capped by a semaphore ([`RuntimeConfig::runs_in_flight_max`],
+//! [`Runtime::submit`] waits for a slot: backpressure at the edge); specialists by the supervisor
+//! machine; a session's events by keel-harness's bounded channel; events to observers by a bounded
+//! channel that drops (and counts) rather than stall a machine.
+
+pub mod clock;
+mod harnesses;
+pub mod host;
+mod node;
+pub mod scripted;
+pub mod store_io;
+
+pub use clock::{EntropyError, OsEntropy, wall_clock_ms};
+pub use harnesses::{ATTEMPT_ENV, HarnessSet, RUN_ID_ENV, SUBTASK_ID_ENV};
+pub use host::{Deliver, Flow, Host, HostRef, HostState, Role};
+
+use crate::checkpoint::{CheckpointConfig, CheckpointWriter};
+use crate::coordinator::{Coordinator, CoordinatorConfig};
+use crate::ids::{AttemptId, mint_run_id};
+use crate::message::{CoordinatorInput, CoordinatorMsg, RunMode, RunSpec, SpecialistMsg};
+use crate::persist::PersistOp;
+use crate::report::SubagentReport;
+use crate::specialist::SpecialistConfig;
+use crate::supervisor::{Supervisor, SupervisorConfig};
+use keel_harness::HarnessKind;
+use keel_store::{RunId, RunStatus, Store, TaskId, TaskStatus};
+use node::{CheckpointRole, CoordinatorRole, Node, SupervisorRole, lock};
+use ractor::Actor;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+/// Everything the runtime is configured with.
+#[derive(Clone, Debug)]
+pub struct RuntimeConfig {
+    /// The supervisor's limits and agents.
+    pub supervisor: SupervisorConfig,
+    /// Each coordinator's limits.
+    pub coordinator: CoordinatorConfig,
+    /// The checkpoint writer's bounds.
+    pub checkpoint: CheckpointConfig,
+    /// Each specialist's limits and working directory.
+    pub specialist: SpecialistConfig,
+    /// Most runs a node hosts at once; [`Runtime::submit`] waits for a slot.
+    pub runs_in_flight_max: u32,
+    /// How long a stopped specialist gets to end by itself before its actor is killed.
+    pub stop_grace_ms: u64,
+    /// Capacity of the event channel (events past it are dropped and counted).
+    pub events_capacity: usize,
+    /// Seed of the node's ChaCha8 stream; `None` seeds it from the OS (the normal case).
+    pub seed: Option<u64>,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            supervisor: SupervisorConfig::default(),
+            coordinator: CoordinatorConfig::default(),
+            checkpoint: CheckpointConfig::default(),
+            specialist: SpecialistConfig::default(),
+            runs_in_flight_max: 64,
+            stop_grace_ms: 10_000,
+            events_capacity: 4_096,
+            seed: None,
+        }
+    }
+}
+
+/// How a run ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunOutcome {
+    /// The run.
+    pub run: RunId,
+    /// Its terminal status (durable).
+    pub status: RunStatus,
+    /// The outcome text (the synthesis as JSON for a completed run, else the reason).
+    pub outcome: String,
+}
+
+/// What an embedding host or a progress view hears about, as it happens. The store is the record;
+/// these are a view of it, and a full channel drops them rather than stall a run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RuntimeEvent {
+    /// A specialist attempt was admitted and spawned.
+    TaskStarted {
+        /// The attempt.
+        attempt: AttemptId,
+        /// Its plan step.
+        step: String,
+        /// The agent profile it runs as.
+        agent: String,
+        /// Its harness.
+        harness: HarnessKind,
+        /// Its model.
+        model: String,
+    },
+    /// A session log line of an attempt (its latest row's summary).
+    Progress {
+        /// The attempt.
+        attempt: AttemptId,
+        /// One line.
+        summary: String,
+    },
+    /// Cumulative spend of an attempt.
+    Spend {
+        /// The attempt.
+        attempt: AttemptId,
+        /// Micro-dollars so far.
+        spent_micros: u64,
+    },
+    /// A report was made durable and acknowledged.
+    Report {
+        /// The attempt that produced it.
+        attempt: AttemptId,
+        /// Its plan step.
+        step: String,
+        /// The verified report.
+        report: SubagentReport,
+    },
+    /// An attempt failed (the supervisor decides what happens next).
+    TaskFailed {
+        /// The attempt.
+        attempt: AttemptId,
+        /// Its plan step (empty if the attempt was already gone).
+        step: String,
+        /// The failure kind's stable name.
+        kind: String,
+    },
+    /// A run handed something to a human (durable).
+    Escalation {
+        /// The run.
+        run: RunId,
+        /// The task concerned, if any.
+        task: Option<TaskId>,
+        /// The diagnosis.
+        reason: String,
+    },
+    /// A run reached a terminal state (durable).
+    Finished(RunOutcome),
+}
+
+/// Why the runtime could not do what was asked.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RuntimeError {
+    /// No OS entropy for the node's stream.
+    #[error(transparent)]
+    Entropy(#[from] EntropyError),
+    /// An actor could not be spawned.
+    #[error("could not spawn the {what} actor: {detail}")]
+    Spawn {
+        /// Which actor.
+        what: &'static str,
+        /// Why.
+        detail: String,
+    },
+    /// The store could not be read (recovery).
+    #[error(transparent)]
+    Store(#[from] store_io::StoreIoError),
+    /// The run is already terminal: nothing to resume.
+    #[error("run {run} is already {status:?}")]
+    Terminal {
+        /// The run.
+        run: RunId,
+        /// Its status.
+        status: RunStatus,
+    },
+    /// The run is already hosted by this runtime.
+    #[error("run {0} is already running here")]
+    AlreadyRunning(RunId),
+    /// The runtime stopped before the run finished.
+    #[error("the runtime stopped before run {0} finished")]
+    Stopped(RunId),
+    /// A host write through the checkpoint actor failed.
+    #[error("could not write through the checkpoint actor: {0}")]
+    HostWrite(String),
+}
+
+/// A submitted or resumed run: its id, and a way to wait for its end.
+#[derive(Debug)]
+pub struct RunHandle {
+    run: RunId,
+    done: oneshot::Receiver<RunOutcome>,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl RunHandle {
+    /// The run's id.
+    pub fn id(&self) -> RunId {
+        self.run
+    }
+
+    /// Wait for the run's terminal state.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Stopped`] if the runtime stopped (or paused) before the run ended.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: dropping the future drops the handle (the run goes on).
+    pub async fn finished(self) -> Result<RunOutcome, RuntimeError> {
+        self.done.await.map_err(|_| RuntimeError::Stopped(self.run))
+    }
+}
+
+/// What a graceful shutdown did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PauseSummary {
+    /// Runs marked paused (durably).
+    pub runs: Vec<RunId>,
+    /// Tasks marked paused (durably).
+    pub tasks_paused: u32,
+    /// Specialists still alive when the wait ran out (they were killed).
+    pub specialists_killed: u32,
+}
+
+/// A coordinator node hosted in the caller's tokio runtime.
+pub struct Runtime {
+    node: Arc<Node>,
+    slots: Arc<Semaphore>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime").finish_non_exhaustive()
+    }
+}
+
+impl Runtime {
+    /// Start the node's supervisor and checkpoint actors on `store`. The returned channel carries
+    /// [`RuntimeEvent`]s; drop it if nobody listens.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Entropy`] or [`RuntimeError::Spawn`].
+    pub async fn start(
+        store: Arc<Store>,
+        harnesses: HarnessSet,
+        config: RuntimeConfig,
+    ) -> Result<(Runtime, mpsc::Receiver<RuntimeEvent>), RuntimeError> {
+        let mut entropy = match config.seed {
+            Some(seed) => OsEntropy::from_seed(seed),
+            None => OsEntropy::from_os()?,
+        };
+        let (tx, rx) = mpsc::channel(config.events_capacity.max(1));
+        let slots = Arc::new(Semaphore::new(config.runs_in_flight_max.max(1) as usize));
+        let supervisor_rng = entropy.fork();
+        let checkpoint_rng = entropy.fork();
+        let node = Arc::new(Node {
+            store,
+            harnesses,
+            config: config.clone(),
+            coordinators: Mutex::new(BTreeMap::new()),
+            specialists: Mutex::new(BTreeMap::new()),
+            by_actor: Mutex::new(BTreeMap::new()),
+            supervisor: OnceLock::new(),
+            checkpoint: OnceLock::new(),
+            waiters: Mutex::new(BTreeMap::new()),
+            host_acks: Mutex::new(BTreeMap::new()),
+            next_host_ticket: AtomicU64::new(0),
+            events: Some(tx),
+            events_dropped: AtomicU64::new(0),
+            pausing: AtomicBool::new(false),
+            frozen: AtomicBool::new(false),
+            commits_in_flight: AtomicU64::new(0),
+            entropy: Mutex::new(entropy),
+            started_keys: Mutex::new(BTreeSet::new()),
+            sessions_started: AtomicU64::new(0),
+        });
+        let (checkpoint, _) = Actor::spawn(
+            None,
+            Host::new(CheckpointRole {
+                node: Arc::clone(&node),
+            }),
+            HostState::new(
+                CheckpointWriter::new(config.checkpoint.clone()),
+                checkpoint_rng,
+                (),
+            ),
+        )
+        .await
+        .map_err(|e| RuntimeError::Spawn {
+            what: "checkpoint",
+            detail: e.to_string(),
+        })?;
+        let _ = node.checkpoint.set(checkpoint);
+        let (supervisor, _) = Actor::spawn(
+            None,
+            Host::new(SupervisorRole {
+                node: Arc::clone(&node),
+            }),
+            HostState::new(
+                Supervisor::new(config.supervisor.clone()),
+                supervisor_rng,
+                (),
+            ),
+        )
+        .await
+        .map_err(|e| RuntimeError::Spawn {
+            what: "supervisor",
+            detail: e.to_string(),
+        })?;
+        let _ = node.supervisor.set(supervisor);
+        Ok((Runtime { node, slots }, rx))
+    }
+
+    /// Submit a brief: mint its run id, start its coordinator and accept the run. Waits for a run
+    /// slot when [`RuntimeConfig::runs_in_flight_max`] runs are in flight.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Spawn`] if the coordinator actor cannot start.
+    pub async fn submit(
+        &self,
+        brief: String,
+        mode: RunMode,
+        budget_limit_micros: Option<u64>,
+        config_snapshot: String,
+    ) -> Result<RunHandle, RuntimeError> {
+        let slot = self.slot().await?;
+        let run = {
+            let mut rng = lock(&self.node.entropy);
+            mint_run_id(wall_clock_ms(), &mut *rng)
+        };
+        let spec = RunSpec {
+            run,
+            brief,
+            mode,
+            budget_limit_micros,
+            config_snapshot,
+        };
+        self.host(
+            run,
+            CoordinatorInput::Msg(CoordinatorMsg::Accept(spec)),
+            slot,
+        )
+        .await
+    }
+
+    /// Resume a run from the store after a crash or a pause: its coordinator is rebuilt from the
+    /// durable rows, acknowledged work is not run again, and interrupted attempts run again as new
+    /// attempts with resume preambles. A paused run is marked running again first.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Store`] (unknown run, unreadable rows), [`RuntimeError::Terminal`],
+    /// [`RuntimeError::AlreadyRunning`], [`RuntimeError::HostWrite`], [`RuntimeError::Spawn`].
+    pub async fn resume(&self, run: RunId) -> Result<RunHandle, RuntimeError> {
+        if lock(&self.node.coordinators).contains_key(&run) {
+            return Err(RuntimeError::AlreadyRunning(run));
+        }
+        let store = Arc::clone(&self.node.store);
+        let mut rows = tokio::task::spawn_blocking(move || store_io::recover_run(&store, run))
+            .await
+            .map_err(|e| RuntimeError::HostWrite(format!("recovery task failed: {e}")))??;
+        if rows.run.status.is_terminal() {
+            return Err(RuntimeError::Terminal {
+                run,
+                status: rows.run.status,
+            });
+        }
+        let slot = self.slot().await?;
+        if rows.run.status == RunStatus::Paused {
+            rows.run.status = RunStatus::Running;
+            rows.run.updated_ms = wall_clock_ms();
+            self.node
+                .stage_host(
+                    run,
+                    vec![PersistOp::UpdateRun(rows.run.clone())],
+                    Duration::from_secs(30),
+                )
+                .await
+                .map_err(RuntimeError::HostWrite)?;
+        }
+        self.host(run, CoordinatorInput::Recovered(Box::new(rows)), slot)
+            .await
+    }
+
+    /// Every run of the store that is not terminal (running when the node died, or paused).
+    ///
+    /// # Errors
+    /// [`RuntimeError::Store`].
+    pub fn open_runs(&self) -> Result<Vec<RunId>, RuntimeError> {
+        Ok(store_io::open_runs(&self.node.store)?)
+    }
+
+    /// Cancel a run hosted here (idempotent; ignored once it is terminal). Returns whether the run
+    /// is hosted here.
+    pub fn cancel(&self, run: RunId, reason: &str) -> bool {
+        let Some(c) = lock(&self.node.coordinators).get(&run).cloned() else {
+            return false;
+        };
+        c.send_message(Deliver(CoordinatorInput::Msg(CoordinatorMsg::Cancel {
+            reason: reason.to_owned(),
+        })))
+        .is_ok()
+    }
+
+    /// Mark a run that no process hosts as cancelled (its row and open tasks), through the
+    /// checkpoint actor.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Store`], [`RuntimeError::Terminal`], [`RuntimeError::AlreadyRunning`],
+    /// [`RuntimeError::HostWrite`].
+    pub async fn cancel_stored(&self, run: RunId, reason: &str) -> Result<u32, RuntimeError> {
+        if lock(&self.node.coordinators).contains_key(&run) {
+            return Err(RuntimeError::AlreadyRunning(run));
+        }
+        let store = Arc::clone(&self.node.store);
+        let rows = tokio::task::spawn_blocking(move || store_io::recover_run(&store, run))
+            .await
+            .map_err(|e| RuntimeError::HostWrite(format!("read task failed: {e}")))??;
+        if rows.run.status.is_terminal() {
+            return Err(RuntimeError::Terminal {
+                run,
+                status: rows.run.status,
+            });
+        }
+        let now = wall_clock_ms();
+        let mut ops = Vec::new();
+        for mut t in rows.tasks {
+            if !t.status.is_terminal() {
+                t.status = TaskStatus::Cancelled;
+                t.updated_ms = now;
+                ops.push(PersistOp::UpdateTask(t));
+            }
+        }
+        let cancelled = u32::try_from(ops.len()).unwrap_or(u32::MAX);
+        let mut row = rows.run;
+        row.status = RunStatus::Cancelled;
+        row.outcome = Some(format!("cancelled while not running: {reason}"));
+        row.updated_ms = now;
+        ops.push(PersistOp::UpdateRun(row));
+        self.node
+            .stage_host(run, ops, Duration::from_secs(30))
+            .await
+            .map_err(RuntimeError::HostWrite)?;
+        Ok(cancelled)
+    }
+
+    /// Graceful shutdown: stop admitting, cancel every running session cooperatively (their log rows
+    /// still reach the store), hold back unacknowledged results, then mark the open tasks and their
+    /// runs paused through the checkpoint actor. Waits at most `wait` for sessions to end; the ones
+    /// still running then are killed (they run again on resume all the same).
+    pub async fn pause(&self, wait: Duration) -> PauseSummary {
+        let node = &self.node;
+        node.pausing.store(true, Ordering::Release);
+        let live: Vec<(AttemptId, HostRef<crate::specialist::Specialist>)> =
+            lock(&node.specialists)
+                .iter()
+                .map(|(a, s)| (*a, s.actor.clone()))
+                .collect();
+        for (_, actor) in &live {
+            let _ = actor.send_message(Deliver(crate::message::SpecialistInput::Msg(
+                SpecialistMsg::Cancel {
+                    reason: "the node is shutting down".into(),
+                },
+            )));
+        }
+        let deadline = tokio::time::Instant::now() + wait;
+        while !lock(&node.specialists).is_empty() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let mut summary = PauseSummary::default();
+        for (_, s) in lock(&node.specialists).iter() {
+            s.actor.kill();
+            summary.specialists_killed += 1;
+        }
+        // Let the last log rows and their commits land before the coordinators are frozen.
+        let mut quiet_polls = 0;
+        while quiet_polls < 3 && tokio::time::Instant::now() < deadline + Duration::from_secs(2) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if node.commits_in_flight.load(Ordering::Acquire) == 0 {
+                quiet_polls += 1;
+            } else {
+                quiet_polls = 0;
+            }
+        }
+        node.frozen.store(true, Ordering::Release);
+        let runs: Vec<RunId> = lock(&node.coordinators).keys().copied().collect();
+        for run in runs {
+            let store = Arc::clone(&node.store);
+            let Ok(Ok(rows)) =
+                tokio::task::spawn_blocking(move || store_io::recover_run(&store, run)).await
+            else {
+                continue;
+            };
+            if rows.run.status.is_terminal() {
+                continue;
+            }
+            let now = wall_clock_ms();
+            let mut ops = Vec::new();
+            for mut t in rows.tasks {
+                let open = matches!(
+                    t.status,
+                    TaskStatus::Pending | TaskStatus::Admitted | TaskStatus::Running
+                );
+                if open && t.parent.is_some() {
+                    t.status = TaskStatus::Paused;
+                    t.updated_ms = now;
+                    ops.push(PersistOp::UpdateTask(t));
+                }
+            }
+            let paused = u32::try_from(ops.len()).unwrap_or(u32::MAX);
+            let mut row = rows.run;
+            row.status = RunStatus::Paused;
+            row.updated_ms = now;
+            ops.push(PersistOp::UpdateRun(row));
+            match node.stage_host(run, ops, Duration::from_secs(30)).await {
+                Ok(()) => {
+                    summary.runs.push(run);
+                    summary.tasks_paused += paused;
+                }
+                Err(e) => tracing::error!(%run, error = %e, "could not mark the run paused"),
+            }
+        }
+        summary
+    }
+
+    /// Stop every actor of the node (after [`Runtime::pause`], or when every run is done).
+    pub async fn shutdown(self) {
+        let coordinators: Vec<_> = lock(&self.node.coordinators).values().cloned().collect();
+        for c in coordinators {
+            c.stop(Some("node shutdown".into()));
+        }
+        let specialists: Vec<_> = lock(&self.node.specialists)
+            .values()
+            .map(|s| s.actor.clone())
+            .collect();
+        for s in specialists {
+            s.kill();
+        }
+        if let Some(s) = self.node.supervisor.get() {
+            s.stop(Some("node shutdown".into()));
+        }
+        if let Some(c) = self.node.checkpoint.get() {
+            let _ = c
+                .stop_and_wait(Some("node shutdown".into()), Some(Duration::from_secs(5)))
+                .await;
+        }
+    }
+
+    /// Events dropped because the channel was full.
+    pub fn events_dropped(&self) -> u64 {
+        self.node.events_dropped.load(Ordering::Relaxed)
+    }
+
+    /// Harness sessions this runtime started (each is one execution of a specialist).
+    pub fn sessions_started(&self) -> u64 {
+        self.node.sessions_started.load(Ordering::Relaxed)
+    }
+
+    /// The store the node writes.
+    pub fn store(&self) -> &Arc<Store> {
+        &self.node.store
+    }
+
+    async fn slot(&self) -> Result<tokio::sync::OwnedSemaphorePermit, RuntimeError> {
+        Arc::clone(&self.slots)
+            .acquire_owned()
+            .await
+            .map_err(|e| RuntimeError::Spawn {
+                what: "coordinator",
+                detail: e.to_string(),
+            })
+    }
+
+    async fn host(
+        &self,
+        run: RunId,
+        first: CoordinatorInput,
+        slot: tokio::sync::OwnedSemaphorePermit,
+    ) -> Result<RunHandle, RuntimeError> {
+        let (tx, rx) = oneshot::channel();
+        lock(&self.node.waiters).entry(run).or_default().push(tx);
+        let role = CoordinatorRole {
+            node: Arc::clone(&self.node),
+            run,
+        };
+        let state = HostState::new(
+            Coordinator::new(self.node.config.coordinator.clone()),
+            self.node.fork_rng(),
+            (),
+        );
+        let (actor, _) = Actor::spawn(None, Host::new(role), state)
+            .await
+            .map_err(|e| RuntimeError::Spawn {
+                what: "coordinator",
+                detail: e.to_string(),
+            })?;
+        lock(&self.node.coordinators).insert(run, actor.clone());
+        let _ = actor.send_message(Deliver(first));
+        Ok(RunHandle {
+            run,
+            done: rx,
+            _slot: slot,
+        })
+    }
+}

@@ -1,0 +1,165 @@
+//! Plans that the built-in scripted model can carry out for real, so `keel run` does something true on
+//! a machine with no model access and no keys.
+//!
+//! The scripted model's prompt rules (keel-harness `scripted::model`) call the shell tool with the
+//! command after `RUN_TOOL:` in the brief, then answer with the tool's result. Each step here is one
+//! real command run by keel's agent loop in the working directory; the command prints the step's
+//! report (the JSON object the specialist parses, naming the subtask id the session finds in
+//! [`SUBTASK_ID_ENV`]) on stderr, which is the end of the tool result and so the end of the model's
+//! final answer. The finding's claim is the first line the command printed, so reports carry what the
+//! tools really saw.
+//!
+//! Limit: the model echoes at most 300 characters of a tool result, so claims are cut to
+//! [`CLAIM_CHARS_MAX`] and source and summary must be short ([`SHORT_TEXT_CHARS_MAX`]).
+
+use crate::plan::{Plan, PlanStep};
+use crate::runtime::SUBTASK_ID_ENV;
+
+/// Most characters of a finding's claim (what the command printed, sanitised).
+pub const CLAIM_CHARS_MAX: usize = 60;
+/// Most characters of a step's source and summary.
+pub const SHORT_TEXT_CHARS_MAX: usize = 24;
+
+/// Why a scripted step could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScriptedStepError {
+    /// Source or summary is too long for the model's echo, or holds characters a JSON string in
+    /// single quotes cannot carry.
+    #[error("{field} must be at most {SHORT_TEXT_CHARS_MAX} characters of [A-Za-z0-9 ._:/-]")]
+    BadText {
+        /// Which field.
+        field: &'static str,
+    },
+    /// The command contains `;;`, which ends a `RUN_TOOL:` command early, or a line break.
+    #[error("the command must be one line without ';;'")]
+    BadCommand,
+}
+
+fn plain(text: &str) -> bool {
+    text.len() <= SHORT_TEXT_CHARS_MAX
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || " ._:/-".contains(c))
+}
+
+/// The brief of one scripted step: run `command` in the working directory and report its first
+/// output line as the finding, with `source` and `summary`.
+///
+/// # Errors
+/// [`ScriptedStepError`] when a text would not survive the model's echo or the shell.
+pub fn report_brief(
+    what: &str,
+    command: &str,
+    source: &str,
+    summary: &str,
+) -> Result<String, ScriptedStepError> {
+    if !plain(source) {
+        return Err(ScriptedStepError::BadText { field: "source" });
+    }
+    if !plain(summary) {
+        return Err(ScriptedStepError::BadText { field: "summary" });
+    }
+    if command.contains(";;") || command.contains('\n') {
+        return Err(ScriptedStepError::BadCommand);
+    }
+    Ok(format!(
+        "{what}\nRUN_TOOL: c=$( {{ {command} ; }} 2>/dev/null | head -n 1 | tr -cd 'A-Za-z0-9 ._:/-' | cut -c1-{CLAIM_CHARS_MAX} ); \
+printf '{{\"subtask_id\":\"%s\",\"status\":\"complete\",\"findings\":[{{\"claim\":\"%s\",\"source\":\"{source}\",\"confidence_permille\":900}}],\"gaps\":[],\"summary\":\"{summary}\"}}' \"${SUBTASK_ID_ENV}\" \"${{c:-no output}}\" >&2 ;;"
+    ))
+}
+
+/// One plan step carrying a scripted brief.
+///
+/// # Errors
+/// As [`report_brief`].
+pub fn step(
+    key: &str,
+    what: &str,
+    command: &str,
+    source: &str,
+    depends_on: &[&str],
+) -> Result<PlanStep, ScriptedStepError> {
+    Ok(PlanStep {
+        key: key.into(),
+        brief: report_brief(what, command, source, key)?,
+        goal: what.into(),
+        quality_criteria: vec!["the finding is what the command printed".into()],
+        output_schema: None,
+        assignee: None,
+        depends_on: depends_on.iter().map(|d| (*d).to_string()).collect(),
+        estimate_micros: 0,
+    })
+}
+
+/// The deterministic survey plan `keel run` uses with the scripted model: a few real looks at the
+/// working directory, independent of each other, so they run in parallel. The brief is kept on the
+/// run row; every step restates it as a constraint.
+///
+/// # Errors
+/// Never for the built-in steps; the type keeps the builder honest.
+pub fn survey_plan(brief: &str) -> Result<Plan, ScriptedStepError> {
+    let steps = vec![
+        step(
+            "inventory",
+            "Count the files in the working directory (keel's own folder excluded).",
+            "printf 'files: %s' $(find . -path ./.keel -prune -o -type f -print | wc -l)",
+            "find",
+            &[],
+        )?,
+        step(
+            "languages",
+            "Find the most common file extension in the working directory.",
+            "find . -path ./.keel -prune -o -type f -name '*.*' -print | sed 's/.*\\.//' | sort | uniq -c | sort -rn | head -n 1 | awk '{print \"most common extension: \" $2 \" (\" $1 \" files)\"}'",
+            "find ext",
+            &[],
+        )?,
+        step(
+            "largest",
+            "Find the largest file in the working directory.",
+            "find . -path ./.keel -prune -o -type f -printf '%s %p\\n' | sort -rn | head -n 1 | awk '{print \"largest: \" $2 \" \" $1 \" bytes\"}'",
+            "find size",
+            &[],
+        )?,
+        step(
+            "todos",
+            "Count TODO and FIXME markers in the working directory.",
+            "printf 'todo markers: %s' $(grep -rIE 'TODO|FIXME' --exclude-dir=.keel . | wc -l)",
+            "grep",
+            &[],
+        )?,
+    ];
+    Ok(Plan {
+        steps,
+        constraints: vec![format!("The run's brief: {}", one_line(brief))],
+    })
+}
+
+/// A plan of `n` independent scripted steps, each running `command_of(i)` (tests and benchmarks).
+///
+/// # Errors
+/// As [`step`].
+pub fn fan_out_plan(
+    n: usize,
+    command_of: impl Fn(usize) -> String,
+) -> Result<Plan, ScriptedStepError> {
+    let mut steps = Vec::with_capacity(n);
+    for i in 0..n {
+        steps.push(step(
+            &format!("part-{i:03}"),
+            &format!("Part {i} of the fan-out."),
+            &command_of(i),
+            "bash",
+            &[],
+        )?);
+    }
+    Ok(Plan {
+        steps,
+        constraints: Vec::new(),
+    })
+}
+
+fn one_line(text: &str) -> String {
+    let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    crate::report::bounded(line, 512)
+}
