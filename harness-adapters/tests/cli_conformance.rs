@@ -367,11 +367,9 @@ async fn rate_limit_case(cli: Cli) {
         }
         other => panic!("{cli:?}: {other:?}"),
     }
-    // "Quickly": far below any CLI's default retry schedule (8 s to 3 minutes).
-    assert!(
-        elapsed < Duration::from_secs(20),
-        "{cli:?} took {elapsed:?}"
-    );
+    // "Quickly" is proven by the count, not by a timing assertion: one request means no retry
+    // schedule ran (the defaults take 8 s to 3 minutes, README §5.4).
+    eprintln!("{cli:?}: rate limit surfaced after {elapsed:?}");
     assert_eq!(
         case.model_requests().len(),
         1,
@@ -421,7 +419,7 @@ async fn cancel_case(cli: Cli) {
         .unwrap();
     let cancel = session.cancel_token();
     // Wait until the tool's sleep is running, then cancel.
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + WAIT_MAX;
     let mut sleeping = Vec::new();
     while Instant::now() < deadline {
         sleeping = sleep_processes(secs);

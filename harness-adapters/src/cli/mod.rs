@@ -577,7 +577,11 @@ impl CliRun {
 
         // Stop the process tree. After a terminal event the CLI is normally exiting by itself: give
         // it a moment before signalling, so its own cleanup runs.
+        // A failure the CLI has not acted on yet (opencode's first failed request, a runaway loop)
+        // must not wait: the CLI would retry or loop on its own schedule meanwhile.
+        let failed = matches!(terminal, Some(HarnessEvent::Failed(_)));
         let end = match stop {
+            Some(Stop::Terminal) if !exited && failed => process.terminate(self.grace).await,
             Some(Stop::Terminal) if !exited => {
                 match tokio::time::timeout(EXIT_AFTER_TERMINAL_MAX, process.wait()).await {
                     Ok(_) => process.finish().await,
