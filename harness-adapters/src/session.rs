@@ -75,17 +75,40 @@ impl CancelToken {
     }
 }
 
+/// How long a terminal event may wait for room in a full channel before it is dropped (the consumer
+/// then sees the channel close without one, which [`RunningSession::collect`] reports as a failure).
+pub const TERMINAL_SEND_WAIT_MS: u64 = 5_000;
+
 /// The producer side of a session's event channel, held by the adapter.
 #[derive(Debug, Clone)]
 pub struct EventSink {
     tx: mpsc::Sender<HarnessEvent>,
+    cancel: CancelToken,
 }
 
 impl EventSink {
     /// Sends one event, waiting while the channel is full. Returns `false` when the consumer is gone,
-    /// which the adapter should treat as a cancel.
+    /// or when the session is cancelled while the channel is full (so a consumer that stopped
+    /// reading cannot hold the adapter forever); the adapter should then wind down.
     pub async fn send(&self, event: HarnessEvent) -> bool {
-        self.tx.send(event).await.is_ok()
+        tokio::select! {
+            biased;
+            sent = self.tx.send(event) => sent.is_ok(),
+            _ = self.cancel.cancelled() => false,
+        }
+    }
+
+    /// Sends the session's terminal event, waiting at most [`TERMINAL_SEND_WAIT_MS`] for room even
+    /// after a cancel, so the consumer learns how the session ended whenever it can.
+    pub async fn send_terminal(&self, event: HarnessEvent) -> bool {
+        matches!(
+            tokio::time::timeout(
+                Duration::from_millis(TERMINAL_SEND_WAIT_MS),
+                self.tx.send(event)
+            )
+            .await,
+            Ok(Ok(()))
+        )
     }
 }
 
@@ -107,7 +130,14 @@ pub fn session_channel(kind: HarnessKind) -> (EventSink, CancelToken, RunningSes
         events: rx,
         cancel: cancel.clone(),
     };
-    (EventSink { tx }, cancel, session)
+    (
+        EventSink {
+            tx,
+            cancel: cancel.clone(),
+        },
+        cancel,
+        session,
+    )
 }
 
 impl RunningSession {
@@ -225,5 +255,26 @@ mod tests {
             matches!(events.last(), Some(HarnessEvent::Failed(e)) if e.category == crate::error::ErrorCategory::Cancelled)
         );
         hold.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_full_channel_does_not_hold_a_cancelled_adapter() {
+        let (sink, cancel, session) = session_channel(HarnessKind::Scripted);
+        for _ in 0..EVENT_CHANNEL_CAPACITY {
+            assert!(sink.send(HarnessEvent::Text { text: "x".into() }).await);
+        }
+        cancel.cancel();
+        let blocked = tokio::time::timeout(
+            Duration::from_secs(5),
+            sink.send(HarnessEvent::Text { text: "y".into() }),
+        )
+        .await;
+        assert_eq!(blocked, Ok(false));
+        drop(session);
+        assert!(
+            !sink
+                .send_terminal(HarnessEvent::Failed(HarnessError::cancelled()))
+                .await
+        );
     }
 }

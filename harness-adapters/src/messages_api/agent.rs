@@ -115,7 +115,7 @@ impl AgentLoop {
     /// working directory in `spec` must already be canonical.
     pub async fn run(self, spec: SessionSpec, sink: EventSink, cancel: CancelToken) {
         let terminal = self.drive(&spec, &sink, &cancel).await;
-        sink.send(terminal).await;
+        sink.send_terminal(terminal).await;
     }
 
     async fn drive(
