@@ -559,3 +559,75 @@ async fn bad_specs_and_missing_credentials_fail_to_start() {
         Err(StartError::InvalidSpec(_))
     ));
 }
+
+#[tokio::test]
+async fn the_spec_shapes_the_request_system_prompt_and_tool_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = script(r#"{"turns": [{"text": "ok"}]}"#);
+    let run = run_with(
+        s,
+        dir.path(),
+        |spec| {
+            spec.append_system_prompt = Some("EXTRA-INSTRUCTIONS".into());
+            spec.allowed_tools = vec!["bash".into(), "read".into(), "grep".into()];
+            spec.disallowed_tools = vec!["grep".into()];
+        },
+        config(),
+    )
+    .await;
+    assert_eq!(run.finished().0, StopReason::EndTurn);
+    let body = &run.requests[0].body;
+    assert!(
+        body["system"]
+            .as_str()
+            .unwrap()
+            .ends_with("\n\nEXTRA-INSTRUCTIONS")
+    );
+    let tools: Vec<&str> = body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(tools, ["bash", "read"]);
+
+    let s = script(r#"{"turns": [{"text": "ok"}]}"#);
+    let run = run_with(
+        s,
+        dir.path(),
+        |spec| spec.permission_mode = keel_harness::PermissionMode::ReadOnly,
+        config(),
+    )
+    .await;
+    let tools: Vec<&str> = run.requests[0].body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        tools,
+        ["grep", "list", "read"],
+        "a read-only session offers no tool that writes or runs commands"
+    );
+}
+
+#[tokio::test]
+async fn tool_calls_cut_at_max_tokens_get_error_results_before_the_continue_notice() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = script(
+        r#"{"turns": [
+        {"tool_calls": [{"name": "bash", "input": {"command": "echo cut > cut.txt"}}], "stop_reason": "max_tokens"},
+        {"text": "continued"}]}"#,
+    );
+    let run = run_script(s, dir.path()).await;
+    assert_eq!(run.finished(), (StopReason::EndTurn, "continued".into()));
+    assert!(
+        !dir.path().join("cut.txt").exists(),
+        "a cut call never runs"
+    );
+    let reply = last_user_content(&run.requests[1]);
+    assert_eq!(reply[0]["type"], "tool_result");
+    assert_eq!(reply[0]["is_error"], true);
+    assert_eq!(reply[1], json!({"type": "text", "text": CONTINUE_NOTICE}));
+}

@@ -26,7 +26,7 @@ use super::wire::{AssistantMessage, ContentBlock, Message, MessagesRequest, Role
 use crate::error::{ErrorCategory, HarnessError};
 use crate::event::{BudgetKind, HarnessEvent, StopReason};
 use crate::session::{CancelToken, EventSink};
-use crate::spec::SessionSpec;
+use crate::spec::{PermissionMode, SessionSpec};
 use crate::tools::{ToolContext, ToolError, ToolErrorCategory, ToolRegistry};
 use crate::usage::{TokenCounts, UsageAccumulator, UsageReport, UsageScope};
 
@@ -127,9 +127,12 @@ impl AgentLoop {
         let started = Instant::now();
         let wall = Duration::from_millis(spec.limits.wall_clock_ms_max);
         let deadline = started + wall;
-        let tools = self
+        let mut tools = self
             .tools
             .filtered(&spec.allowed_tools, &spec.disallowed_tools);
+        if spec.permission_mode == PermissionMode::ReadOnly {
+            tools = tools.read_only();
+        }
         let definitions = tools.definitions();
         let system = match &spec.append_system_prompt {
             Some(extra) if !extra.trim().is_empty() => {

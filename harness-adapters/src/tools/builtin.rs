@@ -109,6 +109,10 @@ fn definition(name: &str, description: &str, schema: Value) -> ToolDefinition {
 pub struct Read;
 
 impl Tool for Read {
+    fn is_read_only(&self) -> bool {
+        true
+    }
+
     fn definition(&self) -> ToolDefinition {
         definition(
             "read",
@@ -260,6 +264,10 @@ impl Tool for Edit {
 pub struct List;
 
 impl Tool for List {
+    fn is_read_only(&self) -> bool {
+        true
+    }
+
     fn definition(&self) -> ToolDefinition {
         definition(
             "list",
@@ -311,6 +319,10 @@ impl Tool for List {
 pub struct Grep;
 
 impl Tool for Grep {
+    fn is_read_only(&self) -> bool {
+        true
+    }
+
     fn definition(&self) -> ToolDefinition {
         definition(
             "grep",

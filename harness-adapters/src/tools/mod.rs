@@ -111,6 +111,12 @@ pub trait Tool: Send + Sync {
         input: Value,
         ctx: &'a ToolContext,
     ) -> BoxFuture<'a, Result<String, ToolError>>;
+
+    /// Whether the tool only reads. A `read_only` session offers only these; a tool that writes,
+    /// runs commands or calls out must keep the default `false`.
+    fn is_read_only(&self) -> bool {
+        false
+    }
 }
 
 /// Why a tool could not be registered.
@@ -190,6 +196,17 @@ impl ToolRegistry {
             .iter()
             .filter(|(n, _)| allowed.is_empty() || allowed.iter().any(|a| a == *n))
             .filter(|(n, _)| !disallowed.iter().any(|d| d == *n))
+            .map(|(n, t)| (n.clone(), t.clone()))
+            .collect();
+        ToolRegistry { tools }
+    }
+
+    /// The registry narrowed to tools that only read, for `PermissionMode::ReadOnly` sessions.
+    pub fn read_only(&self) -> ToolRegistry {
+        let tools = self
+            .tools
+            .iter()
+            .filter(|(_, t)| t.is_read_only())
             .map(|(n, t)| (n.clone(), t.clone()))
             .collect();
         ToolRegistry { tools }
