@@ -631,3 +631,15 @@ async fn tool_calls_cut_at_max_tokens_get_error_results_before_the_continue_noti
     assert_eq!(reply[0]["is_error"], true);
     assert_eq!(reply[1], json!({"type": "text", "text": CONTINUE_NOTICE}));
 }
+
+#[tokio::test]
+async fn a_one_turn_budget_is_never_crossed_by_the_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = script(
+        r#"{"turns": [{"tool_calls": [{"name": "bash", "input": {"command": "echo 1"}}]}, {"text": "never sent"}]}"#,
+    );
+    let run = run_with(s, dir.path(), |spec| spec.limits.turns_max = 1, config()).await;
+    assert_eq!(run.finished().0, StopReason::Budget(BudgetKind::Turns));
+    assert_eq!(run.requests.len(), 1);
+    run.assert_paired();
+}

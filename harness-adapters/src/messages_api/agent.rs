@@ -184,13 +184,13 @@ impl AgentLoop {
             if Instant::now() >= deadline {
                 return finished(StopReason::Budget(BudgetKind::WallClock), &last_text);
             }
-            if summary_for.is_none() {
-                if turns >= spec.limits.turns_max {
-                    return finished(StopReason::Budget(BudgetKind::Turns), &last_text);
-                }
-                if usage.total().total_tokens() >= spec.limits.tokens_max {
-                    return finished(StopReason::Budget(BudgetKind::Tokens), &last_text);
-                }
+            // The turn ceiling is never crossed, not even for the summary; the token ceiling may be
+            // crossed by the one summary turn, which is what the warning threshold leaves room for.
+            if turns >= spec.limits.turns_max {
+                return finished(StopReason::Budget(BudgetKind::Turns), &last_text);
+            }
+            if summary_for.is_none() && usage.total().total_tokens() >= spec.limits.tokens_max {
+                return finished(StopReason::Budget(BudgetKind::Tokens), &last_text);
             }
             let request = MessagesRequest {
                 model: spec.model.clone(),
