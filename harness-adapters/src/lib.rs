@@ -3,6 +3,11 @@
 //! - [`spec`], [`event`], [`error`], [`usage`]: plain data shared with the actor core and the
 //!   simulator (no tokio needed to build or read them).
 //! - [`session`]: the async [`session::Harness`] trait, running sessions and cancellation.
+//! - [`scripted`]: the deterministic scripted model (pure) and the in-process scripted harness.
+//! - [`server`]: the scripted model served over HTTP on 127.0.0.1 for the real CLIs.
+//! - [`messages_api`]: keel's own agent loop against an Anthropic-compatible endpoint.
+//! - [`tools`]: the tool registry and the confined built-in tools of keel's loop.
+//! - [`rfc3339`]: the UTC timestamps rate-limit reset headers use.
 
 pub mod cli;
 pub mod error;

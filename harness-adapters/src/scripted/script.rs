@@ -12,7 +12,7 @@
 //! text = "done"
 //! ```
 //! Turns are consumed one per model request, in order. When they run out (or when there are none),
-//! the model answers by the prompt rules of [`super::rules`] unless `rules_after_turns = false`, in
+//! the model answers by the prompt rules of [`super::model::ScriptedModel`] unless `rules_after_turns = false`, in
 //! which case every further request gets a 500 so a test notices the script was too short.
 
 use std::path::Path;
