@@ -122,6 +122,8 @@ struct Step {
     assignment: Option<Assignment>,
     call_id: Option<String>,
     last_failure: Option<SubtaskFailure>,
+    /// For a follow-up: the task whose thread it continues (its parent is that thread's newest task).
+    thread: Option<TaskId>,
 }
 
 impl Step {
@@ -145,6 +147,7 @@ impl Step {
             assignment: None,
             call_id: None,
             last_failure: None,
+            thread: None,
         }
     }
 
@@ -242,6 +245,12 @@ pub struct StepSnapshot {
     pub agent: Option<String>,
     /// Set when the step was skipped (no task ever ran it).
     pub skipped: Option<String>,
+    /// For a follow-up: the task whose thread it continues.
+    #[serde(default)]
+    pub thread: Option<TaskId>,
+    /// For a lead's delegation: the lead's call id.
+    #[serde(default)]
+    pub call_id: Option<String>,
 }
 
 /// One line of a synthesis' coverage table.
@@ -402,6 +411,8 @@ impl RunState {
                         Some(StepOutcome::Skipped { reason }) => Some(reason.clone()),
                         _ => None,
                     },
+                    thread: s.thread,
+                    call_id: s.call_id.clone(),
                 })
                 .collect(),
         }
@@ -733,6 +744,13 @@ impl Coordinator {
         if run.phase != Phase::Running {
             return;
         }
+        let ready = ready_follow_ups(run);
+        for i in ready {
+            self.begin_attempt(i, None, now, rng, out);
+        }
+        let Some(run) = self.run.as_mut() else {
+            return;
+        };
         if run.lead.is_some() {
             self.advance_lead(now, rng, out);
             return;
@@ -743,7 +761,9 @@ impl Coordinator {
                 return;
             };
             let Some(batch) = run.batches.get(run.batch).cloned() else {
-                self.finish(now, out);
+                if run.steps.iter().all(|s| s.status == StepStatus::Done) {
+                    self.finish(now, out);
+                }
                 return;
             };
             let waiting: Vec<usize> = batch
@@ -932,13 +952,24 @@ impl Coordinator {
                 };
                 (prev, step.attempt + 1, kind, None, continuity)
             }
-            (None, _) => (
-                mint_task_id(now, rng),
-                1,
-                TaskKind::Subtask,
-                Some(root_id),
-                Continuity::Fresh,
-            ),
+            (None, _) => match follow_up_parent(run, index) {
+                // A follow-up continues its thread: its parent is the thread's newest task, and its
+                // session gets the standard preamble built from that parent and its ancestors.
+                Some(parent) => (
+                    mint_task_id(now, rng),
+                    1,
+                    TaskKind::FollowUp,
+                    Some(parent),
+                    Continuity::Standard { parent },
+                ),
+                None => (
+                    mint_task_id(now, rng),
+                    1,
+                    TaskKind::Subtask,
+                    Some(root_id),
+                    Continuity::Fresh,
+                ),
+            },
         };
         if let Some(agent) = reroute {
             run.steps[index].agent = Some(agent);
@@ -1821,13 +1852,12 @@ impl Coordinator {
         let mut done = 0u32;
         for (i, snap) in snap_steps.into_iter().enumerate() {
             if i >= state.steps.len() {
-                if lead {
-                    state.steps.push(Step::new(snap.spec.clone(), Vec::new()));
-                } else {
-                    break;
-                }
+                // Steps beyond the plan: a lead's delegations and follow-ups.
+                state.steps.push(Step::new(snap.spec.clone(), Vec::new()));
             }
             let step = &mut state.steps[i];
+            step.thread = snap.thread;
+            step.call_id = snap.call_id.clone();
             step.tasks = snap.tasks.clone();
             step.task = snap.tasks.last().copied();
             step.attempts_total = snap.attempts_total;
@@ -1896,7 +1926,9 @@ impl Coordinator {
         // Delegated steps of a recovered lead run form one pending turn, so they still finish.
         if lead {
             let open: Vec<usize> = (1..state.steps.len())
-                .filter(|&i| state.steps[i].status != StepStatus::Done)
+                .filter(|&i| {
+                    state.steps[i].status != StepStatus::Done && state.steps[i].thread.is_none()
+                })
                 .collect();
             if let Some(l) = state.lead.as_mut() {
                 l.turns_seen = u32::MAX / 2;
@@ -1931,11 +1963,16 @@ impl Coordinator {
             },
             out,
         );
+        // Steps that were dispatched run again; a recovered lead's delegations that never started start
+        // now (their turn is already active).
         let resume: Vec<usize> = state
             .steps
             .iter()
             .enumerate()
-            .filter(|(_, s)| s.status == StepStatus::Backoff)
+            .filter(|(i, s)| {
+                s.status == StepStatus::Backoff
+                    || (lead && *i > 0 && s.thread.is_none() && s.status == StepStatus::Waiting)
+            })
             .map(|(i, _)| i)
             .collect();
         self.run = Some(state);
@@ -1946,6 +1983,44 @@ impl Coordinator {
         // finished, `advance` finishes the run when the lead is done too.
         self.advance(now, rng, out);
     }
+}
+
+/// The parent of a follow-up step: the newest task of its thread before it (the thread's first
+/// follow-up hangs under the task it was asked about). `None` for a step that is not a follow-up.
+fn follow_up_parent(run: &RunState, index: usize) -> Option<TaskId> {
+    let thread = run.steps[index].thread?;
+    let previous = run.steps[..index]
+        .iter()
+        .rev()
+        .find(|s| s.thread == Some(thread))
+        .and_then(|s| s.tasks.last().copied());
+    Some(previous.unwrap_or(thread))
+}
+
+/// Follow-ups that can start now: waiting, with the thread's previous follow-up done and the task the
+/// thread started from done (or the run's root). One at a time per thread, in arrival order.
+fn ready_follow_ups(run: &RunState) -> Vec<usize> {
+    let mut ready = Vec::new();
+    let mut busy: BTreeSet<TaskId> = BTreeSet::new();
+    for (i, s) in run.steps.iter().enumerate() {
+        let Some(thread) = s.thread else {
+            continue;
+        };
+        if s.status == StepStatus::Done {
+            continue;
+        }
+        if busy.insert(thread) && s.status == StepStatus::Waiting {
+            let origin_done = thread == run.root.id
+                || run
+                    .by_task
+                    .get(&thread)
+                    .is_some_and(|&o| run.steps[o].status == StepStatus::Done);
+            if origin_done {
+                ready.push(i);
+            }
+        }
+    }
+    ready
 }
 
 fn step_kind(run: &RunState, task: TaskId) -> TaskKind {
@@ -2192,6 +2267,11 @@ impl Machine for Coordinator {
                 );
                 self.finish_with(RunStatus::BudgetExceeded, outcome, now, out);
             }
+            CoordinatorInput::Msg(CoordinatorMsg::FollowUp {
+                parent,
+                brief,
+                agent,
+            }) => self.on_follow_up(parent, brief, agent, now, rng, out),
             CoordinatorInput::Msg(CoordinatorMsg::Cancel { reason }) => {
                 self.finish_with(
                     RunStatus::Cancelled,
@@ -2211,6 +2291,51 @@ impl Machine for Coordinator {
 }
 
 impl Coordinator {
+    fn on_follow_up(
+        &mut self,
+        parent: TaskId,
+        brief: String,
+        agent: Option<String>,
+        now: Millis,
+        rng: &mut dyn Entropy,
+        out: &mut Vec<Effect>,
+    ) {
+        let estimate = self.config.default_estimate_micros;
+        let Some(run) = self.run.as_mut() else {
+            return;
+        };
+        let known = parent == run.root.id || run.by_task.contains_key(&parent);
+        if !known || run.phase != Phase::Running || run.steps.len() >= PLAN_STEPS_MAX {
+            run.decide(
+                now,
+                format!("follow-up on {parent} refused: not a task of this run, the run is not running, or the step bound is reached"),
+            );
+            return;
+        }
+        let n = run.steps.iter().filter(|s| s.thread.is_some()).count() + 1;
+        let key = format!("f{n}");
+        run.decide(
+            now,
+            format!("follow-up {key} queued on the thread of {parent}"),
+        );
+        let mut step = Step::new(
+            PlanStep {
+                key,
+                brief: bounded(brief.clone(), 64 * 1024),
+                goal: bounded(brief, TEXT_BYTES_MAX),
+                quality_criteria: Vec::new(),
+                output_schema: None,
+                assignee: agent,
+                depends_on: Vec::new(),
+                estimate_micros: estimate,
+            },
+            Vec::new(),
+        );
+        step.thread = Some(parent);
+        run.steps.push(step);
+        self.advance(now, rng, out);
+    }
+
     fn on_admission(
         &mut self,
         attempt: AttemptId,

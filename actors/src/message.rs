@@ -263,6 +263,23 @@ pub enum CoordinatorMsg {
         /// The limit.
         limit_micros: u64,
     },
+    /// A follow-up message on a thread: a new derived task (kind `FollowUp`) whose parent is the newest
+    /// task of the thread that `parent` started, served with a standard preamble built from keel's rows
+    /// (never a native resume), its model resolved from its own assignee. Follow-ups of one thread run
+    /// one after another, each against the previous one, so each has a distinct parent.
+    ///
+    /// # Delivery
+    /// Local cast from the host (API, or a worker relaying a user's message). Not idempotent: each is a
+    /// new follow-up. Refused (a logged decision) when `parent` is not a task of this run, when the run
+    /// is no longer running, or past the step bound.
+    FollowUp {
+        /// The task the thread started from.
+        parent: TaskId,
+        /// The follow-up message, verbatim.
+        brief: String,
+        /// The agent to ask for; `None` lets the supervisor pick.
+        agent: Option<String>,
+    },
     /// An operator cancels the run.
     ///
     /// # Delivery

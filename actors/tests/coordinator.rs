@@ -505,3 +505,80 @@ fn disk_faults_delay_the_run_but_lose_nothing() {
     );
     assert_eq!(w.specs.len(), 2, "no step ran twice");
 }
+
+#[test]
+fn follow_ups_chain_on_their_thread_with_a_preamble_even_across_a_worker_restart() {
+    let mut w = World::new(World::default_agents(), ok_script());
+    w.submit(RunMode::Plan(plan(vec![step("a", &[])])), None);
+    // Let the run be accepted (its root task is durable), then send 8 follow-ups on the root's thread.
+    while w.store.tasks.is_empty() {
+        assert!(w.step());
+    }
+    let root = *w.store.tasks.keys().next().unwrap();
+    for i in 0..8 {
+        w.queue
+            .push_back(Ev::Coord(CoordinatorInput::Msg(CoordinatorMsg::FollowUp {
+                parent: root,
+                brief: format!("follow-up number {i}"),
+                agent: Some("beta".into()),
+            })));
+    }
+    // Restart the worker of the fourth follow-up mid-session.
+    let mut restarted = false;
+    for _ in 0..100_000 {
+        if !restarted
+            && let Some((attempt, _)) = w.specialists.iter().find(|(a, _)| {
+                w.store
+                    .tasks
+                    .get(&a.task)
+                    .is_some_and(|t| t.brief.contains("follow-up number 3"))
+                    && w.specs.iter().any(|(s, _)| s == *a)
+            })
+        {
+            let attempt = *attempt;
+            w.specialists.remove(&attempt);
+            w.queue.push_back(Ev::Sup(SupervisorInput::Msg(
+                SupervisorMsg::SpecialistDown {
+                    attempt,
+                    reason: "worker restarted".into(),
+                },
+            )));
+            restarted = true;
+        }
+        if !w.step() || (w.coordinator.is_terminal() && w.queue.is_empty()) {
+            break;
+        }
+    }
+    assert!(restarted);
+    assert_eq!(w.run_status(), Some(RunStatus::Completed));
+    let follow_ups: Vec<&keel_store::Task> = w
+        .store
+        .tasks
+        .values()
+        .filter(|t| t.kind == TaskKind::FollowUp)
+        .collect();
+    assert_eq!(follow_ups.len(), 8);
+    let parents: std::collections::BTreeSet<_> = follow_ups.iter().map(|t| t.parent).collect();
+    assert_eq!(parents.len(), 8, "each follow-up has a distinct parent");
+    for t in &follow_ups {
+        assert_eq!(t.status, TaskStatus::Complete);
+        assert_eq!(
+            t.model.as_deref(),
+            Some("model-b"),
+            "the model comes from the follow-up's assignee"
+        );
+    }
+    // Every follow-up session got a preamble from keel's rows.
+    let served: Vec<_> = w
+        .specs
+        .iter()
+        .filter(|(_, s)| s.prompt.contains("follow-up number"))
+        .collect();
+    assert!(served.len() >= 9, "8 follow-ups plus the restarted one");
+    assert!(
+        served
+            .iter()
+            .all(|(_, s)| s.prompt.contains("<keel-context")),
+        "every follow-up session has a preamble"
+    );
+}
