@@ -344,3 +344,55 @@ async fn a_failure_mode_holds_until_cleared() {
     assert_eq!(server.requests_count(), 4);
     server.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn serve_script_file_runs_until_shutdown_and_reports_bad_scripts() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("script.toml");
+    std::fs::write(&path, "[[turns]]\ntext = \"from the file\"\n").unwrap();
+    let (addr_tx, addr_rx) = tokio::sync::oneshot::channel();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn({
+        let path = path.clone();
+        async move {
+            keel_harness::server::serve_script_file(
+                &path,
+                0,
+                None,
+                |addr| {
+                    let _ = addr_tx.send(addr);
+                },
+                async {
+                    let _ = stop_rx.await;
+                },
+            )
+            .await
+        }
+    });
+    let addr = addr_rx.await.unwrap();
+    assert!(addr.ip().is_loopback());
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+    let v: Value = client()
+        .post(format!("http://{addr}/v1/messages"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["content"][0]["text"], "from the file");
+    stop_tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), serving)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+
+    std::fs::write(&path, "turns = 3").unwrap();
+    let bad = keel_harness::server::serve_script_file(&path, 0, None, |_| {}, async {}).await;
+    assert!(matches!(
+        bad,
+        Err(keel_harness::server::ServerError::Script(_))
+    ));
+}

@@ -111,6 +111,9 @@ pub enum ServerError {
     /// The server task failed.
     #[error("server failed: {0}")]
     Serve(String),
+    /// The script file could not be loaded.
+    #[error(transparent)]
+    Script(#[from] crate::scripted::ScriptError),
 }
 
 struct Shared {
@@ -277,6 +280,28 @@ pub async fn serve(
     on_ready(server.addr());
     shutdown.await;
     server.shutdown().await
+}
+
+/// What `keel model-server --script FILE [--port N] [--record-dir DIR]` runs: loads the script
+/// (JSON or TOML by extension), binds 127.0.0.1 on `port` (0 for a free one), calls `on_ready` with
+/// the bound address, serves until `shutdown` completes, then stops within [`SHUTDOWN_WAIT_MS`].
+///
+/// # Errors
+/// [`ServerError::Script`] for a bad script file, else as [`serve`].
+pub async fn serve_script_file(
+    script_path: &std::path::Path,
+    port: u16,
+    record_dir: Option<PathBuf>,
+    on_ready: impl FnOnce(SocketAddr),
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServerError> {
+    let script = Script::from_path(script_path)?;
+    let config = ModelServerConfig {
+        script,
+        bind: SocketAddr::from(([127, 0, 0, 1], port)),
+        record_dir,
+    };
+    serve(config, on_ready, shutdown).await
 }
 
 fn redact(name: &str, value: &str) -> String {
