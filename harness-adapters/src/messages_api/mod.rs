@@ -108,6 +108,26 @@ impl Harness for MessagesApiHarness {
         Box::pin(async move {
             let spec = prepare_spec(spec)?;
             let auth = auth_for(&spec)?;
+            let mut tools = self.config.tools.clone();
+            if let Some(endpoint) = &spec.mcp_endpoint {
+                let bearer = match &endpoint.bearer_token_env {
+                    Some(name) => Some(
+                        spec.env_var(name)
+                            .ok_or_else(|| StartError::MissingCredential(name.clone()))?,
+                    ),
+                    None => None,
+                };
+                crate::tools::mcp::register_endpoint(
+                    &mut tools,
+                    endpoint,
+                    bearer,
+                    self.client.clone(),
+                )
+                .await
+                .map_err(|e| {
+                    StartError::Unavailable(format!("MCP endpoint {}: {e}", endpoint.url))
+                })?;
+            }
             let base_url = spec
                 .account
                 .base_url
@@ -119,11 +139,7 @@ impl Harness for MessagesApiHarness {
                 auth,
                 self.config.stream_idle_ms_max,
             );
-            let agent = AgentLoop::new(
-                Arc::new(transport),
-                self.config.tools.clone(),
-                self.config.loop_config.clone(),
-            );
+            let agent = AgentLoop::new(Arc::new(transport), tools, self.config.loop_config.clone());
             let (sink, cancel, session) = session_channel(HarnessKind::MessagesApi);
             tokio::spawn(agent.run(spec, sink, cancel));
             Ok(session)

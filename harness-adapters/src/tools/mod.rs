@@ -6,6 +6,7 @@
 //! call runs under a timeout with an output cap.
 
 pub mod builtin;
+pub mod mcp;
 pub mod path;
 
 use std::collections::BTreeMap;
