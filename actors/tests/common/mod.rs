@@ -164,6 +164,11 @@ pub struct World {
     pub coord_config: CoordinatorConfig,
     pub max_live: usize,
     pub delivered_acks: BTreeSet<AttemptId>,
+    /// Per-mille chance that a remote message (specialist <-> coordinator) is lost, and duplicated.
+    pub drop_permille: u64,
+    pub dup_permille: u64,
+    pub chaos: SplitMix64,
+    pub remote_dropped: u64,
 }
 
 impl World {
@@ -190,6 +195,10 @@ impl World {
             coord_config: CoordinatorConfig::default(),
             max_live: 0,
             delivered_acks: BTreeSet::new(),
+            drop_permille: 0,
+            dup_permille: 0,
+            chaos: SplitMix64(99),
+            remote_dropped: 0,
         }
     }
 
@@ -218,6 +227,19 @@ impl World {
             ))));
     }
 
+    /// Deliver a remote message: maybe lose it, maybe deliver it twice.
+    fn remote(&mut self, ev: Ev, dup: impl Fn() -> Ev) {
+        let roll = self.chaos.next_u64() % 1000;
+        if roll < self.drop_permille {
+            self.remote_dropped += 1;
+            return;
+        }
+        self.queue.push_back(ev);
+        if self.chaos.next_u64() % 1000 < self.dup_permille {
+            self.queue.push_back(dup());
+        }
+    }
+
     fn timer(&mut self, at: Millis, ev: Ev) {
         self.timer_seq += 1;
         self.timers.insert((at.max(self.now), self.timer_seq), ev);
@@ -235,8 +257,10 @@ impl World {
                     if msg == SpecialistMsg::Ack {
                         self.delivered_acks.insert(attempt);
                     }
-                    self.queue
-                        .push_back(Ev::Spec(attempt, SpecialistInput::Msg(msg)));
+                    let again = msg.clone();
+                    self.remote(Ev::Spec(attempt, SpecialistInput::Msg(msg)), || {
+                        Ev::Spec(attempt, SpecialistInput::Msg(again.clone()))
+                    });
                 }
                 Effect::Send(Envelope::Supervisor(m)) => {
                     self.queue.push_back(Ev::Sup(SupervisorInput::Msg(m)));
@@ -318,12 +342,20 @@ impl World {
                         attempt,
                         "a specialist replied for another attempt"
                     );
-                    self.queue.push_back(Ev::Coord(CoordinatorInput::Msg(
-                        CoordinatorMsg::Specialist {
-                            from: to.attempt(),
+                    let again = reply.clone();
+                    let from = to.attempt();
+                    self.remote(
+                        Ev::Coord(CoordinatorInput::Msg(CoordinatorMsg::Specialist {
+                            from,
                             reply,
+                        })),
+                        || {
+                            Ev::Coord(CoordinatorInput::Msg(CoordinatorMsg::Specialist {
+                                from,
+                                reply: again.clone(),
+                            }))
                         },
-                    )));
+                    );
                 }
                 SpecialistEffect::SetTimer { timer, at } => {
                     self.timer(at, Ev::Spec(attempt, SpecialistInput::Timer(timer)));
