@@ -99,6 +99,29 @@ fn auth_for(spec: &SessionSpec) -> Result<Auth, StartError> {
     })
 }
 
+/// The session's tools: the configured registry plus, when the spec names an MCP endpoint, the
+/// endpoint's tools. `http` is only called when an endpoint is set.
+pub(crate) async fn session_tools(
+    spec: &SessionSpec,
+    base: &ToolRegistry,
+    http: impl FnOnce() -> Result<reqwest::Client, StartError>,
+) -> Result<ToolRegistry, StartError> {
+    let mut tools = base.clone();
+    if let Some(endpoint) = &spec.mcp_endpoint {
+        let bearer = match &endpoint.bearer_token_env {
+            Some(name) => Some(
+                spec.env_var(name)
+                    .ok_or_else(|| StartError::MissingCredential(name.clone()))?,
+            ),
+            None => None,
+        };
+        crate::tools::mcp::register_endpoint(&mut tools, endpoint, bearer, http()?)
+            .await
+            .map_err(|e| StartError::Unavailable(format!("MCP endpoint {}: {e}", endpoint.url)))?;
+    }
+    Ok(tools)
+}
+
 impl Harness for MessagesApiHarness {
     fn kind(&self) -> HarnessKind {
         HarnessKind::MessagesApi
@@ -108,26 +131,8 @@ impl Harness for MessagesApiHarness {
         Box::pin(async move {
             let spec = prepare_spec(spec)?;
             let auth = auth_for(&spec)?;
-            let mut tools = self.config.tools.clone();
-            if let Some(endpoint) = &spec.mcp_endpoint {
-                let bearer = match &endpoint.bearer_token_env {
-                    Some(name) => Some(
-                        spec.env_var(name)
-                            .ok_or_else(|| StartError::MissingCredential(name.clone()))?,
-                    ),
-                    None => None,
-                };
-                crate::tools::mcp::register_endpoint(
-                    &mut tools,
-                    endpoint,
-                    bearer,
-                    self.client.clone(),
-                )
-                .await
-                .map_err(|e| {
-                    StartError::Unavailable(format!("MCP endpoint {}: {e}", endpoint.url))
-                })?;
-            }
+            let tools =
+                session_tools(&spec, &self.config.tools, || Ok(self.client.clone())).await?;
             let base_url = spec
                 .account
                 .base_url

@@ -12,8 +12,8 @@ use super::script::Script;
 use crate::error::{HarnessError, StartError};
 use crate::messages_api::agent::{AgentLoop, LoopConfig};
 use crate::messages_api::client::ModelTransport;
-use crate::messages_api::prepare_spec;
 use crate::messages_api::wire::{AssistantMessage, ContentBlock, MessagesRequest, WireUsage};
+use crate::messages_api::{prepare_spec, session_tools};
 use crate::session::{BoxFuture, CancelToken, Harness, RunningSession, session_channel};
 use crate::spec::{HarnessKind, SessionSpec};
 use crate::tools::ToolRegistry;
@@ -174,11 +174,13 @@ impl Harness for ScriptedHarness {
     fn start(&self, spec: SessionSpec) -> BoxFuture<'_, Result<RunningSession, StartError>> {
         Box::pin(async move {
             let spec = prepare_spec(spec)?;
-            let agent = AgentLoop::new(
-                Arc::new(self.transport.clone()),
-                self.tools.clone(),
-                self.config.clone(),
-            );
+            let tools = session_tools(&spec, &self.tools, || {
+                crate::messages_api::http::model_client()
+                    .map_err(|e| StartError::Unavailable(e.message))
+            })
+            .await?;
+            let agent =
+                AgentLoop::new(Arc::new(self.transport.clone()), tools, self.config.clone());
             let (sink, cancel, session) = session_channel(HarnessKind::Scripted);
             tokio::spawn(agent.run(spec, sink, cancel));
             Ok(session)
