@@ -6,6 +6,7 @@
 mod config;
 mod home;
 mod render;
+mod run;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -28,6 +29,10 @@ pub(crate) enum Exit {
     NotFound = 3,
     /// There is no keel home here: run `keel init` first.
     NoHome = 4,
+    /// The run ended without a usable synthesis (failed, cancelled, over budget).
+    RunNotCompleted = 5,
+    /// A signal paused the run; `keel resume RUN` continues it.
+    Paused = 6,
 }
 
 /// keel: an orchestrator for coding-agent harnesses whose conversations live in its own store.
@@ -88,6 +93,112 @@ enum Command {
         #[arg(long, default_value_t = 2000)]
         limit: u32,
     },
+    /// Run one orchestrated job on this home's store (created on first use).
+    Run {
+        /// The brief.
+        brief: String,
+        /// A plan file (JSON, or TOML with a .toml extension) instead of the built-in decomposition.
+        #[arg(long, value_name = "FILE")]
+        plan: Option<PathBuf>,
+        #[command(flatten)]
+        harness: HarnessArgs,
+        /// Print only the summary.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Continue a paused or interrupted run from its checkpoint.
+    Resume {
+        /// The run id.
+        run: RunId,
+        #[command(flatten)]
+        harness: HarnessArgs,
+        /// Print only the summary.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Cancel a run (through the process running it, if one is).
+    Cancel {
+        /// The run id.
+        run: RunId,
+    },
+    /// Show open runs, or one run's state.
+    Status {
+        /// The run id.
+        run: Option<RunId>,
+    },
+    /// Serve the scripted model on 127.0.0.1 (for harness CLIs and `--model-server`).
+    ModelServer {
+        /// A script (JSON or TOML); without one the model answers by its prompt rules.
+        #[arg(long, value_name = "FILE")]
+        script: Option<PathBuf>,
+        /// The port (0 picks a free one; the address is printed).
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+        /// Write every request there as a JSON file.
+        #[arg(long, value_name = "DIR")]
+        record_dir: Option<PathBuf>,
+    },
+}
+
+/// Which agents and harnesses a run uses.
+#[derive(clap::Args, Debug, Clone)]
+struct HarnessArgs {
+    /// Only this agent profile of keel.toml.
+    #[arg(long, value_name = "NAME")]
+    agent: Option<String>,
+    /// Run every task on this harness (claude-code, codex, opencode, pi, messages-api, scripted).
+    #[arg(long, value_name = "KIND", value_parser = parse_harness)]
+    harness: Option<keel_harness::HarnessKind>,
+    /// The model for `--harness`.
+    #[arg(long, value_name = "NAME")]
+    model: Option<String>,
+    /// Use the scripted model served at this URL (`keel model-server`) instead of a built-in one.
+    #[arg(long, value_name = "URL")]
+    model_server: Option<String>,
+}
+
+fn parse_harness(name: &str) -> Result<keel_harness::HarnessKind, String> {
+    keel_harness::HarnessKind::parse(name).ok_or_else(|| {
+        format!(
+            "unknown harness {name:?}: claude-code, codex, opencode, pi, messages-api or scripted"
+        )
+    })
+}
+
+impl HarnessArgs {
+    fn choice(self) -> run::setup::HarnessChoice {
+        run::setup::HarnessChoice {
+            agent: self.agent,
+            harness: self.harness,
+            model: self.model,
+            model_server: self.model_server,
+        }
+    }
+}
+
+fn ended(e: anyhow::Result<run::Ended>) -> Result<(), Failed> {
+    match e {
+        Ok(run::Ended::Completed) => Ok(()),
+        Ok(run::Ended::NotCompleted) => Err(Failed {
+            exit: Exit::RunNotCompleted,
+            error: anyhow::anyhow!("the run did not complete"),
+        }),
+        Ok(run::Ended::Paused) => Err(Failed {
+            exit: Exit::Paused,
+            error: anyhow::anyhow!("the run is paused"),
+        }),
+        Err(error) => Err(Failed {
+            exit: Exit::Failure,
+            error,
+        }),
+    }
+}
+
+fn failure(e: anyhow::Result<()>) -> Result<(), Failed> {
+    e.map_err(|error| Failed {
+        exit: Exit::Failure,
+        error,
+    })
 }
 
 fn main() -> ExitCode {
@@ -217,6 +328,32 @@ fn run(cli: Cli) -> Result<(), Failed> {
             let header = catalog.run(run)?;
             out.tree(&header, &catalog.tree(run, limit)?)?;
         }
+        Command::Run {
+            brief,
+            plan,
+            harness,
+            quiet,
+        } => {
+            let args = run::RunArgs {
+                brief,
+                plan,
+                choice: harness.choice(),
+                quiet,
+            };
+            ended(run::run(&home, args, cli.json))?;
+        }
+        Command::Resume {
+            run: id,
+            harness,
+            quiet,
+        } => ended(run::resume(&home, id, harness.choice(), quiet, cli.json))?,
+        Command::Cancel { run: id } => failure(run::cancel(&home, id, cli.json))?,
+        Command::Status { run: id } => failure(run::summary::status(&home, id, cli.json))?,
+        Command::ModelServer {
+            script,
+            port,
+            record_dir,
+        } => failure(run::model_server(script, port, record_dir))?,
     }
     Ok(())
 }

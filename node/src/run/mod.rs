@@ -1,0 +1,343 @@
+//! The commands that run work: `keel run`, `keel resume`, `keel cancel`, `keel status`,
+//! `keel model-server`. Each hosts keel's machines in the ractor runtime (`keel_actors::runtime`) on
+//! the home's store, which this process opens as the only writer (readers such as `keel tree` may
+//! open it beside it).
+//!
+//! Shutdown: SIGINT or SIGTERM pauses every run cooperatively (sessions cancelled, partial logs
+//! checkpointed, open tasks marked paused) and exits with [`Ended::Paused`]; `keel resume RUN`
+//! continues with resume preambles. A SIGKILL loses nothing acknowledged: `keel resume RUN`
+//! continues from the checkpoint.
+
+pub(crate) mod progress;
+pub(crate) mod setup;
+pub(crate) mod summary;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, anyhow, bail};
+use keel_actors::runtime::{RunHandle, RunOutcome, Runtime, scripted};
+use keel_actors::{Plan, PlanStep, RunMode};
+use keel_harness::scripted::Script;
+use keel_harness::server::{ModelServer, ModelServerConfig};
+use keel_store::{RunId, RunStatus, Sharing, Store, StoreConfig};
+
+use crate::home::Home;
+use setup::{HarnessChoice, node_setup, work_dir};
+
+/// How long a graceful shutdown waits for sessions to end before killing them.
+const PAUSE_WAIT: Duration = Duration::from_secs(10);
+/// How often a running node looks for a cancel request from `keel cancel`.
+const CONTROL_POLL: Duration = Duration::from_millis(200);
+/// Most bytes of a plan file.
+const PLAN_BYTES_MAX: u64 = 4 * 1024 * 1024;
+/// Environment variable naming a file the run's id is written to once it is submitted (for
+/// `--detach` and for scripts that need the id before the run ends).
+pub(crate) const ANNOUNCE_ENV: &str = "KEEL_RUN_ANNOUNCE";
+
+/// How a command that hosts a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ended {
+    /// The run completed with a synthesis.
+    Completed,
+    /// The run ended without a usable synthesis (failed, budget, cancelled).
+    NotCompleted,
+    /// A signal paused it; `keel resume` continues it.
+    Paused,
+}
+
+/// `keel run`'s arguments.
+#[derive(Debug, Clone)]
+pub(crate) struct RunArgs {
+    pub(crate) brief: String,
+    pub(crate) plan: Option<PathBuf>,
+    pub(crate) choice: HarnessChoice,
+    pub(crate) quiet: bool,
+}
+
+fn tokio_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+fn init_logs(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("KEEL_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = if json {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+}
+
+/// Open the home's store as its only writer, sharing it with readers.
+fn open_writer(home: &Home) -> anyhow::Result<Arc<Store>> {
+    home.init()?;
+    let path = home.store_path()?;
+    let store = Store::open_with(
+        &path,
+        StoreConfig {
+            sharing: Sharing::WithReaders,
+            ..StoreConfig::default()
+        },
+    )
+    .with_context(|| {
+        format!(
+            "opening {} for writing (is another keel process running on this home?)",
+            path.display()
+        )
+    })?;
+    Ok(Arc::new(store))
+}
+
+fn read_plan(path: &Path) -> anyhow::Result<Plan> {
+    let meta = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
+    if meta.len() > PLAN_BYTES_MAX {
+        bail!("{} is larger than {PLAN_BYTES_MAX} bytes", path.display());
+    }
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let plan: Plan = if path.extension().is_some_and(|e| e == "toml") {
+        toml::from_str(&text).with_context(|| format!("{} is not a plan", path.display()))?
+    } else {
+        serde_json::from_str(&text).with_context(|| format!("{} is not a plan", path.display()))?
+    };
+    keel_actors::plan::validate(plan.clone()).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    Ok(plan)
+}
+
+fn control_file(home: &Home, run: RunId) -> PathBuf {
+    home.dir().join("control").join(format!("{run}.cancel"))
+}
+
+/// Host one run until it ends, a signal pauses it, or `keel cancel` asks to cancel it.
+async fn drive(
+    home: &Home,
+    rt: &Runtime,
+    handle: RunHandle,
+    view: tokio::task::JoinHandle<u64>,
+    json: bool,
+) -> anyhow::Result<Ended> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let run = handle.id();
+    if let Some(path) = std::env::var_os(ANNOUNCE_ENV) {
+        std::fs::write(&path, run.to_string())
+            .with_context(|| format!("writing the run id to {}", PathBuf::from(&path).display()))?;
+    }
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let control = control_file(home, run);
+    let finished = handle.finished();
+    tokio::pin!(finished);
+    let mut cancel_sent = false;
+    let outcome: RunOutcome = loop {
+        tokio::select! {
+            r = &mut finished => break r?,
+            _ = term.recv() => return pause(rt, run, view, json).await,
+            _ = int.recv() => return pause(rt, run, view, json).await,
+            () = tokio::time::sleep(CONTROL_POLL), if !cancel_sent => {
+                if control.exists() {
+                    let reason = std::fs::read_to_string(&control).unwrap_or_default();
+                    rt.cancel(run, reason.trim());
+                    let _ = std::fs::remove_file(&control);
+                    cancel_sent = true;
+                }
+            }
+        }
+    };
+    // The view ends at the Finished event; bounded in case it was dropped.
+    let _ = tokio::time::timeout(Duration::from_secs(2), view).await;
+    summary::print(home, rt.store(), run, &outcome, json)?;
+    Ok(if outcome.status == RunStatus::Completed {
+        Ended::Completed
+    } else {
+        Ended::NotCompleted
+    })
+}
+
+async fn pause(
+    rt: &Runtime,
+    run: RunId,
+    view: tokio::task::JoinHandle<u64>,
+    json: bool,
+) -> anyhow::Result<Ended> {
+    let summary = rt.pause(PAUSE_WAIT).await;
+    view.abort();
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "run": run.to_string(),
+                "status": "paused",
+                "tasks_paused": summary.tasks_paused,
+                "specialists_killed": summary.specialists_killed,
+            })
+        );
+    } else {
+        println!(
+            "paused run {run}: {} open tasks marked paused; continue with `keel resume {run}`",
+            summary.tasks_paused
+        );
+    }
+    Ok(Ended::Paused)
+}
+
+/// `keel run "BRIEF"`.
+pub(crate) fn run(home: &Home, args: RunArgs, json: bool) -> anyhow::Result<Ended> {
+    let config = home.config()?;
+    init_logs(config.log.format == crate::config::LogFormat::Json);
+    tokio_runtime()?.block_on(async {
+        let store = open_writer(home)?;
+        let work = work_dir()?;
+        let setup = node_setup(&config, &args.choice, &work).await?;
+        let mode = match &args.plan {
+            Some(path) => RunMode::Plan(read_plan(path)?),
+            None if setup.scripted => RunMode::Plan(
+                scripted::survey_plan(&args.brief).map_err(|e| anyhow!("built-in plan: {e}"))?,
+            ),
+            // A real harness without a plan: the brief is one step. (A lead agent that delegates
+            // needs the MCP endpoint, which this node does not serve yet.)
+            None => RunMode::Plan(Plan {
+                steps: vec![PlanStep {
+                    key: "brief".into(),
+                    brief: args.brief.clone(),
+                    goal: args.brief.clone(),
+                    quality_criteria: Vec::new(),
+                    output_schema: None,
+                    assignee: args.choice.agent.clone(),
+                    depends_on: Vec::new(),
+                    estimate_micros: 0,
+                }],
+                constraints: Vec::new(),
+            }),
+        };
+        let budget = config
+            .supervisor
+            .run_budget_usd
+            .map(|d| (d * 1_000_000.0).round() as u64);
+        let snapshot = toml::to_string(&config).unwrap_or_default();
+        let (rt, events) = Runtime::start(store, setup.harnesses, setup.config).await?;
+        let view = tokio::spawn(progress::show(events, args.quiet || json));
+        let handle = rt
+            .submit(args.brief.clone(), mode, budget, snapshot)
+            .await?;
+        if !json && !args.quiet {
+            println!("run {} started in {}", handle.id(), work.display());
+        }
+        let ended = drive(home, &rt, handle, view, json).await;
+        rt.shutdown().await;
+        ended
+    })
+}
+
+/// `keel resume RUN`.
+pub(crate) fn resume(
+    home: &Home,
+    run: RunId,
+    choice: HarnessChoice,
+    quiet: bool,
+    json: bool,
+) -> anyhow::Result<Ended> {
+    let config = home.config()?;
+    init_logs(config.log.format == crate::config::LogFormat::Json);
+    tokio_runtime()?.block_on(async {
+        let store = open_writer(home)?;
+        let work = work_dir()?;
+        let setup = node_setup(&config, &choice, &work).await?;
+        let (rt, events) = Runtime::start(store, setup.harnesses, setup.config).await?;
+        let view = tokio::spawn(progress::show(events, quiet || json));
+        let handle = rt.resume(run).await?;
+        if !json && !quiet {
+            println!("run {run} resumed in {}", work.display());
+        }
+        let ended = drive(home, &rt, handle, view, json).await;
+        rt.shutdown().await;
+        ended
+    })
+}
+
+/// `keel cancel RUN`: cancel it here if no process hosts it, else ask the process that does.
+pub(crate) fn cancel(home: &Home, run: RunId, json: bool) -> anyhow::Result<()> {
+    let reason = "cancelled by an operator";
+    let rt = tokio_runtime()?;
+    match open_writer(home) {
+        Ok(store) => rt.block_on(async {
+            let (node, _events) = Runtime::start(
+                store,
+                keel_actors::runtime::HarnessSet::new(),
+                keel_actors::runtime::RuntimeConfig::default(),
+            )
+            .await?;
+            let result = node.cancel_stored(run, reason).await;
+            node.shutdown().await;
+            let tasks = result?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"run": run.to_string(), "status": "cancelled", "tasks_cancelled": tasks})
+                );
+            } else {
+                println!("run {run} cancelled ({tasks} open tasks cancelled)");
+            }
+            Ok(())
+        }),
+        Err(e) => {
+            // Another process holds the store: it polls for this file and cancels cooperatively.
+            let path = control_file(home, run);
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("creating {}", dir.display()))?;
+            }
+            std::fs::write(&path, reason).with_context(|| format!("writing {}", path.display()))?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"run": run.to_string(), "status": "cancel_requested", "control_file": path})
+                );
+            } else {
+                println!(
+                    "run {run} is held by a running keel process ({e:#}); cancel requested through {}",
+                    path.display()
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+/// `keel model-server`: serve the scripted model on 127.0.0.1 until SIGINT or SIGTERM.
+pub(crate) fn model_server(
+    script: Option<PathBuf>,
+    port: u16,
+    record_dir: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    let script = match script {
+        Some(path) => Script::from_path(&path).map_err(|e| anyhow!("{}: {e}", path.display()))?,
+        None => Script::rules(),
+    };
+    tokio_runtime()?.block_on(async {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut config = ModelServerConfig::new(script);
+        config.bind.set_port(port);
+        config.record_dir = record_dir;
+        let server = ModelServer::start(config).await?;
+        println!("listening on {}", server.base_url());
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        server.shutdown().await?;
+        Ok(())
+    })
+}

@@ -1,0 +1,242 @@
+//! From keel.toml and the command line to a running node: the agents the supervisor may assign, the
+//! harnesses that run them, the accounts they bill to, and the built-in scripted model server used
+//! when nothing else is configured.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use keel_actors::runtime::{HarnessSet, RuntimeConfig};
+use keel_harness::cli::{CliConfig, CliHarness};
+use keel_harness::messages_api::{MessagesApiConfig, MessagesApiHarness};
+use keel_harness::scripted::{Script, ScriptedHarness};
+use keel_harness::server::{ModelServer, ModelServerConfig};
+use keel_harness::{Account, Credential, HarnessKind};
+use keel_store::{AgentLimits, AgentProfile};
+
+use crate::config::{AgentSection, Config, HarnessName};
+
+/// The agent profile of the built-in scripted model.
+pub(crate) const SCRIPTED_AGENT: &str = "scripted";
+/// The account the built-in scripted model bills to (a local endpoint, no key).
+pub(crate) const SCRIPTED_ACCOUNT: &str = "scripted-local";
+/// The model name the scripted model answers as.
+pub(crate) const SCRIPTED_MODEL: &str = "keel-scripted-1";
+
+/// The harness choices on the command line.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct HarnessChoice {
+    /// `--agent NAME`: only this profile of keel.toml.
+    pub(crate) agent: Option<String>,
+    /// `--harness KIND`: one profile on this harness.
+    pub(crate) harness: Option<HarnessKind>,
+    /// `--model NAME` for `--harness`.
+    pub(crate) model: Option<String>,
+    /// `--model-server URL`: the scripted model served by another process (`keel model-server`).
+    pub(crate) model_server: Option<String>,
+}
+
+/// What a node needs besides the store.
+pub(crate) struct NodeSetup {
+    pub(crate) harnesses: HarnessSet,
+    pub(crate) config: RuntimeConfig,
+    /// Whether runs use the scripted model (so briefs get the scripted survey plan).
+    pub(crate) scripted: bool,
+    /// The in-process model server, kept alive for the node's life.
+    pub(crate) _server: Option<ModelServer>,
+}
+
+fn kind_of(name: HarnessName) -> HarnessKind {
+    match name {
+        HarnessName::ClaudeCode => HarnessKind::ClaudeCode,
+        HarnessName::Codex => HarnessKind::Codex,
+        HarnessName::Opencode => HarnessKind::Opencode,
+        HarnessName::Pi => HarnessKind::Pi,
+        HarnessName::MessagesApi => HarnessKind::MessagesApi,
+        HarnessName::Scripted => HarnessKind::Scripted,
+    }
+}
+
+fn profile(a: &AgentSection) -> AgentProfile {
+    let mut limits = AgentLimits::default();
+    if let Some(t) = a.max_turns {
+        limits.turns_max = t.get();
+    }
+    AgentProfile {
+        name: a.name.clone(),
+        description: a.description.clone(),
+        harness: kind_of(a.harness).as_str().into(),
+        model: a.model.clone(),
+        account: a.account.clone(),
+        tools: a.tools.clone(),
+        system_prompt: a.system_prompt.clone(),
+        limits,
+    }
+}
+
+fn scripted_profile() -> AgentProfile {
+    AgentProfile {
+        name: SCRIPTED_AGENT.into(),
+        description:
+            "keel's built-in scripted model, driving the native agent loop with real tools".into(),
+        harness: HarnessKind::MessagesApi.as_str().into(),
+        model: SCRIPTED_MODEL.into(),
+        account: SCRIPTED_ACCOUNT.into(),
+        tools: Vec::new(),
+        system_prompt: String::new(),
+        limits: AgentLimits::default(),
+    }
+}
+
+/// The account a configured agent bills to: credentials from the environment, by harness.
+fn account_for(kind: HarnessKind, id: &str) -> Account {
+    let credential = match kind {
+        HarnessKind::MessagesApi | HarnessKind::ClaudeCode => {
+            Credential::ApiKeyEnv("ANTHROPIC_API_KEY".into())
+        }
+        HarnessKind::Codex | HarnessKind::Opencode | HarnessKind::Pi => {
+            Credential::ApiKeyEnv("OPENAI_API_KEY".into())
+        }
+        HarnessKind::Scripted => Credential::None,
+    };
+    let base_url = match kind {
+        HarnessKind::MessagesApi | HarnessKind::ClaudeCode => {
+            std::env::var("ANTHROPIC_BASE_URL").ok()
+        }
+        _ => std::env::var("OPENAI_BASE_URL").ok(),
+    };
+    Account {
+        id: id.into(),
+        base_url,
+        credential,
+    }
+}
+
+fn harness_for(kind: HarnessKind) -> anyhow::Result<Arc<dyn keel_harness::Harness>> {
+    Ok(match kind {
+        HarnessKind::ClaudeCode => Arc::new(CliHarness::new(
+            keel_harness::cli::claude::ClaudeCode,
+            CliConfig::default(),
+        )),
+        HarnessKind::Codex => Arc::new(CliHarness::new(
+            keel_harness::cli::codex::Codex,
+            CliConfig::default(),
+        )),
+        HarnessKind::Opencode => Arc::new(CliHarness::new(
+            keel_harness::cli::opencode::Opencode,
+            CliConfig::default(),
+        )),
+        HarnessKind::Pi => Arc::new(keel_harness::cli::pi::PiHarness::pi()),
+        HarnessKind::MessagesApi => Arc::new(
+            MessagesApiHarness::new(MessagesApiConfig::default())
+                .context("building the messages-api client")?,
+        ),
+        HarnessKind::Scripted => Arc::new(ScriptedHarness::new(Script::rules())),
+    })
+}
+
+/// Build the node: agents from keel.toml (narrowed by `--agent`), or one profile on `--harness`, or
+/// the built-in scripted model over the native agent loop on a local model server.
+pub(crate) async fn node_setup(
+    config: &Config,
+    choice: &HarnessChoice,
+    work_dir: &Path,
+) -> anyhow::Result<NodeSetup> {
+    let mut rc = RuntimeConfig::default();
+    let sup = &config.supervisor;
+    rc.supervisor.specialists_max = sup.max_concurrent_specialists.get();
+    rc.supervisor.depth_max = sup.max_depth;
+    rc.supervisor.spawn_burst = sup.spawn_burst.get();
+    rc.supervisor.spawn_interval_ms = 60_000 / u64::from(sup.spawns_per_minute.get()).max(1);
+    rc.supervisor.subtask_timeout_ms = u64::from(sup.subtask_timeout_s.get()) * 1000;
+    rc.specialist.working_dir = work_dir.to_path_buf();
+    rc.stop_grace_ms = 5_000;
+
+    let mut harnesses = HarnessSet::new();
+    let mut server = None;
+    let mut scripted = false;
+    let mut agents: Vec<AgentProfile> = Vec::new();
+    if let Some(kind) = choice.harness {
+        let name = kind.as_str().to_string();
+        let model = choice.model.clone().unwrap_or_else(|| match kind {
+            HarnessKind::Scripted => SCRIPTED_MODEL.into(),
+            HarnessKind::Codex | HarnessKind::Opencode | HarnessKind::Pi => "gpt-5".into(),
+            _ => "claude-sonnet-4-5".into(),
+        });
+        agents.push(AgentProfile {
+            name: name.clone(),
+            description: format!("every task on {kind}"),
+            harness: kind.as_str().into(),
+            model,
+            account: name.clone(),
+            tools: Vec::new(),
+            system_prompt: String::new(),
+            limits: AgentLimits::default(),
+        });
+        harnesses = harnesses
+            .with(kind, harness_for(kind)?)
+            .with_account(account_for(kind, &name));
+        scripted = kind == HarnessKind::Scripted;
+    } else if !config.agents.is_empty() {
+        for a in &config.agents {
+            if choice.agent.as_ref().is_some_and(|n| n != &a.name) {
+                continue;
+            }
+            let kind = kind_of(a.harness);
+            agents.push(profile(a));
+            if harnesses.get(kind).is_none() {
+                harnesses = harnesses.with(kind, harness_for(kind)?);
+            }
+            harnesses = harnesses.with_account(account_for(kind, &a.account));
+        }
+        if let Some(n) = &choice.agent
+            && agents.is_empty()
+        {
+            bail!("no agent named {n:?} in keel.toml");
+        }
+        scripted = agents
+            .iter()
+            .all(|a| a.harness == HarnessKind::Scripted.as_str());
+    }
+    if agents.is_empty() {
+        // Nothing configured: the scripted model, served over real HTTP on 127.0.0.1 to keel's own
+        // agent loop, which runs real tools in the working directory.
+        let base_url = match &choice.model_server {
+            Some(url) => url.clone(),
+            None => {
+                let s = ModelServer::start(ModelServerConfig::new(Script::rules()))
+                    .await
+                    .context("starting the built-in scripted model server on 127.0.0.1")?;
+                let url = s.base_url();
+                server = Some(s);
+                url
+            }
+        };
+        agents.push(scripted_profile());
+        harnesses = harnesses
+            .with(
+                HarnessKind::MessagesApi,
+                harness_for(HarnessKind::MessagesApi)?,
+            )
+            .with_account(Account {
+                id: SCRIPTED_ACCOUNT.into(),
+                base_url: Some(base_url),
+                credential: Credential::None,
+            });
+        scripted = true;
+    }
+    rc.supervisor.agents = agents;
+    Ok(NodeSetup {
+        harnesses,
+        config: rc,
+        scripted,
+        _server: server,
+    })
+}
+
+/// The working directory specialists run in: the current directory, made absolute.
+pub(crate) fn work_dir() -> anyhow::Result<PathBuf> {
+    let dir = std::env::current_dir().context("reading the current directory")?;
+    dir.canonicalize()
+        .with_context(|| format!("resolving {}", dir.display()))
+}

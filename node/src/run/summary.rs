@@ -1,0 +1,221 @@
+//! What a run left behind, told from the store (the durable truth, not the event stream): outcome,
+//! coverage, what failed and why, and where the synthesis is. Also `keel status`.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use keel_actors::Synthesis;
+use keel_actors::runtime::RunOutcome;
+use keel_actors::runtime::store_io::all_tasks;
+use keel_store::{Run, RunId, Store, Task, TaskKind, TaskStatus};
+use serde_json::json;
+
+use crate::home::Home;
+
+/// Most characters of one line of the summary.
+const LINE_CHARS_MAX: usize = 160;
+/// Most runs `keel status` lists.
+const STATUS_RUNS_MAX: u32 = 1_000;
+
+fn short(text: &str) -> String {
+    let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if line.chars().count() <= LINE_CHARS_MAX {
+        line
+    } else {
+        let cut: String = line.chars().take(LINE_CHARS_MAX - 1).collect();
+        format!("{cut}…")
+    }
+}
+
+/// Where a run's synthesis is written as Markdown.
+pub(crate) fn synthesis_path(home: &Home, run: RunId) -> PathBuf {
+    home.dir().join("synthesis").join(format!("{run}.md"))
+}
+
+fn markdown(run: &Run, synthesis: &Synthesis) -> String {
+    let mut md = format!(
+        "# Synthesis of run {}\n\nBrief: {}\n\n{}\n\n## Coverage\n\n",
+        run.id, run.brief, synthesis.summary
+    );
+    if synthesis.partial_coverage {
+        md.push_str("**Partial coverage**: some steps are not complete.\n\n");
+    }
+    for c in &synthesis.coverage {
+        md.push_str(&format!(
+            "- {}: {}{}\n",
+            c.step,
+            c.status,
+            c.note
+                .as_deref()
+                .map(|n| format!(" ({n})"))
+                .unwrap_or_default()
+        ));
+    }
+    md.push_str("\n## Findings\n\n");
+    for f in &synthesis.findings {
+        md.push_str(&format!(
+            "- [{}] {} (source: {}, confidence {}‰)\n",
+            f.step, f.finding.claim, f.finding.source, f.finding.confidence_permille
+        ));
+    }
+    if !synthesis.gaps.is_empty() {
+        md.push_str("\n## Gaps\n\n");
+        for g in &synthesis.gaps {
+            md.push_str(&format!("- {g}\n"));
+        }
+    }
+    md
+}
+
+fn failures(tasks: &[Task]) -> Vec<(String, String)> {
+    tasks
+        .iter()
+        .filter(|t| matches!(t.status, TaskStatus::Failed | TaskStatus::Escalated))
+        .map(|t| {
+            (
+                t.id.to_string(),
+                short(t.outcome.as_deref().unwrap_or("no outcome recorded")),
+            )
+        })
+        .collect()
+}
+
+/// Print the end of a run (and write its synthesis file when it has one).
+pub(crate) fn print(
+    home: &Home,
+    store: &Store,
+    run: RunId,
+    outcome: &RunOutcome,
+    json: bool,
+) -> anyhow::Result<()> {
+    let row = store.catalog().run(run)?;
+    let tasks = all_tasks(&store.run(run))?;
+    let synthesis: Option<Synthesis> = serde_json::from_str(&outcome.outcome).ok();
+    let mut synthesis_file = None;
+    if let Some(s) = &synthesis {
+        let path = synthesis_path(home, run);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        std::fs::write(&path, markdown(&row, s))
+            .with_context(|| format!("writing {}", path.display()))?;
+        synthesis_file = Some(path);
+    }
+    let failed = failures(&tasks);
+    if json {
+        let value = json!({
+            "run": run.to_string(),
+            "status": format!("{:?}", outcome.status),
+            "coverage": synthesis.as_ref().map(|s| &s.coverage),
+            "partial_coverage": synthesis.as_ref().map(|s| s.partial_coverage),
+            "failed": failed.iter().map(|(t, why)| json!({"task": t, "why": why})).collect::<Vec<_>>(),
+            "synthesis_file": synthesis_file,
+            "outcome": if synthesis.is_some() { None } else { Some(&outcome.outcome) },
+        });
+        println!("{value}");
+        return Ok(());
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "\nrun {run}: {:?}", outcome.status)?;
+    match &synthesis {
+        Some(s) => {
+            let complete = s.coverage.iter().filter(|c| c.status == "complete").count();
+            writeln!(
+                out,
+                "coverage: {complete} of {} steps complete{}",
+                s.coverage.len(),
+                if s.partial_coverage {
+                    " (partial coverage)"
+                } else {
+                    ""
+                }
+            )?;
+            for c in &s.coverage {
+                writeln!(
+                    out,
+                    "  {:<14} {}{}",
+                    c.step,
+                    c.status,
+                    c.note
+                        .as_deref()
+                        .map(|n| format!(": {}", short(n)))
+                        .unwrap_or_default()
+                )?;
+            }
+            writeln!(out, "summary: {}", short(&s.summary))?;
+        }
+        None => writeln!(out, "outcome: {}", short(&outcome.outcome))?,
+    }
+    if failed.is_empty() {
+        writeln!(out, "failures: none")?;
+    } else {
+        writeln!(out, "failures:")?;
+        for (task, why) in &failed {
+            writeln!(out, "  {task}: {why}")?;
+        }
+    }
+    if let Some(p) = &synthesis_file {
+        writeln!(out, "synthesis: {}", p.display())?;
+    }
+    writeln!(
+        out,
+        "explore: keel tree {run}   keel logs TASK   keel status {run}"
+    )?;
+    Ok(())
+}
+
+/// `keel status [RUN]`.
+pub(crate) fn status(home: &Home, run: Option<RunId>, json: bool) -> anyhow::Result<()> {
+    let store = home.open_existing()?;
+    match run {
+        Some(run) => {
+            let row = store.catalog().run(run)?;
+            let tasks = all_tasks(&store.run(run))?;
+            let mut counts: BTreeMap<String, u32> = BTreeMap::new();
+            for t in tasks.iter().filter(|t| t.kind != TaskKind::Root) {
+                *counts.entry(format!("{:?}", t.status)).or_default() += 1;
+            }
+            if json {
+                println!(
+                    "{}",
+                    json!({"run": run.to_string(), "status": format!("{:?}", row.status), "tasks": counts, "brief": row.brief})
+                );
+            } else {
+                println!("run {run}: {:?}", row.status);
+                println!("brief: {}", short(&row.brief));
+                let line: Vec<String> = counts.iter().map(|(k, v)| format!("{v} {k}")).collect();
+                println!("tasks: {}", line.join(", "));
+                if row.status == keel_store::RunStatus::Paused {
+                    println!("continue with `keel resume {run}`");
+                }
+            }
+        }
+        None => {
+            let runs = store.catalog().runs(STATUS_RUNS_MAX)?;
+            let open: Vec<&Run> = runs
+                .items
+                .iter()
+                .filter(|r| !r.status.is_terminal())
+                .collect();
+            if json {
+                let list: Vec<_> = open
+                    .iter()
+                    .map(|r| json!({"run": r.id.to_string(), "status": format!("{:?}", r.status), "brief": r.brief}))
+                    .collect();
+                println!(
+                    "{}",
+                    json!({"open_runs": list, "runs_total": runs.items.len()})
+                );
+            } else if open.is_empty() {
+                println!("no open runs ({} runs in the store)", runs.items.len());
+            } else {
+                for r in open {
+                    println!("{}  {:?}  {}", r.id, r.status, short(&r.brief));
+                }
+            }
+        }
+    }
+    Ok(())
+}
