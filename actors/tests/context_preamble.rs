@@ -665,3 +665,92 @@ fn keel_context_report_shows_size_cuts_and_redactions() {
     assert_eq!(json["preamble"]["kind"], "standard");
     assert_eq!(json["preamble"]["redactions"]["anthropic-key"], 1);
 }
+
+#[test]
+fn standard_preamble_drops_the_oldest_pointer_lines_when_the_framing_crowds_the_parent() {
+    // Long one-line briefs and a small cap: four pointer lines of up to 2,000 characters cannot all
+    // stay, so the oldest go first and the cut is counted.
+    let long = "w".repeat(3_000);
+    let mut ancestors = vec![task(
+        5,
+        Some(4),
+        TaskKind::FollowUp,
+        TaskStatus::Complete,
+        "parent",
+    )];
+    for n in (1..=4).rev() {
+        ancestors.push(task(
+            n,
+            (n > 1).then_some(n - 1),
+            TaskKind::FollowUp,
+            TaskStatus::Complete,
+            &long,
+        ));
+    }
+    let view = ThreadView {
+        task: task(6, Some(5), TaskKind::FollowUp, TaskStatus::Pending, "go"),
+        ancestors,
+        walk_end: WalkEnd::Root,
+    };
+    let config = ContextConfig {
+        standard_tokens_max: 750,
+        ancestor_line_chars_max: 2_000,
+        ..ContextConfig::default()
+    };
+    let p = standard_preamble(&view, &config, &Scrubber::new()).unwrap();
+    assert!(p.chars <= 3_000);
+    assert_eq!(p.truncations, vec![items(Section::Ancestors, 3)]);
+    assert!(
+        p.text
+            .contains(&format!("- {} (follow-up, complete): www", id(4)))
+    );
+    assert!(!p.text.contains(&id(3)));
+    assert!(
+        p.text
+            .contains("- [truncated: 3 older tasks left out to fit the cap]\n</keel-context>")
+    );
+    assert!(p.text.contains("### Brief\nparent\n"));
+}
+
+#[test]
+fn a_session_resumes_for_a_redispatch_or_a_paused_task() {
+    let t = |kind, status| task(1, None, kind, status, "b");
+    assert_eq!(
+        SessionStart::for_task(&t(TaskKind::Redispatch, TaskStatus::Pending)),
+        SessionStart::Resume
+    );
+    assert_eq!(
+        SessionStart::for_task(&t(TaskKind::Subtask, TaskStatus::Paused)),
+        SessionStart::Resume
+    );
+    assert_eq!(
+        SessionStart::for_task(&t(TaskKind::Subtask, TaskStatus::Pending)),
+        SessionStart::Fresh
+    );
+}
+
+#[test]
+fn config_caps_are_tokens_times_four_and_out_of_range_limits_are_refused() {
+    let c = ContextConfig::default();
+    assert_eq!(
+        (c.standard_chars_max(), c.resume_chars_max()),
+        (8_000, 16_000)
+    );
+    assert!(c.validate().is_ok());
+    let small = ContextConfig {
+        standard_tokens_max: 100,
+        ..c
+    };
+    assert_eq!(
+        small.validate().unwrap_err().to_string(),
+        "the standard cap must be 1000..=1000000 characters, got 400"
+    );
+    let zero = ContextConfig {
+        log_rows_max: 0,
+        ..c
+    };
+    assert_eq!(
+        zero.validate().unwrap_err().to_string(),
+        "log_rows_max must be 1..=500, got 0"
+    );
+}
