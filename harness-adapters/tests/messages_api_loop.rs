@@ -626,6 +626,7 @@ async fn tool_calls_cut_at_max_tokens_get_error_results_before_the_continue_noti
         !dir.path().join("cut.txt").exists(),
         "a cut call never runs"
     );
+    run.assert_paired();
     let reply = last_user_content(&run.requests[1]);
     assert_eq!(reply[0]["type"], "tool_result");
     assert_eq!(reply[0]["is_error"], true);
@@ -642,4 +643,28 @@ async fn a_one_turn_budget_is_never_crossed_by_the_summary() {
     assert_eq!(run.finished().0, StopReason::Budget(BudgetKind::Turns));
     assert_eq!(run.requests.len(), 1);
     run.assert_paired();
+}
+
+#[tokio::test]
+async fn calls_in_a_final_turn_still_get_exactly_one_result() {
+    let dir = tempfile::tempdir().unwrap();
+    for stop in [
+        "end_turn",
+        "refusal",
+        "stop_sequence",
+        "brand_new_reason",
+        "model_context_window_exceeded",
+    ] {
+        let s = script(&format!(
+            r#"{{"turns": [{{"text": "t", "tool_calls": [{{"name": "bash", "input": {{"command": "touch ran.txt"}}}}], "stop_reason": "{stop}"}}], "rules_after_turns": false}}"#
+        ));
+        let run = run_script(s, dir.path()).await;
+        assert!(run.terminal().is_terminal(), "{stop}");
+        run.assert_paired();
+        assert!(run.tool_results()[0].1, "{stop}: the result is a refusal");
+        assert!(
+            !dir.path().join("ran.txt").exists(),
+            "{stop}: the call never ran"
+        );
+    }
 }

@@ -177,7 +177,7 @@ impl AgentLoop {
             final_text: text.to_owned(),
         };
 
-        loop {
+        'session: loop {
             if cancel.is_cancelled() {
                 return HarnessEvent::Failed(HarnessError::cancelled());
             }
@@ -266,137 +266,145 @@ impl AgentLoop {
                 return finished(StopReason::Budget(kind), &last_text);
             }
             let mut reply: Vec<ContentBlock> = Vec::new();
-            match StopReason::from_wire(&stop_raw) {
-                StopReason::EndTurn => return finished(StopReason::EndTurn, &last_text),
-                StopReason::ToolUse => {
-                    if calls.is_empty() {
-                        return HarnessEvent::Failed(HarnessError::system(
-                            "stop_reason tool_use without any tool_use block",
-                        ));
+            // Every tool call of this turn must get exactly one result event, even when the turn
+            // ends the session (DESIGN.md §12, invariant 3): `answered` tracks whether it did.
+            let mut answered = calls.is_empty();
+            let terminal: Option<HarnessEvent> = 'turn: {
+                match StopReason::from_wire(&stop_raw) {
+                    StopReason::EndTurn => {
+                        break 'turn Some(finished(StopReason::EndTurn, &last_text));
                     }
-                    let signature: Vec<(String, String)> = calls
-                        .iter()
-                        .map(|(_, n, i)| (n.clone(), i.to_string()))
-                        .collect();
-                    repeats = if signature == previous_calls {
-                        repeats + 1
-                    } else {
-                        0
-                    };
-                    previous_calls = signature;
-                    if repeats >= 2 {
-                        refuse_all(
-                            sink,
-                            &calls,
-                            "not run: the same call was repeated three times in a row",
-                        )
-                        .await;
-                        return finished(StopReason::DuplicateToolCall, &last_text);
-                    }
-                    let results = if repeats == 1 {
-                        let refusal = ToolError::input(
-                            "duplicate call: the same tool with the same input as your previous call; its result is above. Change the input or finish.",
-                        );
-                        calls.iter().map(|_| Err(refusal.clone())).collect()
-                    } else {
-                        match self
-                            .execute(&calls, &tools, &ctx, spec, &tool_cancel, cancel, deadline)
-                            .await
-                        {
-                            Ok(r) => r,
-                            Err(Stop::Deadline) => {
-                                return finished(
-                                    StopReason::Budget(BudgetKind::WallClock),
-                                    &last_text,
-                                );
-                            }
-                            Err(Stop::Failed(e)) => return HarnessEvent::Failed(e),
+                    StopReason::ToolUse => {
+                        if calls.is_empty() {
+                            break 'turn Some(HarnessEvent::Failed(HarnessError::system(
+                                "stop_reason tool_use without any tool_use block",
+                            )));
                         }
-                    };
-                    for ((id, _, _), result) in calls.iter().zip(results) {
-                        let (content, is_error) = match result {
-                            Ok(text) => (text, false),
-                            Err(e) => (e.to_payload(), true),
+                        let signature: Vec<(String, String)> = calls
+                            .iter()
+                            .map(|(_, n, i)| (n.clone(), i.to_string()))
+                            .collect();
+                        repeats = if signature == previous_calls {
+                            repeats + 1
+                        } else {
+                            0
                         };
-                        if !sink
-                            .send(HarnessEvent::tool_result(
-                                id.clone(),
-                                is_error,
-                                content.clone(),
-                            ))
-                            .await
-                        {
-                            return HarnessEvent::Failed(HarnessError::cancelled());
+                        previous_calls = signature;
+                        if repeats >= 2 {
+                            break 'turn Some(finished(StopReason::DuplicateToolCall, &last_text));
                         }
-                        reply.push(ContentBlock::ToolResult {
-                            tool_use_id: id.clone(),
-                            content,
-                            is_error,
+                        let results = if repeats == 1 {
+                            let refusal = ToolError::input(
+                                "duplicate call: the same tool with the same input as your previous call; its result is above. Change the input or finish.",
+                            );
+                            calls.iter().map(|_| Err(refusal.clone())).collect()
+                        } else {
+                            match self
+                                .execute(&calls, &tools, &ctx, spec, &tool_cancel, cancel, deadline)
+                                .await
+                            {
+                                Ok(r) => r,
+                                Err(Stop::Deadline) => {
+                                    break 'turn Some(finished(
+                                        StopReason::Budget(BudgetKind::WallClock),
+                                        &last_text,
+                                    ));
+                                }
+                                Err(Stop::Failed(e)) => break 'turn Some(HarnessEvent::Failed(e)),
+                            }
+                        };
+                        answered = true;
+                        for ((id, _, _), result) in calls.iter().zip(results) {
+                            let (content, is_error) = match result {
+                                Ok(text) => (text, false),
+                                Err(e) => (e.to_payload(), true),
+                            };
+                            if !sink
+                                .send(HarnessEvent::tool_result(
+                                    id.clone(),
+                                    is_error,
+                                    content.clone(),
+                                ))
+                                .await
+                            {
+                                break 'turn Some(HarnessEvent::Failed(HarnessError::cancelled()));
+                            }
+                            reply.push(ContentBlock::ToolResult {
+                                tool_use_id: id.clone(),
+                                content,
+                                is_error,
+                            });
+                        }
+                    }
+                    StopReason::MaxTokens => {
+                        if continuations >= self.config.max_tokens_continuations_max {
+                            break 'turn Some(finished(StopReason::MaxTokens, &last_text));
+                        }
+                        continuations += 1;
+                        // A cut answer's tool calls may hold cut input: answer each with an error.
+                        answered = true;
+                        for (id, _, _) in &calls {
+                            let e = ToolError::new(
+                                ToolErrorCategory::Transient,
+                                "the call was cut off at the output limit and did not run; send it again",
+                            );
+                            sink.send(HarnessEvent::tool_result(id.clone(), true, e.to_payload()))
+                                .await;
+                            reply.push(ContentBlock::ToolResult {
+                                tool_use_id: id.clone(),
+                                content: e.to_payload(),
+                                is_error: true,
+                            });
+                        }
+                        reply.push(ContentBlock::Text {
+                            text: CONTINUE_NOTICE.to_owned(),
                         });
                     }
-                }
-                StopReason::MaxTokens => {
-                    if continuations >= self.config.max_tokens_continuations_max {
-                        refuse_all(
-                            sink,
-                            &calls,
-                            "not run: the answer was cut off at the output limit",
-                        )
-                        .await;
-                        return finished(StopReason::MaxTokens, &last_text);
+                    StopReason::PauseTurn => {
+                        pauses += 1;
+                        if pauses > self.config.pause_turns_max {
+                            break 'turn Some(finished(StopReason::PauseTurn, &last_text));
+                        }
+                        if !calls.is_empty() {
+                            break 'turn Some(HarnessEvent::Failed(HarnessError::system(
+                                "pause_turn with client tool calls is not supported",
+                            )));
+                        }
+                        // The paused assistant message is already in the history: re-sending continues it.
+                        continue 'session;
                     }
-                    continuations += 1;
-                    // A cut answer's tool calls may hold cut input: answer each with an error.
-                    for (id, _, _) in &calls {
-                        let e = ToolError::new(
-                            ToolErrorCategory::Transient,
-                            "the call was cut off at the output limit and did not run; send it again",
-                        );
-                        reply.push(ContentBlock::ToolResult {
-                            tool_use_id: id.clone(),
-                            content: e.to_payload(),
-                            is_error: true,
-                        });
+                    StopReason::StopSequence => {
+                        break 'turn Some(finished(StopReason::StopSequence, &last_text));
                     }
-                    reply.push(ContentBlock::Text {
-                        text: CONTINUE_NOTICE.to_owned(),
-                    });
-                }
-                StopReason::PauseTurn => {
-                    pauses += 1;
-                    if pauses > self.config.pause_turns_max {
-                        return finished(StopReason::PauseTurn, &last_text);
+                    StopReason::Refusal => {
+                        break 'turn Some(HarnessEvent::Failed(HarnessError::new(
+                            ErrorCategory::BusinessRule,
+                            "the model refused the request",
+                        )));
                     }
-                    if !calls.is_empty() {
-                        return HarnessEvent::Failed(HarnessError::system(
-                            "pause_turn with client tool calls is not supported",
+                    StopReason::ModelContextWindowExceeded => {
+                        break 'turn Some(HarnessEvent::Failed(HarnessError::new(
+                            ErrorCategory::ContextOverflow,
+                            "the conversation exceeds the model's context window",
+                        )));
+                    }
+                    other => {
+                        break 'turn Some(HarnessEvent::Failed(
+                            HarnessError::system(format!(
+                                "unknown stop_reason {:?}",
+                                other.to_string()
+                            ))
+                            .with_retryable(false),
                         ));
                     }
-                    // The paused assistant message is already in the history: re-sending continues it.
-                    continue;
                 }
-                StopReason::StopSequence => return finished(StopReason::StopSequence, &last_text),
-                StopReason::Refusal => {
-                    return HarnessEvent::Failed(HarnessError::new(
-                        ErrorCategory::BusinessRule,
-                        "the model refused the request",
-                    ));
+                None
+            };
+            if let Some(terminal) = terminal {
+                if !answered {
+                    refuse_all(sink, &calls, "not run: the session ended with this turn").await;
                 }
-                StopReason::ModelContextWindowExceeded => {
-                    return HarnessEvent::Failed(HarnessError::new(
-                        ErrorCategory::ContextOverflow,
-                        "the conversation exceeds the model's context window",
-                    ));
-                }
-                other => {
-                    return HarnessEvent::Failed(
-                        HarnessError::system(format!(
-                            "unknown stop_reason {:?}",
-                            other.to_string()
-                        ))
-                        .with_retryable(false),
-                    );
-                }
+                return terminal;
             }
             if let Some(kind) = self.near_budget(spec, turns, &usage, started.elapsed()) {
                 summary_for = Some(kind);
