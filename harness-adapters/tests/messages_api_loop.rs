@@ -668,3 +668,74 @@ async fn calls_in_a_final_turn_still_get_exactly_one_result() {
         );
     }
 }
+
+/// Whether a process whose command line contains `needle` is alive (reads /proc; Linux only).
+fn process_alive(needle: &str) -> bool {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(Result::ok)
+        .any(|e| {
+            std::fs::read(e.path().join("cmdline")).is_ok_and(|c| {
+                String::from_utf8_lossy(&c)
+                    .replace('\0', " ")
+                    .contains(needle)
+            })
+        })
+}
+
+#[tokio::test]
+async fn cancel_during_a_tool_kills_its_process_group() {
+    let dir = tempfile::tempdir().unwrap();
+    // A backgrounded child in the same group too: both must go.
+    let marker = "31.4159";
+    let s = script(&format!(
+        r#"{{"turns": [{{"tool_calls": [{{"name": "bash", "input": {{"command": "sleep {marker}0 & sleep {marker}"}}}}]}}]}}"#
+    ));
+    let server = ModelServer::start(ModelServerConfig::new(s)).await.unwrap();
+    let mut spec = SessionSpec::new("go", "m", dir.path());
+    spec.account.base_url = Some(server.base_url());
+    let mut session = MessagesApiHarness::new(config())
+        .unwrap()
+        .start(spec)
+        .await
+        .unwrap();
+    // Wait for the tool call to start.
+    loop {
+        match tokio::time::timeout(WAIT, session.next_event())
+            .await
+            .unwrap()
+        {
+            Some(HarnessEvent::ToolUse { .. }) => break,
+            Some(_) => {}
+            None => panic!("session ended early"),
+        }
+    }
+    let t0 = Instant::now();
+    for _ in 0..100 {
+        if process_alive(&format!("sleep {marker}")) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        process_alive(&format!("sleep {marker}")),
+        "the tool's process started"
+    );
+    session.cancel();
+    let events = session.collect(WAIT).await;
+    assert!(
+        matches!(events.last(), Some(HarnessEvent::Failed(e)) if e.category == ErrorCategory::Cancelled),
+        "{events:?}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    let mut gone = false;
+    for _ in 0..100 {
+        if !process_alive(&format!("sleep {marker}")) {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(gone, "no process of the cancelled tool is left");
+    server.shutdown().await.unwrap();
+}
