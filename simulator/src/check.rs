@@ -170,6 +170,11 @@ impl Checker {
         self.violation.as_ref()
     }
 
+    /// What was seen so far.
+    pub fn observed(&self) -> &Observed {
+        &self.observed
+    }
+
     /// What was seen.
     pub fn into_observed(self) -> Observed {
         self.observed
@@ -183,6 +188,18 @@ impl Checker {
     /// The plan step an attempt works on.
     pub fn step_of(&self, attempt: AttemptId) -> Option<String> {
         self.observed.spawns.get(&attempt).map(|s| s.step.clone())
+    }
+
+    /// How many sessions were started for `step` so far (the one being started included).
+    pub fn sessions_of_step(&self, step: &str) -> u32 {
+        u32::try_from(
+            self.observed
+                .sessions
+                .iter()
+                .filter(|s| s.step == step)
+                .count(),
+        )
+        .unwrap_or(u32::MAX)
     }
 
     /// Whether a run-finished event was seen for `run`.

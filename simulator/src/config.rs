@@ -26,6 +26,18 @@ pub enum Intervention {
         /// When it heals.
         until_ms: SimMillis,
     },
+    /// A user's follow-up message on the thread a plan step started (delivered to the run's
+    /// coordinator as `CoordinatorMsg::FollowUp`, parent resolved from the step's first task).
+    FollowUp {
+        /// The run.
+        run: keel_store::RunId,
+        /// The plan step whose task starts the thread.
+        step: String,
+        /// The message.
+        brief: String,
+        /// The agent to ask for.
+        agent: Option<String>,
+    },
     /// Crash a node for `down_ms`.
     Crash {
         /// The node.
@@ -56,7 +68,8 @@ pub struct WorldConfig {
     pub trace: TraceMode,
     /// Scripted faults.
     pub interventions: Vec<(SimMillis, Intervention)>,
-    /// Scripted harness behaviour by (plan step, attempt number); others are drawn from the profile.
+    /// Scripted harness behaviour by (plan step, n-th session of that step, from 1); a re-dispatch is a
+    /// new task, so sessions are counted per step, not per attempt. Others are drawn from the profile.
     pub harness_script: BTreeMap<(String, u32), HarnessBehaviour>,
     /// Crash the coordinator node right after its machines' N-th executed effect (1-based).
     pub crash_after_coord_effect: Option<u64>,

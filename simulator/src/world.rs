@@ -187,6 +187,7 @@ fn coord_input_name(i: &CoordinatorInput) -> String {
             }
             CoordinatorMsg::BudgetTripped { .. } => "budget-tripped".into(),
             CoordinatorMsg::Cancel { .. } => "cancel".into(),
+            CoordinatorMsg::FollowUp { parent, .. } => format!("follow-up on {}", short(parent.0)),
         },
         CoordinatorInput::Timer(t) => format!("timer {t:?}"),
         CoordinatorInput::Recovered(_) => "recovered".into(),
@@ -276,7 +277,13 @@ struct Worker {
     up: bool,
     inc: u32,
     specialists: BTreeMap<AttemptId, Hosted>,
+    /// Attempts this incarnation has hosted: a duplicated or late spawn of one of them is refused,
+    /// as a worker's actor registry would (memory only: lost when the worker crashes).
+    hosted_ever: std::collections::BTreeSet<AttemptId>,
 }
+
+/// Most attempts a worker remembers having hosted.
+pub const HOSTED_REMEMBERED_MAX: usize = 100_000;
 
 /// The coordinator node's machines: everything here is lost in a crash; the store is not.
 #[derive(Debug)]
@@ -883,10 +890,14 @@ impl World {
 
     fn spawn_arrives(&mut self, node: NodeId, start: SpecialistStart) {
         let w = &mut self.workers[usize::from(node.0) - 1];
-        if !w.up || w.specialists.contains_key(&start.attempt) {
+        if !w.up
+            || w.hosted_ever.contains(&start.attempt)
+            || w.hosted_ever.len() >= HOSTED_REMEMBERED_MAX
+        {
             // A duplicate spawn message is ignored: one attempt, one specialist.
             return;
         }
+        w.hosted_ever.insert(start.attempt);
         let attempt = start.attempt;
         self.checker.spawned(self.event_no, &start);
         let machine = Specialist::new(start, self.config.specialist.clone());
@@ -1065,10 +1076,11 @@ impl World {
     }
 
     fn pick_behaviour(&mut self, attempt: AttemptId) -> HarnessBehaviour {
-        if let Some(step) = self.checker.step_of(attempt)
-            && let Some(b) = self.config.harness_script.get(&(step, attempt.attempt))
-        {
-            return *b;
+        if let Some(step) = self.checker.step_of(attempt) {
+            let ordinal = self.checker.sessions_of_step(&step);
+            if let Some(b) = self.config.harness_script.get(&(step, ordinal)) {
+                return *b;
+            }
         }
         let i = self.rng.weighted(&self.profile.harness_weights);
         HarnessBehaviour::ALL[i]
@@ -1165,6 +1177,35 @@ impl World {
                 });
             }
             Intervention::Crash { node, down_ms } => self.crash(node, down_ms),
+            Intervention::FollowUp {
+                run,
+                step,
+                brief,
+                agent,
+            } => {
+                // The thread starts at the first task the step was dispatched as.
+                let parent = self
+                    .checker
+                    .observed()
+                    .spawns
+                    .iter()
+                    .find(|(a, s)| a.run == run && s.step == step)
+                    .map(|(a, _)| a.task);
+                match parent {
+                    Some(parent) => self.deliver_coord(
+                        run,
+                        CoordinatorInput::Msg(CoordinatorMsg::FollowUp {
+                            parent,
+                            brief,
+                            agent,
+                        }),
+                    ),
+                    None => self.checker.world_bound(
+                        self.event_no,
+                        format!("no task of step {step} to follow up"),
+                    ),
+                }
+            }
         }
     }
 
@@ -1189,6 +1230,7 @@ impl World {
             self.faults.add(FaultKind::NodeCrash);
             w.up = false;
             w.inc += 1;
+            w.hosted_ever.clear();
             let lost: Vec<AttemptId> = std::mem::take(&mut w.specialists).into_keys().collect();
             // The coordinator node sees the worker's session drop (a cluster node event) and reports
             // each of its specialists down to the supervisor.
