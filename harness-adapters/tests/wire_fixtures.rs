@@ -190,3 +190,32 @@ async fn every_fixture_replays_over_http() {
     );
     server.shutdown().await.unwrap();
 }
+
+#[test]
+fn the_prompt_line_skips_injected_context_blocks() {
+    for (name, first) in [
+        (
+            "claude.tool-bash.request-1.json",
+            "RUN_TOOL: echo tool-ran > proof.txt && cat proof.txt",
+        ),
+        (
+            "codex.tool-exec_command.request-1.json",
+            "RUN_TOOL: echo tool-ran > proof.txt && cat proof.txt",
+        ),
+        (
+            "opencode.tool-bash.request-2.json",
+            "RUN_TOOL: echo tool-ran > proof.txt && cat proof.txt",
+        ),
+        (
+            "pi.tool-bash.request-1.json",
+            "RUN_TOOL: echo tool-ran > proof.txt && cat proof.txt",
+        ),
+    ] {
+        let (path, body) = fixture(name);
+        assert_eq!(
+            ModelRequest::from_body(wire_of(&path), &body).first_user_line,
+            first,
+            "{name}"
+        );
+    }
+}

@@ -64,7 +64,10 @@ pub struct ModelRequest {
     pub stream: bool,
     /// Every user text in the conversation, joined by newlines.
     pub user_text: String,
-    /// The first line of the first user text (tests assert a slash skill reached the model first).
+    /// The first line of the prompt as the model sees it: the first user text that is not a
+    /// context block the harness injected (Claude Code's `<system-reminder>`, Codex's
+    /// `<environment_context>`: a text whose first line is a lone `<tag>`). Tests assert a slash
+    /// skill reached the model as line one with it.
     pub first_user_line: String,
     /// Tool results in the conversation, in order.
     pub tool_results: Vec<ToolResultSeen>,
@@ -196,7 +199,8 @@ impl ModelRequest {
             }
         }
         let first_user_line = user_texts
-            .first()
+            .iter()
+            .find(|t| !is_injected_context(t))
             .and_then(|t| t.lines().next())
             .unwrap_or("")
             .to_owned();
@@ -215,6 +219,13 @@ impl ModelRequest {
     pub fn tool(&self, name: &str) -> Option<&OfferedTool> {
         self.tools.iter().find(|t| t.name == name)
     }
+}
+
+/// Whether a user text is a context block a harness injected (`<system-reminder>\n...`), not the
+/// user's prompt.
+fn is_injected_context(text: &str) -> bool {
+    let first = text.trim_start().lines().next().unwrap_or("").trim();
+    first.len() > 2 && first.starts_with('<') && first.ends_with('>') && !first[1..].contains('<')
 }
 
 fn array<'a>(v: &'a Value, key: &str) -> &'a [Value] {
