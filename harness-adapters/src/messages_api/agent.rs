@@ -192,20 +192,23 @@ impl AgentLoop {
             if summary_for.is_none() && usage.total().total_tokens() >= spec.limits.tokens_max {
                 return finished(StopReason::Budget(BudgetKind::Tokens), &last_text);
             }
+            // The conversation moves into the request and back out after the send, so a long
+            // session is not copied once per turn.
             let request = MessagesRequest {
                 model: spec.model.clone(),
                 max_tokens: self.config.max_tokens_per_turn,
                 system: Some(system.clone()),
-                messages: messages.clone(),
+                messages: std::mem::take(&mut messages),
                 tools: definitions.clone(),
                 tool_choice: summary_for.map(|_| json!({"type": "none"})),
                 stream: true,
             };
             turns += 1;
-            let message = match self
+            let sent = self
                 .send_with_retry(&request, cancel, deadline, &mut jitter)
-                .await
-            {
+                .await;
+            messages = request.messages;
+            let message = match sent {
                 Ok(m) => m,
                 Err(Stop::Deadline) => {
                     return finished(StopReason::Budget(BudgetKind::WallClock), &last_text);
