@@ -98,6 +98,15 @@ impl EventSink {
         }
     }
 
+    /// Completes when the consumer has dropped its [`RunningSession`]: an adapter treats that as a
+    /// cancel, so abandoned sessions stop their processes instead of running to their budgets.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn closed(&self) {
+        self.tx.closed().await;
+    }
+
     /// Sends the session's terminal event, waiting at most [`TERMINAL_SEND_WAIT_MS`] for room even
     /// after a cancel, so the consumer learns how the session ended whenever it can.
     pub async fn send_terminal(&self, event: HarnessEvent) -> bool {

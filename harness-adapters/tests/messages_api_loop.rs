@@ -739,3 +739,48 @@ async fn cancel_during_a_tool_kills_its_process_group() {
     assert!(gone, "no process of the cancelled tool is left");
     server.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn dropping_a_session_stops_its_tools() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = "27.1828";
+    let s = script(&format!(
+        r#"{{"turns": [{{"tool_calls": [{{"name": "bash", "input": {{"command": "sleep {marker}"}}}}]}}]}}"#
+    ));
+    let server = ModelServer::start(ModelServerConfig::new(s)).await.unwrap();
+    let mut spec = SessionSpec::new("go", "m", dir.path());
+    spec.account.base_url = Some(server.base_url());
+    let mut session = MessagesApiHarness::new(config())
+        .unwrap()
+        .start(spec)
+        .await
+        .unwrap();
+    loop {
+        match tokio::time::timeout(WAIT, session.next_event())
+            .await
+            .unwrap()
+        {
+            Some(HarnessEvent::ToolUse { .. }) => break,
+            Some(_) => {}
+            None => panic!("session ended early"),
+        }
+    }
+    for _ in 0..100 {
+        if process_alive(&format!("sleep {marker}")) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(process_alive(&format!("sleep {marker}")));
+    drop(session);
+    let mut gone = false;
+    for _ in 0..250 {
+        if !process_alive(&format!("sleep {marker}")) {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(gone, "an abandoned session's tool is killed");
+    server.shutdown().await.unwrap();
+}

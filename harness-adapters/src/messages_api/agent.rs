@@ -114,7 +114,16 @@ impl AgentLoop {
     /// Runs the session to its end, sending every event to `sink`; the last one is terminal. The
     /// working directory in `spec` must already be canonical.
     pub async fn run(self, spec: SessionSpec, sink: EventSink, cancel: CancelToken) {
+        // A consumer that drops its session cancels it, so tools and requests stop promptly.
+        let watcher = {
+            let (sink, cancel) = (sink.clone(), cancel.clone());
+            tokio::spawn(async move {
+                sink.closed().await;
+                cancel.cancel();
+            })
+        };
         let terminal = self.drive(&spec, &sink, &cancel).await;
+        watcher.abort();
         sink.send_terminal(terminal).await;
     }
 
