@@ -57,6 +57,12 @@ pub enum Effect {
     Persist(CommitBatch),
     /// Create a specialist for this attempt (on a worker node or locally) and give it
     /// `SpecialistInput::Begin`. Only the supervisor emits it, after admission.
+    ///
+    /// # Delivery
+    /// Remote when the specialist runs on a worker: may be delayed, lost or duplicated. The worker host
+    /// creates at most one specialist per `AttemptId` (it remembers the attempts it has spawned and
+    /// drops a duplicate), because every specialist starts a session with the attempt's idempotency key
+    /// and a key must never start two sessions. A lost spawn is healed by the supervisor's deadline.
     SpawnSpecialist(SpecialistStart),
     /// Stop a specialist and its harness session (the host delivers `SpecialistMsg::Cancel` and, if the
     /// attempt does not end by itself, kills it).
