@@ -784,3 +784,23 @@ async fn dropping_a_session_stops_its_tools() {
     assert!(gone, "an abandoned session's tool is killed");
     server.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn pause_turns_are_capped() {
+    let dir = tempfile::tempdir().unwrap();
+    let pause = r#"{"text": "still going", "stop_reason": "pause_turn"}"#;
+    let turns = [pause; 12].join(",");
+    let s = script(&format!(
+        r#"{{"turns": [{turns}], "rules_after_turns": false}}"#
+    ));
+    let run = run_script(s, dir.path()).await;
+    assert_eq!(
+        run.finished(),
+        (StopReason::PauseTurn, "still going".into())
+    );
+    assert_eq!(
+        run.requests.len(),
+        9,
+        "pause_turns_max re-sends after the first pause"
+    );
+}

@@ -314,6 +314,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn stream_errors_map_to_categories() {
+        let endpoint = |kind: &str| StreamError::Endpoint {
+            kind: kind.into(),
+            message: "m".into(),
+        };
+        assert!(matches!(
+            stream_error(endpoint("rate_limit_error")).category,
+            ErrorCategory::RateLimited { .. }
+        ));
+        assert_eq!(
+            stream_error(endpoint("overloaded_error")).category,
+            ErrorCategory::Transient
+        );
+        let bad = stream_error(endpoint("invalid_request_error"));
+        assert_eq!(bad.category, ErrorCategory::BusinessRule);
+        assert!(!bad.retryable);
+        assert_eq!(
+            stream_error(StreamError::MissingStopReason).category,
+            ErrorCategory::Transient
+        );
+    }
+
+    #[test]
     fn rate_limit_headers_are_read() {
         let mut h = HeaderMap::new();
         h.insert("retry-after", HeaderValue::from_static("7"));
