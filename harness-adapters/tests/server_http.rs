@@ -396,3 +396,42 @@ async fn serve_script_file_runs_until_shutdown_and_reports_bad_scripts() {
         Err(keel_harness::server::ServerError::Script(_))
     ));
 }
+
+#[tokio::test]
+async fn each_model_name_can_follow_its_own_script() {
+    let text = |t: &str| ScriptTurn {
+        text: Some(t.into()),
+        ..Default::default()
+    };
+    let config = ModelServerConfig::new(Script::from_turns(vec![text("main-1"), text("main-2")]))
+        .with_model_script("title-model", Script::from_turns(vec![text("a title")]));
+    let server = ModelServer::start(config).await.unwrap();
+    let url = format!("{}/chat/completions", server.openai_base_url());
+    let ask = |model: &'static str| {
+        let url = url.clone();
+        async move {
+            let body = json!({"model": model, "messages": [{"role": "user", "content": "hi"}]});
+            let v: Value = client()
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            v["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        }
+    };
+    assert_eq!(ask("main-model").await, "main-1");
+    assert_eq!(ask("title-model").await, "a title");
+    assert_eq!(
+        ask("main-model").await,
+        "main-2",
+        "the title request did not use a main turn"
+    );
+    server.shutdown().await.unwrap();
+}

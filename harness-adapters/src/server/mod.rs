@@ -11,7 +11,7 @@
 
 pub mod encode;
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -50,6 +50,11 @@ pub struct ModelServerConfig {
     pub bind: SocketAddr,
     /// A directory to write each request to as `NNN-METHOD-path.json`, if set.
     pub record_dir: Option<PathBuf>,
+    /// Scripts for requests naming these models; other models follow `script`. One server can so
+    /// drive several clients at once, each on its own script (give each its own model name), and a
+    /// side request on another model (opencode's title request on its `small_model`) does not use
+    /// up the main script's turns.
+    pub scripts_by_model: BTreeMap<String, Script>,
 }
 
 impl ModelServerConfig {
@@ -59,7 +64,14 @@ impl ModelServerConfig {
             script,
             bind: SocketAddr::from(([127, 0, 0, 1], 0)),
             record_dir: None,
+            scripts_by_model: BTreeMap::new(),
         }
+    }
+
+    /// Adds a script for requests naming `model`.
+    pub fn with_model_script(mut self, model: impl Into<String>, script: Script) -> Self {
+        self.scripts_by_model.insert(model.into(), script);
+        self
     }
 }
 
@@ -118,6 +130,7 @@ pub enum ServerError {
 
 struct Shared {
     model: Mutex<ScriptedModel>,
+    models_by_name: Mutex<BTreeMap<String, ScriptedModel>>,
     injected: Mutex<VecDeque<ScriptFailure>>,
     persistent: Mutex<Option<ScriptFailure>>,
     recorded: Mutex<VecDeque<RecordedRequest>>,
@@ -171,6 +184,13 @@ impl ModelServer {
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let shared = Arc::new(Shared {
             model: Mutex::new(ScriptedModel::new(config.script)),
+            models_by_name: Mutex::new(
+                config
+                    .scripts_by_model
+                    .into_iter()
+                    .map(|(name, script)| (name, ScriptedModel::new(script)))
+                    .collect(),
+            ),
             injected: Mutex::new(VecDeque::new()),
             persistent: Mutex::new(None),
             recorded: Mutex::new(VecDeque::new()),
@@ -296,11 +316,9 @@ pub async fn serve_script_file(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
     let script = Script::from_path(script_path)?;
-    let config = ModelServerConfig {
-        script,
-        bind: SocketAddr::from(([127, 0, 0, 1], port)),
-        record_dir,
-    };
+    let mut config = ModelServerConfig::new(script);
+    config.bind = SocketAddr::from(([127, 0, 0, 1], port));
+    config.record_dir = record_dir;
     serve(config, on_ready, shutdown).await
 }
 
@@ -441,7 +459,10 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
         .or_else(|| lock(&shared.persistent).clone());
     let reply = match injected {
         Some(failure) => failure_reply(failure, &model_request),
-        None => lock(&shared.model).respond(&model_request),
+        None => match lock(&shared.models_by_name).get_mut(&model_request.model) {
+            Some(model) => model.respond(&model_request),
+            None => lock(&shared.model).respond(&model_request),
+        },
     };
     reply_response(&shared, wire, &model_request, reply).await
 }
