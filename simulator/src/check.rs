@@ -72,6 +72,33 @@ pub struct SessionObs {
     pub prompt_chars: usize,
     /// Whether the preamble says something was cut to fit.
     pub preamble_truncated: bool,
+    /// Lines of the preamble.
+    pub preamble_lines: usize,
+}
+
+impl Observed {
+    /// The accepted report of every step, with the task id blanked (ids are minted from the stream, so
+    /// a crashed-and-recovered run names its tasks differently): what two runs compare.
+    pub fn accepted_report_contents(&self) -> BTreeMap<(RunId, String), Vec<SubagentReport>> {
+        let mut out = BTreeMap::new();
+        for (key, attempts) in &self.accepted_reports {
+            let reports = attempts
+                .iter()
+                .filter_map(|a| self.reports.get(a))
+                .map(|r| SubagentReport {
+                    subtask_id: TaskId(0),
+                    ..r.clone()
+                })
+                .collect();
+            out.insert(key.clone(), reports);
+        }
+        out
+    }
+
+    /// The sessions of one plan step, in start order.
+    pub fn sessions_of(&self, step: &str) -> Vec<&SessionObs> {
+        self.sessions.iter().filter(|s| s.step == step).collect()
+    }
 }
 
 /// Everything the checker saw, for the scenario tests.
@@ -89,8 +116,9 @@ pub struct Observed {
     pub reports: BTreeMap<AttemptId, SubagentReport>,
     /// Attempts a coordinator acknowledged.
     pub acked: BTreeSet<AttemptId>,
-    /// Per task, the attempts whose *report* (not failure) was acknowledged.
-    pub accepted_reports: BTreeMap<TaskId, BTreeSet<AttemptId>>,
+    /// Per (run, plan step), the attempts whose *report* (not failure) was acknowledged. A re-dispatch
+    /// is a new task of the same step, so "accepted once" is counted per step.
+    pub accepted_reports: BTreeMap<(RunId, String), BTreeSet<AttemptId>>,
     /// Results delivered to a coordinator from an attempt that was not the accepted one of its task,
     /// after another attempt's report had been accepted (late duplicates).
     pub late_results: Vec<AttemptId>,
@@ -118,6 +146,8 @@ pub struct Observed {
     pub logs: BTreeMap<AttemptId, BTreeMap<u32, SessionLogRow>>,
     /// Admissions granted while a run's budget had tripped.
     pub admissions_after_trip: u64,
+    /// Every task row a checkpoint commit created: (kind, parent), by task.
+    pub tasks_created: BTreeMap<TaskId, (TaskKind, Option<TaskId>)>,
 }
 
 /// The checker of one seed.
@@ -253,7 +283,8 @@ impl Checker {
             from,
             reply: SpecialistReply::Finished(_),
         }) = input
-            && let Some(accepted) = self.observed.accepted_reports.get(&from.task)
+            && let Some(step) = self.step_of(*from)
+            && let Some(accepted) = self.observed.accepted_reports.get(&(from.run, step))
             && !accepted.is_empty()
             && !accepted.contains(from)
         {
@@ -305,6 +336,9 @@ impl Checker {
             Effect::Persist(batch) => {
                 for stage in &batch.stages {
                     for op in &stage.ops {
+                        if let keel_actors::PersistOp::CreateTask(t) = op {
+                            self.observed.tasks_created.insert(t.id, (t.kind, t.parent));
+                        }
                         if let Some(other) = op_run(op)
                             && other != stage.run
                         {
@@ -419,10 +453,11 @@ impl Checker {
     fn acked(&mut self, event: u64, attempt: AttemptId) {
         self.observed.acked.insert(attempt);
         if self.observed.results.get(&attempt) == Some(&true) {
+            let step = self.step_of(attempt).unwrap_or_default();
             let accepted = self
                 .observed
                 .accepted_reports
-                .entry(attempt.task)
+                .entry((attempt.run, step))
                 .or_default();
             accepted.insert(attempt);
             if accepted.len() > 1 {
@@ -431,8 +466,9 @@ impl Checker {
                     event,
                     Invariant::IdempotentOnce,
                     format!(
-                        "task {} had reports of several attempts accepted: {}",
-                        attempt.task,
+                        "step {:?} of run {} had reports of several attempts accepted: {}",
+                        self.step_of(attempt).unwrap_or_default(),
+                        attempt.run,
                         list.join(", ")
                     ),
                 );
@@ -709,6 +745,7 @@ impl Checker {
             preamble_chars: chars,
             prompt_chars,
             preamble_truncated: body.is_some_and(|b| b.contains("[truncated")),
+            preamble_lines: body.map_or(0, |b| b.lines().count()),
         });
     }
 

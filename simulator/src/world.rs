@@ -316,6 +316,8 @@ pub struct RunReport {
     pub observed: crate::check::Observed,
     /// The trace lines, when recording.
     pub trace_lines: Vec<String>,
+    /// Effects the coordinator node's machines executed (the boundaries a scripted crash can pick).
+    pub coord_effects: u64,
     /// Each run's terminal status and outcome as the store holds it at the end.
     pub runs_final: BTreeMap<RunId, (keel_store::RunStatus, Option<String>)>,
 }
@@ -392,6 +394,7 @@ impl World {
                     profile,
                     observed: crate::check::Observed::default(),
                     trace_lines: Vec::new(),
+                    coord_effects: 0,
                     runs_final: BTreeMap::new(),
                 }));
             }
@@ -514,6 +517,7 @@ impl World {
             profile: self.profile.clone(),
             trace_lines: self.trace.lines().to_vec(),
             observed: self.checker.into_observed(),
+            coord_effects: self.effects_executed,
             runs_final,
         }
     }

@@ -1,0 +1,394 @@
+//! The named scenarios of issue 3: each scripts its faults on a calm world and asserts its outcome.
+//! Every run is also checked for every invariant after every event (a violation fails the test).
+
+#![allow(clippy::expect_used)] // test helpers: a panic is the failure report
+use keel_actors::{Continuity, Plan, Refusal, Verdict};
+use keel_sim::net::NodeId;
+use keel_sim::profile::HarnessBehaviour;
+use keel_sim::setup::{model_of, run_spec, step};
+use keel_sim::{Intervention, RunReport, WorldConfig, run};
+use keel_store::{RunId, RunStatus, TaskKind};
+
+fn rid(n: u128) -> RunId {
+    RunId((0x0190_0000_0000_u128 << 80) | n)
+}
+
+/// Runs a world and fails on any invariant violation, printing the reproduction.
+fn check(config: WorldConfig) -> RunReport {
+    let report = run(config);
+    assert!(
+        report.violation.is_none(),
+        "{}",
+        report
+            .violation
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default()
+    );
+    report
+}
+
+fn status(report: &RunReport, run: RunId) -> RunStatus {
+    report
+        .runs_final
+        .get(&run)
+        .map(|(s, _)| *s)
+        .expect("the run was made durable")
+}
+
+fn plan(steps: Vec<keel_actors::PlanStep>) -> Plan {
+    Plan {
+        steps,
+        constraints: vec!["cite sources".into()],
+    }
+}
+
+#[test]
+fn scenario_1_follow_ups_while_the_worker_restarts() {
+    let run_id = rid(1);
+    // "thread" is the parent thread; "wait" hangs once so the run stays open while follow-ups arrive.
+    let spec = run_spec(
+        run_id,
+        "threads",
+        plan(vec![
+            step("thread", &[], None, 1_000),
+            step("wait", &[], None, 1_000),
+        ]),
+        None,
+    );
+    let mut config = WorldConfig::calm(11, vec![spec]);
+    config.workers = 2;
+    config
+        .harness_script
+        .insert(("wait".into(), 1), HarnessBehaviour::Hang);
+    for i in 0..8u64 {
+        config.interventions.push((
+            1_000 + i * 2_000,
+            Intervention::FollowUp {
+                run: run_id,
+                step: "thread".into(),
+                brief: format!("Follow-up {i}: also check case {i}."),
+                agent: None,
+            },
+        ));
+    }
+    // Both workers restart in the middle of the thread.
+    config.interventions.push((
+        6_500,
+        Intervention::Crash {
+            node: NodeId(1),
+            down_ms: 1_500,
+        },
+    ));
+    config.interventions.push((
+        6_500,
+        Intervention::Crash {
+            node: NodeId(2),
+            down_ms: 1_500,
+        },
+    ));
+    let report = check(config);
+    let o = &report.observed;
+
+    let follow_ups: Vec<_> = o
+        .tasks_created
+        .iter()
+        .filter(|(_, (kind, _))| *kind == TaskKind::FollowUp)
+        .collect();
+    let tasks: std::collections::BTreeSet<_> = follow_ups.iter().map(|(t, _)| **t).collect();
+    assert_eq!(tasks.len(), 8, "eight follow-up tasks: {follow_ups:#?}");
+    let parents: std::collections::BTreeSet<_> = follow_ups
+        .iter()
+        .filter_map(|(_, (_, parent))| *parent)
+        .collect();
+    assert_eq!(parents.len(), 8, "each follow-up against a distinct parent");
+    // A follow-up's first session gets the standard preamble of its thread.
+    for (a, s) in o.spawns.iter().filter(|(a, _)| tasks.contains(&a.task)) {
+        if a.attempt == 1 {
+            assert!(
+                matches!(s.continuity, Continuity::Standard { .. }),
+                "{a}: {:?}",
+                s.continuity
+            );
+        }
+    }
+    // Every session of a follow-up task (first or re-dispatched after the restart) had a preamble.
+    for s in o
+        .sessions
+        .iter()
+        .filter(|s| tasks.contains(&s.attempt.task))
+    {
+        assert!(
+            s.preamble.is_some(),
+            "follow-up session {} without a preamble",
+            s.attempt
+        );
+    }
+    // All eight were served: each follow-up step has an accepted report.
+    let served = o
+        .accepted_reports
+        .iter()
+        .filter(|((_, step), _)| {
+            o.spawns
+                .values()
+                .any(|s| &s.step == step && s.kind == TaskKind::FollowUp)
+        })
+        .count();
+    assert_eq!(
+        served,
+        8,
+        "accepted: {:#?}",
+        o.accepted_reports.keys().collect::<Vec<_>>()
+    );
+    assert_eq!(o.native_resume_calls, 0);
+    assert!(report.faults.get(keel_sim::profile::FaultKind::NodeCrash) >= 2);
+}
+
+#[test]
+fn scenario_2_harness_switch_on_rate_limit() {
+    let run_id = rid(2);
+    let spec = run_spec(
+        run_id,
+        "switch",
+        plan(vec![step("a", &[], Some("claude-a"), 1_000)]),
+        None,
+    );
+    let mut config = WorldConfig::calm(2, vec![spec]);
+    config
+        .harness_script
+        .insert(("a".into(), 1), HarnessBehaviour::RateLimited);
+    let report = check(config);
+    let o = &report.observed;
+    let sessions = o.sessions_of("a");
+    assert!(
+        sessions.len() >= 2,
+        "a second session after the 429: {sessions:#?}"
+    );
+    let first = &o.spawns[&sessions[0].attempt];
+    let second = &o.spawns[&sessions[1].attempt];
+    assert_eq!(first.harness, "claude-code");
+    assert_ne!(second.harness, first.harness, "moved to another harness");
+    assert_eq!(second.kind, TaskKind::Redispatch);
+    assert!(matches!(second.continuity, Continuity::Resume { .. }));
+    assert_eq!(sessions[1].preamble.as_deref(), Some("resume"));
+    assert_eq!(
+        Some(sessions[1].model.clone()),
+        model_of(&second.agent),
+        "model from the new assignee"
+    );
+    assert_ne!(sessions[1].model, sessions[0].model);
+    assert!(
+        o.verdicts
+            .iter()
+            .any(|(_, v)| matches!(v, Verdict::Reroute { .. }))
+    );
+    assert_eq!(status(&report, run_id), RunStatus::Completed);
+}
+
+#[test]
+fn scenario_4_context_saturation_redispatches_with_a_bounded_resume_preamble() {
+    let run_id = rid(4);
+    let spec = run_spec(
+        run_id,
+        "saturate",
+        plan(vec![step("a", &[], None, 1_000)]),
+        None,
+    );
+    let mut config = WorldConfig::calm(4, vec![spec]);
+    config
+        .harness_script
+        .insert(("a".into(), 1), HarnessBehaviour::ContextSaturated);
+    config
+        .harness_script
+        .insert(("a".into(), 2), HarnessBehaviour::ContextSaturated);
+    let cap = config.specialist.context.resume_chars_max();
+    let report = check(config);
+    let sessions = report.observed.sessions_of("a");
+    assert!(sessions.len() >= 3, "{sessions:#?}");
+    let history_rows = report
+        .observed
+        .logs
+        .get(&sessions[0].attempt)
+        .map_or(0, |l| l.len());
+    assert!(
+        history_rows >= 160,
+        "the saturated session left {history_rows} rows"
+    );
+    for s in &sessions[1..] {
+        assert_eq!(s.preamble.as_deref(), Some("resume"));
+        assert!(s.preamble_chars <= cap, "{} > {cap}", s.preamble_chars);
+        // At most 50 session steps plus framing, however long the history.
+        assert!(s.preamble_lines <= 50 + 20, "{} lines", s.preamble_lines);
+    }
+    // Two saturated attempts of history do not make the third prompt grow past the second's.
+    assert!(
+        sessions[2].prompt_chars <= sessions[1].prompt_chars + 1_000,
+        "{} vs {}",
+        sessions[2].prompt_chars,
+        sessions[1].prompt_chars
+    );
+    assert_eq!(status(&report, run_id), RunStatus::Completed);
+}
+
+#[test]
+fn scenario_5_partition_between_coordinator_and_worker() {
+    let run_id = rid(5);
+    let spec = run_spec(
+        run_id,
+        "partition",
+        plan(vec![step("a", &[], None, 1_000)]),
+        None,
+    );
+    let mut config = WorldConfig::calm(5, vec![spec]);
+    config.workers = 2;
+    config.supervisor.subtask_timeout_ms = 10_000;
+    // The old attempt keeps resending its result long enough to outlive the partition.
+    config.specialist.resends_max = 100;
+    // The first spawn goes to worker 2; cut it off from the coordinator once it has started.
+    config.interventions.push((
+        100,
+        Intervention::Partition {
+            a: NodeId::COORDINATOR,
+            b: NodeId(2),
+            one_way: false,
+            until_ms: 25_000,
+        },
+    ));
+    let report = check(config);
+    let o = &report.observed;
+    let sessions = o.sessions_of("a");
+    assert!(sessions.len() >= 2, "{sessions:#?}");
+    let old = sessions[0].attempt;
+    assert!(
+        o.lost.contains(&old),
+        "the deadline fired for the partitioned attempt"
+    );
+    assert!(
+        o.late_results.contains(&old),
+        "the old attempt's result arrived late"
+    );
+    assert!(!o.acked.contains(&old), "the late result was not accepted");
+    let accepted = &o.accepted_reports[&(run_id, "a".to_string())];
+    assert_eq!(accepted.len(), 1);
+    assert_ne!(accepted.first(), Some(&old));
+    assert_eq!(status(&report, run_id), RunStatus::Completed);
+}
+
+#[test]
+fn scenario_6_budget_trip_in_a_child() {
+    let run_id = rid(6);
+    // Each session spends 3,600 micro-dollars; the reservations (1,000 each) fit the 5,000 limit, the
+    // spend does not. "late" depends on the others, so it asks for admission after the trip.
+    let steps = vec![
+        step("a", &[], None, 1_000),
+        step("b", &[], None, 1_000),
+        step("c", &[], None, 1_000),
+        step("late", &["a", "b", "c"], None, 1_000),
+    ];
+    let spec = run_spec(run_id, "budget", plan(steps), Some(5_000));
+    let config = WorldConfig::calm(6, vec![spec]);
+    let report = check(config);
+    let o = &report.observed;
+    assert_eq!(status(&report, run_id), RunStatus::BudgetExceeded);
+    assert_eq!(o.budget_trips, vec![run_id]);
+    assert_eq!(o.admissions_after_trip, 0);
+    assert!(
+        o.sessions_of("late").is_empty(),
+        "no work started after the trip"
+    );
+    let finished = report.observed.run_finished.contains_key(&run_id);
+    assert!(finished, "the run ended instead of hanging");
+    // Background work stopped: every specialist still running when the budget tripped was stopped.
+    let stopped_steps: std::collections::BTreeSet<String> = o
+        .stops
+        .iter()
+        .filter_map(|a| o.spawns.get(a).map(|s| s.step.clone()))
+        .collect();
+    let running_at_trip: std::collections::BTreeSet<String> = ["a", "b", "c"]
+        .iter()
+        .filter(|s| {
+            !o.accepted_reports
+                .contains_key(&(run_id, (**s).to_string()))
+        })
+        .map(|s| (*s).to_string())
+        .collect();
+    assert!(!running_at_trip.is_empty());
+    assert!(
+        running_at_trip.is_subset(&stopped_steps),
+        "running {running_at_trip:?}, stopped {stopped_steps:?}"
+    );
+    // No spawn was admitted after the trip: a refusal by the supervisor or no request at all.
+    assert!(
+        o.refusals
+            .iter()
+            .all(|(_, r)| matches!(r, Refusal::Budget { .. })),
+        "{:?}",
+        o.refusals
+    );
+}
+
+/// The canonical 16-specialist run, crash-free: the reference for scenario 3.
+fn canonical(seed: u64) -> WorldConfig {
+    let spec = keel_sim::setup::canonical_run(rid(3), 16);
+    let mut config = WorldConfig::calm(seed, vec![spec]);
+    config.restart_after_ms = 500;
+    config
+}
+
+/// Crashes the coordinator node after every effect boundary in `part` of `parts` and compares.
+fn crash_at_every_boundary(part: u64, parts: u64) {
+    let reference = check(canonical(3));
+    assert_eq!(status(&reference, rid(3)), RunStatus::Completed);
+    let expected = reference.observed.accepted_report_contents();
+    assert_eq!(expected.len(), 16);
+    let boundaries = reference.coord_effects;
+    assert!(boundaries > 16 * 4, "{boundaries} effects");
+    for k in (1..=boundaries).filter(|k| k % parts == part) {
+        let mut config = canonical(3);
+        config.crash_after_coord_effect = Some(k);
+        let report = run(config);
+        assert!(
+            report.violation.is_none(),
+            "crash after effect {k}: {}",
+            report
+                .violation
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default()
+        );
+        assert_eq!(
+            report.observed.coordinator_crashes, 1,
+            "crash after effect {k}"
+        );
+        assert_eq!(
+            status(&report, rid(3)),
+            RunStatus::Completed,
+            "crash after effect {k}"
+        );
+        assert_eq!(
+            report.observed.accepted_report_contents(),
+            expected,
+            "crash after effect {k}"
+        );
+    }
+}
+
+#[test]
+fn scenario_3_crash_at_every_effect_boundary_part_0() {
+    crash_at_every_boundary(0, 4);
+}
+
+#[test]
+fn scenario_3_crash_at_every_effect_boundary_part_1() {
+    crash_at_every_boundary(1, 4);
+}
+
+#[test]
+fn scenario_3_crash_at_every_effect_boundary_part_2() {
+    crash_at_every_boundary(2, 4);
+}
+
+#[test]
+fn scenario_3_crash_at_every_effect_boundary_part_3() {
+    crash_at_every_boundary(3, 4);
+}
