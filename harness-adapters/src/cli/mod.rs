@@ -45,8 +45,12 @@ pub const CANCEL_GRACE: Duration = Duration::from_secs(2);
 /// How long to wait for the CLI to exit after it printed its terminal event.
 pub const EXIT_AFTER_TERMINAL_MAX: Duration = Duration::from_secs(5);
 
-/// How long to keep reading stdout after the CLI exited (a tool it left behind may hold the pipe).
-pub const DRAIN_AFTER_EXIT_MAX: Duration = Duration::from_millis(500);
+/// Longest time to keep reading stdout after the CLI exited (a tool it left behind may hold the
+/// pipe open, so the drain cannot wait for end of file).
+pub const DRAIN_AFTER_EXIT_MAX: Duration = Duration::from_secs(10);
+
+/// Longest pause between two lines while draining after exit before the drain stops.
+pub const DRAIN_IDLE_MAX: Duration = Duration::from_millis(300);
 
 /// Bytes of stderr kept for the failure message when a CLI dies without a terminal event.
 pub const STDERR_TAIL_BYTES_MAX: usize = 2048;
@@ -314,6 +318,9 @@ pub struct CliConfig {
     pub session_root: PathBuf,
     /// SIGTERM-to-SIGKILL grace period on cancel.
     pub cancel_grace: Duration,
+    /// An explicit path to the CLI (e.g. from the node's configuration); wins over the
+    /// `KEEL_*_BIN` variable and the pinned install.
+    pub program: Option<PathBuf>,
 }
 
 impl Default for CliConfig {
@@ -321,6 +328,7 @@ impl Default for CliConfig {
         CliConfig {
             session_root: std::env::temp_dir(),
             cancel_grace: CANCEL_GRACE,
+            program: None,
         }
     }
 }
@@ -395,7 +403,17 @@ impl<F: CliFlavor> Harness for CliHarness<F> {
     fn start(&self, spec: SessionSpec) -> BoxFuture<'_, Result<RunningSession, StartError>> {
         Box::pin(async move {
             spec.validate()?;
-            let program = self.flavor.binary().locate()?;
+            let program = match &self.config.program {
+                Some(p) if p.is_file() => p.clone(),
+                Some(p) => {
+                    return Err(StartError::Unavailable(format!(
+                        "the configured {} path {} is not a file",
+                        self.flavor.kind(),
+                        p.display()
+                    )));
+                }
+                None => self.flavor.binary().locate()?,
+            };
             std::fs::create_dir_all(&self.config.session_root)?;
             let session_dir = tempfile::Builder::new()
                 .prefix(&format!("keel-{}-", self.flavor.kind()))
@@ -539,12 +557,21 @@ impl CliRun {
                 status = process.wait(), if !exited => {
                     exited = true;
                     let _ = status;
-                    // Drain what is still in the pipe, bounded: a left-behind tool may hold it open.
+                    // Drain what is still in the pipe. A left-behind tool may hold it open, so
+                    // stop after DRAIN_IDLE_MAX without a line, and after DRAIN_AFTER_EXIT_MAX in
+                    // all; time spent handing events to a slow consumer does not count as idle.
                     let drain_until = tokio::time::Instant::now() + DRAIN_AFTER_EXIT_MAX;
-                    while let Ok(Some(item)) = tokio::time::timeout_at(drain_until, rx.recv()).await {
-                        if matches!(item, Output::StdoutClosed) { break; }
+                    loop {
+                        let idle_until = (tokio::time::Instant::now() + DRAIN_IDLE_MAX).min(drain_until);
+                        let item = match tokio::time::timeout_at(idle_until, rx.recv()).await {
+                            Ok(Some(Output::StdoutClosed) | None) | Err(_) => break,
+                            Ok(Some(item)) => item,
+                        };
                         self.handle(item, &mut events, &mut stderr_tail, &mut malformed);
-                        if let Some(s) = self.dispatch(&mut events, &mut usage, &mut terminal).await { stop = Some(s); break; }
+                        if let Some(s) = self.dispatch(&mut events, &mut usage, &mut terminal).await {
+                            stop = Some(s);
+                            break;
+                        }
                     }
                     if stop.is_none() { break; }
                 }
