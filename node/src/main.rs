@@ -4,6 +4,7 @@
 //! Exit codes mean something so scripts can branch on them: see [`Exit`].
 
 mod config;
+mod context;
 mod home;
 mod render;
 mod run;
@@ -85,6 +86,17 @@ enum Command {
         #[arg(long, default_value_t = 200)]
         tail: u32,
     },
+    /// Print exactly the first message a new session of a task would get: its preamble (placed into the
+    /// prompt), the preamble's size against its cap, and what was truncated or redacted.
+    Context {
+        /// The task id.
+        task: TaskId,
+        /// Build the resume variant (the original brief plus the task's own recent log), as a session
+        /// restarted after an interruption would get. Without it, keel picks what the task's next
+        /// session would get: a resume for a paused or re-dispatched task, a standard preamble otherwise.
+        #[arg(long)]
+        resume: bool,
+    },
     /// Print a run's task tree.
     Tree {
         /// The run id.
@@ -137,6 +149,18 @@ enum Command {
         /// Write every request there as a JSON file.
         #[arg(long, value_name = "DIR")]
         record_dir: Option<PathBuf>,
+    },
+    /// Measure the orchestration path with an instant harness on a temporary store.
+    Bench {
+        /// Specialists per run, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
+        fan_out: Vec<u32>,
+        /// Runs per measurement.
+        #[arg(long, default_value_t = 50)]
+        runs: u32,
+        /// Runs in flight for the concurrent measurement.
+        #[arg(long, default_value_t = 8)]
+        in_flight: u32,
     },
 }
 
@@ -261,6 +285,20 @@ impl From<toml::ser::Error> for Failed {
     }
 }
 
+impl From<keel_actors::context::ContextError> for Failed {
+    fn from(e: keel_actors::context::ContextError) -> Self {
+        use keel_actors::context::{ContextError, LoadError};
+        let exit = match e {
+            ContextError::Load(LoadError::TaskNotFound(_)) => Exit::NotFound,
+            _ => Exit::Failure,
+        };
+        Failed {
+            exit,
+            error: e.into(),
+        }
+    }
+}
+
 impl From<ReadError> for Failed {
     fn from(e: ReadError) -> Self {
         let exit = match e {
@@ -322,6 +360,10 @@ fn run(cli: Cli) -> Result<(), Failed> {
             let store: Store = home.open_existing()?;
             out.logs(task, &store.catalog().session_log(task, tail)?)?;
         }
+        Command::Context { task, resume } => {
+            let store = home.open_existing()?;
+            out.context(&context::build(&store, task, resume)?)?;
+        }
         Command::Tree { run, limit } => {
             let store = home.open_existing()?;
             let catalog = store.catalog();
@@ -354,6 +396,11 @@ fn run(cli: Cli) -> Result<(), Failed> {
             port,
             record_dir,
         } => failure(run::model_server(script, port, record_dir))?,
+        Command::Bench {
+            fan_out,
+            runs,
+            in_flight,
+        } => failure(run::bench::bench(&fan_out, runs, in_flight, cli.json))?,
     }
     Ok(())
 }

@@ -1,1 +1,261 @@
-//! Shared helpers for keel's cross-crate integration tests.
+//! Shared helpers for keel's cross-crate integration tests: the `keel` binary, child processes that
+//! are reaped even when a test fails, and readers of a scripted model server's request recordings.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Why a helper failed; tests turn it into a panic with this message.
+#[derive(Debug, thiserror::Error)]
+pub enum HelperError {
+    /// The `keel` binary could not be built or found.
+    #[error("the keel binary: {0}")]
+    Binary(String),
+    /// A process could not be started or waited for.
+    #[error("process: {0}")]
+    Process(#[from] std::io::Error),
+    /// A wait ran out.
+    #[error("timed out after {0:?}: {1}")]
+    Timeout(Duration, String),
+}
+
+/// The `keel` binary of this build, built once per test process (a no-op when it is fresh).
+///
+/// # Errors
+/// [`HelperError::Binary`] when cargo fails or the binary is not where the build puts it.
+pub fn keel_binary() -> Result<PathBuf, HelperError> {
+    static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BIN.get_or_init(|| {
+        // tests run from target/<profile>/deps/; the binary lands in target/<profile>/.
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .ok_or("no profile directory above the test binary")?
+            .to_path_buf();
+        let target_dir = profile_dir
+            .parent()
+            .ok_or("no target directory above the profile directory")?;
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut build = Command::new(cargo);
+        build
+            .args(["build", "--quiet", "-p", "keel-node", "--bin", "keel"])
+            .env("CARGO_TARGET_DIR", target_dir);
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            build.arg("--release");
+        }
+        let status = build.status().map_err(|e| format!("running cargo: {e}"))?;
+        if !status.success() {
+            return Err(format!("cargo build of keel failed: {status}"));
+        }
+        let bin = profile_dir.join("keel");
+        if bin.is_file() {
+            Ok(bin)
+        } else {
+            Err(format!("{} is missing after the build", bin.display()))
+        }
+    })
+    .clone()
+    .map_err(HelperError::Binary)
+}
+
+/// A `keel` command in `dir` (its `./.keel` is the home), with logs quiet.
+///
+/// # Errors
+/// As [`keel_binary`].
+pub fn keel(dir: &Path) -> Result<Command, HelperError> {
+    let mut cmd = Command::new(keel_binary()?);
+    cmd.current_dir(dir)
+        .env_remove("KEEL_HOME")
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("OPENAI_API_KEY")
+        .env("KEEL_LOG", "error");
+    Ok(cmd)
+}
+
+/// A child process that is killed and reaped when dropped, so a failing test leaves nothing behind.
+/// Its stdout and stderr are drained by threads into buffers (a full pipe never blocks it).
+#[derive(Debug)]
+pub struct Reaped {
+    child: Option<Child>,
+    stdout: Arc<Mutex<Vec<String>>>,
+    stderr: Arc<Mutex<Vec<String>>>,
+    readers: Vec<std::thread::JoinHandle<()>>,
+}
+
+fn drain(
+    pipe: impl std::io::Read + Send + 'static,
+    into: Arc<Mutex<Vec<String>>>,
+) -> std::thread::JoinHandle<()> {
+    // The thread ends when the pipe closes (the child exits or is killed).
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            into.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(line);
+        }
+    })
+}
+
+fn joined(lines: &Mutex<Vec<String>>) -> String {
+    let lines = lines
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut text = lines.join("\n");
+    text.push('\n');
+    text
+}
+
+impl Reaped {
+    /// Start `cmd` with piped stdout and stderr.
+    ///
+    /// # Errors
+    /// [`HelperError::Process`].
+    pub fn spawn(mut cmd: Command) -> Result<Self, HelperError> {
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let stdout = Arc::new(Mutex::new(Vec::new()));
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let mut readers = Vec::new();
+        if let Some(out) = child.stdout.take() {
+            readers.push(drain(out, Arc::clone(&stdout)));
+        }
+        if let Some(err) = child.stderr.take() {
+            readers.push(drain(err, Arc::clone(&stderr)));
+        }
+        Ok(Self {
+            child: Some(child),
+            stdout,
+            stderr,
+            readers,
+        })
+    }
+
+    /// The process id.
+    pub fn id(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// Wait until a stdout line contains `needle`, at most `wait`; returns that line.
+    ///
+    /// # Errors
+    /// [`HelperError::Timeout`] (the process ended or stayed silent).
+    pub fn line_containing(&mut self, needle: &str, wait: Duration) -> Result<String, HelperError> {
+        let stdout = Arc::clone(&self.stdout);
+        let stderr = Arc::clone(&self.stderr);
+        wait_for(wait, needle, || {
+            stdout
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .iter()
+                .find(|l| l.contains(needle))
+                .cloned()
+        })
+        .map_err(|e| HelperError::Timeout(wait, format!("{e}; stderr: {}", joined(&stderr))))
+    }
+
+    /// Wait for the exit, at most `wait`, and return the status with everything printed.
+    ///
+    /// # Errors
+    /// [`HelperError::Timeout`] (the child is killed then) or [`HelperError::Process`].
+    pub fn wait_output(
+        mut self,
+        wait: Duration,
+    ) -> Result<(ExitStatus, String, String), HelperError> {
+        let mut child = self
+            .child
+            .take()
+            .ok_or_else(|| HelperError::Timeout(wait, "already reaped".into()))?;
+        let deadline = Instant::now() + wait;
+        let status = loop {
+            if let Some(status) = child.try_wait()? {
+                break status;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(HelperError::Timeout(
+                    wait,
+                    format!("the process did not exit; stdout: {}", joined(&self.stdout)),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        for r in self.readers.drain(..) {
+            let _ = r.join();
+        }
+        Ok((status, joined(&self.stdout), joined(&self.stderr)))
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Poll `check` every 20 ms until it returns `Some`, at most `wait`.
+///
+/// # Errors
+/// [`HelperError::Timeout`] naming `what`.
+pub fn wait_for<T>(
+    wait: Duration,
+    what: &str,
+    mut check: impl FnMut() -> Option<T>,
+) -> Result<T, HelperError> {
+    let deadline = Instant::now() + wait;
+    loop {
+        if let Some(v) = check() {
+            return Ok(v);
+        }
+        if Instant::now() >= deadline {
+            return Err(HelperError::Timeout(wait, what.to_owned()));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The request bodies a scripted model server recorded in `dir` (`keel model-server --record-dir`),
+/// in arrival order.
+pub fn recorded_bodies(dir: &Path) -> Vec<serde_json::Value> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
+    files.sort();
+    files
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(f).ok())
+        .filter_map(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .filter_map(|v| v.get("body").cloned())
+        .collect()
+}
+
+/// Sessions that started in a recording: requests whose conversation holds only the first user
+/// message (every later request of a session carries tool results). Each is one execution.
+pub fn session_openings(bodies: &[serde_json::Value]) -> Vec<String> {
+    bodies
+        .iter()
+        .filter(|b| {
+            b.get("messages")
+                .and_then(|m| m.as_array())
+                .is_some_and(|m| m.len() == 1)
+        })
+        .map(|b| b.to_string())
+        .collect()
+}

@@ -8,6 +8,7 @@
 //! continues with resume preambles. A SIGKILL loses nothing acknowledged: `keel resume RUN`
 //! continues from the checkpoint.
 
+pub(crate) mod bench;
 pub(crate) mod progress;
 pub(crate) mod setup;
 pub(crate) mod summary;
@@ -79,8 +80,11 @@ fn init_logs(json: bool) {
 
 /// Open the home's store as its only writer, sharing it with readers.
 fn open_writer(home: &Home) -> anyhow::Result<Arc<Store>> {
-    home.init()?;
     let path = home.store_path()?;
+    if !path.is_file() {
+        // First use: create the home (keel.toml and an empty store).
+        home.init()?;
+    }
     let store = Store::open_with(
         &path,
         StoreConfig {

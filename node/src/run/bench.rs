@@ -1,0 +1,199 @@
+//! `keel bench`: the orchestration path measured end to end with an instant harness.
+//!
+//! Each run fans out to N specialists; each specialist's session answers at once with a ~300-byte
+//! report; every report is made durable (a redb commit with `Durability::Immediate`, group-committed
+//! by the checkpoint actor) before it is acknowledged; then the coordinator writes the synthesis. What
+//! is measured is keel's own cost: actors, messages, context loading, group commits, fsyncs. Runs
+//! are timed sequentially and with several in flight, on a fresh store file in a temporary folder.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, anyhow};
+use keel_actors::runtime::{HarnessSet, Runtime, RuntimeConfig, SUBTASK_ID_ENV};
+use keel_actors::{Plan, PlanStep, RunMode};
+use keel_harness::session::BoxFuture;
+use keel_harness::{
+    Harness, HarnessEvent, HarnessKind, RunningSession, SessionSpec, StartError, StopReason,
+    session_channel,
+};
+use keel_store::{AgentLimits, AgentProfile, RunStatus, Sharing, Store, StoreConfig};
+
+/// Most specialists per run the bench accepts.
+const FAN_OUT_MAX: u32 = 256;
+/// Most runs in flight the bench accepts.
+const IN_FLIGHT_MAX: u32 = 64;
+
+/// A harness whose every session ends at once with a report of about 300 bytes.
+struct InstantHarness;
+
+fn report(task: &str) -> String {
+    // The claim pads the report to about 300 bytes of JSON.
+    format!(
+        "{{\"subtask_id\":\"{task}\",\"status\":\"complete\",\"findings\":[{{\"claim\":\"the instant harness \
+answered this part at once with a fixed finding that is long enough to weigh what a short real \
+report weighs\",\"source\":\"bench\",\"confidence_permille\":900}}],\"gaps\":[],\"summary\":\"done\"}}"
+    )
+}
+
+impl Harness for InstantHarness {
+    fn kind(&self) -> HarnessKind {
+        HarnessKind::Scripted
+    }
+
+    fn start(&self, spec: SessionSpec) -> BoxFuture<'_, Result<RunningSession, StartError>> {
+        Box::pin(async move {
+            let task = spec
+                .env
+                .get(SUBTASK_ID_ENV)
+                .cloned()
+                .ok_or_else(|| StartError::InvalidSpec("no subtask id in the env".into()))?;
+            let (sink, _cancel, session) = session_channel(HarnessKind::Scripted);
+            tokio::spawn(async move {
+                sink.send(HarnessEvent::Started {
+                    native_session_id: None,
+                    model: None,
+                })
+                .await;
+                sink.send(HarnessEvent::Finished {
+                    stop_reason: StopReason::EndTurn,
+                    final_text: report(&task),
+                })
+                .await;
+            });
+            Ok(session)
+        })
+    }
+}
+
+fn plan(n: u32) -> Plan {
+    Plan {
+        steps: (0..n)
+            .map(|i| PlanStep {
+                key: format!("part-{i:03}"),
+                brief: format!("Part {i}."),
+                goal: format!("part {i}"),
+                quality_criteria: Vec::new(),
+                output_schema: None,
+                assignee: None,
+                depends_on: Vec::new(),
+                estimate_micros: 0,
+            })
+            .collect(),
+        constraints: Vec::new(),
+    }
+}
+
+fn config(work: &std::path::Path, n: u32, in_flight: u32) -> RuntimeConfig {
+    let mut c = RuntimeConfig::default();
+    c.supervisor.agents = vec![AgentProfile {
+        name: "instant".into(),
+        description: "answers at once".into(),
+        harness: HarnessKind::Scripted.as_str().into(),
+        model: "instant".into(),
+        account: "bench".into(),
+        tools: Vec::new(),
+        system_prompt: String::new(),
+        limits: AgentLimits::default(),
+    }];
+    c.supervisor.specialists_max = n * in_flight;
+    c.supervisor.spawn_burst = u32::MAX / 2;
+    c.supervisor.spawn_interval_ms = 1;
+    c.specialist.working_dir = work.to_path_buf();
+    c.runs_in_flight_max = in_flight;
+    c.events_capacity = 16;
+    c
+}
+
+/// One measurement: `runs` runs of `n` specialists, `in_flight` at a time.
+async fn measure(n: u32, in_flight: u32, runs: u32) -> anyhow::Result<(f64, f64)> {
+    let dir = tempfile::tempdir().context("creating a temporary folder")?;
+    let store = Arc::new(Store::open_with(
+        dir.path().join("bench.redb"),
+        StoreConfig {
+            sharing: Sharing::Exclusive,
+            ..StoreConfig::default()
+        },
+    )?);
+    let harnesses = HarnessSet::new().with(HarnessKind::Scripted, Arc::new(InstantHarness));
+    let (rt, events) = Runtime::start(store, harnesses, config(dir.path(), n, in_flight)).await?;
+    drop(events);
+    let rt = Arc::new(rt);
+    #[allow(clippy::disallowed_methods)] // A benchmark reads the clock by definition.
+    let started = Instant::now();
+    let mut handles = Vec::new();
+    for _ in 0..runs {
+        // `submit` waits for a slot: at most `in_flight` runs are hosted at once.
+        let handle = rt
+            .submit("bench".into(), RunMode::Plan(plan(n)), None, String::new())
+            .await?;
+        handles.push(tokio::spawn(handle.finished()));
+        if in_flight == 1
+            && let Some(h) = handles.pop()
+        {
+            check(h.await??.status)?;
+        }
+    }
+    for h in handles {
+        check(h.await??.status)?;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    if let Ok(rt) = Arc::try_unwrap(rt) {
+        rt.shutdown().await;
+    }
+    let runs_per_s = f64::from(runs) / secs;
+    let us_per_specialist = secs * 1e6 / f64::from(runs * n);
+    Ok((runs_per_s, us_per_specialist))
+}
+
+fn check(status: RunStatus) -> anyhow::Result<()> {
+    if status == RunStatus::Completed {
+        Ok(())
+    } else {
+        Err(anyhow!("a bench run ended {status:?}"))
+    }
+}
+
+/// `keel bench`: print a table of runs/s and µs per specialist for each fan-out, sequential and with
+/// `in_flight` runs at once.
+pub(crate) fn bench(fan_outs: &[u32], runs: u32, in_flight: u32, json: bool) -> anyhow::Result<()> {
+    if fan_outs.iter().any(|&n| n == 0 || n > FAN_OUT_MAX)
+        || in_flight == 0
+        || in_flight > IN_FLIGHT_MAX
+    {
+        return Err(anyhow!(
+            "fan-outs must be 1..={FAN_OUT_MAX} and in-flight 1..={IN_FLIGHT_MAX}"
+        ));
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let mut rows = Vec::new();
+    rt.block_on(async {
+        for &n in fan_outs {
+            // A warm-up run per shape, not measured.
+            measure(n, 1, 2).await?;
+            for flight in [1, in_flight] {
+                let (rps, us) = measure(n, flight, runs).await?;
+                rows.push((n, flight, rps, us));
+                if !json {
+                    println!(
+                        "N={n:<3} in flight={flight:<2} runs={runs:<4} {rps:>9.1} runs/s {us:>9.1} µs/specialist"
+                    );
+                }
+            }
+        }
+        Ok::<(), anyhow::Error>(())
+    })?;
+    if json {
+        let v: Vec<_> = rows
+            .iter()
+            .map(|(n, f, r, u)| {
+                serde_json::json!({"specialists": n, "in_flight": f, "runs_per_s": r, "us_per_specialist": u})
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(v));
+    }
+    Ok(())
+}

@@ -1,0 +1,94 @@
+//! `keel run` as a newcomer meets it: a fresh folder, no configuration, no keys. The run completes on
+//! the built-in scripted model (served over 127.0.0.1 to keel's own agent loop, which runs real tools
+//! in the folder), and the store it leaves is explained by `keel tree`, `keel logs` and `keel status`.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests: a panic is the failure report.
+
+use keel_tests::{Reaped, keel};
+use std::time::Duration;
+
+#[test]
+fn keel_run_in_a_fresh_folder_completes_and_the_store_explains_it() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("main.rs"),
+        "// TODO: everything\nfn main() {}\n",
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("lib.rs"), "pub fn f() {}\n").unwrap();
+    std::fs::write(dir.path().join("notes.md"), "# notes\n").unwrap();
+
+    let mut cmd = keel(dir.path()).unwrap();
+    cmd.args(["run", "survey this folder"]);
+    let (status, out, err) = Reaped::spawn(cmd)
+        .unwrap()
+        .wait_output(Duration::from_secs(120))
+        .unwrap();
+    assert!(status.success(), "keel run failed: {status}\n{out}\n{err}");
+    assert!(out.contains(": Completed"), "{out}");
+    assert!(out.contains("coverage: 4 of 4 steps complete"), "{out}");
+    assert!(out.contains("failures: none"), "{out}");
+    // What the tools really saw: three files, two of them .rs, one TODO.
+    let run = out
+        .lines()
+        .find_map(|l| l.strip_prefix("run ")?.split_whitespace().next())
+        .unwrap()
+        .to_string();
+    let synthesis =
+        std::fs::read_to_string(dir.path().join(".keel/synthesis").join(format!("{run}.md")))
+            .unwrap();
+    assert!(synthesis.contains("files: 3"), "{synthesis}");
+    assert!(
+        synthesis.contains("most common extension: rs 2 files"),
+        "{synthesis}"
+    );
+    assert!(synthesis.contains("todo markers: 1"), "{synthesis}");
+
+    let tree = keel(dir.path())
+        .unwrap()
+        .args(["tree", &run])
+        .output()
+        .unwrap();
+    let tree = String::from_utf8_lossy(&tree.stdout);
+    assert_eq!(tree.matches("Subtask Complete").count(), 4, "{tree}");
+    assert!(tree.contains("Root Complete"), "{tree}");
+
+    let tasks = keel(dir.path())
+        .unwrap()
+        .args(["--json", "tasks", "--run", &run])
+        .output()
+        .unwrap();
+    let tasks: serde_json::Value = serde_json::from_slice(&tasks.stdout).unwrap();
+    let text = tasks.to_string();
+    let subtask = tasks
+        .as_array()
+        .or_else(|| tasks.get("tasks").and_then(|i| i.as_array()))
+        .unwrap_or_else(|| panic!("unexpected tasks json: {text}"))
+        .iter()
+        .find(|t| t.get("kind").and_then(|k| k.as_str()) == Some("Subtask"))
+        .and_then(|t| t.get("id").and_then(|i| i.as_str()))
+        .unwrap_or_else(|| panic!("no subtask in {text}"))
+        .to_string();
+    let logs = keel(dir.path())
+        .unwrap()
+        .args(["logs", &subtask])
+        .output()
+        .unwrap();
+    let logs = String::from_utf8_lossy(&logs.stdout);
+    assert!(logs.contains("session started"), "{logs}");
+    assert!(
+        logs.contains("bash"),
+        "the real tool call is in the log: {logs}"
+    );
+    assert!(logs.contains("finished: Complete report"), "{logs}");
+
+    let status = keel(dir.path())
+        .unwrap()
+        .args(["status", &run])
+        .output()
+        .unwrap();
+    let status = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        status.contains("Completed") && status.contains("4 Complete"),
+        "{status}"
+    );
+}
