@@ -24,7 +24,7 @@ use keel_harness::cli::pi::PiHarness;
 use keel_harness::cli::{CliFlavor, CliHarness, Invocation};
 use keel_harness::scripted::Script;
 use keel_harness::server::{ModelServer, ModelServerConfig};
-use keel_harness::{Account, Harness, HarnessEvent, SessionSpec};
+use keel_harness::{Account, Credential, Harness, HarnessEvent, SessionSpec};
 
 fn observed<F: CliFlavor>(
     h: CliHarness<F>,
@@ -121,10 +121,11 @@ async fn main() {
         for i in 0..=runs {
             let dir = tempfile::tempdir().unwrap();
             let mut spec = SessionSpec::new("say hi", "overhead-model", dir.path());
+            spec.env.insert("KEEL_BENCH_KEY".into(), "sk-bench".into());
             spec.account = Account {
                 id: "bench".into(),
                 base_url: Some(server.base_url()),
-                ..Account::default()
+                credential: Credential::ApiKeyEnv("KEEL_BENCH_KEY".into()),
             };
             let slot = Arc::new(Mutex::new(None));
             let h = harness(&cli, &slot);
