@@ -13,6 +13,8 @@ use keel_store::{
 use serde::Serialize;
 use serde_json::json;
 
+use keel_actors::context::ContextReport;
+
 use crate::Failed;
 use crate::config::Config;
 use crate::home::{Created, Home};
@@ -71,6 +73,14 @@ impl Output {
             "# {} is valid; the configuration in effect:\n{text}",
             home.config_path().display()
         ))?)
+    }
+
+    pub(crate) fn context(&self, report: &ContextReport) -> std::io::Result<()> {
+        if self.json {
+            return self.print_json(report);
+        }
+        let mut out = std::io::stdout().lock();
+        write!(out, "{report}")
     }
 
     pub(crate) fn runs(&self, runs: &Listing<Run>) -> std::io::Result<()> {

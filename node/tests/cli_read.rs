@@ -343,3 +343,53 @@ fn read_commands_work_while_a_node_holds_the_store_open_for_readers() {
     assert_eq!(v["tasks"].as_array().unwrap().len(), 4);
     drop(writer);
 }
+
+#[test]
+fn context_prints_the_preamble_a_new_session_gets_with_secrets_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join(".keel");
+    assert_eq!(keel(&home, &["init"]).status.code(), Some(0));
+    let (_, root) = populate(&home.join("keel.redb"));
+    let child = TaskId(root.0 + 1);
+
+    // The child's standard preamble carries its parent inline; the parent's outcome mentions nothing
+    // secret, so plant a key in the environment and in the child's own log to check both rules.
+    let out = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args(["--home"])
+        .arg(&home)
+        .args(["context", &child.to_string(), "--json"])
+        .env("ANTHROPIC_API_KEY", "done: root brief")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let prompt = v["prompt"].as_str().unwrap();
+    assert!(prompt.contains("root brief"), "{prompt}");
+    assert!(
+        !prompt.contains("done: root brief"),
+        "a value registered as a credential must not appear: {prompt}"
+    );
+    assert!(prompt.contains("[REDACTED:registered-secret]"), "{prompt}");
+    assert!(
+        prompt.ends_with("child one"),
+        "the brief follows the preamble: {prompt}"
+    );
+    assert!(v["prompt_chars"].as_u64().unwrap() <= 8_000 + "child one".len() as u64 + 2);
+
+    let resume = keel(&home, &["context", &root.to_string(), "--resume"]);
+    assert_eq!(resume.status.code(), Some(0));
+    let text = stdout(&resume);
+    assert!(text.contains("resume preamble"), "{text}");
+    assert!(
+        text.contains("root brief") && text.contains("bash: ls -la"),
+        "{text}"
+    );
+
+    let missing = keel(&home, &["context", "01ARZ3NDEKTSV4RRFFQ69G5FAV"]);
+    assert_eq!(missing.status.code(), Some(3));
+}

@@ -1,0 +1,50 @@
+//! `keel context TASK [--resume]`: what the agent will see, before it sees it.
+
+use keel_actors::context::{
+    ContextConfig, ContextError, ContextReport, Scrubber, SessionStart, context_from_store,
+};
+use keel_store::{Store, TaskId};
+
+/// Environment variables whose values are credentials. Their values are registered as literal secrets,
+/// so a key pasted into a brief or echoed into a log never reaches a preamble, whatever its shape.
+const CREDENTIAL_VARS: &[&str] = &[
+    "ANTHROPIC_API_KEY",
+    "ANTHROPIC_AUTH_TOKEN",
+    "OPENAI_API_KEY",
+    "CODEX_API_KEY",
+    "GEMINI_API_KEY",
+    "GOOGLE_API_KEY",
+    "GITHUB_TOKEN",
+    "GH_TOKEN",
+    "GITLAB_TOKEN",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "SLACK_BOT_TOKEN",
+    "STRIPE_SECRET_KEY",
+];
+
+/// Builds the report with the default caps and the credentials of this environment registered.
+pub(crate) fn build(
+    store: &Store,
+    task: TaskId,
+    resume: bool,
+) -> Result<ContextReport, ContextError> {
+    let mut scrubber = Scrubber::new();
+    for var in CREDENTIAL_VARS {
+        if let Ok(value) = std::env::var(var) {
+            // A value too short or empty to register safely is still caught by the pattern rules;
+            // refusing it here must not stop an operator from looking at a preamble.
+            let _ = scrubber.register_secret(&value);
+        }
+    }
+    let start = if resume {
+        SessionStart::Resume
+    } else {
+        match store.catalog().task(task) {
+            Ok(t) => SessionStart::for_task(&t),
+            // Let the builder report the missing task with its own typed error.
+            Err(_) => SessionStart::Fresh,
+        }
+    };
+    context_from_store(store, task, start, &ContextConfig::default(), &scrubber)
+}
