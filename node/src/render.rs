@@ -22,6 +22,9 @@ use crate::home::{Created, Home};
 /// The longest brief shown in one table cell; `keel show` prints the whole brief.
 const BRIEF_CELL_CHARS_MAX: usize = 60;
 
+/// The longest log summary shown in one table cell; `--json` carries the whole row.
+const SUMMARY_CELL_CHARS_MAX: usize = 120;
+
 /// Where and how a command prints.
 pub(crate) struct Output {
     json: bool,
@@ -222,7 +225,7 @@ impl Output {
                 r.seq.to_string(),
                 timestamp(r.value.ts_ms),
                 log_kind(r.value.kind).into(),
-                r.value.summary.clone(),
+                clip(&r.value.summary, SUMMARY_CELL_CHARS_MAX),
             ]);
         }
         self.print(&table.to_string())
@@ -289,13 +292,17 @@ fn table(header: &[&str]) -> Table {
 
 /// One line of a brief for a table cell: first line only, cut with an ellipsis so the cut is visible.
 fn cell(text: &str) -> String {
-    let first = text.lines().next().unwrap_or("");
-    let cut: String = first.chars().take(BRIEF_CELL_CHARS_MAX).collect();
-    if cut.len() < first.len() || text.lines().nth(1).is_some() {
-        format!("{cut}…")
-    } else {
-        cut
+    clip(text, BRIEF_CELL_CHARS_MAX)
+}
+
+/// At most `max` characters of one line, with an ellipsis when anything was cut.
+fn clip(text: &str, max: usize) -> String {
+    let line = text.lines().next().unwrap_or("");
+    let mut cut: String = line.chars().take(max).collect();
+    if cut.len() < text.len() {
+        cut.push('…');
     }
+    cut
 }
 
 fn indent(text: &str) -> String {
