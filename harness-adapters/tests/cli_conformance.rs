@@ -508,6 +508,34 @@ async fn gate_case(cli: Cli) {
     }
 }
 
+/// A stream without a finish reason makes opencode ask again forever; the adapter stops it after a
+/// few such steps with a typed failure.
+async fn missing_finish_reason_case(cli: Cli) {
+    let turns = (0..50)
+        .map(|_| {
+            failure(ScriptFailure::MissingFinishReason {
+                text: Some("looping".into()),
+            })
+        })
+        .collect();
+    let Some(case) = Case::new(cli, turns).await else {
+        return;
+    };
+    let events = case.run(case.spec("say hi")).await;
+    match terminal(&events) {
+        HarnessEvent::Failed(e) => {
+            assert_eq!(e.category, ErrorCategory::Transient, "{e}");
+            assert!(e.message.contains("finish reason"), "{e}");
+        }
+        other => panic!("{cli:?}: {other:?}"),
+    }
+    let n = case.model_requests().len();
+    assert!(
+        (3..=6).contains(&n),
+        "{cli:?}: {n} requests before the loop was stopped"
+    );
+}
+
 fn sleep_processes(secs: u32) -> Vec<u32> {
     let secs = secs.to_string();
     let mut out = Vec::new();
@@ -596,6 +624,7 @@ conformance! {
     opencode_server_error => server_error_case(Cli::Opencode);
     opencode_cancel => cancel_case(Cli::Opencode);
     opencode_gate => gate_case(Cli::Opencode);
+    opencode_missing_finish_reason => missing_finish_reason_case(Cli::Opencode);
     pi_text_turn => text_turn_case(Cli::Pi);
     pi_tool_round_trip => tool_round_trip_case(Cli::Pi);
     pi_rate_limit => rate_limit_case(Cli::Pi);

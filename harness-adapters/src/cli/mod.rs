@@ -557,22 +557,7 @@ impl CliRun {
                 status = process.wait(), if !exited => {
                     exited = true;
                     let _ = status;
-                    // Drain what is still in the pipe. A left-behind tool may hold it open, so
-                    // stop after DRAIN_IDLE_MAX without a line, and after DRAIN_AFTER_EXIT_MAX in
-                    // all; time spent handing events to a slow consumer does not count as idle.
-                    let drain_until = tokio::time::Instant::now() + DRAIN_AFTER_EXIT_MAX;
-                    loop {
-                        let idle_until = (tokio::time::Instant::now() + DRAIN_IDLE_MAX).min(drain_until);
-                        let item = match tokio::time::timeout_at(idle_until, rx.recv()).await {
-                            Ok(Some(Output::StdoutClosed) | None) | Err(_) => break,
-                            Ok(Some(item)) => item,
-                        };
-                        self.handle(item, &mut events, &mut stderr_tail, &mut malformed);
-                        if let Some(s) = self.dispatch(&mut events, &mut usage, &mut terminal).await {
-                            stop = Some(s);
-                            break;
-                        }
-                    }
+                    stop = self.drain_after_exit(&mut rx, &mut events, &mut stderr_tail, &mut malformed, &mut usage, &mut terminal).await;
                     if stop.is_none() { break; }
                 }
                 item = rx.recv() => {
@@ -582,6 +567,9 @@ impl CliRun {
                             if !exited {
                                 if tokio::time::timeout(EXIT_AFTER_TERMINAL_MAX, process.wait()).await.is_err() {
                                     stop = Some(Stop::Terminal);
+                                } else {
+                                    // stderr may still hold the CLI's last words (an auth error).
+                                    stop = self.drain_after_exit(&mut rx, &mut events, &mut stderr_tail, &mut malformed, &mut usage, &mut terminal).await;
                                 }
                                 exited = true;
                             }
@@ -640,6 +628,33 @@ impl CliRun {
             }
         };
         let _ = self.sink.send(final_event).await;
+    }
+
+    /// Reads what is still queued after the CLI exited. A left-behind tool may hold the pipes open,
+    /// so this stops after [`DRAIN_IDLE_MAX`] without a line, and after [`DRAIN_AFTER_EXIT_MAX`] in
+    /// all; time spent handing events to a slow consumer does not count as idle.
+    async fn drain_after_exit(
+        &mut self,
+        rx: &mut mpsc::Receiver<Output>,
+        events: &mut Vec<HarnessEvent>,
+        stderr_tail: &mut String,
+        malformed: &mut u32,
+        usage: &mut UsageAccumulator,
+        terminal: &mut Option<HarnessEvent>,
+    ) -> Option<Stop> {
+        let drain_until = tokio::time::Instant::now() + DRAIN_AFTER_EXIT_MAX;
+        loop {
+            let idle_until = (tokio::time::Instant::now() + DRAIN_IDLE_MAX).min(drain_until);
+            let item = match tokio::time::timeout_at(idle_until, rx.recv()).await {
+                Ok(None) | Err(_) => return None,
+                Ok(Some(Output::StdoutClosed)) => continue,
+                Ok(Some(item)) => item,
+            };
+            self.handle(item, events, stderr_tail, malformed);
+            if let Some(stop) = self.dispatch(events, usage, terminal).await {
+                return Some(stop);
+            }
+        }
     }
 
     fn handle(
