@@ -233,8 +233,11 @@ pub struct Snapshot {
 /// One step in a [`Snapshot`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StepSnapshot {
-    /// The step as planned (delegated steps too, so a recovered lead run keeps them).
-    pub spec: PlanStep,
+    /// The step as asked for, for steps that are not in the run's plan (a lead's delegations,
+    /// follow-ups); `None` for plan steps, which come back from the run row's plan. Keeping plan steps
+    /// out makes a checkpoint cheap to write after every decision.
+    #[serde(default)]
+    pub spec: Option<PlanStep>,
     /// Its tasks, oldest first (re-dispatches add one each).
     pub tasks: Vec<TaskId>,
     /// The current attempt number of the newest task.
@@ -288,6 +291,8 @@ struct RunState {
     root: Task,
     steps: Vec<Step>,
     batches: Vec<Vec<usize>>,
+    /// How many leading steps come from the run's plan (their specs are not repeated in checkpoints).
+    plan_len: usize,
     batch: usize,
     lead: Option<Lead>,
     constraints: Vec<String>,
@@ -401,8 +406,9 @@ impl RunState {
             steps: self
                 .steps
                 .iter()
-                .map(|s| StepSnapshot {
-                    spec: s.spec.clone(),
+                .enumerate()
+                .map(|(i, s)| StepSnapshot {
+                    spec: (i >= self.plan_len).then(|| s.spec.clone()),
                     tasks: s.tasks.clone(),
                     attempt: s.attempt,
                     attempts_total: s.attempts_total,
@@ -619,6 +625,7 @@ impl Coordinator {
             root: root.clone(),
             steps: Vec::new(),
             batches: Vec::new(),
+            plan_len: 0,
             batch: 0,
             lead: None,
             constraints: Vec::new(),
@@ -648,6 +655,7 @@ impl Coordinator {
                         state.steps.push(step);
                     }
                     state.batches = valid.batches().to_vec();
+                    state.plan_len = valid.plan().steps.len();
                     let shape: Vec<String> = state
                         .batches
                         .iter()
@@ -1205,13 +1213,14 @@ impl Coordinator {
             format!("step {key} {verb} and parked in the dead-letter table: {reason}"),
         );
         run.steps[index].status = StepStatus::Committing;
+        // The task row carries the parked outcome; recovery reads it there.
         run.stage(
             ops,
             Then::Parked {
                 step: index,
                 outcome,
             },
-            true,
+            false,
             now,
             out,
         );
@@ -1307,6 +1316,8 @@ impl Coordinator {
                         ),
                     );
                     run.steps[index].status = StepStatus::Committing;
+                    // No checkpoint here: the task row (result and done-marker, one transaction) is
+                    // what recovery reads; the next dispatch or the synthesis writes the checkpoint.
                     run.stage(
                         ops,
                         Then::Accepted {
@@ -1314,7 +1325,7 @@ impl Coordinator {
                             attempt: from,
                             outcome,
                         },
-                        true,
+                        false,
                         now,
                         out,
                     );
@@ -1825,6 +1836,7 @@ impl Coordinator {
                 Ok(valid) => {
                     state.constraints = valid.plan().constraints.clone();
                     state.batches = valid.batches().to_vec();
+                    state.plan_len = valid.plan().steps.len();
                     for s in &valid.plan().steps {
                         let deps = s
                             .depends_on
@@ -1853,7 +1865,10 @@ impl Coordinator {
         for (i, snap) in snap_steps.into_iter().enumerate() {
             if i >= state.steps.len() {
                 // Steps beyond the plan: a lead's delegations and follow-ups.
-                state.steps.push(Step::new(snap.spec.clone(), Vec::new()));
+                let Some(spec) = snap.spec.clone() else {
+                    break; // a step beyond the plan without its spec: nothing to rebuild it from
+                };
+                state.steps.push(Step::new(spec, Vec::new()));
             }
             let step = &mut state.steps[i];
             step.thread = snap.thread;
@@ -2060,6 +2075,7 @@ fn empty_state(row: Run, now: Millis) -> RunState {
         root,
         steps: Vec::new(),
         batches: Vec::new(),
+        plan_len: 0,
         batch: 0,
         lead: None,
         constraints: Vec::new(),
