@@ -61,6 +61,38 @@ pub fn keel_binary() -> Result<PathBuf, HelperError> {
     .map_err(HelperError::Binary)
 }
 
+/// An example of the keel-tests package (`examples/NAME.rs` at the workspace root), built once.
+///
+/// # Errors
+/// [`HelperError::Binary`] when cargo fails or the example is not where the build puts it.
+pub fn example_binary(name: &str) -> Result<PathBuf, HelperError> {
+    let exe = std::env::current_exe().map_err(|e| HelperError::Binary(e.to_string()))?;
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .ok_or_else(|| HelperError::Binary("no profile directory".into()))?
+        .to_path_buf();
+    let target_dir = profile_dir
+        .parent()
+        .ok_or_else(|| HelperError::Binary("no target directory".into()))?;
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["build", "--quiet", "-p", "keel-tests", "--example", name])
+        .env("CARGO_TARGET_DIR", target_dir)
+        .status()?;
+    if !status.success() {
+        return Err(HelperError::Binary(format!(
+            "building example {name}: {status}"
+        )));
+    }
+    let bin = profile_dir.join("examples").join(name);
+    if bin.is_file() {
+        Ok(bin)
+    } else {
+        Err(HelperError::Binary(format!("{} is missing", bin.display())))
+    }
+}
+
 /// A `keel` command in `dir` (its `./.keel` is the home), with logs quiet.
 ///
 /// # Errors
