@@ -91,6 +91,10 @@ fn soak_run(from: u64, count: u64) -> ExitCode {
             println!("VIOLATION {v}");
         }
     });
+    // The trace of the first violation, up to the event it broke at (the others: replay their seed).
+    if let Some(v) = summary.violations.first() {
+        println!("{}", soak::explain(v.seed));
+    }
     #[allow(clippy::disallowed_methods)]
     let secs = started.elapsed().as_secs_f64().max(1e-9);
     println!(

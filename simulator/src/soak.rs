@@ -52,3 +52,38 @@ pub fn sweep(from: u64, count: u64, mut each: impl FnMut(&RunReport)) -> SoakSum
     }
     summary
 }
+
+/// Most trace lines [`explain`] returns (the tail up to the violation).
+pub const EXPLAIN_LINES_MAX: usize = 400;
+
+/// Replays `seed` with its trace recorded and returns the violation (if the replay finds one) followed
+/// by the last trace lines up to the event it broke at: what a failing sweep prints next to the
+/// reproduction command.
+pub fn explain(seed: u64) -> String {
+    let mut config = WorldConfig::for_seed(seed);
+    config.trace = crate::trace::TraceMode::Record {
+        lines_max: usize::MAX,
+    };
+    let report = run(config);
+    let upto = report.violation.as_ref().map_or(u64::MAX, |v| v.event);
+    let kept: Vec<&String> = report
+        .trace_lines
+        .iter()
+        .take(usize::try_from(upto).unwrap_or(usize::MAX))
+        .collect();
+    let skip = kept.len().saturating_sub(EXPLAIN_LINES_MAX);
+    let mut out = String::new();
+    if let Some(v) = &report.violation {
+        out.push_str(&format!("{v}\n"));
+    }
+    if skip > 0 {
+        out.push_str(&format!(
+            "... {skip} earlier trace lines (replay: keel-sim --seed {seed:#018x})\n"
+        ));
+    }
+    for line in &kept[skip..] {
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}

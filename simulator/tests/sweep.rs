@@ -1,7 +1,7 @@
 //! The seed sweep: many seeds with sampled fault profiles, each checked for every invariant after every
 //! event, plus determinism (a seed run twice gives the same trace hash).
 
-use keel_sim::soak::sweep;
+use keel_sim::soak::{explain, sweep};
 use keel_sim::{WorldConfig, run};
 
 /// Seeds of the sweep. The brief asks for at least 500 in `cargo test`.
@@ -11,7 +11,8 @@ const SWEEP_SEEDS: u64 = 500;
 fn five_hundred_seeds_break_no_invariant() {
     let summary = sweep(0, SWEEP_SEEDS, |r| {
         if let Some(v) = &r.violation {
-            eprintln!("{v}");
+            // The seed, the event, the reproduction command and the trace up to it.
+            eprintln!("{}", explain(v.seed));
         }
     });
     assert_eq!(summary.seeds, SWEEP_SEEDS);
@@ -62,4 +63,11 @@ fn a_recorded_replay_has_the_hash_of_the_sweep() {
     let recorded = run(config);
     assert_eq!(hashed.trace_hash, recorded.trace_hash);
     assert_eq!(recorded.trace_lines.len() as u64, recorded.events);
+}
+
+#[test]
+fn explain_replays_a_seed_with_its_trace() {
+    let text = explain(5);
+    assert!(text.lines().count() > 10, "{text}");
+    assert!(text.contains("submit run="));
 }
