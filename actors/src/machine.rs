@@ -5,6 +5,53 @@
 //! It never reads a clock, a random source, a socket or a file; it never awaits. The ractor runtime and the
 //! simulator are two hosts for the same machines: they feed inputs (typed messages, timer firings,
 //! completions of effects), execute the effects that come out, and feed the completions back as inputs.
+//!
+//! # The four machines
+//!
+//! | Machine | One per | Input | Effect | Owns |
+//! |---|---|---|---|---|
+//! | [`crate::Coordinator`] | run | [`crate::CoordinatorInput`] | [`crate::Effect`] | the plan, every decision, the synthesis |
+//! | [`crate::Specialist`] | attempt | [`crate::SpecialistInput`] | [`crate::SpecialistEffect`] | one harness session |
+//! | [`crate::Supervisor`] | node group | [`crate::SupervisorInput`] | [`crate::Effect`] | admission, limits, ledger, deadlines, verdicts |
+//! | [`crate::CheckpointWriter`] | coordinator node | [`crate::CheckpointInput`] | [`crate::Effect`] | every durable write (group commit) |
+//!
+//! # One step of a plan, as messages
+//!
+//! 1. The coordinator stages the attempt's task row and idempotency record ([`crate::CheckpointMsg::Stage`]);
+//!    the checkpoint writer commits it ([`crate::Effect::Persist`]) and answers `Durable`.
+//! 2. The coordinator asks for admission ([`crate::SupervisorMsg::Admit`]); the supervisor reserves the
+//!    estimate in the run's ledger, takes a spawn-rate token, resolves agent, harness and model, answers
+//!    `Admission`, arms the deadline and emits [`crate::Effect::SpawnSpecialist`].
+//! 3. The specialist loads its preamble's rows if it needs them, starts the session
+//!    ([`crate::SpecialistEffect::StartHarness`], keyed by the durable idempotency key), streams log rows and
+//!    spend to its coordinator, and ends with `Finished` (a verified report or a typed failure), resent
+//!    until acknowledged.
+//! 4. The coordinator stages the result with its done-marker (task row, manifest, run budget) in one
+//!    stage; only when it is `Durable` does it acknowledge the specialist, settle the supervisor's ledger,
+//!    and move on (next batch, next turn, follow-ups, synthesis). A failure is settled instead and the
+//!    supervisor answers with a [`crate::Verdict`]: restart, reroute, escalate or give up.
+//!
+//! # Recovery
+//!
+//! After a crash the host loads the run row, its checkpoint (whose `state` carries the coordinator's
+//! snapshot: which tasks belong to which step, attempt numbers), its task rows and idempotency records,
+//! and feeds them as [`crate::CoordinatorInput::Recovered`]. Task rows are the truth for outcomes: a step
+//! whose row holds a terminal outcome is done and never runs again; a step that was dispatched but not
+//! acknowledged runs as its next attempt with a resume preamble; a late result of the old attempt is
+//! refused as stale.
+//!
+//! # Architecture invariants
+//!
+//! **No machine performs IO, reads a clock or a random source, or iterates a hash map.** Time and ids
+//! come in through `now` and [`Entropy`].
+//!
+//! **A specialist can only address its coordinator**: its effect type has no other destination, and
+//! [`crate::ReplyTo`] can only be minted by this crate (DESIGN.md §12, invariant 7).
+//!
+//! **Only the checkpoint writer persists, and a result is acknowledged only after its commit.**
+//!
+//! **Every bound is explicit**: steps per plan, attempts per step, live specialists, queued stages,
+//! commit retries, resends, log rows per attempt, findings per report.
 
 /// Milliseconds since the Unix epoch on the host's clock: the wall clock in the runtime, the virtual clock
 /// in the simulator. Machines only ever receive it; they never read it.
