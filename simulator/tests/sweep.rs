@@ -69,5 +69,6 @@ fn a_recorded_replay_has_the_hash_of_the_sweep() {
 fn explain_replays_a_seed_with_its_trace() {
     let text = explain(5);
     assert!(text.lines().count() > 10, "{text}");
-    assert!(text.contains("submit run="));
+    assert!(text.contains("coord run="), "{text}");
+    assert!(text.lines().count() <= keel_sim::soak::EXPLAIN_LINES_MAX + 2);
 }
