@@ -19,7 +19,7 @@ use std::fmt;
 use std::sync::LazyLock;
 
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
-use regex::Regex;
+use regex::bytes::{Regex, RegexBuilder};
 use serde::{Deserialize, Serialize};
 
 /// What kind of secret a redaction removed, so a reader of a preamble knows something was there and what.
@@ -360,6 +360,10 @@ struct Shape {
     kind: SecretKind,
     pattern: &'static str,
     check: Check,
+    /// Which combined automaton it joins. Shapes that start with a literal share set 0, which a literal
+    /// prefilter scans fast; a shape without one (the URL's scheme is any word) gets its own, so that it
+    /// does not take the prefilter away from the others.
+    set: usize,
 }
 
 /// The known shapes, most specific first: at one position the first shape that matches wins.
@@ -369,107 +373,150 @@ const SHAPES: &[Shape] = &[
         // A block with no END line (cut by an upstream limit) is redacted to the end of the text.
         pattern: r"-----BEGIN[ A-Z0-9]{0,40}PRIVATE KEY(?: BLOCK)?-----(?:[\s\S]*?-----END[ A-Z0-9]{0,40}PRIVATE KEY(?: BLOCK)?-----|[\s\S]*)",
         check: Check::None,
+        set: 0,
     },
     Shape {
         kind: SecretKind::AnthropicKey,
         pattern: r"(?-u:\b)sk-ant-[A-Za-z0-9_\-]{20,}",
         check: Check::None,
+        set: 0,
     },
     Shape {
         kind: SecretKind::OpenaiKey,
         pattern: r"(?-u:\b)sk-(?:proj-|svcacct-|admin-|None-)?[A-Za-z0-9_\-]{20,}",
         check: Check::HasDigit,
+        set: 0,
     },
     Shape {
         kind: SecretKind::AwsAccessKey,
         pattern: r"(?-u:\b)(?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AROA|AIPA|ANPA|ANVA|APKA)[A-Z0-9]{16}(?-u:\b)",
         check: Check::None,
+        set: 0,
     },
     Shape {
         kind: SecretKind::AwsSecretKey,
-        pattern: r#"(?i:aws[A-Za-z0-9_.\-]{0,30}(?:secret|sk)[A-Za-z0-9_.\-]{0,30})["']?\s*(?:=|:|=>)\s*["']?(?P<v>[A-Za-z0-9/+]{40})(?:[^A-Za-z0-9/+=]|$)"#,
+        pattern: r#"(?:aws|AWS|Aws)[A-Za-z0-9_.\-]{0,30}(?:secret|SECRET|Secret|sk|SK)[A-Za-z0-9_.\-]{0,30}["']?\s*(?:=|:|=>)\s*["']?(?P<v>[A-Za-z0-9/+]{40})(?:[^A-Za-z0-9/+=]|$)"#,
         check: Check::None,
+        set: 0,
     },
     Shape {
         kind: SecretKind::GithubToken,
         pattern: r"(?-u:\b)(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})",
         check: Check::None,
+        set: 0,
     },
     Shape {
         kind: SecretKind::GitlabToken,
         pattern: r"(?-u:\b)gl(?:pat|dt|rt|ptt|ft|cbt|oas|imt|soat|agent)-[A-Za-z0-9_\-]{20,}",
         check: Check::None,
+        set: 0,
     },
     Shape {
         kind: SecretKind::SlackWebhook,
         pattern: r"https://hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9/_\-]{8,}",
         check: Check::None,
+        set: 0,
     },
     Shape {
         kind: SecretKind::SlackToken,
         pattern: r"(?-u:\b)(?:xox[abposre]-[A-Za-z0-9\-]{10,}|xapp-[0-9]-[A-Za-z0-9\-]{10,})",
         check: Check::None,
+        set: 0,
     },
     Shape {
         kind: SecretKind::StripeKey,
         pattern: r"(?-u:\b)(?:(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}|whsec_[A-Za-z0-9+/=]{20,})",
         check: Check::None,
+        set: 0,
     },
     Shape {
         kind: SecretKind::GoogleApiKey,
         pattern: r"(?-u:\b)AIza[0-9A-Za-z_\-]{35}",
         check: Check::None,
+        set: 0,
     },
     Shape {
         kind: SecretKind::GoogleOauth,
         pattern: r"(?-u:\b)(?:GOCSPX-[A-Za-z0-9_\-]{20,}|ya29\.[0-9A-Za-z_\-]{20,})",
         check: Check::None,
+        set: 0,
     },
     Shape {
         kind: SecretKind::Jwt,
         pattern: r"(?-u:\b)eyJ[A-Za-z0-9_\-]{5,}\.eyJ[A-Za-z0-9_\-]{5,}\.[A-Za-z0-9_\-]*",
         check: Check::None,
+        set: 0,
     },
     Shape {
         kind: SecretKind::BasicAuth,
-        pattern: r#"(?i:authorization)["']?\s*[:=]\s*["']?(?i:basic|token|digest)\s+(?P<v>[A-Za-z0-9._~+/=\-]{8,})"#,
+        pattern: r#"(?:[Aa]uthorization|AUTHORIZATION)["']?\s*[:=]\s*["']?(?:[Bb]asic|BASIC|[Tt]oken|TOKEN|[Dd]igest|DIGEST)\s+(?P<v>[A-Za-z0-9._~+/=\-]{8,})"#,
         check: Check::NotPlaceholder,
+        set: 0,
     },
     Shape {
         kind: SecretKind::BearerToken,
-        pattern: r"(?-u:\b)(?i:bearer)\s+(?P<v>[A-Za-z0-9._~+/=\-]{16,})",
+        pattern: r"(?-u:\b)(?:[Bb]earer|BEARER)\s+(?P<v>[A-Za-z0-9._~+/=\-]{16,})",
         check: Check::TokenLike,
+        set: 0,
     },
     Shape {
         kind: SecretKind::UrlPassword,
         pattern: r#"(?-u:\b)[A-Za-z][A-Za-z0-9+.\-]*://[^\s/:@"'<>\[\]]+:(?P<v>[^\s/@"'<>\[\]]+)@"#,
         check: Check::NotPlaceholder,
+        set: 1,
     },
     Shape {
         kind: SecretKind::ConnectionPassword,
-        pattern: r#"(?i:;\s*(?:password|pwd)\s*=\s*)(?P<v>[^;"'\s]+)"#,
+        pattern: r#";\s*(?:[Pp]assword|PASSWORD|[Pp]wd|PWD)\s*=\s*(?P<v>[^;"'\s]+)"#,
         check: Check::NotPlaceholder,
+        set: 0,
     },
     Shape {
         kind: SecretKind::ConnectionPassword,
-        pattern: r#"(?-u:\b)(?i:password|pwd)=(?P<v>[^;"'\s]+);"#,
+        pattern: r#"(?-u:\b)(?:[Pp]assword|PASSWORD|[Pp]wd|PWD)=(?P<v>[^;"'\s]+);"#,
         check: Check::NotPlaceholder,
+        set: 0,
     },
 ];
 
-/// `NAME = value` where NAME contains a secret-sounding word; the value is then judged on its own.
-const ASSIGNMENT: &str = r#"(?i:[A-Za-z0-9_.\-]*(?:key|secret|token|passwd|password|pwd|pass|auth|credential|private|cred)[A-Za-z0-9_.\-]*)["']?\s*(?::=|=>|=|:)\s*["']?(?P<v>[^\s"'`,;:(){}\[\]<>]{16,})"#;
+/// Words that make a name sound secret (ASCII case-insensitive). An assignment is looked for only where
+/// one of them occurs, so ordinary text costs one Aho-Corasick scan.
+const SECRET_NAME_WORDS: [&str; 11] = [
+    "password",
+    "passwd",
+    "pass",
+    "pwd",
+    "secret",
+    "token",
+    "key",
+    "auth",
+    "credential",
+    "cred",
+    "private",
+];
 
-/// Group indices of one shape inside the combined regex.
-struct ShapeGroups {
+/// The rest of `NAME = value` after a secret-sounding word: the end of the name, the operator, and the
+/// value, which is then judged on its own.
+const ASSIGNMENT_TAIL: &str =
+    r#"\A[A-Za-z0-9_.\-]*["']?\s*(?::=|=>|=|:)\s*["']?(?P<v>[^\s"'`,;:(){}\[\]<>]{16,})"#;
+
+/// Group indices of one shape inside its combined regex.
+struct Member {
+    shape: usize,
     whole: usize,
     value: Option<usize>,
 }
 
+/// Several shapes as one regex, scanned once.
+struct Combined {
+    regex: Regex,
+    members: Vec<Member>,
+}
+
 struct Patterns {
-    known: Regex,
-    groups: Vec<ShapeGroups>,
-    assignment: Regex,
+    known: Vec<Combined>,
+    name_words: AhoCorasick,
+    assignment_tail: Regex,
 }
 
 static PATTERNS: LazyLock<Option<Patterns>> = LazyLock::new(Patterns::compile);
@@ -479,98 +526,79 @@ impl Patterns {
         PATTERNS.as_ref()
     }
 
-    /// Compiles the combined regexes. The patterns are constants, so a failure is a programming error that
-    /// the unit tests catch; it is reported through `debug_assert` and the scrubber then refuses nothing
-    /// silently only in a release build that was never tested (the tests assert `Patterns::get()`).
+    /// Compiles the automata once per process. The patterns are constants, so a failure is a
+    /// programming error: `debug_assert` reports it and the unit tests assert that `get()` is `Some`.
     fn compile() -> Option<Patterns> {
-        let mut combined = String::new();
-        for (i, shape) in SHAPES.iter().enumerate() {
-            if i > 0 {
-                combined.push('|');
+        let sets = SHAPES.iter().map(|s| s.set).max().unwrap_or(0) + 1;
+        let mut known = Vec::with_capacity(sets);
+        for set in 0..sets {
+            let mut combined = String::new();
+            let mut ids = Vec::new();
+            for (i, shape) in SHAPES.iter().enumerate().filter(|(_, s)| s.set == set) {
+                if !ids.is_empty() {
+                    combined.push('|');
+                }
+                combined.push_str(&format!("(?P<k{i}>"));
+                combined.push_str(&shape.pattern.replace("(?P<v>", &format!("(?P<v{i}>")));
+                combined.push(')');
+                ids.push(i);
             }
-            combined.push_str(&format!("(?P<k{i}>"));
-            combined.push_str(&shape.pattern.replace("(?P<v>", &format!("(?P<v{i}>")));
-            combined.push(')');
+            let regex = compile_ascii(&combined);
+            debug_assert!(regex.is_ok(), "the secret patterns must compile: {regex:?}");
+            let regex = regex.ok()?;
+            let mut members = Vec::with_capacity(ids.len());
+            for i in ids {
+                members.push(Member {
+                    shape: i,
+                    whole: group_index(&regex, &format!("k{i}"))?,
+                    value: group_index(&regex, &format!("v{i}")),
+                });
+            }
+            known.push(Combined { regex, members });
         }
-        let known = Regex::new(&combined);
-        debug_assert!(known.is_ok(), "the secret patterns must compile: {known:?}");
-        let known = known.ok()?;
-        let mut groups = Vec::with_capacity(SHAPES.len());
-        for i in 0..SHAPES.len() {
-            let whole = group_index(&known, &format!("k{i}"))?;
-            let value = group_index(&known, &format!("v{i}"));
-            groups.push(ShapeGroups { whole, value });
-        }
-        let assignment = Regex::new(ASSIGNMENT);
-        debug_assert!(assignment.is_ok(), "the assignment pattern must compile");
+        let name_words = AhoCorasickBuilder::new()
+            .ascii_case_insensitive(true)
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(SECRET_NAME_WORDS);
+        debug_assert!(name_words.is_ok(), "the name words must build");
+        let assignment_tail = compile_ascii(ASSIGNMENT_TAIL);
+        debug_assert!(
+            assignment_tail.is_ok(),
+            "the assignment pattern must compile"
+        );
         Some(Patterns {
             known,
-            groups,
-            assignment: assignment.ok()?,
+            name_words: name_words.ok()?,
+            assignment_tail: assignment_tail.ok()?,
         })
     }
 
     fn find_known(&self, text: &str, spans: &mut Vec<Span>) {
-        let mut at = 0usize;
-        let mut locs = self.known.capture_locations();
-        while at <= text.len() {
-            let Some(whole) = self.known.captures_read_at(&mut locs, text, at) else {
-                break;
-            };
-            let (m_start, m_end) = (whole.start(), whole.end());
-            let matched = self
-                .groups
-                .iter()
-                .enumerate()
-                .find(|(_, g)| locs.get(g.whole).is_some());
-            let Some((i, g)) = matched else {
-                break;
-            };
-            let shape = &SHAPES[i];
-            let (start, end) = g
-                .value
-                .and_then(|v| locs.get(v))
-                .unwrap_or((m_start, m_end));
-            let value = &text[start..end];
-            let accepted = match shape.check {
-                Check::None => true,
-                Check::HasDigit => value.bytes().any(|b| b.is_ascii_digit()),
-                Check::NotPlaceholder => !is_placeholder(value),
-                Check::TokenLike => {
-                    !is_placeholder(value)
-                        && (value.bytes().any(|b| b.is_ascii_digit()) || value.len() >= 24)
-                }
-            };
-            if accepted {
-                spans.push(Span {
-                    start,
-                    end,
-                    kind: shape.kind,
-                });
-                at = if m_end > m_start {
-                    m_end
-                } else {
-                    next_char(text, m_end)
-                };
-            } else {
-                // A rejected candidate may hide a real secret that starts inside it: look again one
-                // character further rather than after the whole match.
-                at = next_char(text, m_start);
-            }
+        for combined in &self.known {
+            find_combined(combined, text, spans);
         }
     }
 
     fn find_assignments(&self, text: &str, spans: &mut Vec<Span>) {
-        let mut at = 0usize;
-        let mut locs = self.assignment.capture_locations();
-        while at <= text.len() {
-            let Some(whole) = self.assignment.captures_read_at(&mut locs, text, at) else {
-                break;
-            };
-            let m_start = whole.start();
+        let bytes = text.as_bytes();
+        let mut locs = self.assignment_tail.capture_locations();
+        let mut resume_at = 0usize;
+        for word in self.name_words.find_iter(bytes) {
+            if word.start() < resume_at {
+                continue;
+            }
+            let tail = word.end();
+            if self
+                .assignment_tail
+                .captures_read(&mut locs, &bytes[tail..])
+                .is_none()
+            {
+                continue;
+            }
             let Some((start, end)) = locs.get(1) else {
-                break;
+                continue;
             };
+            let (start, end) = char_bounds(text, tail + start, tail + end);
             let value = &text[start..end];
             // A value that a known shape already covers keeps that shape's more precise label.
             let covered = spans.iter().any(|s| s.start < end && start < s.end);
@@ -580,16 +608,82 @@ impl Patterns {
                     end,
                     kind: SecretKind::SecretAssignment,
                 });
-                at = end;
-            } else if covered {
-                at = end.max(next_char(text, m_start));
-            } else {
-                // The rejected value may itself hold an assignment (`a_token=b_key=...`): look again
-                // from where the value starts.
-                at = start.max(next_char(text, m_start));
+                resume_at = end;
             }
         }
     }
+}
+
+fn find_combined(combined: &Combined, text: &str, spans: &mut Vec<Span>) {
+    let mut at = 0usize;
+    let mut locs = combined.regex.capture_locations();
+    while at <= text.len() {
+        let Some(whole) = combined
+            .regex
+            .captures_read_at(&mut locs, text.as_bytes(), at)
+        else {
+            break;
+        };
+        let (m_start, m_end) = (whole.start(), whole.end());
+        let Some(member) = combined
+            .members
+            .iter()
+            .find(|m| locs.get(m.whole).is_some())
+        else {
+            break;
+        };
+        let shape = &SHAPES[member.shape];
+        let (start, end) = member
+            .value
+            .and_then(|v| locs.get(v))
+            .unwrap_or((m_start, m_end));
+        let (start, end) = char_bounds(text, start, end);
+        let value = &text[start..end];
+        let accepted = match shape.check {
+            Check::None => true,
+            Check::HasDigit => value.bytes().any(|b| b.is_ascii_digit()),
+            Check::NotPlaceholder => !is_placeholder(value),
+            Check::TokenLike => {
+                !is_placeholder(value)
+                    && (value.bytes().any(|b| b.is_ascii_digit()) || value.len() >= 24)
+            }
+        };
+        if accepted {
+            spans.push(Span {
+                start,
+                end,
+                kind: shape.kind,
+            });
+            at = if m_end > m_start {
+                m_end
+            } else {
+                next_char(text, m_end)
+            };
+        } else {
+            // A rejected candidate may hide a real secret that starts inside it: look again one
+            // character further rather than after the whole match.
+            at = next_char(text, m_start);
+        }
+    }
+}
+
+/// Compiles a pattern over bytes with Unicode off: ASCII classes and ASCII case folding make a DFA
+/// several times smaller and faster than the Unicode one, and every secret shape is ASCII. Every pattern
+/// starts and ends on an ASCII byte or the end of the text, so a match never splits a character
+/// ([`char_bounds`] widens one that would, all the same).
+fn compile_ascii(pattern: &str) -> Result<Regex, regex::Error> {
+    RegexBuilder::new(pattern).unicode(false).build()
+}
+
+/// Widens a byte span to character boundaries (a wider redaction is always safe).
+fn char_bounds(text: &str, mut start: usize, mut end: usize) -> (usize, usize) {
+    while start > 0 && !text.is_char_boundary(start) {
+        start -= 1;
+    }
+    while end < text.len() && !text.is_char_boundary(end) {
+        end += 1;
+    }
+    (start, end)
 }
 
 fn group_index(re: &Regex, name: &str) -> Option<usize> {
