@@ -124,6 +124,8 @@ struct Step {
     last_failure: Option<SubtaskFailure>,
     /// For a follow-up: the task whose thread it continues (its parent is that thread's newest task).
     thread: Option<TaskId>,
+    /// The kind of the last admission refusal logged for this step.
+    last_refusal: Option<&'static str>,
 }
 
 impl Step {
@@ -148,6 +150,7 @@ impl Step {
             call_id: None,
             last_failure: None,
             thread: None,
+            last_refusal: None,
         }
     }
 
@@ -2038,6 +2041,17 @@ fn ready_follow_ups(run: &RunState) -> Vec<usize> {
     ready
 }
 
+fn refusal_kind(refusal: &Refusal) -> &'static str {
+    match refusal {
+        Refusal::Concurrency { .. } => "concurrency",
+        Refusal::Depth { .. } => "depth",
+        Refusal::Budget { .. } => "budget",
+        Refusal::Rate { .. } => "rate",
+        Refusal::UnknownRun => "unknown_run",
+        Refusal::NoAgent { .. } => "no_agent",
+    }
+}
+
 fn step_kind(run: &RunState, task: TaskId) -> TaskKind {
     run.tasks.get(&task).map_or(TaskKind::Subtask, |t| t.kind)
 }
@@ -2420,10 +2434,16 @@ impl Coordinator {
                 }
             }
             Err(refusal) => {
-                run.decide(
-                    now,
-                    format!("step {key}: admission of {attempt} refused: {refusal:?}"),
-                );
+                // A step waiting for a slot is asked about again every second or so: log a refusal
+                // when its kind changes, not every time, so waiting cannot flood the run's log.
+                let kind = refusal_kind(&refusal);
+                if run.steps[index].last_refusal != Some(kind) {
+                    run.steps[index].last_refusal = Some(kind);
+                    run.decide(
+                        now,
+                        format!("step {key}: admission of {attempt} refused: {refusal:?}"),
+                    );
+                }
                 if let Some(after) = refusal.retry_after_ms() {
                     let step = &mut run.steps[index];
                     step.status = StepStatus::Backoff;

@@ -582,3 +582,23 @@ fn follow_ups_chain_on_their_thread_with_a_preamble_even_across_a_worker_restart
         "every follow-up session has a preamble"
     );
 }
+
+#[test]
+fn steps_beyond_the_concurrency_limit_wait_for_a_slot_without_flooding_the_log() {
+    let sup = SupervisorConfig {
+        specialists_max: 2,
+        ..World::default_agents()
+    };
+    let mut w = World::new(sup, ok_script());
+    let steps: Vec<PlanStep> = (0..6).map(|i| step(&format!("s{i}"), &[])).collect();
+    w.submit(RunMode::Plan(plan(steps)), None);
+    w.run(100_000);
+    assert_eq!(w.run_status(), Some(RunStatus::Completed));
+    assert!(w.max_live <= 2);
+    let refusals = w
+        .decisions()
+        .iter()
+        .filter(|d| d.contains("refused: Concurrency"))
+        .count();
+    assert!(refusals >= 1 && refusals <= 4, "{refusals} refusal rows");
+}
