@@ -600,5 +600,5 @@ fn steps_beyond_the_concurrency_limit_wait_for_a_slot_without_flooding_the_log()
         .iter()
         .filter(|d| d.contains("refused: Concurrency"))
         .count();
-    assert!(refusals >= 1 && refusals <= 4, "{refusals} refusal rows");
+    assert!((1..=4).contains(&refusals), "{refusals} refusal rows");
 }
