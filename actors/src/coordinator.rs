@@ -1242,6 +1242,17 @@ impl Coordinator {
         let Some(&index) = run.by_task.get(&from.task) else {
             return; // not a task of this run
         };
+        if run.phase != Phase::Running && run.steps[index].accepted != Some(from) {
+            // The run is ending (cancelled, budget, synthesis): nothing more is accepted.
+            run.to_specialist(
+                from,
+                SpecialistMsg::Cancel {
+                    reason: "the run has ended".into(),
+                },
+                out,
+            );
+            return;
+        }
         let current = run.steps[index].current(run.id);
         let status = run.steps[index].status;
         if current != Some(from)

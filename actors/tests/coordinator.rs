@@ -602,3 +602,59 @@ fn steps_beyond_the_concurrency_limit_wait_for_a_slot_without_flooding_the_log()
         .count();
     assert!((1..=4).contains(&refusals), "{refusals} refusal rows");
 }
+
+#[test]
+fn a_late_result_of_a_timed_out_attempt_is_refused_and_not_accepted_twice() {
+    // The first session of the step hangs (a partition): the deadline fires, the step runs again, and
+    // the old attempt's result arrives afterwards.
+    let mut first = true;
+    let script: Script = Box::new(move |a, spec| {
+        if std::mem::take(&mut first) {
+            return vec![];
+        }
+        ok_script()(a, spec)
+    });
+    let sup = SupervisorConfig {
+        subtask_timeout_ms: 5_000,
+        ..World::default_agents()
+    };
+    let mut w = World::new(sup, script);
+    w.submit(RunMode::Plan(plan(vec![step("a", &[])])), None);
+    w.run(100_000);
+    assert_eq!(w.run_status(), Some(RunStatus::Completed));
+    let (old, _) = w.specs[0].clone();
+    let accepted = w.coordinator.accepted_attempts()[0].1;
+    assert!(accepted.is_some() && accepted != Some(old));
+    // The old attempt's report now arrives, twice.
+    for _ in 0..2 {
+        let late = AttemptResult {
+            attempt: old,
+            outcome: Ok(serde_json::from_str::<SubagentReport>(
+                report_json(old.task, "complete", "late")
+                    .rsplit_once("\n")
+                    .unwrap()
+                    .1,
+            )
+            .unwrap()),
+            spent_micros: 0,
+        };
+        w.queue.push_back(Ev::Coord(CoordinatorInput::Msg(
+            CoordinatorMsg::Specialist {
+                from: old,
+                reply: SpecialistReply::Finished(late),
+            },
+        )));
+    }
+    while w.step() {}
+    assert_eq!(
+        w.coordinator.accepted_attempts()[0].1,
+        accepted,
+        "the accepted attempt did not change"
+    );
+    let outcome = w.store.tasks[&accepted.unwrap().task]
+        .outcome
+        .clone()
+        .unwrap();
+    assert!(!outcome.contains("late"), "the late report was not written");
+    assert!(w.decisions().iter().any(|d| d.contains("lost (timeout)")));
+}
