@@ -4,8 +4,9 @@
 //! line one, and building terminates.
 
 use keel_actors::context::{
-    ContextConfig, RowSet, Scrubber, SessionStart, context_for_task, is_slash_skill_line,
-    load_resume, load_thread, place_preamble, resume_preamble, standard_preamble,
+    ContextConfig, RowSet, Scrubber, SessionStart, ThreadSource, context_for_task,
+    is_slash_skill_line, load_resume, load_thread, place_preamble, resume_preamble,
+    standard_preamble,
 };
 use keel_store::{
     Attachment, AttachmentBody, LogKind, RunId, SessionLogRow, Task, TaskId, TaskKind, TaskStatus,
@@ -297,5 +298,39 @@ proptest! {
         prop_assert_eq!(placed.split('\n').next(), Some(skill.as_str()));
         prop_assert!(placed.contains(&preamble));
         prop_assert!(placed.ends_with(rest.as_str()));
+    }
+}
+
+/// The rows, read one task at a time: the loader's step-by-step walk, for comparison with the bulk read.
+struct StepByStep<'a>(&'a RowSet);
+
+impl ThreadSource for StepByStep<'_> {
+    type Error = std::convert::Infallible;
+
+    fn task(&self, id: TaskId) -> Result<Option<Task>, Self::Error> {
+        self.0.task(id)
+    }
+
+    fn log_tail(
+        &self,
+        id: TaskId,
+        rows_max: usize,
+    ) -> Result<Vec<(u64, SessionLogRow)>, Self::Error> {
+        self.0.log_tail(id, rows_max)
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn a_chain_read_at_once_gives_the_same_view_as_the_walk_step_by_step(
+        nodes in graph(), config in config(), pick in any::<usize>(),
+    ) {
+        let rows = rows(&nodes, "unused-secret-0001");
+        let task = TaskId((pick % nodes.len()) as u128 + 1);
+        let bulk = load_thread(&rows, task, &config).unwrap();
+        let steps = load_thread(&StepByStep(&rows), task, &config).unwrap();
+        prop_assert_eq!(bulk, steps);
     }
 }

@@ -38,6 +38,17 @@ pub trait ThreadSource {
         id: TaskId,
         rows_max: usize,
     ) -> Result<Vec<(u64, SessionLogRow)>, Self::Error>;
+
+    /// The task's ancestors, nearest first, at most `max`, read at once (one transaction in the store)
+    /// when the source can; `Ok(None)` when it cannot or the chain is broken. The loader checks what it
+    /// gets and walks step by step when in doubt, so a source may always answer `None`.
+    ///
+    /// # Errors
+    /// When the source cannot be read.
+    fn ancestors(&self, id: TaskId, max: usize) -> Result<Option<Vec<Task>>, Self::Error> {
+        let _ = (id, max);
+        Ok(None)
+    }
 }
 
 /// Rows held in memory: a real, bounded source for the simulator and tests (ordered maps, deterministic).
@@ -78,6 +89,26 @@ impl ThreadSource for RowSet {
         let log = self.logs.get(&id).map_or(&[][..], Vec::as_slice);
         Ok(log[log.len().saturating_sub(rows_max)..].to_vec())
     }
+
+    /// Answers as the store does: follows parent links up to `max` without checking them (a cycle
+    /// repeats tasks), and `None` when a link dangles; so the loader's checks are tested on both.
+    fn ancestors(&self, id: TaskId, max: usize) -> Result<Option<Vec<Task>>, Self::Error> {
+        let Some(mut current) = self.tasks.get(&id) else {
+            return Ok(None);
+        };
+        let mut chain = Vec::new();
+        while chain.len() < max {
+            let Some(parent) = current.parent else {
+                break;
+            };
+            let Some(parent) = self.tasks.get(&parent) else {
+                return Ok(None);
+            };
+            chain.push(parent.clone());
+            current = parent;
+        }
+        Ok(Some(chain))
+    }
 }
 
 /// The store, through one run's scope: a task of another run is not found here, by construction
@@ -102,6 +133,16 @@ impl ThreadSource for RunScope<'_> {
         match self.last_log_rows(id, n) {
             Ok(rows) => Ok(rows.into_iter().map(|r| (r.seq, r.value)).collect()),
             Err(ReadError::NotFound { .. }) => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn ancestors(&self, id: TaskId, max: usize) -> Result<Option<Vec<Task>>, Self::Error> {
+        let max = u32::try_from(max).unwrap_or(u32::MAX);
+        match RunScope::ancestors(self, id, max) {
+            Ok(chain) => Ok(Some(chain)),
+            // A dangling link: the step-by-step walk finds where and says so.
+            Err(ReadError::NotFound { .. }) => Ok(None),
             Err(e) => Err(e),
         }
     }
@@ -132,6 +173,11 @@ fn walk<S: ThreadSource>(
     steps_max: usize,
     follow: impl Fn(&Task) -> bool,
 ) -> Result<(Vec<Task>, WalkEnd), LoadError> {
+    if let Some(chain) = src.ancestors(task.id, steps_max).map_err(source)?
+        && let Some(checked) = check_chain(task, chain, steps_max, &follow)
+    {
+        return Ok(checked);
+    }
     let mut visited: BTreeSet<TaskId> = BTreeSet::new();
     visited.insert(task.id);
     let mut walked: Vec<Task> = Vec::new();
@@ -158,6 +204,47 @@ fn walk<S: ThreadSource>(
         walked.push(parent.clone());
         current = parent;
     }
+}
+
+/// Replays the walk over a chain read at once, with the same rules (links, repeats, run, limit).
+/// `None` when the chain does not prove where the walk ends: the caller then walks step by step.
+fn check_chain(
+    task: &Task,
+    chain: Vec<Task>,
+    steps_max: usize,
+    follow: &impl Fn(&Task) -> bool,
+) -> Option<(Vec<Task>, WalkEnd)> {
+    let mut visited: BTreeSet<TaskId> = BTreeSet::new();
+    visited.insert(task.id);
+    let mut cut: Option<(usize, WalkEnd)> = None;
+    for (i, ancestor) in chain.iter().enumerate() {
+        let current = if i == 0 { task } else { &chain[i - 1] };
+        if i >= steps_max || current.parent != Some(ancestor.id) || !follow(current) {
+            return None;
+        }
+        if !visited.insert(ancestor.id) {
+            cut = Some((i, WalkEnd::Cycle(ancestor.id)));
+            break;
+        }
+        if ancestor.run_id != task.run_id {
+            cut = Some((i, WalkEnd::OtherRun(ancestor.id)));
+            break;
+        }
+    }
+    if let Some((i, end)) = cut {
+        let mut chain = chain;
+        chain.truncate(i);
+        return Some((chain, end));
+    }
+    let last = chain.last().unwrap_or(task);
+    let end = if last.parent.is_none() || !follow(last) {
+        WalkEnd::Root
+    } else if chain.len() >= steps_max {
+        WalkEnd::Limit
+    } else {
+        return None;
+    };
+    Some((chain, end))
 }
 
 fn load_task<S: ThreadSource>(src: &S, id: TaskId) -> Result<Task, LoadError> {
