@@ -164,7 +164,14 @@ pub struct Checker {
     first_prompt_chars: BTreeMap<TaskId, usize>,
     tripped: BTreeSet<RunId>,
     depths: BTreeMap<AttemptId, u8>,
+    spawn_burst: u32,
+    spawn_interval_ms: u64,
+    admitted_at: std::collections::VecDeque<SimMillis>,
 }
+
+/// The window over which the spawn rate is checked: a GCRA bucket admits at most its burst plus one
+/// spawn per interval elapsed in any window.
+pub const SPAWN_RATE_WINDOW_MS: SimMillis = 1_000;
 
 impl Checker {
     /// A checker for a world of `config` running `runs`.
@@ -181,6 +188,9 @@ impl Checker {
             first_prompt_chars: BTreeMap::new(),
             tripped: BTreeSet::new(),
             depths: BTreeMap::new(),
+            spawn_burst: config.supervisor.spawn_burst,
+            spawn_interval_ms: config.supervisor.spawn_interval_ms.max(1),
+            admitted_at: std::collections::VecDeque::new(),
         }
     }
 
@@ -296,11 +306,18 @@ impl Checker {
     pub fn coord_effect(
         &mut self,
         event: u64,
-        _now: SimMillis,
+        now: SimMillis,
         from_run: Option<RunId>,
         effect: &Effect,
         supervisor: Option<&Supervisor>,
     ) {
+        if let Effect::Send(Envelope::Coordinator {
+            msg: CoordinatorMsg::Admission { answer: Ok(_), .. },
+            ..
+        }) = effect
+        {
+            self.spawn_rate(event, now);
+        }
         match effect {
             Effect::Send(envelope) => {
                 if let Some(from) = from_run {
@@ -382,6 +399,26 @@ impl Checker {
                     .insert(*run, (*status, outcome.clone()));
             }
             _ => {}
+        }
+    }
+
+    fn spawn_rate(&mut self, event: u64, now: SimMillis) {
+        self.admitted_at.push_back(now);
+        while self
+            .admitted_at
+            .front()
+            .is_some_and(|t| *t + SPAWN_RATE_WINDOW_MS <= now)
+        {
+            self.admitted_at.pop_front();
+        }
+        let allowed = u64::from(self.spawn_burst) + SPAWN_RATE_WINDOW_MS / self.spawn_interval_ms;
+        let seen = self.admitted_at.len() as u64;
+        if seen > allowed {
+            self.fail(
+                event,
+                Invariant::LimitsHold,
+                format!("{seen} spawns admitted within {SPAWN_RATE_WINDOW_MS} ms, the rate allows {allowed}"),
+            );
         }
     }
 
