@@ -46,7 +46,12 @@ fn parse_all(parser: &mut dyn EventParser, data: &[u8]) -> usize {
 }
 
 /// (label, fixture dir, fixture file, parser constructor).
-type Case = (&'static str, &'static str, &'static str, fn() -> Box<dyn EventParser>);
+type Case = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn() -> Box<dyn EventParser>,
+);
 
 fn bench(c: &mut Criterion) {
     let cases: [Case; 4] = [

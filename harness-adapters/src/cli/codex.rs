@@ -268,13 +268,15 @@ impl CodexParser {
             return;
         }
         let (name, input) = match item.kind.as_ref() {
-            "command_execution" => (
-                "shell".to_owned(),
-                serde_json::json!({"command": item.command.as_deref().unwrap_or_default()}),
-            ),
+            "command_execution" => {
+                // Built by hand: a `json!` map per call costs more than the rest of the line.
+                let command = serde_json::to_string(item.command.as_deref().unwrap_or_default())
+                    .unwrap_or_else(|_| "\"\"".to_owned());
+                ("shell".to_owned(), format!("{{\"command\":{command}}}"))
+            }
             "file_change" => (
                 "apply_patch".to_owned(),
-                serde_json::json!({"changes": item.changes.clone()}),
+                serde_json::json!({"changes": item.changes}).to_string(),
             ),
             "mcp_tool_call" => (
                 format!(
@@ -282,19 +284,18 @@ impl CodexParser {
                     item.server.as_deref().unwrap_or(""),
                     item.tool.as_deref().unwrap_or("")
                 ),
-                item.arguments.clone().unwrap_or(serde_json::Value::Null),
+                item.arguments
+                    .as_ref()
+                    .map_or_else(|| "null".to_owned(), ToString::to_string),
             ),
             _ => return,
         };
+        // Only a started item can complete later; a completed one is closed at once by the caller.
         if self.open_items.len() < OPEN_ITEMS_MAX {
             self.open_items.insert(item.id.to_string());
         }
         self.tool_calls += 1;
-        out.push(HarnessEvent::tool_use(
-            item.id.to_string(),
-            name,
-            input.to_string(),
-        ));
+        out.push(HarnessEvent::tool_use(item.id.to_string(), name, input));
     }
 
     fn tool_result(&mut self, item: &Item<'_>, out: &mut Vec<HarnessEvent>) {
