@@ -117,6 +117,9 @@ enum Command {
         /// Print only the summary.
         #[arg(long)]
         quiet: bool,
+        /// Run in the background: print the run id and return (output goes to a log in the home).
+        #[arg(long)]
+        detach: bool,
     },
     /// Continue a paused or interrupted run from its checkpoint.
     Resume {
@@ -375,12 +378,14 @@ fn run(cli: Cli) -> Result<(), Failed> {
             plan,
             harness,
             quiet,
+            detach,
         } => {
             let args = run::RunArgs {
                 brief,
                 plan,
                 choice: harness.choice(),
                 quiet,
+                detach,
             };
             ended(run::run(&home, args, cli.json))?;
         }

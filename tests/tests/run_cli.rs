@@ -92,3 +92,47 @@ fn keel_run_in_a_fresh_folder_completes_and_the_store_explains_it() {
         "{status}"
     );
 }
+
+#[test]
+fn a_detached_run_is_cancelled_through_its_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan =
+        keel_actors::runtime::scripted::fan_out_plan(2, |i| format!("sleep 20; echo {i}")).unwrap();
+    std::fs::write(
+        dir.path().join("plan.json"),
+        serde_json::to_string(&plan).unwrap(),
+    )
+    .unwrap();
+    let out = keel(dir.path())
+        .unwrap()
+        .args(["run", "wait", "--plan", "plan.json", "--detach"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{text}");
+    let run = text
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or_else(|| panic!("{text}"))
+        .to_string();
+    // The background process holds the store, so the cancel goes through its control file.
+    let cancel = keel(dir.path())
+        .unwrap()
+        .args(["cancel", &run])
+        .output()
+        .unwrap();
+    let cancel_text = String::from_utf8_lossy(&cancel.stdout).to_string();
+    assert!(cancel.status.success(), "{cancel_text}");
+    assert!(cancel_text.contains("cancel requested"), "{cancel_text}");
+    keel_tests::wait_for(Duration::from_secs(60), "the run to be cancelled", || {
+        let s = keel(dir.path())
+            .unwrap()
+            .args(["--json", "status", &run])
+            .output()
+            .ok()?;
+        String::from_utf8_lossy(&s.stdout)
+            .contains("\"Cancelled\"")
+            .then_some(())
+    })
+    .unwrap();
+}

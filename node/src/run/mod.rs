@@ -55,6 +55,7 @@ pub(crate) struct RunArgs {
     pub(crate) plan: Option<PathBuf>,
     pub(crate) choice: HarnessChoice,
     pub(crate) quiet: bool,
+    pub(crate) detach: bool,
 }
 
 fn tokio_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -193,8 +194,74 @@ async fn pause(
     Ok(Ended::Paused)
 }
 
+/// How long `keel run --detach` waits for the background process to announce its run.
+const DETACH_WAIT: Duration = Duration::from_secs(30);
+
+/// `keel run --detach`: start this same command without `--detach` in its own process group, its
+/// output in a log file of the home, and return once it has submitted the run.
+fn detach(home: &Home, json: bool) -> anyhow::Result<Ended> {
+    use std::os::unix::process::CommandExt;
+    let exe = std::env::current_exe().context("locating the keel binary")?;
+    let args: Vec<std::ffi::OsString> = std::env::args_os()
+        .skip(1)
+        .filter(|a| a != "--detach")
+        .collect();
+    if !home.store_path()?.is_file() {
+        home.init()?;
+    }
+    let pid = std::process::id();
+    let logs = home.dir().join("logs");
+    std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+    let log_path = logs.join(format!("run-{pid}.log"));
+    let announce = logs.join(format!("run-{pid}.id"));
+    let log = std::fs::File::create(&log_path)
+        .with_context(|| format!("creating {}", log_path.display()))?;
+    let child = std::process::Command::new(exe)
+        .args(args)
+        .env(ANNOUNCE_ENV, &announce)
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        // Its own process group: a Ctrl-C at this terminal does not reach it.
+        .process_group(0)
+        .spawn()
+        .context("starting the background run")?;
+    let deadline = std::time::Instant::now() + DETACH_WAIT;
+    let run = loop {
+        if let Ok(id) = std::fs::read_to_string(&announce)
+            && !id.trim().is_empty()
+        {
+            break id.trim().to_string();
+        }
+        if std::time::Instant::now() >= deadline {
+            bail!(
+                "the background run did not start within {DETACH_WAIT:?}; see {}",
+                log_path.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let _ = std::fs::remove_file(&announce);
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"run": run, "pid": child.id(), "log": log_path})
+        );
+    } else {
+        println!(
+            "run {run} started in the background (pid {}); log {}\nfollow with `keel status {run}`, stop with `keel cancel {run}`",
+            child.id(),
+            log_path.display()
+        );
+    }
+    Ok(Ended::Completed)
+}
+
 /// `keel run "BRIEF"`.
 pub(crate) fn run(home: &Home, args: RunArgs, json: bool) -> anyhow::Result<Ended> {
+    if args.detach {
+        return detach(home, json);
+    }
     let config = home.config()?;
     init_logs(config.log.format == crate::config::LogFormat::Json);
     tokio_runtime()?.block_on(async {
