@@ -295,18 +295,32 @@ pub enum CoordinatorMsg {
 pub enum SpecialistReply {
     /// New session log rows, numbered per attempt from 1 (duplicates and gaps are tolerated: the
     /// coordinator keeps rows with a number above the last one it staged).
+    ///
+    /// # Delivery
+    /// Remote cast, never resent: a lost row is lost (the resume preamble only needs the recent ones);
+    /// a duplicate is dropped by its number; rows of a superseded attempt are dropped.
     Logs {
         /// `(seq, row)` pairs in order, at most [`crate::specialist::LOG_ROWS_PER_REPLY_MAX`].
         rows: Vec<(u32, SessionLogRow)>,
     },
     /// Cumulative spend of the attempt so far (a budget trip inside a child is seen from this).
+    ///
+    /// # Delivery
+    /// Remote cast; cumulative, so a lost one is covered by the next and a stale one is ignored.
     Spend {
         /// Micro-dollars spent so far by this attempt.
         spent_micros: u64,
     },
-    /// The attempt's result. Resent until acknowledged.
+    /// The attempt's result.
+    ///
+    /// # Delivery
+    /// Remote cast, resent on a timer until [`SpecialistMsg::Ack`] (bounded by
+    /// `SpecialistConfig::resends_max`); accepted at most once, and only from the current attempt.
     Finished(AttemptResult),
     /// A lead agent's delegation calls of one turn (run in parallel; turns run in sequence).
+    ///
+    /// # Delivery
+    /// Remote cast; a repeated turn number is a duplicate and is answered again, not run again.
     Delegate {
         /// The lead's turn number, from 1; a repeated turn is a duplicate.
         turn: u32,
