@@ -283,8 +283,58 @@ pub struct Synthesis {
     pub findings_omitted: u32,
     /// Gaps of every report, prefixed with their step.
     pub gaps: Vec<String>,
+    /// Places where steps disagree, each kept whole (never first-wins, never dropped), bounded by
+    /// [`SYNTHESIS_CONFLICTS_MAX`].
+    #[serde(default)]
+    pub conflicts: Vec<Conflict>,
     /// One paragraph.
     pub summary: String,
+}
+
+/// Most conflicts a synthesis lists.
+pub const SYNTHESIS_CONFLICTS_MAX: usize = 64;
+
+/// Two or more steps cite the same place in the same source for different claims: a disagreement
+/// about what that source says, which a reader must resolve. Every claim is kept with its step.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Conflict {
+    /// The source, with its document and page when given (`source#document@page`).
+    pub location: String,
+    /// `(step, claim)` for each distinct claim, in step order.
+    pub claims: Vec<(String, String)>,
+}
+
+/// Find the conflicts among findings: same source location, different claims, from different steps.
+/// Deterministic (ordered maps), bounded by [`SYNTHESIS_CONFLICTS_MAX`].
+pub fn find_conflicts(findings: &[PriorFinding]) -> Vec<Conflict> {
+    let mut by_location: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+    for f in findings {
+        let loc = format!(
+            "{}#{}@{}",
+            f.finding.source.trim(),
+            f.finding.document.as_deref().unwrap_or("").trim(),
+            f.finding.page.map_or(String::new(), |p| p.to_string())
+        );
+        let claim = f
+            .finding
+            .claim
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        let entry = by_location.entry(loc).or_default();
+        if !entry.iter().any(|(_, c)| c.eq_ignore_ascii_case(&claim)) {
+            entry.push((f.step.clone(), claim));
+        }
+    }
+    by_location
+        .into_iter()
+        .filter(|(_, claims)| {
+            let steps: BTreeSet<&str> = claims.iter().map(|(s, _)| s.as_str()).collect();
+            claims.len() > 1 && steps.len() > 1
+        })
+        .take(SYNTHESIS_CONFLICTS_MAX)
+        .map(|(location, claims)| Conflict { location, claims })
+        .collect()
 }
 
 #[derive(Debug)]
@@ -2181,12 +2231,22 @@ fn synthesize(steps: &[Step]) -> Synthesis {
     } else {
         format!("complete coverage: all {} steps complete", steps.len())
     };
+    let conflicts = find_conflicts(&findings);
+    let summary = if conflicts.is_empty() {
+        summary
+    } else {
+        format!(
+            "{summary}; {} conflicts between steps kept for review",
+            conflicts.len()
+        )
+    };
     Synthesis {
         coverage,
         partial_coverage: partial,
         findings,
         findings_omitted: omitted,
         gaps,
+        conflicts,
         summary,
     }
 }

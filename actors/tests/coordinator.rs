@@ -658,3 +658,40 @@ fn a_late_result_of_a_timed_out_attempt_is_refused_and_not_accepted_twice() {
     assert!(!outcome.contains("late"), "the late report was not written");
     assert!(w.decisions().iter().any(|d| d.contains("lost (timeout)")));
 }
+
+fn finding(step: &str, claim: &str, source: &str, page: Option<u32>) -> PriorFinding {
+    PriorFinding {
+        step: step.into(),
+        finding: Finding {
+            claim: claim.into(),
+            source: source.into(),
+            document: None,
+            page,
+            confidence_permille: 500,
+            retrieved_by: String::new(),
+            retrieved_at_ms: 0,
+        },
+    }
+}
+
+#[test]
+fn steps_that_disagree_about_one_source_are_kept_as_a_conflict() {
+    use keel_actors::coordinator::find_conflicts;
+    let found = find_conflicts(&[
+        finding("a", "the limit is 20", "DESIGN.md", Some(4)),
+        finding("b", "the limit is 30", "DESIGN.md", Some(4)),
+        finding("c", "The limit  is 20", "DESIGN.md", Some(4)), // the same claim as a: corroboration
+        finding("a", "depth is 3", "DESIGN.md", Some(5)),
+        finding("a", "x", "other", None),
+        finding("a", "y", "other", None), // one step saying two things is not a conflict between steps
+    ]);
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].location, "DESIGN.md#@4");
+    assert_eq!(
+        found[0].claims,
+        vec![
+            ("a".to_string(), "the limit is 20".to_string()),
+            ("b".to_string(), "the limit is 30".to_string())
+        ]
+    );
+}
