@@ -1842,6 +1842,15 @@ impl Coordinator {
             tasks,
             idempotency,
         } = rows;
+        if row.status.is_terminal() {
+            // Nothing more happens to a finished run: a host that recovers one gets a terminal
+            // coordinator that accepts nothing, rather than a run that starts again.
+            let status = row.status;
+            let mut state = empty_state(row, now);
+            state.phase = Phase::Done(status);
+            self.run = Some(state);
+            return;
+        }
         let tasks: BTreeMap<TaskId, Task> = tasks.into_iter().map(|t| (t.id, t)).collect();
         let snapshot = checkpoint
             .as_ref()

@@ -403,14 +403,21 @@ fn a_crash_at_every_input_boundary_ends_with_the_same_reports() {
         total_inputs > 20,
         "the reference run is not trivial: {total_inputs} inputs"
     );
+    // The durable reports, read back from the store: one per step, whatever crashed in between.
     let claims = |w: &World| -> Vec<String> {
         let mut v: Vec<String> = w
-            .coordinator
-            .steps()
-            .into_iter()
-            .map(|(k, _, o)| match o {
-                Some(StepOutcome::Report(r)) => format!("{k}:{:?}:{}", r.status, r.findings.len()),
-                other => format!("{k}:{other:?}"),
+            .store
+            .tasks
+            .values()
+            .filter(|t| t.kind != TaskKind::Root && t.status.is_terminal())
+            .map(|t| {
+                let step = t.brief.lines().next().unwrap_or("").to_string();
+                match serde_json::from_str::<StepOutcome>(t.outcome.as_deref().unwrap_or("")) {
+                    Ok(StepOutcome::Report(r)) => {
+                        format!("{step}:{:?}:{}", r.status, r.findings.len())
+                    }
+                    other => format!("{step}:{other:?}"),
+                }
             })
             .collect();
         v.sort();
@@ -693,5 +700,22 @@ fn steps_that_disagree_about_one_source_are_kept_as_a_conflict() {
             ("a".to_string(), "the limit is 20".to_string()),
             ("b".to_string(), "the limit is 30".to_string())
         ]
+    );
+}
+
+#[test]
+fn recovering_a_finished_run_runs_nothing() {
+    let mut w = World::new(World::default_agents(), ok_script());
+    w.submit(RunMode::Plan(plan(vec![step("a", &[])])), None);
+    w.run(100_000);
+    let sessions = w.specs.len();
+    w.crash_and_recover();
+    w.run(100_000);
+    assert!(w.coordinator.is_terminal());
+    assert_eq!(w.coordinator.status(), Some(RunStatus::Completed));
+    assert_eq!(
+        w.specs.len(),
+        sessions,
+        "no session started after recovering a finished run"
     );
 }
