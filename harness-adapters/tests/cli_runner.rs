@@ -208,3 +208,40 @@ async fn missing_binaries_name_the_install_command() {
         );
     }
 }
+
+#[tokio::test]
+async fn token_and_turn_ceilings_stop_the_session_as_budget_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = fixture("claude", "tool-bash.stream-json.jsonl");
+    // The stand-in prints the two-turn capture, then stays alive like a CLI still working.
+    let cli = fake_cli(dir.path(), &format!("cat '{}'; sleep 30", out.display()));
+    let h = harness(ClaudeCode, cli);
+
+    let mut spec = SessionSpec::new("x", "m", dir.path());
+    spec.limits.tokens_max = 5;
+    let events = run(&h, spec).await;
+    assert!(
+        matches!(
+            events.last().unwrap(),
+            HarnessEvent::Finished {
+                stop_reason: StopReason::Budget(BudgetKind::Tokens),
+                ..
+            }
+        ),
+        "{events:?}"
+    );
+
+    let mut spec = SessionSpec::new("x", "m", dir.path());
+    spec.limits.turns_max = 1;
+    let events = run(&h, spec).await;
+    assert!(
+        matches!(
+            events.last().unwrap(),
+            HarnessEvent::Finished {
+                stop_reason: StopReason::Budget(BudgetKind::Turns),
+                ..
+            }
+        ),
+        "{events:?}"
+    );
+}
