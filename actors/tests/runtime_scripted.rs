@@ -178,3 +178,71 @@ async fn a_paused_run_resumes_without_rerunning_acknowledged_steps() {
     assert_eq!(attempts, vec![1, 1, 2, 2]);
     rt.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_specialist_is_seen_through_its_link_and_restarted() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let store = open(dir.path());
+    let mut cfg = config(&work);
+    cfg.supervisor.restart_backoff_ms = 10;
+    let (rt, mut events) = Runtime::start(store.clone(), harnesses(), cfg)
+        .await
+        .unwrap();
+    // The first attempt of part 1 waits long enough to be killed; the restart finds the marker.
+    let marker = work.join("second-attempt");
+    let plan = scripted::fan_out_plan(2, |i| {
+        if i == 0 {
+            "echo steady".to_string()
+        } else {
+            format!(
+                "if [ -e {m} ]; then echo restarted; else touch {m}; sleep 20; echo slow; fi",
+                m = marker.display()
+            )
+        }
+    })
+    .unwrap();
+    let handle = rt
+        .submit("crash".into(), RunMode::Plan(plan), None, "test".into())
+        .await
+        .unwrap();
+    let mut killed: Option<keel_actors::AttemptId> = None;
+    let mut restarted = false;
+    let outcome = loop {
+        let event = tokio::time::timeout(Duration::from_secs(60), events.recv())
+            .await
+            .expect("an event")
+            .expect("the channel stays open");
+        match event {
+            RuntimeEvent::TaskStarted { attempt, step, .. } if step == "part-001" => {
+                if let Some(first) = killed {
+                    assert_eq!(attempt.task, first.task);
+                    assert!(attempt.attempt > first.attempt);
+                    restarted = true;
+                } else {
+                    // Let the session start its command, then kill the worker.
+                    while !marker.exists() {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    assert!(rt.kill_attempt(attempt));
+                    killed = Some(attempt);
+                }
+            }
+            RuntimeEvent::Finished(o) => break o,
+            _ => {}
+        }
+    };
+    assert!(restarted, "the supervisor restarted the killed attempt");
+    assert_eq!(outcome.status, RunStatus::Completed, "{}", outcome.outcome);
+    let synthesis: Synthesis = serde_json::from_str(&outcome.outcome).unwrap();
+    let claims: Vec<&str> = synthesis
+        .findings
+        .iter()
+        .map(|f| f.finding.claim.as_str())
+        .collect();
+    assert!(claims.contains(&"restarted"), "{claims:?}");
+    assert_eq!(rt.sessions_started(), 3);
+    drop(handle);
+    rt.shutdown().await;
+}

@@ -412,6 +412,20 @@ impl Runtime {
         .is_ok()
     }
 
+    /// Kill one attempt's actor the hard way, as a crashed worker would die: no cancel, no report.
+    /// The supervisor actor sees the link break and its machine decides (restart, reroute,
+    /// escalate). Returns whether the attempt was alive here.
+    pub fn kill_attempt(&self, attempt: AttemptId) -> bool {
+        let Some(actor) = lock(&self.node.specialists)
+            .get(&attempt)
+            .map(|s| s.actor.clone())
+        else {
+            return false;
+        };
+        actor.kill();
+        true
+    }
+
     /// Mark a run that no process hosts as cancelled (its row and open tasks), through the
     /// checkpoint actor.
     ///

@@ -55,6 +55,9 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) struct LiveSpecialist {
     pub(crate) actor: HostRef<Specialist>,
     pub(crate) step: String,
+    /// Its running session's cancel switch, so a killed actor's session is stopped too (a kill
+    /// skips the actor's own cleanup).
+    pub(crate) cancel: Option<CancelToken>,
 }
 
 /// Everything the node's actors share.
@@ -353,6 +356,7 @@ impl Node {
                     LiveSpecialist {
                         actor: actor.clone(),
                         step,
+                        cancel: None,
                     },
                 );
                 let _ = actor.send_message(crate::runtime::Deliver(SpecialistInput::Begin));
@@ -450,8 +454,11 @@ impl Role for SupervisorRole {
         let attempt = lock(&self.node.by_actor).remove(&id)?;
         {
             let mut live = lock(&self.node.specialists);
-            if live.get(&attempt).is_some_and(|s| s.actor.get_id() == id) {
-                live.remove(&attempt);
+            if live.get(&attempt).is_some_and(|s| s.actor.get_id() == id)
+                && let Some(gone) = live.remove(&attempt)
+                && let Some(cancel) = gone.cancel
+            {
+                cancel.cancel();
             }
         }
         if reason == EXIT_REASON || self.node.pausing.load(Ordering::Acquire) {
@@ -551,6 +558,9 @@ impl SpecialistRole {
             ),
             Ok(mut session) => {
                 local.cancel = Some(session.cancel_token());
+                if let Some(live) = lock(&self.node.specialists).get_mut(&self.attempt) {
+                    live.cancel = Some(session.cancel_token());
+                }
                 let me = me.clone();
                 spawn(async move {
                     loop {
