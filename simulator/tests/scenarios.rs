@@ -343,6 +343,9 @@ fn crash_at_every_boundary(part: u64, parts: u64) {
     assert_eq!(expected.len(), 16);
     let boundaries = reference.coord_effects;
     assert!(boundaries > 16 * 4, "{boundaries} effects");
+    eprintln!(
+        "crash-free canonical run: {boundaries} effect boundaries; this part takes every {parts}th"
+    );
     for k in (1..=boundaries).filter(|k| k % parts == part) {
         let mut config = canonical(3);
         config.crash_after_coord_effect = Some(k);
