@@ -281,6 +281,7 @@ impl Runtime {
             pausing: AtomicBool::new(false),
             frozen: AtomicBool::new(false),
             commits_in_flight: AtomicU64::new(0),
+            commits_total: AtomicU64::new(0),
             entropy: Mutex::new(entropy),
             started_keys: Mutex::new(BTreeSet::new()),
             sessions_started: AtomicU64::new(0),
@@ -578,6 +579,11 @@ impl Runtime {
     /// Harness sessions this runtime started (each is one execution of a specialist).
     pub fn sessions_started(&self) -> u64 {
         self.node.sessions_started.load(Ordering::Relaxed)
+    }
+
+    /// Group commits (durable write transactions) this runtime executed.
+    pub fn commits(&self) -> u64 {
+        self.node.commits_total.load(Ordering::Relaxed)
     }
 
     /// The store the node writes.

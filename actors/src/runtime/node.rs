@@ -80,6 +80,7 @@ pub(crate) struct Node {
     /// Set once the pause marks are being written: coordinators get nothing more.
     pub(crate) frozen: AtomicBool,
     pub(crate) commits_in_flight: AtomicU64,
+    pub(crate) commits_total: AtomicU64,
     pub(crate) entropy: Mutex<OsEntropy>,
     pub(crate) started_keys: Mutex<BTreeSet<IdempotencyKey>>,
     pub(crate) sessions_started: AtomicU64,
@@ -285,6 +286,7 @@ impl Node {
     /// back to the checkpoint machine, which keeps at most one commit in flight.
     fn persist(self: &Arc<Self>, batch: CommitBatch) {
         self.commits_in_flight.fetch_add(1, Ordering::AcqRel);
+        self.commits_total.fetch_add(1, Ordering::Relaxed);
         let node = Arc::clone(self);
         spawn(async move {
             let store = Arc::clone(&node.store);

@@ -106,7 +106,7 @@ fn config(work: &std::path::Path, n: u32, in_flight: u32) -> RuntimeConfig {
 }
 
 /// One measurement: `runs` runs of `n` specialists, `in_flight` at a time.
-async fn measure(n: u32, in_flight: u32, runs: u32) -> anyhow::Result<(f64, f64)> {
+async fn measure(n: u32, in_flight: u32, runs: u32) -> anyhow::Result<(f64, f64, f64)> {
     let dir = tempfile::tempdir().context("creating a temporary folder")?;
     let store = Arc::new(Store::open_with(
         dir.path().join("bench.redb"),
@@ -138,12 +138,14 @@ async fn measure(n: u32, in_flight: u32, runs: u32) -> anyhow::Result<(f64, f64)
         check(h.await??.status)?;
     }
     let secs = started.elapsed().as_secs_f64();
+    #[allow(clippy::cast_precision_loss)] // A count of commits far below 2^52.
+    let commits_per_run = rt.commits() as f64 / f64::from(runs);
     if let Ok(rt) = Arc::try_unwrap(rt) {
         rt.shutdown().await;
     }
     let runs_per_s = f64::from(runs) / secs;
     let us_per_specialist = secs * 1e6 / f64::from(runs * n);
-    Ok((runs_per_s, us_per_specialist))
+    Ok((runs_per_s, us_per_specialist, commits_per_run))
 }
 
 fn check(status: RunStatus) -> anyhow::Result<()> {
@@ -175,11 +177,11 @@ pub(crate) fn bench(fan_outs: &[u32], runs: u32, in_flight: u32, json: bool) -> 
             // A warm-up run per shape, not measured.
             measure(n, 1, 2).await?;
             for flight in [1, in_flight] {
-                let (rps, us) = measure(n, flight, runs).await?;
-                rows.push((n, flight, rps, us));
+                let (rps, us, commits) = measure(n, flight, runs).await?;
+                rows.push((n, flight, rps, us, commits));
                 if !json {
                     println!(
-                        "N={n:<3} in flight={flight:<2} runs={runs:<4} {rps:>9.1} runs/s {us:>9.1} µs/specialist"
+                        "N={n:<3} in flight={flight:<2} runs={runs:<4} {rps:>9.1} runs/s {us:>9.1} µs/specialist {commits:>6.1} commits/run"
                     );
                 }
             }
@@ -189,8 +191,8 @@ pub(crate) fn bench(fan_outs: &[u32], runs: u32, in_flight: u32, json: bool) -> 
     if json {
         let v: Vec<_> = rows
             .iter()
-            .map(|(n, f, r, u)| {
-                serde_json::json!({"specialists": n, "in_flight": f, "runs_per_s": r, "us_per_specialist": u})
+            .map(|(n, f, r, u, c)| {
+                serde_json::json!({"specialists": n, "in_flight": f, "runs_per_s": r, "us_per_specialist": u, "commits_per_run": c})
             })
             .collect();
         println!("{}", serde_json::Value::Array(v));
