@@ -73,6 +73,10 @@ pub struct WorldConfig {
     pub harness_script: BTreeMap<(String, u32), HarnessBehaviour>,
     /// Crash the coordinator node right after its machines' N-th executed effect (1-based).
     pub crash_after_coord_effect: Option<u64>,
+    /// End the world as soon as every run is terminal and durable, even before the liveness phase (the
+    /// sweep: saves the fault ticks of an idle world). Scenarios that wait for late messages after the
+    /// end of a run keep the world going until it heals.
+    pub stop_when_terminal: bool,
     /// How long a scripted crash keeps the coordinator node down.
     pub restart_after_ms: u64,
     /// How long a specialist's context load may take before the host fails it.
@@ -109,6 +113,7 @@ impl WorldConfig {
             interventions: Vec::new(),
             harness_script: BTreeMap::new(),
             crash_after_coord_effect: None,
+            stop_when_terminal: true,
             restart_after_ms: 1_000,
             context_timeout_ms: 5_000,
             down_detect_ms: 1_000,
@@ -124,6 +129,7 @@ impl WorldConfig {
         Self {
             runs: Some(runs),
             profile: Some(FaultProfile::calm()),
+            stop_when_terminal: false,
             ..Self::for_seed(seed)
         }
     }

@@ -486,11 +486,8 @@ impl World {
                 );
                 break;
             }
-            let trace_on = true;
-            if trace_on {
-                let (n, t) = (self.event_no, self.now);
-                self.trace.line(n, t, |s| ev.describe(s));
-            }
+            let (n, t) = (self.event_no, self.now);
+            self.trace.line(n, t, |s| ev.describe(s));
             self.step(ev);
             if let Some(coord) = &self.coord {
                 self.checker.after_event(self.event_no, &coord.supervisor);
@@ -498,7 +495,9 @@ impl World {
             if self.checker.violation().is_some() {
                 break;
             }
-            if self.healed && self.all_runs_terminal() {
+            // Every run is terminal and durable: liveness holds, and what is left on the agenda (fault
+            // ticks, resends to exited specialists) cannot change an outcome.
+            if (self.healed || self.config.stop_when_terminal) && self.all_runs_terminal() {
                 break;
             }
             if self.now > self.config.fault_phase_ms + self.config.liveness_ms_max {
