@@ -153,6 +153,8 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         record_dir: Option<PathBuf>,
     },
+    /// A narrated scenario: a worker crash, recovery from the checkpoint, a harness switch.
+    Demo,
     /// Measure the orchestration path with an instant harness on a temporary store.
     Bench {
         /// Specialists per run, comma-separated.
@@ -401,6 +403,7 @@ fn run(cli: Cli) -> Result<(), Failed> {
             port,
             record_dir,
         } => failure(run::model_server(script, port, record_dir))?,
+        Command::Demo => failure(run::demo::demo(&home))?,
         Command::Bench {
             fan_out,
             runs,

@@ -136,3 +136,26 @@ fn a_detached_run_is_cancelled_through_its_process() {
     })
     .unwrap();
 }
+
+#[test]
+fn keel_demo_narrates_a_crash_a_checkpoint_and_a_harness_switch() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = keel(dir.path()).unwrap();
+    cmd.arg("demo");
+    let (status, out, err) = Reaped::spawn(cmd)
+        .unwrap()
+        .wait_output(Duration::from_secs(120))
+        .unwrap();
+    assert!(status.success(), "{status}\n{out}\n{err}");
+    assert!(
+        out.contains("part-001: attempt 2 started as alpha on scripted"),
+        "{out}"
+    );
+    assert!(out.contains("restarted after a crash"), "{out}");
+    assert!(out.contains("tasks paused"), "{out}");
+    assert!(
+        out.contains("attempt 2 started as beta on messages-api, with a resume preamble"),
+        "{out}"
+    );
+    assert!(out.contains("finished: Completed"), "{out}");
+}

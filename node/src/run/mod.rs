@@ -9,6 +9,7 @@
 //! continues from the checkpoint.
 
 pub(crate) mod bench;
+pub(crate) mod demo;
 pub(crate) mod progress;
 pub(crate) mod setup;
 pub(crate) mod summary;
@@ -80,7 +81,7 @@ fn init_logs(json: bool) {
 }
 
 /// Open the home's store as its only writer, sharing it with readers.
-fn open_writer(home: &Home) -> anyhow::Result<Arc<Store>> {
+pub(crate) fn open_writer(home: &Home) -> anyhow::Result<Arc<Store>> {
     let path = home.store_path()?;
     if !path.is_file() {
         // First use: create the home (keel.toml and an empty store).
