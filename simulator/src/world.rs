@@ -327,6 +327,8 @@ pub struct World {
     config: WorldConfig,
     rng: SimRng,
     profile: FaultProfile,
+    /// The profile the seed sampled (or the scenario fixed); `profile` becomes the healed one later.
+    profile_sampled: FaultProfile,
     queue: EventQueue<Ev>,
     now: SimMillis,
     event_no: u64,
@@ -417,6 +419,7 @@ impl World {
         let checker = Checker::new(config.seed, &config, &runs);
         let mut world = Self {
             rng,
+            profile_sampled: profile.clone(),
             profile,
             queue: EventQueue::new(QUEUE_LEN_MAX),
             now: 0,
@@ -513,7 +516,7 @@ impl World {
             trace_hash: self.trace.hash(),
             faults: self.faults,
             violation: self.checker.violation().cloned(),
-            profile: self.profile.clone(),
+            profile: self.profile_sampled.clone(),
             trace_lines: self.trace.lines().to_vec(),
             observed: self.checker.into_observed(),
             coord_effects: self.effects_executed,
