@@ -196,11 +196,13 @@ impl Node {
                     status,
                     outcome,
                 };
+                // The event goes out before the waiters wake, so a caller that awaited the run's end
+                // finds `Finished` already in its event channel.
+                self.emit(RuntimeEvent::Finished(done.clone()));
                 let waiters = lock(&self.waiters).remove(&run).unwrap_or_default();
                 for w in waiters {
                     let _ = w.send(done.clone());
                 }
-                self.emit(RuntimeEvent::Finished(done));
             }
             LifecycleEvent::SubagentError { attempt, kind } => {
                 let step = lock(&self.specialists)
