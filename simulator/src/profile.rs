@@ -6,7 +6,7 @@
 use crate::rng::{PPM_ONE, PartsPerMillion, SimRng};
 
 /// What a scripted harness session does, chosen per session from the profile's weights
-/// (DESIGN.md §11). The names follow the failures real harnesses show (`/work/shared/harnesses`).
+/// (DESIGN.md §11). The names follow the failures real harnesses show (the captured harness outputs under `harness-adapters/tests/fixtures`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum HarnessBehaviour {
     /// Text, then `end_turn`: a complete report.
