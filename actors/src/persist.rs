@@ -8,7 +8,7 @@
 
 use keel_store::{
     AuditEntry, Checkpoint, DeadLetter, Escalation, IdempotencyRecord, ManifestEntry, Run, RunId,
-    SessionLogRow, Task, TaskId,
+    RunScope, SessionLogRow, StageError, StagedWrite, Task, TaskId,
 };
 
 /// One store write, run-scoped by the [`Stage`] that carries it.
@@ -45,6 +45,28 @@ pub enum PersistOp {
 }
 
 impl PersistOp {
+    /// The staged write of the same name under `scope`: the one mapping from a machine's described
+    /// write to the store, shared by every host (the ractor runtime and the simulator) so they cannot
+    /// drift apart. Staging checks limits and the run; it does no IO.
+    ///
+    /// # Errors
+    /// [`StageError`] when the op's row belongs to another run or is over a limit.
+    pub fn stage(&self, scope: &RunScope<'_>) -> Result<StagedWrite, StageError> {
+        match self.clone() {
+            PersistOp::CreateRun(run) => scope.stage_create_run(run),
+            PersistOp::UpdateRun(run) => scope.stage_update_run(run),
+            PersistOp::CreateTask(task) => scope.stage_create_task(task),
+            PersistOp::UpdateTask(task) => scope.stage_update_task(task),
+            PersistOp::AppendLog { task, row } => scope.stage_append_log(task, row),
+            PersistOp::PutCheckpoint(c) => scope.stage_put_checkpoint(c),
+            PersistOp::AppendManifest(m) => scope.stage_append_manifest(m),
+            PersistOp::AppendDeadLetter(d) => scope.stage_append_dead_letter(d),
+            PersistOp::RecordIdempotency(r) => scope.stage_record_idempotency(r),
+            PersistOp::AppendAudit(a) => scope.stage_append_audit(a),
+            PersistOp::AppendEscalation(e) => scope.stage_append_escalation(e),
+        }
+    }
+
     /// A short name for traces and the simulator's fault counters.
     pub fn name(&self) -> &'static str {
         match self {

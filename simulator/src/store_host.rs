@@ -3,12 +3,12 @@
 //! and a specialist's context load need. This is host code (the ractor runtime has its own), kept free of
 //! policy: the machines decide what to write, this only writes it.
 
-use keel_actors::context::{ContextConfig, RowSet, ThreadSource};
+use keel_actors::context::{ContextConfig, RowSet};
 use keel_actors::specialist::context_rows;
-use keel_actors::{AttemptId, CommitBatch, ContextRequest, PersistOp, RecoveredRun};
+use keel_actors::{AttemptId, CommitBatch, ContextRequest, RecoveredRun};
 use keel_store::{
-    Durability, IdempotencyRecord, ReadError, RunId, RunScope, SessionLogRow, SimDisk, StageError,
-    StagedWrite, Store, StoreConfig, Task, TaskId, WriteBatch,
+    Durability, IdempotencyRecord, ReadError, RunId, RunScope, SimDisk, StageError, Store,
+    StoreConfig, Task, TaskId, WriteBatch,
 };
 
 /// Rows read per page when listing a run's tasks on recovery.
@@ -93,7 +93,7 @@ impl SimStore {
         let mut writes = WriteBatch::new();
         for (run, op) in batch.ops() {
             let scope = self.store.run(run);
-            let staged = stage(&scope, op).map_err(|source| StoreHostError::Stage {
+            let staged = op.stage(&scope).map_err(|source| StoreHostError::Stage {
                 op: op.name(),
                 run,
                 source,
@@ -141,10 +141,7 @@ impl SimStore {
         request: &ContextRequest,
         config: &ContextConfig,
     ) -> Result<RowSet, String> {
-        let source = ScopeSource {
-            scope: self.store.run(run),
-        };
-        context_rows(&source, request, config).map_err(|e| e.to_string())
+        context_rows(&self.store.run(run), request, config).map_err(|e| e.to_string())
     }
 
     /// A run's tasks (for the checker and the scenario assertions).
@@ -206,52 +203,4 @@ fn idempotency_records(
         }
     }
     Ok(out)
-}
-
-/// The staged write of the same name under the op's run scope (the mapping `persist.rs` promises).
-fn stage(scope: &RunScope<'_>, op: &PersistOp) -> Result<StagedWrite, StageError> {
-    match op.clone() {
-        PersistOp::CreateRun(run) => scope.stage_create_run(run),
-        PersistOp::UpdateRun(run) => scope.stage_update_run(run),
-        PersistOp::CreateTask(task) => scope.stage_create_task(task),
-        PersistOp::UpdateTask(task) => scope.stage_update_task(task),
-        PersistOp::AppendLog { task, row } => scope.stage_append_log(task, row),
-        PersistOp::PutCheckpoint(c) => scope.stage_put_checkpoint(c),
-        PersistOp::AppendManifest(m) => scope.stage_append_manifest(m),
-        PersistOp::AppendDeadLetter(d) => scope.stage_append_dead_letter(d),
-        PersistOp::RecordIdempotency(r) => scope.stage_record_idempotency(r),
-        PersistOp::AppendAudit(a) => scope.stage_append_audit(a),
-        PersistOp::AppendEscalation(e) => scope.stage_append_escalation(e),
-    }
-}
-
-/// The context loaders' view of one run's rows: reads go through the run's scope, so a preamble can
-/// never pull a row of another run (DESIGN.md §12, invariant 9).
-struct ScopeSource<'s> {
-    scope: RunScope<'s>,
-}
-
-impl ThreadSource for ScopeSource<'_> {
-    type Error = ReadError;
-
-    fn task(&self, id: TaskId) -> Result<Option<Task>, ReadError> {
-        match self.scope.task(id) {
-            Ok(t) => Ok(Some(t)),
-            Err(ReadError::NotFound { .. }) => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
-    fn log_tail(
-        &self,
-        id: TaskId,
-        rows_max: usize,
-    ) -> Result<Vec<(u64, SessionLogRow)>, ReadError> {
-        let n = u32::try_from(rows_max).unwrap_or(u32::MAX);
-        match self.scope.last_log_rows(id, n) {
-            Ok(rows) => Ok(rows.into_iter().map(|r| (r.seq, r.value)).collect()),
-            Err(ReadError::NotFound { .. }) => Ok(Vec::new()),
-            Err(e) => Err(e),
-        }
-    }
 }

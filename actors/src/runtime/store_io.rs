@@ -1,15 +1,14 @@
 //! The runtime's side of the store: executing the checkpoint machine's `Persist` effects in one redb
 //! write transaction, reading back what a restarted node's coordinators need, and loading a
-//! specialist's context rows. The simulator has a twin of this over its `SimDisk`; both map
-//! [`PersistOp`] onto the store's staged writes of the same name (the mapping `persist.rs` promises).
+//! specialist's context rows. The simulator has a twin of this over its `SimDisk`; both turn each op
+//! into a staged write through the one shared mapping, [`crate::PersistOp::stage`].
 
-use crate::context::{ContextConfig, RowSet, ThreadSource};
+use crate::context::{ContextConfig, RowSet};
 use crate::message::{ContextRequest, RecoveredRun};
-use crate::persist::{CommitBatch, PersistOp};
+use crate::persist::CommitBatch;
 use crate::specialist::context_rows;
 use keel_store::{
-    Durability, IdempotencyRecord, ReadError, RunId, RunScope, SessionLogRow, StageError,
-    StagedWrite, Store, Task, TaskId, WriteBatch,
+    Durability, IdempotencyRecord, ReadError, RunId, RunScope, StageError, Store, Task, WriteBatch,
 };
 
 /// Rows read per page when listing a run's tasks on recovery.
@@ -52,7 +51,7 @@ pub fn commit(store: &Store, batch: &CommitBatch) -> Result<(), StoreIoError> {
     let mut writes = WriteBatch::new();
     for (run, op) in batch.ops() {
         let scope = store.run(run);
-        let staged = stage(&scope, op).map_err(|source| StoreIoError::Stage {
+        let staged = op.stage(&scope).map_err(|source| StoreIoError::Stage {
             op: op.name(),
             run,
             source,
@@ -133,23 +132,6 @@ fn idempotency_records(
     }
 }
 
-/// The staged write of the same name under the op's run scope.
-fn stage(scope: &RunScope<'_>, op: &PersistOp) -> Result<StagedWrite, StageError> {
-    match op.clone() {
-        PersistOp::CreateRun(run) => scope.stage_create_run(run),
-        PersistOp::UpdateRun(run) => scope.stage_update_run(run),
-        PersistOp::CreateTask(task) => scope.stage_create_task(task),
-        PersistOp::UpdateTask(task) => scope.stage_update_task(task),
-        PersistOp::AppendLog { task, row } => scope.stage_append_log(task, row),
-        PersistOp::PutCheckpoint(c) => scope.stage_put_checkpoint(c),
-        PersistOp::AppendManifest(m) => scope.stage_append_manifest(m),
-        PersistOp::AppendDeadLetter(d) => scope.stage_append_dead_letter(d),
-        PersistOp::RecordIdempotency(r) => scope.stage_record_idempotency(r),
-        PersistOp::AppendAudit(a) => scope.stage_append_audit(a),
-        PersistOp::AppendEscalation(e) => scope.stage_append_escalation(e),
-    }
-}
-
 /// Loads the rows a specialist's preamble is built from, through the run's scope only (DESIGN.md
 /// §12, invariant 9).
 ///
@@ -161,37 +143,5 @@ pub fn load_context(
     request: &ContextRequest,
     config: &ContextConfig,
 ) -> Result<RowSet, String> {
-    let source = ScopeSource {
-        scope: store.run(run),
-    };
-    context_rows(&source, request, config).map_err(|e| e.to_string())
-}
-
-struct ScopeSource<'s> {
-    scope: RunScope<'s>,
-}
-
-impl ThreadSource for ScopeSource<'_> {
-    type Error = ReadError;
-
-    fn task(&self, id: TaskId) -> Result<Option<Task>, ReadError> {
-        match self.scope.task(id) {
-            Ok(t) => Ok(Some(t)),
-            Err(ReadError::NotFound { .. }) => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
-    fn log_tail(
-        &self,
-        id: TaskId,
-        rows_max: usize,
-    ) -> Result<Vec<(u64, SessionLogRow)>, ReadError> {
-        let n = u32::try_from(rows_max).unwrap_or(u32::MAX);
-        match self.scope.last_log_rows(id, n) {
-            Ok(rows) => Ok(rows.into_iter().map(|r| (r.seq, r.value)).collect()),
-            Err(ReadError::NotFound { .. }) => Ok(Vec::new()),
-            Err(e) => Err(e),
-        }
-    }
+    context_rows(&store.run(run), request, config).map_err(|e| e.to_string())
 }
