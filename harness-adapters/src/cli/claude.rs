@@ -11,8 +11,8 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::jsonl::{ParseError, parse_json};
-use super::{CliBinary, CliFlavor, EventParser, Invocation, ProcessOutcome, SessionFile, limits};
+use super::jsonl::{ParseError, parse_json, str_field};
+use super::{CliBinary, CliFlavor, EventParser, Invocation, ProcessOutcome, limits};
 use crate::error::{ErrorCategory, HarnessError, StartError};
 use crate::event::{HarnessEvent, StopReason};
 use crate::spec::{Credential, HarnessKind, PermissionMode, SessionSpec};
@@ -85,12 +85,7 @@ impl CliFlavor for ClaudeCode {
         let mut files = Vec::new();
         let mut settings = serde_json::json!({});
         if let Some(gate) = &spec.pre_tool_gate {
-            let wrapper = session_dir.join("keel-gate.sh");
-            files.push(SessionFile {
-                path: wrapper.clone(),
-                contents: super::gate_wrapper_script(gate),
-                executable: true,
-            });
+            let wrapper = super::install_gate_wrapper(session_dir, gate, &mut files);
             // The hook's own timeout is longer than the wrapper's, so the wrapper (which fails
             // closed) always answers first.
             let secs = gate.timeout_ms.div_ceil(1000).max(1) + 5;
@@ -275,24 +270,15 @@ impl EventParser for ClaudeParser {
                 {
                     match block.get("type").and_then(serde_json::Value::as_str) {
                         Some("text") if !synthetic => {
-                            let text = block
-                                .get("text")
-                                .and_then(serde_json::Value::as_str)
-                                .unwrap_or_default();
+                            let text = str_field(block, "text");
                             self.last_text = text.to_owned();
                             out.push(HarnessEvent::Text {
                                 text: text.to_owned(),
                             });
                         }
                         Some("tool_use") => {
-                            let id = block
-                                .get("id")
-                                .and_then(serde_json::Value::as_str)
-                                .unwrap_or_default();
-                            let name = block
-                                .get("name")
-                                .and_then(serde_json::Value::as_str)
-                                .unwrap_or_default();
+                            let id = str_field(block, "id");
+                            let name = str_field(block, "name");
                             let input = block
                                 .get("input")
                                 .map(ToString::to_string)
@@ -320,10 +306,7 @@ impl EventParser for ClaudeParser {
                 {
                     if block.get("type").and_then(serde_json::Value::as_str) == Some("tool_result")
                     {
-                        let id = block
-                            .get("tool_use_id")
-                            .and_then(serde_json::Value::as_str)
-                            .unwrap_or_default();
+                        let id = str_field(block, "tool_use_id");
                         let is_error = block
                             .get("is_error")
                             .and_then(serde_json::Value::as_bool)

@@ -15,7 +15,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::jsonl::{ParseError, parse_json};
-use super::{CliBinary, CliFlavor, EventParser, Invocation, ProcessOutcome, SessionFile, limits};
+use super::{CliBinary, CliFlavor, EventParser, Invocation, ProcessOutcome, limits};
 use crate::error::StartError;
 use crate::event::{HarnessEvent, StopReason};
 use crate::spec::{HarnessKind, PermissionMode, SessionSpec};
@@ -136,12 +136,7 @@ impl CliFlavor for Codex {
         }
         let mut files = Vec::new();
         if let Some(gate) = &spec.pre_tool_gate {
-            let wrapper = session_dir.join("keel-gate.sh");
-            files.push(SessionFile {
-                path: wrapper.clone(),
-                contents: super::gate_wrapper_script(gate),
-                executable: true,
-            });
+            let wrapper = super::install_gate_wrapper(session_dir, gate, &mut files);
             let secs = gate.timeout_ms.div_ceil(1000).max(1) + 5;
             args.push("-c".into());
             args.push(format!(

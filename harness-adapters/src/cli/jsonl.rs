@@ -48,6 +48,15 @@ impl ParseError {
     }
 }
 
+/// A string field of a JSON object, or `""` when it is absent or not a string. The CLIs leave fields
+/// out freely; a missing id or text is carried as empty rather than failing the whole line.
+pub fn str_field<'a>(value: &'a serde_json::Value, key: &str) -> &'a str {
+    value
+        .get(key)
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or_default()
+}
+
 /// Parses one line into `T`, with the error typed.
 ///
 /// # Errors

@@ -270,6 +270,22 @@ pub fn shell_quote(word: &str) -> String {
     format!("'{}'", word.replace('\'', "'\\''"))
 }
 
+/// Adds the gate's wrapper script to a session's files and returns its path: every CLI's hook,
+/// plugin or extension calls this one wrapper, which fails closed on a crash or a timeout.
+pub fn install_gate_wrapper(
+    session_dir: &std::path::Path,
+    gate: &GateCommand,
+    files: &mut Vec<SessionFile>,
+) -> PathBuf {
+    let wrapper = session_dir.join("keel-gate.sh");
+    files.push(SessionFile {
+        path: wrapper.clone(),
+        contents: gate_wrapper_script(gate),
+        executable: true,
+    });
+    wrapper
+}
+
 /// A shell script that runs the spec's gate with a timeout and fails closed: exit 0 allows, exit 2
 /// denies with stderr as the reason, and anything else (a crash, a timeout, a missing program)
 /// becomes exit 2. Claude Code and Codex treat other exit codes as a non-blocking hook error and

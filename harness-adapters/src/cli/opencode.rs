@@ -129,12 +129,7 @@ impl CliFlavor for Opencode {
             config["instructions"] = serde_json::json!([path.display().to_string()]);
         }
         if let Some(gate) = &spec.pre_tool_gate {
-            let wrapper = session_dir.join("keel-gate.sh");
-            files.push(SessionFile {
-                path: wrapper.clone(),
-                contents: super::gate_wrapper_script(gate),
-                executable: true,
-            });
+            let wrapper = super::install_gate_wrapper(session_dir, gate, &mut files);
             let plugin = session_dir.join("keel-gate.js");
             let js = format!(
                 "{}\nexport const KeelGate = async (ctx) => ({{\n  \"tool.execute.before\": async (input, output) => {{\n    const reason = keelGate(input.tool, output.args, input.callID, ctx?.directory);\n    if (reason !== null) throw new Error(reason);\n  }},\n}});\n",

@@ -12,7 +12,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::codex::openai_base_url;
-use super::jsonl::{ParseError, parse_json};
+use super::jsonl::{ParseError, parse_json, str_field};
 use super::{CliBinary, CliFlavor, EventParser, Invocation, ProcessOutcome, SessionFile, limits};
 use crate::error::{HarnessError, StartError};
 use crate::event::{HarnessEvent, StopReason};
@@ -160,12 +160,7 @@ impl CliFlavor for Pi {
             args.push(tools.join(","));
         }
         if let Some(gate) = &spec.pre_tool_gate {
-            let wrapper = session_dir.join("keel-gate.sh");
-            files.push(SessionFile {
-                path: wrapper.clone(),
-                contents: super::gate_wrapper_script(gate),
-                executable: true,
-            });
+            let wrapper = super::install_gate_wrapper(session_dir, gate, &mut files);
             let ext = session_dir.join("keel-gate.ts");
             let ts = format!(
                 "{}\nexport default function (pi: any) {{\n  pi.on(\"tool_call\", async (event: any, ctx: any) => {{\n    const reason = keelGate(event.toolName, event.input, event.toolCallId, ctx?.cwd);\n    if (reason !== null) return {{ block: true, reason }};\n  }});\n}}\n",
@@ -317,24 +312,15 @@ impl EventParser for PiParser {
                 {
                     match block.get("type").and_then(serde_json::Value::as_str) {
                         Some("text") => {
-                            let text = block
-                                .get("text")
-                                .and_then(serde_json::Value::as_str)
-                                .unwrap_or_default();
+                            let text = str_field(block, "text");
                             self.last_text = text.to_owned();
                             out.push(HarnessEvent::Text {
                                 text: text.to_owned(),
                             });
                         }
                         Some("toolCall") => {
-                            let id = block
-                                .get("id")
-                                .and_then(serde_json::Value::as_str)
-                                .unwrap_or_default();
-                            let name = block
-                                .get("name")
-                                .and_then(serde_json::Value::as_str)
-                                .unwrap_or_default();
+                            let id = str_field(block, "id");
+                            let name = str_field(block, "name");
                             let input = block
                                 .get("arguments")
                                 .map_or_else(|| "{}".to_owned(), ToString::to_string);
