@@ -24,7 +24,7 @@ use crate::report::{
 };
 use keel_harness::{
     Account, ErrorCategory, HarnessError, HarnessEvent, SessionLimits, SessionSpec, StopReason,
-    UsageAccumulator,
+    TokenCounts, UsageAccumulator,
 };
 use keel_store::{LogKind, SessionLogRow, TaskKind};
 use std::collections::BTreeSet;
@@ -83,6 +83,17 @@ enum Phase {
     Running,
     Reporting { resends: u32 },
     Done,
+}
+
+/// What a session's usage costs, in micro-dollars: the harness's own cost when it reports one, else
+/// every billed token at `micros_per_mtok` per million. One function, so the budget the specialist
+/// charges and the figure a progress view shows are the same number.
+pub fn spend_micros(total: &TokenCounts, micros_per_mtok: u64) -> u64 {
+    total.cost_micros.unwrap_or_else(|| {
+        let t = u128::from(total.total_tokens());
+        let micros = t * u128::from(micros_per_mtok) / 1_000_000;
+        u64::try_from(micros).unwrap_or(u64::MAX)
+    })
 }
 
 /// One specialist attempt. Created by the host from the supervisor's `SpecialistStart`, then given
@@ -327,11 +338,7 @@ impl Specialist {
             HarnessEvent::Usage(report) => {
                 self.usage.record(&report);
                 let total = self.usage.total();
-                let spent = total.cost_micros.unwrap_or_else(|| {
-                    let t = u128::from(total.total_tokens());
-                    let micros = t * u128::from(self.config.micros_per_mtok) / 1_000_000;
-                    u64::try_from(micros).unwrap_or(u64::MAX)
-                });
+                let spent = spend_micros(&total, self.config.micros_per_mtok);
                 if spent > self.spent_micros {
                     self.spent_micros = spent;
                     self.reply(

@@ -43,15 +43,40 @@ impl Default for StoreSection {
 }
 
 /// `[log]`.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct LogSection {
-    /// Human-readable lines or one JSON object a line.
+    /// Human-readable lines or one JSON object a line (`--log-format` overrides it).
     pub(crate) format: LogFormat,
+    /// Which log lines are written, as a `tracing` filter (`warn`, `info`, `keel_actors=debug`);
+    /// `KEEL_LOG` or `RUST_LOG` override it. Checked when the file is read.
+    #[serde(deserialize_with = "log_filter")]
+    pub(crate) level: String,
+}
+
+/// The filter keel logs with when nothing sets one: warnings and errors only, so the live view and
+/// the summary are what a person reads.
+pub(crate) const LOG_LEVEL_DEFAULT: &str = "warn";
+
+impl Default for LogSection {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::default(),
+            level: LOG_LEVEL_DEFAULT.to_owned(),
+        }
+    }
+}
+
+fn log_filter<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let v = String::deserialize(d)?;
+    tracing_subscriber::EnvFilter::builder()
+        .parse(&v)
+        .map_err(|e| serde::de::Error::custom(format!("level {v:?} is not a log filter: {e}")))?;
+    Ok(v)
 }
 
 /// The log formats keel writes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub(crate) enum LogFormat {
     /// For people at a terminal.
@@ -301,6 +326,7 @@ mod tests {
 path = "elsewhere.redb"
 [log]
 format = "json"
+level = "info,keel_actors=debug"
 [supervisor]
 max_concurrent_specialists = 4
 max_depth = 2
@@ -322,6 +348,7 @@ max_turns = 8
         )
         .unwrap();
         assert_eq!(c.log.format, LogFormat::Json);
+        assert_eq!(c.log.level, "info,keel_actors=debug");
         assert_eq!(c.supervisor.max_depth, 2);
         assert_eq!(c.supervisor.run_budget_usd, Some(1.5));
         assert_eq!(c.agents[0].harness, HarnessName::ClaudeCode);
@@ -348,6 +375,7 @@ max_turns = 8
         check_err("[supervisor]\nmax_depth = 40\n", 2, "between 1 and 16");
         check_err("[supervisor]\nrun_budget_usd = -1.0\n", 2, "non-negative");
         check_err("[log]\nformat = \"yaml\"\n", 2, "yaml");
+        check_err("[log]\nlevel = \"keel=loud\"\n", 2, "not a log filter");
         check_err(
             "[[agents]]\nname = \"a\"\nharness = \"gpt\"\nmodel = \"m\"\n",
             3,

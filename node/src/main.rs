@@ -48,6 +48,11 @@ struct Cli {
     #[arg(long, global = true)]
     json: bool,
 
+    /// The format of log lines on stderr (over `[log] format` of keel.toml): `human`, or `json` for
+    /// one JSON object a line with the run and task spans.
+    #[arg(long, global = true, value_name = "FORMAT")]
+    log_format: Option<config::LogFormat>,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -388,6 +393,7 @@ fn run(cli: Cli) -> Result<(), Failed> {
                 choice: harness.choice(),
                 quiet,
                 detach,
+                log_format: cli.log_format,
             };
             ended(run::run(&home, args, cli.json))?;
         }
@@ -395,7 +401,14 @@ fn run(cli: Cli) -> Result<(), Failed> {
             run: id,
             harness,
             quiet,
-        } => ended(run::resume(&home, id, harness.choice(), quiet, cli.json))?,
+        } => ended(run::resume(
+            &home,
+            id,
+            harness.choice(),
+            quiet,
+            cli.log_format,
+            cli.json,
+        ))?,
         Command::Cancel { run: id } => failure(run::cancel(&home, id, cli.json))?,
         Command::Status { run: id } => failure(run::summary::status(&home, id, cli.json))?,
         Command::ModelServer {

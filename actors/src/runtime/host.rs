@@ -10,6 +10,7 @@ use crate::machine::Machine;
 use crate::runtime::clock::{MonotonicMillis, OsEntropy};
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use std::future::Future;
+use tracing::Instrument;
 
 /// One input of a hosted machine, as a ractor message.
 ///
@@ -42,6 +43,12 @@ pub trait Role: Send + Sync + Sized + 'static {
     type M: Machine + Send + 'static;
     /// Per-actor host state (a running session's cancel switch, an unacknowledged result).
     type Local: Send + 'static;
+
+    /// The tracing span every step of this machine runs in (its run's or its task's, see
+    /// [`crate::runtime::spans`]); node-wide machines have none.
+    fn span(&self) -> tracing::Span {
+        tracing::Span::none()
+    }
 
     /// Look at an input before the machine does (observers only; the machine still gets it).
     fn before(&self, _input: &<Self::M as Machine>::Input, _local: &mut Self::Local) {}
@@ -129,13 +136,21 @@ where
         message: Self::Msg,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        self.role.before(&message.0, &mut state.local);
-        let now = state.clock.now();
-        let mut out = Vec::new();
-        state
-            .machine
-            .handle(message.0, now, &mut state.rng, &mut out);
-        let mut flow = self.role.execute(&myself, &mut state.local, out).await;
+        let span = self.role.span();
+        let out = span.in_scope(|| {
+            self.role.before(&message.0, &mut state.local);
+            let now = state.clock.now();
+            let mut out = Vec::new();
+            state
+                .machine
+                .handle(message.0, now, &mut state.rng, &mut out);
+            out
+        });
+        let mut flow = self
+            .role
+            .execute(&myself, &mut state.local, out)
+            .instrument(span)
+            .await;
         if flow == Flow::Continue {
             flow = self.role.after(&state.machine, &mut state.local);
         }

@@ -25,11 +25,13 @@ mod harnesses;
 pub mod host;
 mod node;
 pub mod scripted;
+pub mod spans;
 pub mod store_io;
 
 pub use clock::{EntropyError, OsEntropy, wall_clock_ms};
 pub use harnesses::{ATTEMPT_ENV, HarnessSet, RUN_ID_ENV, SUBTASK_ID_ENV};
 pub use host::{Deliver, Flow, Host, HostRef, HostState, Role};
+pub use spans::SPAN_TARGET;
 
 use crate::checkpoint::{CheckpointConfig, CheckpointWriter};
 use crate::coordinator::{Coordinator, CoordinatorConfig};
@@ -39,7 +41,7 @@ use crate::persist::PersistOp;
 use crate::report::SubagentReport;
 use crate::specialist::SpecialistConfig;
 use crate::supervisor::{Supervisor, SupervisorConfig};
-use keel_harness::HarnessKind;
+use keel_harness::{HarnessKind, TokenCounts};
 use keel_store::{RunId, RunStatus, Store, TaskId, TaskStatus};
 use node::{CheckpointRole, CoordinatorRole, Node, SupervisorRole, lock};
 use ractor::Actor;
@@ -126,6 +128,17 @@ pub enum RuntimeEvent {
         /// The attempt.
         attempt: AttemptId,
         /// Micro-dollars so far.
+        spent_micros: u64,
+    },
+    /// Token usage of an attempt's session so far (the harness's reports folded without double
+    /// counting), sent whenever it changes.
+    Usage {
+        /// The attempt.
+        attempt: AttemptId,
+        /// Tokens (and the harness's own cost, when it reports one) of the session so far.
+        tokens: TokenCounts,
+        /// What the attempt has spent, in micro-dollars: the harness's cost, else its tokens at the
+        /// specialist's price per million (the figure the budget is charged).
         spent_micros: u64,
     },
     /// A report was made durable and acknowledged.
@@ -269,6 +282,7 @@ impl Runtime {
             harnesses,
             config: config.clone(),
             coordinators: Mutex::new(BTreeMap::new()),
+            run_spans: Mutex::new(BTreeMap::new()),
             specialists: Mutex::new(BTreeMap::new()),
             by_actor: Mutex::new(BTreeMap::new()),
             supervisor: OnceLock::new(),
@@ -609,21 +623,28 @@ impl Runtime {
     ) -> Result<RunHandle, RuntimeError> {
         let (tx, rx) = oneshot::channel();
         lock(&self.node.waiters).entry(run).or_default().push(tx);
+        let span = spans::run_span(run, &first);
+        lock(&self.node.run_spans).insert(run, span.clone());
         let role = CoordinatorRole {
             node: Arc::clone(&self.node),
             run,
+            span,
         };
         let state = HostState::new(
             Coordinator::new(self.node.config.coordinator.clone()),
             self.node.fork_rng(),
             (),
         );
-        let (actor, _) = Actor::spawn(None, Host::new(role), state)
-            .await
-            .map_err(|e| RuntimeError::Spawn {
-                what: "coordinator",
-                detail: e.to_string(),
-            })?;
+        let (actor, _) = match Actor::spawn(None, Host::new(role), state).await {
+            Ok(spawned) => spawned,
+            Err(e) => {
+                lock(&self.node.run_spans).remove(&run);
+                return Err(RuntimeError::Spawn {
+                    what: "coordinator",
+                    detail: e.to_string(),
+                });
+            }
+        };
         lock(&self.node.coordinators).insert(run, actor.clone());
         let _ = actor.send_message(Deliver(first));
         Ok(RunHandle {

@@ -23,10 +23,10 @@ use crate::persist::{CommitBatch, PersistOp, Stage};
 use crate::report::AttemptResult;
 use crate::runtime::clock::{OsEntropy, wall_clock_ms};
 use crate::runtime::host::{Flow, Host, HostRef, HostState, Role};
-use crate::runtime::{HarnessSet, RunOutcome, RuntimeConfig, RuntimeEvent, store_io};
+use crate::runtime::{HarnessSet, RunOutcome, RuntimeConfig, RuntimeEvent, spans, store_io};
 use crate::specialist::Specialist;
 use crate::supervisor::Supervisor;
-use keel_harness::{CancelToken, HarnessError, HarnessEvent, HarnessKind};
+use keel_harness::{CancelToken, HarnessError, HarnessEvent, HarnessKind, UsageAccumulator};
 use keel_store::{RunId, Store};
 use ractor::{Actor, ActorId, SupervisionEvent};
 use std::collections::{BTreeMap, BTreeSet};
@@ -34,6 +34,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
+use tracing::{Instrument, Span};
 
 /// Tickets at or above this are the host's own stages (pause marks, resume marks), answered to the
 /// host instead of a coordinator. Coordinators count their tickets from 1.
@@ -66,6 +67,8 @@ pub(crate) struct Node {
     pub(crate) harnesses: HarnessSet,
     pub(crate) config: RuntimeConfig,
     pub(crate) coordinators: Mutex<BTreeMap<RunId, HostRef<Coordinator>>>,
+    /// The span of each hosted run, the parent of its tasks' spans (removed with the coordinator).
+    pub(crate) run_spans: Mutex<BTreeMap<RunId, Span>>,
     pub(crate) specialists: Mutex<BTreeMap<AttemptId, LiveSpecialist>>,
     pub(crate) by_actor: Mutex<BTreeMap<ActorId, AttemptId>>,
     pub(crate) supervisor: OnceLock<HostRef<Supervisor>>,
@@ -99,6 +102,14 @@ impl Node {
         {
             self.events_dropped.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// The span of a run hosted here (`Span::none()` for a run that is not).
+    fn run_span(&self, run: RunId) -> Span {
+        lock(&self.run_spans)
+            .get(&run)
+            .cloned()
+            .unwrap_or_else(Span::none)
     }
 
     fn coordinator(&self, run: RunId) -> Option<HostRef<Coordinator>> {
@@ -191,6 +202,7 @@ impl Node {
                 status,
                 outcome,
             } => {
+                tracing::info!(?status, "run finished");
                 let done = RunOutcome {
                     run,
                     status,
@@ -205,6 +217,7 @@ impl Node {
                 }
             }
             LifecycleEvent::SubagentError { attempt, kind } => {
+                tracing::info!(failure = %kind, "attempt failed");
                 let step = lock(&self.specialists)
                     .get(&attempt)
                     .map(|s| s.step.clone())
@@ -215,7 +228,8 @@ impl Node {
                     kind,
                 });
             }
-            LifecycleEvent::SubagentStart { .. } | LifecycleEvent::SubagentStop { .. } => {}
+            LifecycleEvent::SubagentStop { .. } => tracing::info!("attempt finished"),
+            LifecycleEvent::SubagentStart { .. } => {}
         }
     }
 
@@ -290,7 +304,14 @@ impl Node {
         self.commits_in_flight.fetch_add(1, Ordering::AcqRel);
         self.commits_total.fetch_add(1, Ordering::Relaxed);
         let node = Arc::clone(self);
-        spawn(async move {
+        // One run's commit runs in that run's span; a commit shared by several runs in its own.
+        let first = batch.stages.first().map(|s| s.run);
+        let span = match first {
+            Some(run) if batch.stages.iter().all(|s| s.run == run) => self.run_span(run),
+            _ => spans::commit_span(batch.stages.len()),
+        };
+        let blocking_span = span.clone();
+        let commit = async move {
             let store = Arc::clone(&node.store);
             let escalations: Vec<RuntimeEvent> = batch
                 .ops()
@@ -304,10 +325,12 @@ impl Node {
                 })
                 .collect();
             let id = batch.id;
-            let result = tokio::task::spawn_blocking(move || store_io::commit(&store, &batch))
-                .await
-                .map_err(|e| format!("commit task failed: {e}"))
-                .and_then(|r| r.map_err(|e| e.to_string()));
+            let result = tokio::task::spawn_blocking(move || {
+                blocking_span.in_scope(|| store_io::commit(&store, &batch))
+            })
+            .await
+            .map_err(|e| format!("commit task failed: {e}"))
+            .and_then(|r| r.map_err(|e| e.to_string()));
             let input = match result {
                 Ok(()) => {
                     for e in escalations {
@@ -324,7 +347,8 @@ impl Node {
                 let _ = c.send_message(crate::runtime::Deliver(input));
             }
             node.commits_in_flight.fetch_sub(1, Ordering::AcqRel);
-        });
+        };
+        spawn(commit.instrument(span));
     }
 
     async fn spawn_specialist(self: &Arc<Self>, start: SpecialistStart) {
@@ -337,6 +361,15 @@ impl Node {
         };
         let attempt = start.attempt;
         let step = start.brief.step.clone();
+        let span = spans::task_span(
+            &self.run_span(attempt.run),
+            attempt,
+            &start.assignment.agent,
+            start.assignment.harness,
+        );
+        span.in_scope(
+            || tracing::info!(%step, model = %start.assignment.model, "specialist started"),
+        );
         self.emit(RuntimeEvent::TaskStarted {
             attempt,
             step: step.clone(),
@@ -349,6 +382,7 @@ impl Node {
             attempt,
             harness: start.assignment.harness,
             step: step.clone(),
+            span,
         };
         let machine = Specialist::new(start, self.config.specialist.clone());
         let state = HostState::new(machine, self.fork_rng(), SpecialistLocal::default());
@@ -389,11 +423,17 @@ where
 pub(crate) struct CoordinatorRole {
     pub(crate) node: Arc<Node>,
     pub(crate) run: RunId,
+    /// The run's span (see [`spans`]).
+    pub(crate) span: Span,
 }
 
 impl Role for CoordinatorRole {
     type M = Coordinator;
     type Local = ();
+
+    fn span(&self) -> Span {
+        self.span.clone()
+    }
 
     async fn execute(
         &self,
@@ -420,6 +460,7 @@ impl Role for CoordinatorRole {
             .is_some_and(|c| c.get_id() == me.get_id())
         {
             map.remove(&self.run);
+            lock(&self.node.run_spans).remove(&self.run);
         }
     }
 }
@@ -502,6 +543,9 @@ pub(crate) struct SpecialistLocal {
     cancel: Option<CancelToken>,
     result: Option<AttemptResult>,
     reported: bool,
+    /// The session's usage as observers see it (the machine folds its own copy for the budget).
+    usage: UsageAccumulator,
+    usage_sent: Option<keel_harness::TokenCounts>,
 }
 
 /// Hosts one specialist attempt: runs its harness session and streams the session's events into it.
@@ -510,6 +554,8 @@ pub(crate) struct SpecialistRole {
     attempt: AttemptId,
     harness: HarnessKind,
     step: String,
+    /// The attempt's span (see [`spans`]), a child of its run's.
+    span: Span,
 }
 
 impl SpecialistRole {
@@ -566,7 +612,8 @@ impl SpecialistRole {
                     live.cancel = Some(session.cancel_token());
                 }
                 let me = me.clone();
-                spawn(async move {
+                tracing::debug!("harness session started");
+                let forward = async move {
                     loop {
                         let Some(event) = session.next_event().await else {
                             Self::feed(
@@ -589,10 +636,12 @@ impl SpecialistRole {
                             return;
                         }
                         if terminal {
+                            tracing::debug!("harness session ended");
                             return;
                         }
                     }
-                });
+                };
+                spawn(forward.instrument(self.span.clone()));
             }
         }
     }
@@ -602,7 +651,26 @@ impl Role for SpecialistRole {
     type M = Specialist;
     type Local = SpecialistLocal;
 
+    fn span(&self) -> Span {
+        self.span.clone()
+    }
+
     fn before(&self, input: &SpecialistInput, local: &mut SpecialistLocal) {
+        if let SpecialistInput::Harness(HarnessEvent::Usage(report)) = input {
+            local.usage.record(report);
+            let tokens = local.usage.total();
+            if local.usage_sent != Some(tokens) {
+                local.usage_sent = Some(tokens);
+                self.node.emit(RuntimeEvent::Usage {
+                    attempt: self.attempt,
+                    tokens,
+                    spent_micros: crate::specialist::spend_micros(
+                        &tokens,
+                        self.node.config.specialist.micros_per_mtok,
+                    ),
+                });
+            }
+        }
         // An Ack means the result is durable: that is when a report exists for observers.
         if matches!(input, SpecialistInput::Msg(SpecialistMsg::Ack))
             && !local.reported
@@ -634,14 +702,16 @@ impl Role for SpecialistRole {
                     let config = self.node.config.specialist.context;
                     let run = self.attempt.run;
                     let me = me.clone();
-                    spawn(async move {
+                    let span = self.span.clone();
+                    let load = async move {
                         let rows = tokio::task::spawn_blocking(move || {
-                            store_io::load_context(&store, run, &request, &config)
+                            span.in_scope(|| store_io::load_context(&store, run, &request, &config))
                         })
                         .await
                         .unwrap_or_else(|e| Err(format!("context load task failed: {e}")));
                         Self::feed(&me, SpecialistInput::ContextLoaded(rows));
-                    });
+                    };
+                    spawn(load.instrument(self.span.clone()));
                 }
                 SpecialistEffect::StartHarness { key, spec } => {
                     self.start_harness(me, local, key, *spec).await;

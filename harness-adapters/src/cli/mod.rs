@@ -465,11 +465,16 @@ impl<F: CliFlavor> Harness for CliHarness<F> {
                 cancel,
                 grace: self.config.cancel_grace,
             };
-            tokio::spawn(async move {
+            // The session runs in the caller's span, so its log lines name the caller's task.
+            let drive = async move {
                 run.drive(process, stdout, stderr).await;
                 // Removed only after the process tree is gone, so no tool writes into a deleted HOME.
                 drop(session_dir);
-            });
+            };
+            tokio::spawn(tracing::Instrument::instrument(
+                drive,
+                tracing::Span::current(),
+            ));
             Ok(running)
         })
     }

@@ -146,7 +146,11 @@ impl Harness for MessagesApiHarness {
             );
             let agent = AgentLoop::new(Arc::new(transport), tools, self.config.loop_config.clone());
             let (sink, cancel, session) = session_channel(HarnessKind::MessagesApi);
-            tokio::spawn(agent.run(spec, sink, cancel));
+            // The session runs in the caller's span, so its log lines name the caller's task.
+            tokio::spawn(tracing::Instrument::instrument(
+                agent.run(spec, sink, cancel),
+                tracing::Span::current(),
+            ));
             Ok(session)
         })
     }

@@ -182,7 +182,11 @@ impl Harness for ScriptedHarness {
             let agent =
                 AgentLoop::new(Arc::new(self.transport.clone()), tools, self.config.clone());
             let (sink, cancel, session) = session_channel(HarnessKind::Scripted);
-            tokio::spawn(agent.run(spec, sink, cancel));
+            // The session runs in the caller's span, so its log lines name the caller's task.
+            tokio::spawn(tracing::Instrument::instrument(
+                agent.run(spec, sink, cancel),
+                tracing::Span::current(),
+            ));
             Ok(session)
         })
     }

@@ -19,14 +19,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
-use keel_actors::runtime::{RunHandle, RunOutcome, Runtime, scripted};
+use keel_actors::runtime::{RunHandle, RunOutcome, Runtime, SPAN_TARGET, scripted};
 use keel_actors::{Plan, PlanStep, RunMode};
 use keel_harness::scripted::Script;
 use keel_harness::server::{ModelServer, ModelServerConfig};
 use keel_store::{RunId, RunStatus, Sharing, Store, StoreConfig};
 
+use crate::config::{LogFormat, LogSection};
 use crate::home::Home;
 use setup::{HarnessChoice, node_setup, work_dir};
+use std::io::IsTerminal;
 
 /// How long a graceful shutdown waits for sessions to end before killing them.
 const PAUSE_WAIT: Duration = Duration::from_secs(10);
@@ -57,6 +59,8 @@ pub(crate) struct RunArgs {
     pub(crate) choice: HarnessChoice,
     pub(crate) quiet: bool,
     pub(crate) detach: bool,
+    /// `--log-format`, over `[log] format`.
+    pub(crate) log_format: Option<LogFormat>,
 }
 
 fn tokio_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -67,16 +71,62 @@ fn tokio_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting the async runtime")
 }
 
-fn init_logs(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("KEEL_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = if json {
-        builder.json().try_init()
-    } else {
-        builder.try_init()
+/// Environment variables that set the log filter, in the order they are looked at; the first one
+/// set wins over `[log] level`.
+const LOG_FILTER_ENV: [&str; 2] = ["KEEL_LOG", "RUST_LOG"];
+
+/// Install the process's `tracing` subscriber: log lines to stderr (above the live view's bars), in
+/// `format` when `--log-format` gave one, else in `[log] format`; filtered by `KEEL_LOG`, else
+/// `RUST_LOG`, else `[log] level`. The runtime's run and task spans are always enabled (they cost one
+/// allocation per run and per attempt), so any line that passes the filter names its run and task.
+fn init_logs(section: &LogSection, format: Option<LogFormat>) {
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::filter::{EnvFilter, FilterExt, filter_fn};
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+
+    let mut filter = None;
+    for var in LOG_FILTER_ENV {
+        let Ok(value) = std::env::var(var) else {
+            continue;
+        };
+        match EnvFilter::builder().parse(&value) {
+            Ok(f) => {
+                filter = Some(f);
+                break;
+            }
+            Err(e) => eprintln!("keel: ignoring {var}={value:?}: {e}"),
+        }
+    }
+    // `[log] level` was checked when keel.toml was read.
+    let filter = filter.unwrap_or_else(|| {
+        EnvFilter::builder()
+            .parse(&section.level)
+            .unwrap_or_else(|_| EnvFilter::new(crate::config::LOG_LEVEL_DEFAULT))
+    });
+    let spans = filter_fn(|meta| meta.is_span() && meta.target() == SPAN_TARGET)
+        .with_max_level_hint(tracing::Level::INFO);
+    let filter = filter.or(spans);
+    let registry = tracing_subscriber::registry();
+    let _ = match format.unwrap_or(section.format) {
+        LogFormat::Json => registry
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .with_current_span(true)
+                    .with_span_list(true)
+                    .with_writer(progress::AboveBars)
+                    .with_filter(filter),
+            )
+            .try_init(),
+        LogFormat::Human => registry
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(std::io::stderr().is_terminal())
+                    .with_writer(progress::AboveBars)
+                    .with_filter(filter),
+            )
+            .try_init(),
     };
 }
 
@@ -128,7 +178,7 @@ async fn drive(
     home: &Home,
     rt: &Runtime,
     handle: RunHandle,
-    view: tokio::task::JoinHandle<u64>,
+    view: tokio::task::JoinHandle<progress::Totals>,
     json: bool,
 ) -> anyhow::Result<Ended> {
     use tokio::signal::unix::{SignalKind, signal};
@@ -159,8 +209,15 @@ async fn drive(
         }
     };
     // The view ends at the Finished event; bounded in case it was dropped.
-    let _ = tokio::time::timeout(Duration::from_secs(2), view).await;
-    summary::print(home, rt.store(), run, &outcome, json)?;
+    let totals = match tokio::time::timeout(Duration::from_secs(2), view).await {
+        Ok(Ok(totals)) => Some(totals),
+        _ => None,
+    };
+    let usage = summary::Usage {
+        totals,
+        events_dropped: rt.events_dropped(),
+    };
+    summary::print(home, rt.store(), run, &outcome, &usage, json)?;
     Ok(if outcome.status == RunStatus::Completed {
         Ended::Completed
     } else {
@@ -171,7 +228,7 @@ async fn drive(
 async fn pause(
     rt: &Runtime,
     run: RunId,
-    view: tokio::task::JoinHandle<u64>,
+    view: tokio::task::JoinHandle<progress::Totals>,
     json: bool,
 ) -> anyhow::Result<Ended> {
     let summary = rt.pause(PAUSE_WAIT).await;
@@ -264,7 +321,7 @@ pub(crate) fn run(home: &Home, args: RunArgs, json: bool) -> anyhow::Result<Ende
         return detach(home, json);
     }
     let config = home.config()?;
-    init_logs(config.log.format == crate::config::LogFormat::Json);
+    init_logs(&config.log, args.log_format);
     tokio_runtime()?.block_on(async {
         let store = open_writer(home)?;
         let work = work_dir()?;
@@ -315,10 +372,11 @@ pub(crate) fn resume(
     run: RunId,
     choice: HarnessChoice,
     quiet: bool,
+    log_format: Option<LogFormat>,
     json: bool,
 ) -> anyhow::Result<Ended> {
     let config = home.config()?;
-    init_logs(config.log.format == crate::config::LogFormat::Json);
+    init_logs(&config.log, log_format);
     tokio_runtime()?.block_on(async {
         let store = open_writer(home)?;
         let work = work_dir()?;

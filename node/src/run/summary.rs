@@ -13,6 +13,7 @@ use keel_store::{Run, RunId, Store, Task, TaskKind, TaskStatus};
 use serde_json::json;
 
 use crate::home::Home;
+use crate::run::progress::{Totals, count, micros, usage_text};
 
 /// Most characters of one line of the summary.
 const LINE_CHARS_MAX: usize = 160;
@@ -82,12 +83,62 @@ fn failures(tasks: &[Task]) -> Vec<(String, String)> {
         .collect()
 }
 
+/// A run's usage as the live view added it up from the runtime's events (the store keeps each
+/// session's usage in its log rows, not as token fields of a task).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Usage {
+    /// The totals, if the view ended with the run.
+    pub(crate) totals: Option<Totals>,
+    /// Events the runtime dropped on a full channel: when not zero the totals may be low.
+    pub(crate) events_dropped: u64,
+}
+
+impl Usage {
+    /// The summary's usage line.
+    fn line(&self) -> String {
+        match &self.totals {
+            None => "usage: unknown (the live view did not end with the run)".to_owned(),
+            Some(t) => {
+                let mut line = format!(
+                    "usage: {} across {} specialist attempts",
+                    usage_text(&t.tokens, t.spent_micros),
+                    count(u64::from(t.attempts))
+                );
+                if self.events_dropped > 0 {
+                    line.push_str(&format!(
+                        " (at least; {} progress events were dropped)",
+                        count(self.events_dropped)
+                    ));
+                }
+                line
+            }
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        match &self.totals {
+            None => serde_json::Value::Null,
+            Some(t) => json!({
+                "input_tokens": t.tokens.input_tokens,
+                "output_tokens": t.tokens.output_tokens,
+                "cache_read_tokens": t.tokens.cache_read_tokens,
+                "cache_write_tokens": t.tokens.cache_write_tokens,
+                "spent_micros": t.spent_micros,
+                "spent": micros(t.spent_micros),
+                "attempts": t.attempts,
+                "events_dropped": self.events_dropped,
+            }),
+        }
+    }
+}
+
 /// Print the end of a run (and write its synthesis file when it has one).
 pub(crate) fn print(
     home: &Home,
     store: &Store,
     run: RunId,
     outcome: &RunOutcome,
+    usage: &Usage,
     json: bool,
 ) -> anyhow::Result<()> {
     let row = store.catalog().run(run)?;
@@ -112,6 +163,7 @@ pub(crate) fn print(
             "partial_coverage": synthesis.as_ref().map(|s| s.partial_coverage),
             "failed": failed.iter().map(|(t, why)| json!({"task": t, "why": why})).collect::<Vec<_>>(),
             "synthesis_file": synthesis_file,
+            "usage": usage.json(),
             "outcome": if synthesis.is_some() { None } else { Some(&outcome.outcome) },
         });
         println!("{value}");
@@ -156,6 +208,7 @@ pub(crate) fn print(
             writeln!(out, "  {task}: {why}")?;
         }
     }
+    writeln!(out, "{}", usage.line())?;
     if let Some(p) = &synthesis_file {
         writeln!(out, "synthesis: {}", p.display())?;
     }
@@ -218,4 +271,54 @@ pub(crate) fn status(home: &Home, run: Option<RunId>, json: bool) -> anyhow::Res
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use keel_harness::TokenCounts;
+
+    fn totals() -> Totals {
+        Totals {
+            tokens: TokenCounts {
+                input_tokens: 12_000,
+                output_tokens: 345,
+                ..TokenCounts::default()
+            },
+            spent_micros: 37_035,
+            attempts: 3,
+        }
+    }
+
+    #[test]
+    fn the_usage_line_gives_the_run_totals() {
+        let usage = Usage {
+            totals: Some(totals()),
+            events_dropped: 0,
+        };
+        assert_eq!(
+            usage.line(),
+            "usage: 12,000 in / 345 out tokens, $0.0370 across 3 specialist attempts"
+        );
+        let v = usage.json();
+        assert_eq!(v["input_tokens"], 12_000);
+        assert_eq!(v["output_tokens"], 345);
+        assert_eq!(v["spent_micros"], 37_035);
+    }
+
+    #[test]
+    fn dropped_events_and_a_missing_view_are_said() {
+        let usage = Usage {
+            totals: Some(totals()),
+            events_dropped: 2,
+        };
+        assert!(
+            usage
+                .line()
+                .ends_with("(at least; 2 progress events were dropped)")
+        );
+        let none = Usage::default();
+        assert!(none.line().contains("unknown"), "{}", none.line());
+        assert!(none.json().is_null());
+    }
 }
