@@ -105,6 +105,12 @@ fn soak_run(from: u64, count: u64) -> ExitCode {
         summary.events as f64 / secs
     );
     println!(
+        "store commits: {} ({:.2} events per commit, {:.0} commits/s)",
+        summary.commits,
+        summary.events as f64 / summary.commits.max(1) as f64,
+        summary.commits as f64 / secs
+    );
+    println!(
         "runs: {} completed, {} other terminal",
         summary.runs_completed, summary.runs_other_terminal
     );

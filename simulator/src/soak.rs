@@ -13,6 +13,8 @@ pub struct SoakSummary {
     pub seeds: u64,
     /// Events processed over all seeds.
     pub events: u64,
+    /// Store commits over all seeds (each one redb write transaction on the simulated disk).
+    pub commits: u64,
     /// Faults injected, by kind, over all seeds.
     pub faults: FaultCounts,
     /// Every violation found (one per failing seed).
@@ -28,6 +30,7 @@ impl SoakSummary {
     pub fn add(&mut self, report: &RunReport) {
         self.seeds += 1;
         self.events += report.events;
+        self.commits += report.commits;
         self.faults.merge(&report.faults);
         if let Some(v) = &report.violation {
             self.violations.push(v.clone());

@@ -320,6 +320,9 @@ pub struct RunReport {
     pub coord_effects: u64,
     /// Each run's terminal status and outcome as the store holds it at the end.
     pub runs_final: BTreeMap<RunId, (keel_store::RunStatus, Option<String>)>,
+    /// Store commits attempted (one write transaction each, failed ones included): the unit of the
+    /// simulator's cost, reported next to events by the soak.
+    pub commits: u64,
 }
 
 /// The simulated world of one seed.
@@ -343,6 +346,7 @@ pub struct World {
     checker: Checker,
     sessions_started: u64,
     effects_executed: u64,
+    commits: u64,
     healed: bool,
     disk_fault_armed: bool,
     spawn_cursor: usize,
@@ -398,6 +402,7 @@ impl World {
                     trace_lines: Vec::new(),
                     coord_effects: 0,
                     runs_final: BTreeMap::new(),
+                    commits: 0,
                 }));
             }
         };
@@ -435,6 +440,7 @@ impl World {
             checker,
             sessions_started: 0,
             effects_executed: 0,
+            commits: 0,
             healed: false,
             disk_fault_armed: false,
             spawn_cursor: 0,
@@ -521,6 +527,7 @@ impl World {
             observed: self.checker.into_observed(),
             coord_effects: self.effects_executed,
             runs_final,
+            commits: self.commits,
         }
     }
 
@@ -772,6 +779,7 @@ impl World {
     }
 
     fn commit(&mut self, batch: &keel_actors::CommitBatch) -> Result<(), String> {
+        self.commits += 1;
         if std::mem::take(&mut self.disk_fault_armed) {
             self.store.disk().fail_next_syncs(1);
         }

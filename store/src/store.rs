@@ -296,10 +296,7 @@ impl Store {
         };
         let mut txn = db.begin_write()?;
         txn.set_durability(durability)?;
-        let outcome = match Writer::open(&txn, &self.limits) {
-            Ok(mut writer) => work(&mut writer),
-            Err(e) => Err(e),
-        };
+        let outcome = work(&mut Writer::open(&txn, &self.limits));
         match outcome {
             Ok(result) => {
                 txn.commit()?;
@@ -397,60 +394,92 @@ fn next_seq<T: ReadableTable<(u128, u64), Row>>(
     }
 }
 
-/// The open tables of one write transaction, applying staged writes in order.
+/// A table of a write transaction, opened on first use: a commit that touches two tables opens (and
+/// at commit flushes and closes) two, not all thirteen, which is most of a small commit's fixed cost.
+struct Lazy<'t, K: redb::Key + 'static, V: redb::Value + 'static> {
+    txn: &'t redb::WriteTransaction,
+    definition: redb::TableDefinition<'static, K, V>,
+    table: Option<Table<'t, K, V>>,
+}
+
+impl<'t, K: redb::Key + 'static, V: redb::Value + 'static> Lazy<'t, K, V> {
+    fn new(
+        txn: &'t redb::WriteTransaction,
+        definition: redb::TableDefinition<'static, K, V>,
+    ) -> Self {
+        Self {
+            txn,
+            definition,
+            table: None,
+        }
+    }
+
+    fn open(&mut self) -> Result<&mut Table<'t, K, V>, Failure> {
+        let table = match self.table.take() {
+            Some(table) => table,
+            None => self
+                .txn
+                .open_table(self.definition)
+                .map_err(|e| Failure::Commit(e.into()))?,
+        };
+        Ok(self.table.insert(table))
+    }
+}
+
+/// The tables of one write transaction, applying staged writes in order.
 struct Writer<'t> {
     limits: &'t Limits,
-    runs: Table<'t, u128, Row>,
-    tasks: Table<'t, (u128, u128), Row>,
-    task_run: Table<'t, u128, u128>,
-    children: Table<'t, (u128, u128, u128), ()>,
-    logs: Table<'t, (u128, u128, u64), Row>,
-    checkpoints: Table<'t, u128, Row>,
-    manifest: Table<'t, (u128, u64), Row>,
-    dead_letters: Table<'t, (u128, u64), Row>,
-    idempotency: Table<'t, (u128, &'static str), Row>,
-    audit: Table<'t, (u128, u64), Row>,
-    escalations: Table<'t, (u128, u64), Row>,
-    blobs: Table<'t, (u128, u128), &'static [u8]>,
-    agents: Table<'t, &'static str, Row>,
+    runs: Lazy<'t, u128, Row>,
+    tasks: Lazy<'t, (u128, u128), Row>,
+    task_run: Lazy<'t, u128, u128>,
+    children: Lazy<'t, (u128, u128, u128), ()>,
+    logs: Lazy<'t, (u128, u128, u64), Row>,
+    checkpoints: Lazy<'t, u128, Row>,
+    manifest: Lazy<'t, (u128, u64), Row>,
+    dead_letters: Lazy<'t, (u128, u64), Row>,
+    idempotency: Lazy<'t, (u128, &'static str), Row>,
+    audit: Lazy<'t, (u128, u64), Row>,
+    escalations: Lazy<'t, (u128, u64), Row>,
+    blobs: Lazy<'t, (u128, u128), &'static [u8]>,
+    agents: Lazy<'t, &'static str, Row>,
     /// Runs known to exist in this transaction, so a batch of N rows for one run checks it once.
     known_runs: BTreeSet<u128>,
 }
 
 impl<'t> Writer<'t> {
-    fn open(txn: &'t redb::WriteTransaction, limits: &'t Limits) -> Result<Self, CommitError> {
-        Ok(Self {
+    fn open(txn: &'t redb::WriteTransaction, limits: &'t Limits) -> Self {
+        Self {
             limits,
-            runs: txn.open_table(tables::RUNS)?,
-            tasks: txn.open_table(tables::TASKS)?,
-            task_run: txn.open_table(tables::TASK_RUN)?,
-            children: txn.open_table(tables::TASK_CHILDREN)?,
-            logs: txn.open_table(tables::SESSION_LOGS)?,
-            checkpoints: txn.open_table(tables::CHECKPOINTS)?,
-            manifest: txn.open_table(tables::MANIFEST)?,
-            dead_letters: txn.open_table(tables::DEAD_LETTERS)?,
-            idempotency: txn.open_table(tables::IDEMPOTENCY)?,
-            audit: txn.open_table(tables::AUDIT)?,
-            escalations: txn.open_table(tables::ESCALATIONS)?,
-            blobs: txn.open_table(tables::BLOBS)?,
-            agents: txn.open_table(tables::AGENTS)?,
+            runs: Lazy::new(txn, tables::RUNS),
+            tasks: Lazy::new(txn, tables::TASKS),
+            task_run: Lazy::new(txn, tables::TASK_RUN),
+            children: Lazy::new(txn, tables::TASK_CHILDREN),
+            logs: Lazy::new(txn, tables::SESSION_LOGS),
+            checkpoints: Lazy::new(txn, tables::CHECKPOINTS),
+            manifest: Lazy::new(txn, tables::MANIFEST),
+            dead_letters: Lazy::new(txn, tables::DEAD_LETTERS),
+            idempotency: Lazy::new(txn, tables::IDEMPOTENCY),
+            audit: Lazy::new(txn, tables::AUDIT),
+            escalations: Lazy::new(txn, tables::ESCALATIONS),
+            blobs: Lazy::new(txn, tables::BLOBS),
+            agents: Lazy::new(txn, tables::AGENTS),
             known_runs: BTreeSet::new(),
-        })
+        }
     }
 
     fn require_run(&mut self, run: RunId) -> Result<(), Failure> {
         if self.known_runs.contains(&run.0) {
             return Ok(());
         }
-        if self.runs.get(run.0)?.is_none() {
+        if self.runs.open()?.get(run.0)?.is_none() {
             return Err(ItemError::RunNotFound(run).into());
         }
         self.known_runs.insert(run.0);
         Ok(())
     }
 
-    fn stored_task(&self, run: RunId, task: TaskId) -> Result<Option<Task>, Failure> {
-        match self.tasks.get((run.0, task.0))? {
+    fn stored_task(&mut self, run: RunId, task: TaskId) -> Result<Option<Task>, Failure> {
+        match self.tasks.open()?.get((run.0, task.0))? {
             None => Ok(None),
             Some(g) => Ok(Some(codec::decode(
                 name::TASKS,
@@ -462,7 +491,10 @@ impl<'t> Writer<'t> {
 
     fn put_blob(&mut self, run: RunId, bytes: &[u8]) -> Result<(u128, u64), Failure> {
         let last = {
-            let mut range = self.blobs.range((run.0, 0u128)..=(run.0, u128::MAX))?;
+            let mut range = self
+                .blobs
+                .open()?
+                .range((run.0, 0u128)..=(run.0, u128::MAX))?;
             match range.next_back() {
                 None => None,
                 Some(entry) => Some(entry?.0.value().1),
@@ -474,7 +506,7 @@ impl<'t> Writer<'t> {
                 .checked_add(1)
                 .ok_or(Failure::Item(ItemError::SequenceExhausted("blobs")))?,
         };
-        self.blobs.insert((run.0, key), bytes)?;
+        self.blobs.open()?.insert((run.0, key), bytes)?;
         Ok((key, u64::try_from(bytes.len()).unwrap_or(u64::MAX)))
     }
 
@@ -501,7 +533,7 @@ impl<'t> Writer<'t> {
                 }
                 AttachmentBody::Inline(_) => {}
                 AttachmentBody::Blob { key, .. } => {
-                    if self.blobs.get((run.0, *key))?.is_none() {
+                    if self.blobs.open()?.get((run.0, *key))?.is_none() {
                         return Err(ItemError::BlobNotFound(*key).into());
                     }
                 }
@@ -515,6 +547,7 @@ impl<'t> Writer<'t> {
             Staged::Agent(profile) => {
                 let bytes = codec::encode(name::AGENTS, profile)?;
                 self.agents
+                    .open()?
                     .insert(profile.name.as_str(), bytes.as_slice())?;
                 return Ok(Applied::AgentProfileWritten);
             }
@@ -522,7 +555,7 @@ impl<'t> Writer<'t> {
         };
         match op {
             RunOp::CreateRun(r) => {
-                if self.runs.get(run.0)?.is_some() {
+                if self.runs.open()?.get(run.0)?.is_some() {
                     return Err(ItemError::RunExists(run).into());
                 }
                 self.put_run(r)?;
@@ -536,11 +569,11 @@ impl<'t> Writer<'t> {
             }
             RunOp::CreateTask(task) => {
                 self.require_run(run)?;
-                if self.task_run.get(task.id.0)?.is_some() {
+                if self.task_run.open()?.get(task.id.0)?.is_some() {
                     return Err(ItemError::TaskIdTaken(task.id).into());
                 }
                 if let Some(parent) = task.parent
-                    && self.tasks.get((run.0, parent.0))?.is_none()
+                    && self.tasks.open()?.get((run.0, parent.0))?.is_none()
                 {
                     return Err(ItemError::ParentNotFound {
                         task: task.id,
@@ -550,10 +583,14 @@ impl<'t> Writer<'t> {
                 }
                 let (task, blobbed) = self.externalize(run, task)?;
                 let bytes = codec::encode(name::TASKS, &*task)?;
-                self.tasks.insert((run.0, task.id.0), bytes.as_slice())?;
-                self.task_run.insert(task.id.0, run.0)?;
+                self.tasks
+                    .open()?
+                    .insert((run.0, task.id.0), bytes.as_slice())?;
+                self.task_run.open()?.insert(task.id.0, run.0)?;
                 if let Some(parent) = task.parent {
-                    self.children.insert((run.0, parent.0, task.id.0), ())?;
+                    self.children
+                        .open()?
+                        .insert((run.0, parent.0, task.id.0), ())?;
                 }
                 Ok(Applied::TaskCreated { blobbed })
             }
@@ -566,17 +603,20 @@ impl<'t> Writer<'t> {
                 }
                 let (task, blobbed) = self.externalize(run, task)?;
                 let bytes = codec::encode(name::TASKS, &*task)?;
-                self.tasks.insert((run.0, task.id.0), bytes.as_slice())?;
+                self.tasks
+                    .open()?
+                    .insert((run.0, task.id.0), bytes.as_slice())?;
                 Ok(Applied::TaskUpdated { blobbed })
             }
             RunOp::AppendLog { task, row } => {
                 let task = *task;
-                if self.tasks.get((run.0, task.0))?.is_none() {
+                if self.tasks.open()?.get((run.0, task.0))?.is_none() {
                     return Err(ItemError::TaskNotFound { run, task }.into());
                 }
                 let last = {
                     let mut range = self
                         .logs
+                        .open()?
                         .range((run.0, task.0, 0u64)..=(run.0, task.0, u64::MAX))?;
                     match range.next_back() {
                         None => None,
@@ -593,46 +633,54 @@ impl<'t> Writer<'t> {
                     }
                 };
                 let bytes = codec::encode(name::SESSION_LOGS, &row)?;
-                self.logs.insert((run.0, task.0, seq), bytes.as_slice())?;
+                self.logs
+                    .open()?
+                    .insert((run.0, task.0, seq), bytes.as_slice())?;
                 Ok(Applied::LogAppended { seq })
             }
             RunOp::PutCheckpoint(c) => {
                 self.require_run(run)?;
                 let bytes = codec::encode(name::CHECKPOINTS, &c)?;
-                self.checkpoints.insert(run.0, bytes.as_slice())?;
+                self.checkpoints.open()?.insert(run.0, bytes.as_slice())?;
                 Ok(Applied::CheckpointWritten)
             }
             RunOp::AppendManifest(m) => {
                 self.require_run(run)?;
-                let seq = next_seq(&self.manifest, run.0, name::MANIFEST)?;
+                let seq = next_seq(&*self.manifest.open()?, run.0, name::MANIFEST)?;
                 let bytes = codec::encode(name::MANIFEST, &m)?;
-                self.manifest.insert((run.0, seq), bytes.as_slice())?;
+                self.manifest
+                    .open()?
+                    .insert((run.0, seq), bytes.as_slice())?;
                 Ok(Applied::ManifestAppended { seq })
             }
             RunOp::AppendDeadLetter(d) => {
                 self.require_run(run)?;
-                let seq = next_seq(&self.dead_letters, run.0, name::DEAD_LETTERS)?;
+                let seq = next_seq(&*self.dead_letters.open()?, run.0, name::DEAD_LETTERS)?;
                 let bytes = codec::encode(name::DEAD_LETTERS, &d)?;
-                self.dead_letters.insert((run.0, seq), bytes.as_slice())?;
+                self.dead_letters
+                    .open()?
+                    .insert((run.0, seq), bytes.as_slice())?;
                 Ok(Applied::DeadLetterAppended { seq })
             }
             RunOp::AppendAudit(a) => {
                 self.require_run(run)?;
-                let seq = next_seq(&self.audit, run.0, name::AUDIT)?;
+                let seq = next_seq(&*self.audit.open()?, run.0, name::AUDIT)?;
                 let bytes = codec::encode(name::AUDIT, &a)?;
-                self.audit.insert((run.0, seq), bytes.as_slice())?;
+                self.audit.open()?.insert((run.0, seq), bytes.as_slice())?;
                 Ok(Applied::AuditAppended { seq })
             }
             RunOp::AppendEscalation(e) => {
                 self.require_run(run)?;
-                let seq = next_seq(&self.escalations, run.0, name::ESCALATIONS)?;
+                let seq = next_seq(&*self.escalations.open()?, run.0, name::ESCALATIONS)?;
                 let bytes = codec::encode(name::ESCALATIONS, &e)?;
-                self.escalations.insert((run.0, seq), bytes.as_slice())?;
+                self.escalations
+                    .open()?
+                    .insert((run.0, seq), bytes.as_slice())?;
                 Ok(Applied::EscalationAppended { seq })
             }
             RunOp::RecordIdempotency(record) => {
                 self.require_run(run)?;
-                if let Some(g) = self.idempotency.get((run.0, record.key.as_str()))? {
+                if let Some(g) = self.idempotency.open()?.get((run.0, record.key.as_str()))? {
                     let original: IdempotencyRecord = codec::decode(
                         name::IDEMPOTENCY,
                         &format_args!("{run}/{}", record.key),
@@ -642,6 +690,7 @@ impl<'t> Writer<'t> {
                 }
                 let bytes = codec::encode(name::IDEMPOTENCY, &record)?;
                 self.idempotency
+                    .open()?
                     .insert((run.0, record.key.as_str()), bytes.as_slice())?;
                 Ok(Applied::IdempotencyRecorded)
             }
@@ -655,7 +704,7 @@ impl<'t> Writer<'t> {
 
     fn put_run(&mut self, r: &Run) -> Result<(), Failure> {
         let bytes = codec::encode(name::RUNS, r)?;
-        self.runs.insert(r.id.0, bytes.as_slice())?;
+        self.runs.open()?.insert(r.id.0, bytes.as_slice())?;
         Ok(())
     }
 }
