@@ -148,6 +148,9 @@ pub struct Observed {
     pub admissions_after_trip: u64,
     /// Every task row a checkpoint commit created: (kind, parent), by task.
     pub tasks_created: BTreeMap<TaskId, (TaskKind, Option<TaskId>)>,
+    /// Commits made on a full disk: (event, whether the store answered `DiskFull`, whether the disk
+    /// synced during the commit).
+    pub full_disk_commits: Vec<(u64, bool, bool)>,
 }
 
 /// The checker of one seed.
@@ -255,6 +258,15 @@ impl Checker {
     /// A session's scripted behaviour was chosen.
     pub fn session_behaviour(&mut self, attempt: AttemptId, behaviour: HarnessBehaviour) {
         self.observed.behaviours.insert(attempt, behaviour);
+    }
+
+    /// A commit was attempted on a full disk: `disk_full` is whether the store answered with its typed
+    /// `DiskFull` (what the checkpoint writer's retry relies on), `synced` whether the disk synced
+    /// during it (a commit that could not write must make nothing durable).
+    pub fn full_disk_commit(&mut self, event: u64, disk_full: bool, synced: bool) {
+        self.observed
+            .full_disk_commits
+            .push((event, disk_full, synced));
     }
 
     /// A commit failed: only a disk fault may cause that; a staging error is a bug in the machines

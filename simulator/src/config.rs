@@ -12,6 +12,16 @@ use crate::profile::{FaultProfile, HarnessBehaviour};
 use crate::queue::SimMillis;
 use crate::trace::TraceMode;
 
+/// A disk fault armed for the next store commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiskFault {
+    /// The commit's sync fails (an IO error): nothing of it becomes durable.
+    FailedSync,
+    /// The disk is full: the commit's first write fails with `StorageFull`, and space is free again
+    /// after it (an operator or a cleanup freed some), so a retry can succeed.
+    Full,
+}
+
 /// A fault placed by a scenario at a fixed time.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Intervention {
@@ -45,6 +55,8 @@ pub enum Intervention {
         /// How long it stays down.
         down_ms: u64,
     },
+    /// Arm a disk fault for the next store commit.
+    Disk(DiskFault),
 }
 
 /// Everything that decides a world. Two worlds with equal configs produce equal traces.

@@ -22,5 +22,5 @@ pub mod trace;
 pub mod violation;
 pub mod world;
 
-pub use config::{Intervention, WorldConfig};
+pub use config::{DiskFault, Intervention, WorldConfig};
 pub use world::{RunReport, run};

@@ -186,8 +186,10 @@ pub enum FaultKind {
     PartitionOneWay,
     /// A node crashed.
     NodeCrash,
-    /// A disk write or sync failed.
+    /// A disk sync failed.
     DiskFault,
+    /// The disk was full when a commit wrote (`StorageFull` on its first write).
+    DiskFull,
     /// A harness session ended with a 429.
     HarnessRateLimited,
     /// A harness session ended with a 500.
@@ -204,13 +206,14 @@ pub enum FaultKind {
 
 impl FaultKind {
     /// Every kind, in report order.
-    pub const ALL: [Self; 12] = [
+    pub const ALL: [Self; 13] = [
         Self::MessageDropped,
         Self::MessageDuplicated,
         Self::Partition,
         Self::PartitionOneWay,
         Self::NodeCrash,
         Self::DiskFault,
+        Self::DiskFull,
         Self::HarnessRateLimited,
         Self::HarnessServerError,
         Self::HarnessContextSaturated,
@@ -228,6 +231,7 @@ impl FaultKind {
             Self::PartitionOneWay => "partition_one_way",
             Self::NodeCrash => "node_crash",
             Self::DiskFault => "disk_fault",
+            Self::DiskFull => "disk_full",
             Self::HarnessRateLimited => "harness_429",
             Self::HarnessServerError => "harness_500",
             Self::HarnessContextSaturated => "harness_sigterm_143",
@@ -253,7 +257,7 @@ impl FaultKind {
 
 /// Faults injected, by kind.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct FaultCounts([u64; 12]);
+pub struct FaultCounts([u64; 13]);
 
 impl FaultCounts {
     /// Counts one fault of `kind`.

@@ -21,13 +21,13 @@ use keel_harness::{HarnessError, HarnessEvent};
 use keel_store::RunId;
 
 use crate::check::Checker;
-use crate::config::{Intervention, WorldConfig};
+use crate::config::{DiskFault, Intervention, WorldConfig};
 use crate::harness;
 use crate::net::{NodeId, Route};
 use crate::profile::{FaultCounts, FaultKind, FaultProfile, HarnessBehaviour};
 use crate::queue::{EventQueue, SimMillis};
 use crate::rng::SimRng;
-use crate::store_host::SimStore;
+use crate::store_host::{SimStore, StoreHostError};
 use crate::trace::Trace;
 use crate::violation::{Invariant, Violation};
 
@@ -348,7 +348,7 @@ pub struct World {
     effects_executed: u64,
     commits: u64,
     healed: bool,
-    disk_fault_armed: bool,
+    disk_fault_armed: Option<crate::config::DiskFault>,
     spawn_cursor: usize,
     coord_effects: Vec<Effect>,
     spec_effects: Vec<SpecialistEffect>,
@@ -442,7 +442,7 @@ impl World {
             effects_executed: 0,
             commits: 0,
             healed: false,
-            disk_fault_armed: false,
+            disk_fault_armed: None,
             spawn_cursor: 0,
             coord_effects: Vec::new(),
             spec_effects: Vec::new(),
@@ -780,10 +780,26 @@ impl World {
 
     fn commit(&mut self, batch: &keel_actors::CommitBatch) -> Result<(), String> {
         self.commits += 1;
-        if std::mem::take(&mut self.disk_fault_armed) {
-            self.store.disk().fail_next_syncs(1);
+        let fault = self.disk_fault_armed.take();
+        match fault {
+            Some(DiskFault::FailedSync) => self.store.disk().fail_next_syncs(1),
+            Some(DiskFault::Full) => self.store.disk().set_write_budget(Some(0)),
+            None => {}
         }
-        match self.store.commit(batch) {
+        let syncs = self.store.disk().syncs();
+        let outcome = self.store.commit(batch);
+        if fault == Some(DiskFault::Full) {
+            let disk_full = matches!(
+                outcome,
+                Err(StoreHostError::Commit(keel_store::CommitError::DiskFull(_)))
+            );
+            let synced = self.store.disk().syncs() != syncs;
+            self.checker
+                .full_disk_commit(self.event_no, disk_full, synced);
+            // Space is free again: the retry of the checkpoint writer may succeed.
+            self.store.disk().set_write_budget(None);
+        }
+        match outcome {
             Ok(()) => Ok(()),
             Err(e) => {
                 self.checker.commit_failed(self.event_no, &e);
@@ -1169,14 +1185,28 @@ impl World {
             self.crash(node, down_ms);
         }
         if self.rng.chance(p.disk_fault_ppm) {
-            self.disk_fault_armed = true;
-            self.faults.add(FaultKind::DiskFault);
+            // Half the disk faults are failed syncs, half a full disk on the next commit.
+            let fault = if self.rng.chance(500_000) {
+                DiskFault::Full
+            } else {
+                DiskFault::FailedSync
+            };
+            self.arm_disk_fault(fault);
         }
         self.schedule(self.now + p.fault_tick_ms, Ev::FaultTick);
     }
 
+    fn arm_disk_fault(&mut self, fault: DiskFault) {
+        self.disk_fault_armed = Some(fault);
+        self.faults.add(match fault {
+            DiskFault::FailedSync => FaultKind::DiskFault,
+            DiskFault::Full => FaultKind::DiskFull,
+        });
+    }
+
     fn intervene(&mut self, i: Intervention) {
         match i {
+            Intervention::Disk(fault) => self.arm_disk_fault(fault),
             Intervention::Partition {
                 a,
                 b,
@@ -1314,7 +1344,7 @@ impl World {
         self.healed = true;
         self.profile = self.profile.healed();
         self.net.heal_all();
-        self.disk_fault_armed = false;
+        self.disk_fault_armed = None;
         if self.coord.is_none() {
             self.restart(NodeId::COORDINATOR);
         }

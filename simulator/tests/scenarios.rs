@@ -4,9 +4,10 @@
 #![allow(clippy::expect_used)] // test helpers: a panic is the failure report
 use keel_actors::{Continuity, Plan, Refusal, Verdict};
 use keel_sim::net::NodeId;
+use keel_sim::profile::FaultKind;
 use keel_sim::profile::HarnessBehaviour;
 use keel_sim::setup::{model_of, run_spec, step};
-use keel_sim::{Intervention, RunReport, WorldConfig, run};
+use keel_sim::{DiskFault, Intervention, RunReport, WorldConfig, run};
 use keel_store::{RunId, RunStatus, TaskKind};
 
 fn rid(n: u128) -> RunId {
@@ -325,6 +326,41 @@ fn scenario_6_budget_trip_in_a_child() {
         "{:?}",
         o.refusals
     );
+}
+
+#[test]
+fn a_full_disk_fails_the_commit_typed_and_durably_empty_and_the_retry_completes_the_run() {
+    let run_id = rid(7);
+    let spec = run_spec(
+        run_id,
+        "full disk",
+        plan(vec![
+            step("a", &[], None, 1_000),
+            step("b", &["a"], None, 1_000),
+        ]),
+        None,
+    );
+    let mut config = WorldConfig::calm(7, vec![spec]);
+    // Armed before the first stage reaches the checkpoint writer: the commit creating the run hits a
+    // full disk.
+    config
+        .interventions
+        .push((0, Intervention::Disk(DiskFault::Full)));
+    let report = check(config);
+    assert_eq!(report.faults.get(FaultKind::DiskFull), 1);
+    let full = &report.observed.full_disk_commits;
+    assert_eq!(full.len(), 1, "{full:?}");
+    let (_, disk_full, synced) = full[0];
+    assert!(disk_full, "the store answered DiskFull");
+    assert!(!synced, "the failed commit made nothing durable");
+    // The checkpoint writer retried once space was free: both steps accepted once, the run done.
+    for step in ["a", "b"] {
+        assert_eq!(
+            report.observed.accepted_reports[&(run_id, step.to_string())].len(),
+            1
+        );
+    }
+    assert_eq!(status(&report, run_id), RunStatus::Completed);
 }
 
 /// The canonical 16-specialist run, crash-free: the reference for scenario 3.
