@@ -13,6 +13,11 @@ use keel_sim::trace::TraceMode;
 use keel_sim::violation::parse_seed;
 use keel_sim::{WorldConfig, run, soak};
 
+/// mimalloc rather than glibc's malloc: redb's commits allocate and free page buffers by the thousand
+/// per seed, and glibc's allocator was about a fifth of the sweep's time (docs/PERFORMANCE.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Most trace lines a replay prints.
 const REPLAY_LINES_MAX: usize = 1_000_000;
 
