@@ -88,6 +88,23 @@ impl CheckpointWriter {
         }));
     }
 
+    /// Queue one stage for the next commit, or refuse it (too many ops, queue full) with
+    /// `PersistFailed`.
+    fn enqueue(&mut self, stage: Stage, out: &mut Vec<Effect>) {
+        let ticket = stage.ticket;
+        if stage.ops.len() > STAGE_OPS_MAX || stage.ops.len() > self.config.batch_ops_max as usize {
+            let error = format!("a stage of {} ops exceeds the limit", stage.ops.len());
+            Self::answer(&stage, CoordinatorMsg::PersistFailed { ticket, error }, out);
+            return;
+        }
+        if self.queue.len() >= self.config.queued_stages_max as usize {
+            let error = "the checkpoint queue is full; stage again later".to_string();
+            Self::answer(&stage, CoordinatorMsg::PersistFailed { ticket, error }, out);
+            return;
+        }
+        self.queue.push_back(stage);
+    }
+
     fn flush(&mut self, out: &mut Vec<Effect>) {
         if self.in_flight.is_some() || self.queue.is_empty() {
             return;
@@ -136,20 +153,13 @@ impl Machine for CheckpointWriter {
         }
         match input {
             CheckpointInput::Msg(CheckpointMsg::Stage(stage)) => {
-                let ticket = stage.ticket;
-                if stage.ops.len() > STAGE_OPS_MAX
-                    || stage.ops.len() > self.config.batch_ops_max as usize
-                {
-                    let error = format!("a stage of {} ops exceeds the limit", stage.ops.len());
-                    Self::answer(&stage, CoordinatorMsg::PersistFailed { ticket, error }, out);
-                    return;
+                self.enqueue(stage, out);
+                self.flush(out);
+            }
+            CheckpointInput::Msg(CheckpointMsg::Stages(stages)) => {
+                for stage in stages {
+                    self.enqueue(stage, out);
                 }
-                if self.queue.len() >= self.config.queued_stages_max as usize {
-                    let error = "the checkpoint queue is full; stage again later".to_string();
-                    Self::answer(&stage, CoordinatorMsg::PersistFailed { ticket, error }, out);
-                    return;
-                }
-                self.queue.push_back(stage);
                 self.flush(out);
             }
             CheckpointInput::Committed(id) => {

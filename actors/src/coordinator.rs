@@ -2271,6 +2271,59 @@ impl Machine for Coordinator {
         rng: &mut dyn Entropy,
         out: &mut Vec<Effect>,
     ) {
+        let first = out.len();
+        self.handle_input(input, now, rng, out);
+        if let Some(run) = self.run.as_mut() {
+            run.flush_decisions(now, out);
+        }
+        coalesce_stages(out, first);
+    }
+}
+
+/// Every stage this input sent to the checkpoint writer, as one message (in ticket order, at the place
+/// of the first): the writer then puts them all into one group commit instead of committing the first
+/// alone while the others wait for the next. A single stage stays a [`CheckpointMsg::Stage`].
+fn coalesce_stages(out: &mut Vec<Effect>, first: usize) {
+    let count = out[first..]
+        .iter()
+        .filter(|e| {
+            matches!(
+                e,
+                Effect::Send(Envelope::Checkpoint(CheckpointMsg::Stage(_)))
+            )
+        })
+        .count();
+    if count < 2 {
+        return;
+    }
+    let mut stages = Vec::with_capacity(count);
+    let mut at = None;
+    let mut kept = Vec::with_capacity(out.len() - first - count + 1);
+    for (i, effect) in out.drain(first..).enumerate() {
+        match effect {
+            Effect::Send(Envelope::Checkpoint(CheckpointMsg::Stage(stage))) => {
+                at.get_or_insert(i);
+                stages.push(stage);
+            }
+            other => kept.push(other),
+        }
+    }
+    let at = at.unwrap_or(0).min(kept.len());
+    kept.insert(
+        at,
+        Effect::Send(Envelope::Checkpoint(CheckpointMsg::Stages(stages))),
+    );
+    out.extend(kept);
+}
+
+impl Coordinator {
+    fn handle_input(
+        &mut self,
+        input: CoordinatorInput,
+        now: Millis,
+        rng: &mut dyn Entropy,
+        out: &mut Vec<Effect>,
+    ) {
         match input {
             CoordinatorInput::Msg(CoordinatorMsg::Accept(spec)) => self.accept(spec, now, rng, out),
             CoordinatorInput::Recovered(rows) => self.recover(*rows, now, rng, out),
@@ -2394,13 +2447,8 @@ impl Machine for Coordinator {
                 self.on_reply(from, reply, now, rng, out);
             }
         }
-        if let Some(run) = self.run.as_mut() {
-            run.flush_decisions(now, out);
-        }
     }
-}
 
-impl Coordinator {
     fn on_follow_up(
         &mut self,
         parent: TaskId,

@@ -430,6 +430,14 @@ pub enum CheckpointMsg {
     /// [`CoordinatorMsg::PersistFailed`] carrying the ticket. Stages of one run commit in the order
     /// they were sent.
     Stage(Stage),
+    /// Several stages of one coordinator decision (every stage one input of the coordinator staged),
+    /// in ticket order: the writer queues them all before it starts a commit, so the writes of one
+    /// decision (a run's creation and its first dispatch of N steps) go into one group commit rather
+    /// than one commit for the first stage and another for the rest.
+    ///
+    /// # Delivery
+    /// As [`CheckpointMsg::Stage`], once per stage.
+    Stages(Vec<Stage>),
 }
 
 /// A coordinator's timers.

@@ -116,10 +116,43 @@ pub struct CommitBatch {
 }
 
 impl CommitBatch {
-    /// Every op of the batch in commit order (what the host stages into one `WriteBatch`).
+    /// Every op of the batch in commit order (what the host stages into one `WriteBatch`), except a
+    /// replacement that a later replacement of the same row in this batch overwrites: a run's
+    /// checkpoint, a run row update, a task row update. Both would land in one transaction under one
+    /// key, so only the last is ever visible, and writing the others is work without effect (a
+    /// dispatch of N steps stages N checkpoints of its run; N results update the run row N times).
     pub fn ops(&self) -> impl Iterator<Item = (RunId, &PersistOp)> {
+        let mut last: std::collections::BTreeMap<(u8, RunId, RunId, u128), usize> =
+            std::collections::BTreeMap::new();
+        for (i, (run, op)) in self.all_ops().enumerate() {
+            if let Some(key) = replaced_row(run, op) {
+                last.insert(key, i);
+            }
+        }
+        self.all_ops()
+            .enumerate()
+            .filter(move |(i, (run, op))| {
+                replaced_row(*run, op).is_none_or(|key| last.get(&key) == Some(i))
+            })
+            .map(|(_, item)| item)
+    }
+
+    /// Every op of the batch in commit order, superseded replacements included.
+    pub fn all_ops(&self) -> impl Iterator<Item = (RunId, &PersistOp)> {
         self.stages
             .iter()
             .flat_map(|s| s.ops.iter().map(move |op| (s.run, op)))
+    }
+}
+
+/// The row an op replaces wholesale, if it is such an op: (kind, the stage's run, the row's own run,
+/// the row's key). The row's own ids are part of it, so an op whose row belongs to another run (which
+/// staging refuses) is never taken for a replacement of this run's row.
+fn replaced_row(run: RunId, op: &PersistOp) -> Option<(u8, RunId, RunId, u128)> {
+    match op {
+        PersistOp::PutCheckpoint(c) => Some((0, run, c.run_id, 0)),
+        PersistOp::UpdateRun(r) => Some((1, run, r.id, 0)),
+        PersistOp::UpdateTask(t) => Some((2, run, t.run_id, t.id.0)),
+        _ => None,
     }
 }

@@ -252,3 +252,112 @@ fn a_permanent_failure_also_fails_the_runs_later_stages() {
         ],
     );
 }
+
+#[test]
+fn the_stages_of_one_decision_go_into_one_commit() {
+    let many = |tickets: &[u64]| {
+        CheckpointInput::Msg(CheckpointMsg::Stages(
+            tickets
+                .iter()
+                .map(|&t| match stage(1, t, 2) {
+                    CheckpointInput::Msg(CheckpointMsg::Stage(s)) => s,
+                    _ => unreachable!(),
+                })
+                .collect(),
+        ))
+    };
+    check(
+        CheckpointConfig::default(),
+        vec![
+            // An idle writer commits all of them at once, not the first alone.
+            (many(&[1, 2, 3]), commit(1, &[1, 2, 3])),
+            (many(&[4, 5]), Seen::default()),
+            (
+                CheckpointInput::Committed(CommitId(base() + 1)),
+                Seen {
+                    durable: vec![1, 2, 3],
+                    commits: vec![(2, vec![4, 5])],
+                    ..Seen::default()
+                },
+            ),
+        ],
+    );
+}
+
+#[test]
+fn a_row_replaced_again_later_in_a_commit_is_written_once() {
+    use keel_store::{Checkpoint, Run, RunStatus};
+    let run = RunId(1);
+    let checkpoint = |n: u64| {
+        PersistOp::PutCheckpoint(Checkpoint {
+            run_id: run,
+            last_completed_step: None,
+            verified_outputs: Vec::new(),
+            pending_work: Vec::new(),
+            correlation_id: format!("c{n}"),
+            state: String::new(),
+            written_ms: n,
+        })
+    };
+    let update = |n: u64| {
+        PersistOp::UpdateRun(Run {
+            id: run,
+            brief: "b".into(),
+            plan: None,
+            status: RunStatus::Running,
+            budget: Default::default(),
+            created_ms: 0,
+            updated_ms: n,
+            config_snapshot: String::new(),
+            outcome: None,
+        })
+    };
+    let manifest = PersistOp::AppendManifest(ManifestEntry {
+        ts_ms: 0,
+        item: "x".into(),
+        task_id: None,
+        outcome: ManifestOutcome::Processed,
+    });
+    let other = RunId(2);
+    let other_checkpoint = PersistOp::PutCheckpoint(Checkpoint {
+        run_id: other,
+        last_completed_step: None,
+        verified_outputs: Vec::new(),
+        pending_work: Vec::new(),
+        correlation_id: "other".into(),
+        state: String::new(),
+        written_ms: 0,
+    });
+    let batch = CommitBatch {
+        id: CommitId(1),
+        stages: vec![
+            Stage {
+                run,
+                ticket: 1,
+                ops: vec![update(1), manifest.clone(), checkpoint(1)],
+            },
+            Stage {
+                run: other,
+                ticket: 1,
+                ops: vec![other_checkpoint.clone()],
+            },
+            Stage {
+                run,
+                ticket: 2,
+                ops: vec![manifest.clone(), checkpoint(2), update(2)],
+            },
+        ],
+    };
+    let ops: Vec<(RunId, PersistOp)> = batch.ops().map(|(r, op)| (r, op.clone())).collect();
+    assert_eq!(
+        ops,
+        vec![
+            (run, manifest.clone()),
+            (other, other_checkpoint),
+            (run, manifest),
+            (run, checkpoint(2)),
+            (run, update(2)),
+        ]
+    );
+    assert_eq!(batch.all_ops().count(), 7);
+}

@@ -71,6 +71,10 @@ enum Ev {
     Spawn {
         node: NodeId,
         start: Box<SpecialistStart>,
+        /// The worker's incarnation the spawn was addressed to (the attempt's epoch on that worker):
+        /// a copy that arrives after the worker restarted is refused, since the restarted worker
+        /// cannot know whether the attempt's first copy already started a session there.
+        inc: u32,
     },
     /// A specialist's context request arrives at the coordinator node.
     ContextRequest {
@@ -119,7 +123,7 @@ impl Ev {
                     spec_input_name(input)
                 )
             }
-            Ev::Spawn { node, start } => {
+            Ev::Spawn { node, start, .. } => {
                 write!(s, "spawn-arrives {node} {}", attempt_short(&start.attempt))
             }
             Ev::ContextRequest { node, attempt, .. } => {
@@ -228,6 +232,11 @@ fn ckpt_input_name(i: &CheckpointInput) -> String {
         CheckpointInput::Msg(keel_actors::CheckpointMsg::Stage(s)) => {
             format!("stage {} #{}", short(s.run.0), s.ticket)
         }
+        CheckpointInput::Msg(keel_actors::CheckpointMsg::Stages(stages)) => {
+            let tickets: Vec<String> = stages.iter().map(|s| format!("#{}", s.ticket)).collect();
+            let run = stages.first().map_or(0, |s| s.run.0);
+            format!("stages {} {}", short(run), tickets.join(","))
+        }
         CheckpointInput::Committed(id) => format!("committed {}", id.0),
         CheckpointInput::CommitFailed { id, .. } => format!("commit-failed {}", id.0),
         CheckpointInput::Timer(t) => format!("timer {t:?}"),
@@ -323,6 +332,9 @@ pub struct RunReport {
     /// Store commits attempted (one write transaction each, failed ones included): the unit of the
     /// simulator's cost, reported next to events by the soak.
     pub commits: u64,
+    /// Spawn messages refused because they were addressed to an earlier incarnation of their worker
+    /// (a late copy reaching a restarted worker).
+    pub stale_spawns_refused: u64,
 }
 
 /// The simulated world of one seed.
@@ -350,6 +362,7 @@ pub struct World {
     healed: bool,
     disk_fault_armed: Option<crate::config::DiskFault>,
     spawn_cursor: usize,
+    stale_spawns_refused: u64,
     coord_effects: Vec<Effect>,
     spec_effects: Vec<SpecialistEffect>,
 }
@@ -403,6 +416,7 @@ impl World {
                     coord_effects: 0,
                     runs_final: BTreeMap::new(),
                     commits: 0,
+                    stale_spawns_refused: 0,
                 }));
             }
         };
@@ -444,6 +458,7 @@ impl World {
             healed: false,
             disk_fault_armed: None,
             spawn_cursor: 0,
+            stale_spawns_refused: 0,
             coord_effects: Vec::new(),
             spec_effects: Vec::new(),
             config,
@@ -528,6 +543,7 @@ impl World {
             coord_effects: self.effects_executed,
             runs_final,
             commits: self.commits,
+            stale_spawns_refused: self.stale_spawns_refused,
         }
     }
 
@@ -593,7 +609,7 @@ impl World {
                 }
                 self.deliver_spec(node, attempt, input);
             }
-            Ev::Spawn { node, start } => self.spawn_arrives(node, *start),
+            Ev::Spawn { node, start, inc } => self.spawn_arrives(node, *start, inc),
             Ev::ContextRequest {
                 node,
                 attempt,
@@ -725,12 +741,16 @@ impl World {
                 if let Some(c) = &mut self.coord {
                     c.placement.insert(start.attempt, node);
                 }
+                // The coordinator node addresses the worker's current incarnation (a cluster node
+                // event tells it of a crash at once).
+                let inc = self.workers[usize::from(node.0) - 1].inc;
                 if let Some((first, second)) = self.route(NodeId::COORDINATOR, node) {
                     self.schedule(
                         first,
                         Ev::Spawn {
                             node,
                             start: Box::new(start.clone()),
+                            inc,
                         },
                     );
                     if let Some(second) = second {
@@ -739,6 +759,7 @@ impl World {
                             Ev::Spawn {
                                 node,
                                 start: Box::new(start),
+                                inc,
                             },
                         );
                     }
@@ -918,8 +939,16 @@ impl World {
 
     // ----- workers -----
 
-    fn spawn_arrives(&mut self, node: NodeId, start: SpecialistStart) {
+    fn spawn_arrives(&mut self, node: NodeId, start: SpecialistStart, inc: u32) {
         let w = &mut self.workers[usize::from(node.0) - 1];
+        if w.up && inc != w.inc {
+            // Addressed to an earlier incarnation of this worker: a late copy of a spawn the worker
+            // may have hosted before it crashed (its memory of that is gone, the session may have
+            // run). Refused: the supervisor's deadline or down-detection already took the attempt
+            // over, and the coordinator runs the step again as a new attempt with a new key.
+            self.stale_spawns_refused += 1;
+            return;
+        }
         if !w.up
             || w.hosted_ever.contains(&start.attempt)
             || w.hosted_ever.len() >= HOSTED_REMEMBERED_MAX

@@ -431,3 +431,44 @@ fn scenario_3_crash_at_every_effect_boundary_part_2() {
 fn scenario_3_crash_at_every_effect_boundary_part_3() {
     crash_at_every_boundary(3, 4);
 }
+
+/// A late copy of a spawn reaching a worker that crashed and restarted in between must not start a
+/// second session of the attempt: the restarted worker has forgotten what it hosted, and the first
+/// copy may already have started (or finished) a session with the attempt's idempotency key. Every
+/// remote message is duplicated with a wide latency spread, and the one worker crashes for 1 ms at
+/// a range of moments around the first spawn; the checker fails any key started twice (invariant 2),
+/// and at least one of these worlds must actually deliver a stale copy to a restarted worker.
+#[test]
+fn late_duplicate_spawn_at_a_restarted_worker_starts_no_second_session() {
+    let mut stale = 0;
+    for crash_at in (20..400).step_by(20) {
+        let run_id = rid(7);
+        let spec = run_spec(
+            run_id,
+            "late spawn",
+            plan(vec![step("a", &[], None, 1_000)]),
+            None,
+        );
+        let mut config = WorldConfig::calm(7, vec![spec]);
+        config.workers = 1;
+        let mut profile = keel_sim::profile::FaultProfile::calm();
+        profile.latency_ms_min = 1;
+        profile.latency_ms_max = 400;
+        profile.duplicate_ppm = keel_sim::rng::PPM_ONE;
+        config.profile = Some(profile);
+        config.interventions.push((
+            crash_at,
+            Intervention::Crash {
+                node: NodeId(1),
+                down_ms: 1,
+            },
+        ));
+        let report = check(config);
+        stale += report.stale_spawns_refused;
+        assert_eq!(status(&report, run_id), RunStatus::Completed);
+    }
+    assert!(
+        stale > 0,
+        "no world delivered a late spawn to a restarted worker"
+    );
+}

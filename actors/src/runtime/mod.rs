@@ -299,7 +299,18 @@ impl Runtime {
             entropy: Mutex::new(entropy),
             started_keys: Mutex::new(BTreeSet::new()),
             sessions_started: AtomicU64::new(0),
+            writer: OnceLock::new(),
         });
+        let (writes, batches) = std::sync::mpsc::channel();
+        let weak = Arc::downgrade(&node);
+        std::thread::Builder::new()
+            .name("keel-store-writer".into())
+            .spawn(move || node::store_writer(weak, batches))
+            .map_err(|e| RuntimeError::Spawn {
+                what: "store writer",
+                detail: e.to_string(),
+            })?;
+        let _ = node.writer.set(writes);
         let (checkpoint, _) = Actor::spawn(
             None,
             Host::new(CheckpointRole {
