@@ -348,8 +348,17 @@ impl Specialist {
                         out,
                     );
                 }
-                let summary = format!("usage: {} tokens, {} micros", total.total_tokens(), spent);
-                self.log(LogKind::Usage, summary, String::new(), now, out);
+                // The row is the durable record of a session's usage (a task has no token fields):
+                // the summary for people, the detail as the counts' JSON for tools.
+                let summary = format!(
+                    "usage: {} in / {} out tokens ({} billed), {} micros",
+                    total.input_tokens,
+                    total.output_tokens,
+                    total.total_tokens(),
+                    spent
+                );
+                let detail = serde_json::to_string(&total).unwrap_or_default();
+                self.log(LogKind::Usage, summary, detail, now, out);
             }
             HarnessEvent::Finished {
                 stop_reason,

@@ -8,8 +8,8 @@ use serde_json::Value;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-/// `keel run` in a fresh folder with `args` before the brief; returns (stdout, stderr).
-fn run_keel(log_filter: &str, args: &[&str]) -> (String, String) {
+/// `keel run` in a fresh folder with `args` before the brief; returns (folder, stdout, stderr).
+fn run_keel(log_filter: &str, args: &[&str]) -> (tempfile::TempDir, String, String) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("main.rs"), "// TODO: all\nfn main() {}\n").unwrap();
     let mut cmd = keel(dir.path()).unwrap();
@@ -20,7 +20,7 @@ fn run_keel(log_filter: &str, args: &[&str]) -> (String, String) {
         .wait_output(Duration::from_secs(120))
         .unwrap();
     assert!(status.success(), "keel run failed: {status}\n{out}\n{err}");
-    (out, err)
+    (dir, out, err)
 }
 
 /// The value of `field` in the span named `name` of a JSON log line's span list.
@@ -64,7 +64,7 @@ fn tokens_of(text: &str) -> (u64, u64) {
 
 #[test]
 fn json_logs_are_one_object_a_line_inside_the_run_and_task_spans() {
-    let (out, err) = run_keel("debug", &["--log-format", "json"]);
+    let (_dir, out, err) = run_keel("debug", &["--log-format", "json"]);
     let run = out
         .lines()
         .find_map(|l| l.strip_prefix("run ")?.split_whitespace().next())
@@ -136,7 +136,7 @@ fn json_logs_are_one_object_a_line_inside_the_run_and_task_spans() {
 
 #[test]
 fn plain_progress_shows_each_specialists_tokens_and_the_summary_their_totals() {
-    let (out, err) = run_keel("warn", &[]);
+    let (dir, out, err) = run_keel("warn", &[]);
     assert!(err.trim().is_empty(), "nothing to warn about: {err}");
     let reports: Vec<&str> = out.lines().filter(|l| l.starts_with("report ")).collect();
     assert_eq!(reports.len(), 4, "{out}");
@@ -160,11 +160,55 @@ fn plain_progress_shows_each_specialists_tokens_and_the_summary_their_totals() {
         .find(|l| l.starts_with("finished "))
         .unwrap_or_else(|| panic!("no finished line in {out}"));
     assert_eq!(tokens_of(finished), (input, output), "{finished}");
+
+    // The store's record: each subtask's last usage row carries the same counts as JSON.
+    let run = out
+        .lines()
+        .find_map(|l| l.strip_prefix("run ")?.split_whitespace().next())
+        .unwrap()
+        .to_string();
+    let tasks = keel(dir.path())
+        .unwrap()
+        .args(["--json", "tasks", "--run", &run])
+        .output()
+        .unwrap();
+    let tasks: Value = serde_json::from_slice(&tasks.stdout).unwrap();
+    let ids: Vec<String> = tasks
+        .as_array()
+        .or_else(|| tasks.get("tasks").and_then(Value::as_array))
+        .unwrap_or_else(|| panic!("unexpected tasks json: {tasks}"))
+        .iter()
+        .filter(|t| t.get("kind").and_then(Value::as_str) == Some("Subtask"))
+        .filter_map(|t| t.get("id").and_then(Value::as_str).map(str::to_string))
+        .collect();
+    assert_eq!(ids.len(), 4, "{tasks}");
+    let (mut stored_in, mut stored_out) = (0, 0);
+    for id in ids {
+        let logs = keel(dir.path())
+            .unwrap()
+            .args(["--json", "logs", &id])
+            .output()
+            .unwrap();
+        let logs: Value = serde_json::from_slice(&logs.stdout).unwrap();
+        let usage = logs["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|r| r["kind"] == "usage")
+            .unwrap_or_else(|| panic!("no usage row in {logs}"));
+        let counts: Value = serde_json::from_str(usage["detail"].as_str().unwrap()).unwrap();
+        stored_in += counts["input_tokens"].as_u64().unwrap();
+        stored_out += counts["output_tokens"].as_u64().unwrap();
+        let summary = usage["summary"].as_str().unwrap();
+        assert!(summary.starts_with("usage: "), "{summary}");
+    }
+    assert_eq!((stored_in, stored_out), (input, output), "{out}");
 }
 
 #[test]
 fn the_json_summary_carries_the_usage_totals() {
-    let (out, _) = run_keel("warn", &["--json"]);
+    let (_dir, out, _) = run_keel("warn", &["--json"]);
     let summary: Value = serde_json::from_str(out.trim())
         .unwrap_or_else(|e| panic!("the summary is not one JSON object ({e}): {out}"));
     let usage = &summary["usage"];
