@@ -13,8 +13,8 @@ use crate::ids::{AttemptId, mint_task_id};
 use crate::machine::{Entropy, Machine, Millis};
 use crate::message::{
     Assignment, CheckpointMsg, CoordinatorInput, CoordinatorMsg, CoordinatorTimer, DelegationCall,
-    LifecycleEvent, RecoveredRun, Refusal, RunMode, RunSpec, SpawnRequest, SpecialistMsg,
-    SpecialistReply, SupervisorMsg, Verdict,
+    FOLLOW_UP_BYTES_MAX, FollowUpRequest, LifecycleEvent, RecoveredRun, Refusal, RunMode, RunSpec,
+    SpawnRequest, SpecialistMsg, SpecialistReply, SupervisorMsg, Verdict,
 };
 use crate::persist::{PersistOp, STAGE_OPS_MAX, Stage};
 use crate::plan::{PLAN_STEPS_MAX, Plan, PlanStep, validate};
@@ -124,6 +124,8 @@ struct Step {
     last_failure: Option<SubtaskFailure>,
     /// For a follow-up: the task whose thread it continues (its parent is that thread's newest task).
     thread: Option<TaskId>,
+    /// For a follow-up: the id its task takes, when the host chose one.
+    preset: Option<TaskId>,
     /// The kind of the last admission refusal logged for this step.
     last_refusal: Option<&'static str>,
 }
@@ -150,6 +152,7 @@ impl Step {
             call_id: None,
             last_failure: None,
             thread: None,
+            preset: None,
             last_refusal: None,
         }
     }
@@ -257,6 +260,10 @@ pub struct StepSnapshot {
     /// For a lead's delegation: the lead's call id.
     #[serde(default)]
     pub call_id: Option<String>,
+    /// For a follow-up: the task id the host chose for it (kept so a follow-up queued before a
+    /// crash still takes it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preset: Option<TaskId>,
 }
 
 /// One line of a synthesis' coverage table.
@@ -471,6 +478,7 @@ impl RunState {
                         _ => None,
                     },
                     thread: s.thread,
+                    preset: s.preset,
                     call_id: s.call_id.clone(),
                 })
                 .collect(),
@@ -553,6 +561,51 @@ impl RunState {
                 ops,
             },
         ))));
+    }
+
+    /// Queue a follow-up step on the thread of `request.parent` (it starts when the thread is free:
+    /// see [`ready_follow_ups`]). Returns whether it was queued; a refusal is a logged decision.
+    fn queue_follow_up(&mut self, request: FollowUpRequest, estimate: u64, now: Millis) -> bool {
+        let FollowUpRequest {
+            parent,
+            brief,
+            agent,
+            task,
+        } = request;
+        let known = parent == self.root.id || self.by_task.contains_key(&parent);
+        let taken = task.is_some_and(|t| {
+            self.tasks.contains_key(&t) || self.steps.iter().any(|s| s.preset == Some(t))
+        });
+        if !known || taken || self.phase != Phase::Running || self.steps.len() >= PLAN_STEPS_MAX {
+            self.decide(
+                now,
+                format!("follow-up on {parent} refused: not a task of this run, its task id is taken, the run is not running, or the step bound is reached"),
+            );
+            return false;
+        }
+        let n = self.steps.iter().filter(|s| s.thread.is_some()).count() + 1;
+        let key = format!("f{n}");
+        self.decide(
+            now,
+            format!("follow-up {key} queued on the thread of {parent}"),
+        );
+        let mut step = Step::new(
+            PlanStep {
+                key,
+                brief: bounded(brief.clone(), FOLLOW_UP_BYTES_MAX),
+                goal: bounded(brief, TEXT_BYTES_MAX),
+                quality_criteria: Vec::new(),
+                output_schema: None,
+                assignee: agent,
+                depends_on: Vec::new(),
+                estimate_micros: estimate,
+            },
+            Vec::new(),
+        );
+        step.thread = Some(parent);
+        step.preset = task;
+        self.steps.push(step);
+        true
     }
 
     fn flush_decisions(&mut self, now: Millis, out: &mut Vec<Effect>) {
@@ -1017,7 +1070,10 @@ impl Coordinator {
                 // A follow-up continues its thread: its parent is the thread's newest task, and its
                 // session gets the standard preamble built from that parent and its ancestors.
                 Some(parent) => (
-                    mint_task_id(now, rng),
+                    run.steps[index]
+                        .preset
+                        .filter(|t| !run.tasks.contains_key(t))
+                        .unwrap_or_else(|| mint_task_id(now, rng)),
                     1,
                     TaskKind::FollowUp,
                     Some(parent),
@@ -1829,6 +1885,7 @@ impl Coordinator {
     fn recover(
         &mut self,
         rows: RecoveredRun,
+        follow_up: Option<FollowUpRequest>,
         now: Millis,
         rng: &mut dyn Entropy,
         out: &mut Vec<Effect>,
@@ -1848,6 +1905,9 @@ impl Coordinator {
             let status = row.status;
             let mut state = empty_state(row, now);
             state.phase = Phase::Done(status);
+            // A follow-up that came with these rows is dropped with them: a terminal coordinator
+            // writes nothing (a host reopens a run by marking it running before it sends its rows).
+            let _ = follow_up;
             self.run = Some(state);
             return;
         }
@@ -1946,6 +2006,7 @@ impl Coordinator {
             let step = &mut state.steps[i];
             step.thread = snap.thread;
             step.call_id = snap.call_id.clone();
+            step.preset = snap.preset;
             step.tasks = snap.tasks.clone();
             step.task = snap.tasks.last().copied();
             step.attempts_total = snap.attempts_total;
@@ -2051,6 +2112,12 @@ impl Coordinator {
             },
             out,
         );
+        if let Some(f) = follow_up {
+            // Queued before anything moves: a run whose steps are all done would otherwise end
+            // again at once, before the follow-up is part of it.
+            let estimate = self.config.default_estimate_micros;
+            state.queue_follow_up(f, estimate, now);
+        }
         // Steps that were dispatched run again; a recovered lead's delegations that never started start
         // now (their turn is already active).
         let resume: Vec<usize> = state
@@ -2326,7 +2393,10 @@ impl Coordinator {
     ) {
         match input {
             CoordinatorInput::Msg(CoordinatorMsg::Accept(spec)) => self.accept(spec, now, rng, out),
-            CoordinatorInput::Recovered(rows) => self.recover(*rows, now, rng, out),
+            CoordinatorInput::Recovered(rows) => self.recover(*rows, None, now, rng, out),
+            CoordinatorInput::Reopened { rows, follow_up } => {
+                self.recover(*rows, Some(follow_up), now, rng, out);
+            }
             CoordinatorInput::Msg(CoordinatorMsg::Durable { ticket }) => {
                 self.on_durable(ticket, now, rng, out);
             }
@@ -2434,7 +2504,16 @@ impl Coordinator {
                 parent,
                 brief,
                 agent,
-            }) => self.on_follow_up(parent, brief, agent, now, rng, out),
+                task,
+            }) => {
+                let request = FollowUpRequest {
+                    parent,
+                    brief,
+                    agent,
+                    task,
+                };
+                self.on_follow_up(request, now, rng, out);
+            }
             CoordinatorInput::Msg(CoordinatorMsg::Cancel { reason }) => {
                 self.finish_with(
                     RunStatus::Cancelled,
@@ -2451,9 +2530,7 @@ impl Coordinator {
 
     fn on_follow_up(
         &mut self,
-        parent: TaskId,
-        brief: String,
-        agent: Option<String>,
+        request: FollowUpRequest,
         now: Millis,
         rng: &mut dyn Entropy,
         out: &mut Vec<Effect>,
@@ -2462,36 +2539,9 @@ impl Coordinator {
         let Some(run) = self.run.as_mut() else {
             return;
         };
-        let known = parent == run.root.id || run.by_task.contains_key(&parent);
-        if !known || run.phase != Phase::Running || run.steps.len() >= PLAN_STEPS_MAX {
-            run.decide(
-                now,
-                format!("follow-up on {parent} refused: not a task of this run, the run is not running, or the step bound is reached"),
-            );
-            return;
+        if run.queue_follow_up(request, estimate, now) {
+            self.advance(now, rng, out);
         }
-        let n = run.steps.iter().filter(|s| s.thread.is_some()).count() + 1;
-        let key = format!("f{n}");
-        run.decide(
-            now,
-            format!("follow-up {key} queued on the thread of {parent}"),
-        );
-        let mut step = Step::new(
-            PlanStep {
-                key,
-                brief: bounded(brief.clone(), 64 * 1024),
-                goal: bounded(brief, TEXT_BYTES_MAX),
-                quality_criteria: Vec::new(),
-                output_schema: None,
-                assignee: agent,
-                depends_on: Vec::new(),
-                estimate_micros: estimate,
-            },
-            Vec::new(),
-        );
-        step.thread = Some(parent);
-        run.steps.push(step);
-        self.advance(now, rng, out);
     }
 
     fn on_admission(

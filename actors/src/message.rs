@@ -271,14 +271,17 @@ pub enum CoordinatorMsg {
     /// # Delivery
     /// Local cast from the host (API, or a worker relaying a user's message). Not idempotent: each is a
     /// new follow-up. Refused (a logged decision) when `parent` is not a task of this run, when the run
-    /// is no longer running, or past the step bound.
+    /// is no longer running, when `task` names a task that exists, or past the step bound.
     FollowUp {
         /// The task the thread started from.
         parent: TaskId,
-        /// The follow-up message, verbatim.
+        /// The follow-up message, verbatim (cut to [`FOLLOW_UP_BYTES_MAX`]).
         brief: String,
         /// The agent to ask for; `None` lets the supervisor pick.
         agent: Option<String>,
+        /// The id the follow-up's task takes, chosen by the host so it can find the task afterwards;
+        /// `None` lets the coordinator mint one.
+        task: Option<TaskId>,
     },
     /// An operator cancels the run.
     ///
@@ -502,6 +505,35 @@ pub enum CoordinatorInput {
     Timer(CoordinatorTimer),
     /// The node restarted: rebuild from these rows and continue without re-running acknowledged work.
     Recovered(Box<RecoveredRun>),
+    /// A run that no coordinator hosts (it ended, or it is paused) takes a follow-up: rebuild from
+    /// these rows exactly as [`CoordinatorInput::Recovered`] does and queue the follow-up before
+    /// anything moves, so a finished run does not end again before it has it. The host marks the run
+    /// running again (durably) before it sends this; rows of a terminal run are refused as
+    /// `Recovered` refuses them. The run ends again, with a synthesis over every step (the follow-up
+    /// included), once the follow-up and anything left of the run are done.
+    Reopened {
+        /// The run's rows, as for a recovery.
+        rows: Box<RecoveredRun>,
+        /// The follow-up to queue.
+        follow_up: FollowUpRequest,
+    },
+}
+
+/// Most bytes of a follow-up message: the task's rendered brief (the message, its goal, the run's
+/// constraints and the report instruction) must stay under the store's 64 KiB brief limit.
+pub const FOLLOW_UP_BYTES_MAX: usize = 32 * 1024;
+
+/// A follow-up as a host asks for it (the fields of [`CoordinatorMsg::FollowUp`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FollowUpRequest {
+    /// The task the thread started from.
+    pub parent: TaskId,
+    /// The follow-up message, verbatim (cut to [`FOLLOW_UP_BYTES_MAX`]).
+    pub brief: String,
+    /// The agent to ask for; `None` lets the supervisor pick.
+    pub agent: Option<String>,
+    /// The id the follow-up's task takes; `None` lets the coordinator mint one.
+    pub task: Option<TaskId>,
 }
 
 /// Everything that can happen to a supervisor.

@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use keel_actors::*;
 use keel_harness::{HarnessError, HarnessEvent, StopReason};
-use keel_store::{RunStatus, TaskKind, TaskStatus};
+use keel_store::{RunStatus, TaskId, TaskKind, TaskStatus};
 
 struct Expect<'a> {
     status: RunStatus,
@@ -528,6 +528,7 @@ fn follow_ups_chain_on_their_thread_with_a_preamble_even_across_a_worker_restart
                 parent: root,
                 brief: format!("follow-up number {i}"),
                 agent: Some("beta".into()),
+                task: None,
             })));
     }
     // Restart the worker of the fourth follow-up mid-session.
@@ -718,4 +719,109 @@ fn recovering_a_finished_run_runs_nothing() {
         sessions,
         "no session started after recovering a finished run"
     );
+}
+
+/// The subtask task of step `key` (its brief starts with `do KEY`).
+fn task_of(w: &World, key: &str) -> keel_store::Task {
+    w.store
+        .tasks
+        .values()
+        .find(|t| t.kind == TaskKind::Subtask && t.brief.starts_with(&format!("do {key}")))
+        .cloned()
+        .unwrap()
+}
+
+#[test]
+fn a_finished_run_reopened_for_a_follow_up_runs_only_the_follow_up_and_ends_again() {
+    let mut w = World::new(World::default_agents(), ok_script());
+    w.submit(
+        RunMode::Plan(plan(vec![step("a", &[]), step("b", &[])])),
+        None,
+    );
+    w.run(100_000);
+    assert_eq!(w.run_status(), Some(RunStatus::Completed));
+    let sessions = w.specs.len();
+    let a = task_of(&w, "a");
+    let preset = TaskId(0x0192_0000_0000_0000_0000_0000_0000_0042);
+    w.reopen(FollowUpRequest {
+        parent: a.id,
+        brief: "and what about the tests?".into(),
+        agent: Some("beta".into()),
+        task: Some(preset),
+    });
+    w.run(100_000);
+    assert_eq!(
+        w.run_status(),
+        Some(RunStatus::Completed),
+        "{:#?}",
+        w.decisions()
+    );
+    assert_eq!(w.specs.len(), sessions + 1, "only the follow-up ran");
+    let (attempt, spec) = w.specs.last().unwrap();
+    assert_eq!(
+        attempt.task, preset,
+        "the follow-up took the host's task id"
+    );
+    assert!(spec.prompt.contains("<keel-context"), "{}", spec.prompt);
+    assert!(
+        spec.prompt.contains("do a"),
+        "the preamble carries the parent's brief: {}",
+        spec.prompt
+    );
+    let f = &w.store.tasks[&preset];
+    assert_eq!(f.kind, TaskKind::FollowUp);
+    assert_eq!(f.parent, Some(a.id));
+    assert_eq!(f.status, TaskStatus::Complete);
+    assert_eq!(f.model.as_deref(), Some("model-b"), "from the assignee");
+    // The new synthesis covers the follow-up too.
+    let outcome = w.store.runs[&w.run].outcome.clone().unwrap();
+    let synthesis: keel_actors::Synthesis = serde_json::from_str(&outcome).unwrap();
+    let steps: Vec<&str> = synthesis.coverage.iter().map(|c| c.step.as_str()).collect();
+    assert_eq!(steps, vec!["a", "b", "f1"]);
+}
+
+#[test]
+fn a_follow_up_on_a_task_the_run_does_not_know_is_refused_and_the_run_ends_again() {
+    let mut w = World::new(World::default_agents(), ok_script());
+    w.submit(RunMode::Plan(plan(vec![step("a", &[])])), None);
+    w.run(100_000);
+    let sessions = w.specs.len();
+    w.reopen(FollowUpRequest {
+        parent: TaskId(7),
+        brief: "hello?".into(),
+        agent: None,
+        task: None,
+    });
+    w.run(100_000);
+    assert_eq!(w.run_status(), Some(RunStatus::Completed));
+    assert_eq!(w.specs.len(), sessions, "nothing ran");
+    assert!(
+        w.decisions().iter().any(|d| d.contains("refused")),
+        "{:#?}",
+        w.decisions()
+    );
+}
+
+#[test]
+fn rows_of_a_terminal_run_with_a_follow_up_give_a_terminal_coordinator_that_runs_nothing() {
+    let mut w = World::new(World::default_agents(), ok_script());
+    w.submit(RunMode::Plan(plan(vec![step("a", &[])])), None);
+    w.run(100_000);
+    let sessions = w.specs.len();
+    let a = task_of(&w, "a");
+    // The host did not mark the run running: the rows still say Completed.
+    w.coordinator = Coordinator::new(CoordinatorConfig::default());
+    let rows = w.store.recovered(w.run);
+    w.queue.push_back(Ev::Coord(CoordinatorInput::Reopened {
+        rows: Box::new(rows),
+        follow_up: FollowUpRequest {
+            parent: a.id,
+            brief: "more".into(),
+            agent: None,
+            task: None,
+        },
+    }));
+    w.run(100_000);
+    assert!(w.coordinator.is_terminal());
+    assert_eq!(w.specs.len(), sessions);
 }

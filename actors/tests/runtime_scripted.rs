@@ -246,3 +246,267 @@ async fn a_killed_specialist_is_seen_through_its_link_and_restarted() {
     drop(handle);
     rt.shutdown().await;
 }
+
+/// A follow-up message the scripted model carries out with its own tool call (a `CALL_TOOL:` line is
+/// looked for before any `RUN_TOOL:` line, so the parent's command in the preamble is not run): the
+/// command prints a report naming the session's own subtask id.
+fn follow_up_message(claim: &str) -> String {
+    let command = format!(
+        "printf '{{\"subtask_id\":\"%s\",\"status\":\"complete\",\"findings\":[{{\"claim\":\"{claim}\",\"source\":\"printf\",\"confidence_permille\":900}}],\"gaps\":[],\"summary\":\"follow-up\"}}' \"${}\" >&2",
+        keel_actors::runtime::SUBTASK_ID_ENV
+    );
+    format!(
+        "Now answer this too.\nCALL_TOOL: bash {}",
+        serde_json::json!({ "command": command })
+    )
+}
+
+/// Two scripted profiles with different models, so a derived task's model shows where it came from.
+fn two_agents(work: &std::path::Path) -> RuntimeConfig {
+    let mut c = config(work);
+    let mut second = c.supervisor.agents[0].clone();
+    second.name = "second".into();
+    second.model = "scripted-2".into();
+    c.supervisor.agents.push(second);
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_run_takes_follow_ups_on_a_thread_and_ends_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let store = open(dir.path());
+    let (rt, _events) = Runtime::start(store.clone(), harnesses(), two_agents(&work))
+        .await
+        .unwrap();
+    let mut plan = scripted::fan_out_plan(1, |_| "echo first answer".to_string()).unwrap();
+    plan.steps[0].assignee = Some("scripted".into());
+    let handle = rt
+        .submit("a thread".into(), RunMode::Plan(plan), None, "test".into())
+        .await
+        .unwrap();
+    let run = handle.id();
+    let first = handle.finished().await.unwrap();
+    assert_eq!(first.status, RunStatus::Completed, "{}", first.outcome);
+    let origin = store
+        .run(run)
+        .tasks(None, 100)
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|t| t.kind == TaskKind::Subtask)
+        .unwrap();
+
+    // The run is terminal and not hosted: the follow-up reopens it.
+    let f1 = rt
+        .follow_up(origin.id, &follow_up_message("one more thing"), None)
+        .await
+        .unwrap();
+    assert!(f1.reopened());
+    assert_eq!(f1.run(), run);
+    let f1_task = f1.task();
+    let done = tokio::time::timeout(Duration::from_secs(60), f1.finished())
+        .await
+        .expect("the follow-up finishes")
+        .unwrap();
+    assert!(done.completed(), "{done:?}");
+    assert_eq!(done.task.id, f1_task);
+    assert_eq!(done.task.kind, TaskKind::FollowUp);
+    assert_eq!(done.task.parent, Some(origin.id));
+    assert_eq!(done.run.status, RunStatus::Completed);
+    assert_eq!(
+        store.catalog().run(run).unwrap().status,
+        RunStatus::Completed
+    );
+
+    // A second one on the same thread, on the other profile: its parent is the thread's newest task
+    // (the first follow-up), its model is its assignee's.
+    let f2 = rt
+        .follow_up(origin.id, &follow_up_message("and another"), Some("second"))
+        .await
+        .unwrap();
+    let done2 = tokio::time::timeout(Duration::from_secs(60), f2.finished())
+        .await
+        .expect("the second follow-up finishes")
+        .unwrap();
+    assert!(done2.completed(), "{done2:?}");
+    assert_eq!(done2.task.parent, Some(f1_task));
+    assert_eq!(done2.task.assignee.as_deref(), Some("second"));
+    assert_eq!(done2.task.model.as_deref(), Some("scripted-2"));
+    assert_eq!(origin.model.as_deref(), Some("scripted-1"));
+    // Only the follow-ups ran: no acknowledged step ran again.
+    assert_eq!(rt.sessions_started(), 3);
+    // The run's new synthesis covers both follow-ups. (The scripted model acts on the first tool
+    // instruction it reads, and the second follow-up's preamble carries the first one's brief, so
+    // both report the first one's claim; each under its own subtask id, which the specialist
+    // verified.)
+    let synthesis: Synthesis = serde_json::from_str(&done2.run.outcome).unwrap();
+    let coverage: Vec<(&str, &str)> = synthesis
+        .coverage
+        .iter()
+        .map(|c| (c.step.as_str(), c.status.as_str()))
+        .collect();
+    assert_eq!(
+        coverage,
+        vec![
+            ("part-000", "complete"),
+            ("f1", "complete"),
+            ("f2", "complete")
+        ]
+    );
+    let claims: Vec<&str> = synthesis
+        .findings
+        .iter()
+        .map(|f| f.finding.claim.as_str())
+        .collect();
+    assert!(claims.contains(&"one more thing"), "{claims:?}");
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follow_up_joins_a_run_this_runtime_hosts() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let store = open(dir.path());
+    let gate = work.join("gate");
+    let plan = scripted::fan_out_plan(2, |i| {
+        if i == 0 {
+            "echo quick".to_string()
+        } else {
+            format!(
+                "for n in $(seq 1 300); do [ -e {} ] && break; sleep 0.05; done; echo slow",
+                gate.display()
+            )
+        }
+    })
+    .unwrap();
+    let (rt, mut events) = Runtime::start(store.clone(), harnesses(), config(&work))
+        .await
+        .unwrap();
+    let handle = rt
+        .submit("hosted".into(), RunMode::Plan(plan), None, "test".into())
+        .await
+        .unwrap();
+    let quick = loop {
+        match tokio::time::timeout(Duration::from_secs(30), events.recv()).await {
+            Ok(Some(RuntimeEvent::Report { attempt, step, .. })) if step == "part-000" => {
+                break attempt.task;
+            }
+            Ok(Some(_)) => {}
+            other => panic!("no report: {other:?}"),
+        }
+    };
+    let follow = rt
+        .follow_up(quick, &follow_up_message("while it runs"), None)
+        .await
+        .unwrap();
+    assert!(!follow.reopened(), "the run is hosted here: it is joined");
+    std::fs::write(&gate, "open").unwrap();
+    let done = tokio::time::timeout(Duration::from_secs(60), follow.finished())
+        .await
+        .expect("the run ends")
+        .unwrap();
+    assert!(done.completed(), "{done:?}");
+    assert_eq!(done.task.parent, Some(quick));
+    let outcome = handle.finished().await.unwrap();
+    assert_eq!(outcome.status, RunStatus::Completed);
+    assert_eq!(rt.sessions_started(), 3);
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follow_ups_that_cannot_be_served_are_refused_with_typed_errors() {
+    use keel_actors::runtime::RuntimeError;
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let store = open(dir.path());
+    let gate = work.join("gate");
+    let (rt, _events) = Runtime::start(store.clone(), harnesses(), config(&work))
+        .await
+        .unwrap();
+    let plan = scripted::fan_out_plan(1, |_| {
+        format!(
+            "for n in $(seq 1 600); do [ -e {} ] && break; sleep 0.05; done; echo late",
+            gate.display()
+        )
+    })
+    .unwrap();
+    let handle = rt
+        .submit("held".into(), RunMode::Plan(plan), None, "test".into())
+        .await
+        .unwrap();
+    let run = handle.id();
+    let root = keel_tests_wait_root(&store, run).await;
+    let message = follow_up_message("x");
+
+    let e = rt
+        .follow_up(keel_store::TaskId(42), &message, None)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, RuntimeError::UnknownTask(_)), "{e}");
+    let e = rt
+        .follow_up(root, &message, Some("nobody"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, RuntimeError::UnknownAgent { name, known } if name == "nobody" && known == &["scripted".to_string()]),
+        "{e}"
+    );
+    let e = rt.follow_up(root, " \n\t", None).await.unwrap_err();
+    assert!(matches!(e, RuntimeError::EmptyMessage), "{e}");
+    let big = "x".repeat(keel_actors::FOLLOW_UP_BYTES_MAX + 1);
+    let e = rt.follow_up(root, &big, None).await.unwrap_err();
+    assert!(matches!(e, RuntimeError::MessageTooLarge { .. }), "{e}");
+
+    // Another runtime on the same store does not host the run, which is still running.
+    let (other, _e) = Runtime::start(store.clone(), harnesses(), config(&work))
+        .await
+        .unwrap();
+    let e = other.follow_up(root, &message, None).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            RuntimeError::NotHostedHere {
+                status: RunStatus::Running,
+                ..
+            }
+        ),
+        "{e}"
+    );
+
+    // A cancelled run stays cancelled.
+    assert!(rt.cancel(run, "test"));
+    let outcome = handle.finished().await.unwrap();
+    assert_eq!(outcome.status, RunStatus::Cancelled);
+    std::fs::write(&gate, "open").unwrap();
+    let e = other.follow_up(root, &message, None).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            RuntimeError::NotReopenable {
+                status: RunStatus::Cancelled,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(rt.sessions_started() + other.sessions_started(), 1);
+    other.shutdown().await;
+    rt.shutdown().await;
+}
+
+/// The root task of `run`, once it is durable.
+async fn keel_tests_wait_root(store: &Store, run: keel_store::RunId) -> keel_store::TaskId {
+    for _ in 0..600 {
+        if let Ok(page) = store.run(run).tasks(None, 10)
+            && let Some(root) = page.items.iter().find(|t| t.kind == TaskKind::Root)
+        {
+            return root.id;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no root task for {run}");
+}

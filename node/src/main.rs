@@ -30,7 +30,8 @@ pub(crate) enum Exit {
     NotFound = 3,
     /// There is no keel home here: run `keel init` first.
     NoHome = 4,
-    /// The run ended without a usable synthesis (failed, cancelled, over budget).
+    /// The run ended without a usable synthesis (failed, cancelled, over budget); for `keel
+    /// follow-up`, the follow-up ended without a complete report.
     RunNotCompleted = 5,
     /// A signal paused the run; `keel resume RUN` continues it.
     Paused = 6,
@@ -136,6 +137,35 @@ enum Command {
         #[arg(long)]
         quiet: bool,
     },
+    /// Ask a follow-up on a task's thread: a new task (kind FollowUp, its parent the thread's newest
+    /// task) served with keel's preamble of the parent's brief and outcome, never a native resume.
+    /// A finished run is reopened for it and ends again when it is done.
+    #[command(name = "follow-up")]
+    FollowUp {
+        /// The task id (a ULID, as `keel tasks` prints it).
+        task: TaskId,
+        /// The message.
+        message: String,
+        /// The agent profile to put it on (any harness); the supervisor picks when left out.
+        #[arg(long, value_name = "NAME")]
+        agent: Option<String>,
+        /// Run every task of the node on this harness (claude-code, codex, opencode, pi,
+        /// messages-api, scripted).
+        #[arg(long, value_name = "KIND", value_parser = parse_harness)]
+        harness: Option<keel_harness::HarnessKind>,
+        /// The model for `--harness`.
+        #[arg(long, value_name = "NAME")]
+        model: Option<String>,
+        /// Use the scripted model served at this URL (`keel model-server`) instead of a built-in one.
+        #[arg(long, value_name = "URL")]
+        model_server: Option<String>,
+        /// Print only the summary.
+        #[arg(long)]
+        quiet: bool,
+        /// Run in the background: print the run and task ids and return.
+        #[arg(long)]
+        detach: bool,
+    },
     /// Cancel a run (through the process running it, if one is).
     Cancel {
         /// The run id.
@@ -225,6 +255,36 @@ fn ended(e: anyhow::Result<run::Ended>) -> Result<(), Failed> {
             exit: Exit::Failure,
             error,
         }),
+    }
+}
+
+/// The exit of `keel follow-up`: as [`ended`], with the refusals that have their own codes.
+fn followed(e: anyhow::Result<run::Ended>) -> Result<(), Failed> {
+    use keel_actors::runtime::RuntimeError;
+    match e {
+        Ok(run::Ended::NotCompleted) => Err(Failed {
+            exit: Exit::RunNotCompleted,
+            error: anyhow::anyhow!("the follow-up did not complete"),
+        }),
+        Err(error) => {
+            let exit = if let Some(r) = error.downcast_ref::<RuntimeError>() {
+                match r {
+                    RuntimeError::UnknownTask(_) => Exit::NotFound,
+                    RuntimeError::UnknownAgent { .. }
+                    | RuntimeError::EmptyMessage
+                    | RuntimeError::MessageTooLarge { .. } => Exit::Usage,
+                    _ => Exit::Failure,
+                }
+            } else if let Some(ReadError::NotFound { .. }) = error.downcast_ref::<ReadError>() {
+                Exit::NotFound
+            } else if let Some(HomeError::Missing { .. }) = error.downcast_ref::<HomeError>() {
+                Exit::NoHome
+            } else {
+                Exit::Failure
+            };
+            Err(Failed { exit, error })
+        }
+        other => ended(other),
     }
 }
 
@@ -409,6 +469,32 @@ fn run(cli: Cli) -> Result<(), Failed> {
             cli.log_format,
             cli.json,
         ))?,
+        Command::FollowUp {
+            task,
+            message,
+            agent,
+            harness,
+            model,
+            model_server,
+            quiet,
+            detach,
+        } => {
+            let args = run::follow_up::FollowUpArgs {
+                task,
+                message,
+                agent,
+                choice: run::setup::HarnessChoice {
+                    agent: None,
+                    harness,
+                    model,
+                    model_server,
+                },
+                quiet,
+                detach,
+                log_format: cli.log_format,
+            };
+            followed(run::follow_up::follow_up(&home, args, cli.json))?;
+        }
         Command::Cancel { run: id } => failure(run::cancel(&home, id, cli.json))?,
         Command::Status { run: id } => failure(run::summary::status(&home, id, cli.json))?,
         Command::ModelServer {

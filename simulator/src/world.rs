@@ -195,6 +195,9 @@ fn coord_input_name(i: &CoordinatorInput) -> String {
         },
         CoordinatorInput::Timer(t) => format!("timer {t:?}"),
         CoordinatorInput::Recovered(_) => "recovered".into(),
+        CoordinatorInput::Reopened { follow_up, .. } => {
+            format!("reopened for a follow-up on {}", short(follow_up.parent.0))
+        }
     }
 }
 
@@ -1271,6 +1274,7 @@ impl World {
                             parent,
                             brief,
                             agent,
+                            task: None,
                         }),
                     ),
                     None => self.checker.world_bound(

@@ -35,14 +35,17 @@ pub use spans::SPAN_TARGET;
 
 use crate::checkpoint::{CheckpointConfig, CheckpointWriter};
 use crate::coordinator::{Coordinator, CoordinatorConfig};
-use crate::ids::{AttemptId, mint_run_id};
-use crate::message::{CoordinatorInput, CoordinatorMsg, RunMode, RunSpec, SpecialistMsg};
+use crate::ids::{AttemptId, mint_run_id, mint_task_id};
+use crate::message::{
+    CoordinatorInput, CoordinatorMsg, FOLLOW_UP_BYTES_MAX, FollowUpRequest, RunMode, RunSpec,
+    SpecialistMsg,
+};
 use crate::persist::PersistOp;
 use crate::report::SubagentReport;
 use crate::specialist::SpecialistConfig;
 use crate::supervisor::{Supervisor, SupervisorConfig};
 use keel_harness::{HarnessKind, TokenCounts};
-use keel_store::{RunId, RunStatus, Store, TaskId, TaskStatus};
+use keel_store::{ReadError, RunId, RunStatus, Store, Task, TaskId, TaskKind, TaskStatus};
 use node::{CheckpointRole, CoordinatorRole, Node, SupervisorRole, lock};
 use ractor::Actor;
 use std::collections::{BTreeMap, BTreeSet};
@@ -207,6 +210,57 @@ pub enum RuntimeError {
     /// A host write through the checkpoint actor failed.
     #[error("could not write through the checkpoint actor: {0}")]
     HostWrite(String),
+    /// A follow-up names a task the store does not have.
+    #[error("no task {0} in the store")]
+    UnknownTask(TaskId),
+    /// A follow-up asks for an agent this runtime is not configured with.
+    #[error("no agent named {name:?} here (agents: {})", known.join(", "))]
+    UnknownAgent {
+        /// The name asked for.
+        name: String,
+        /// The agents this runtime has.
+        known: Vec<String>,
+    },
+    /// A follow-up message is empty (or only white space).
+    #[error("the follow-up message is empty")]
+    EmptyMessage,
+    /// A follow-up message is over [`FOLLOW_UP_BYTES_MAX`].
+    #[error("the follow-up message is {bytes} bytes; the limit is {max}")]
+    MessageTooLarge {
+        /// Its size.
+        bytes: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The run is open (running or pending) in the store but no coordinator of this runtime hosts
+    /// it: another process or runtime holds it, or the process that ran it died (resume it first).
+    /// Rebuilding it here could run it twice, so nothing is done.
+    #[error(
+        "run {run} is {status:?} but not hosted here: another process holds it, or the process that ran it died (resume it first)"
+    )]
+    NotHostedHere {
+        /// The run.
+        run: RunId,
+        /// Its stored status.
+        status: RunStatus,
+    },
+    /// The run ended in a way a follow-up does not undo (cancelled, or over its budget).
+    #[error("run {run} is {status:?}; a follow-up does not reopen a cancelled or over-budget run")]
+    NotReopenable {
+        /// The run.
+        run: RunId,
+        /// Its stored status.
+        status: RunStatus,
+    },
+    /// The run ended without creating the follow-up's task: its coordinator refused it (the
+    /// reason is a decision row in the log of the run's root task).
+    #[error("run {run} refused the follow-up on {parent} (see the log of its root task)")]
+    FollowUpRefused {
+        /// The run.
+        run: RunId,
+        /// The task the follow-up was asked on.
+        parent: TaskId,
+    },
 }
 
 /// A submitted or resumed run: its id, and a way to wait for its end.
@@ -235,6 +289,148 @@ impl RunHandle {
     }
 }
 
+/// A follow-up on its way: the run it joined, the id its task takes, and a way to wait for it.
+pub struct FollowUpHandle {
+    run: RunId,
+    task: TaskId,
+    parent: TaskId,
+    reopened: bool,
+    done: oneshot::Receiver<RunOutcome>,
+    node: Arc<Node>,
+    _slot: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl std::fmt::Debug for FollowUpHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FollowUpHandle")
+            .field("run", &self.run)
+            .field("task", &self.task)
+            .field("parent", &self.parent)
+            .field("reopened", &self.reopened)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How long a follow-up's wait sleeps between looks at whether its run's coordinator is gone.
+const FOLLOW_UP_POLL: Duration = Duration::from_millis(250);
+
+impl FollowUpHandle {
+    /// The run the follow-up joined.
+    pub fn run(&self) -> RunId {
+        self.run
+    }
+
+    /// The id of the follow-up's task (kind `FollowUp`), chosen before the coordinator creates it.
+    pub fn task(&self) -> TaskId {
+        self.task
+    }
+
+    /// The task the follow-up was asked on (its task's parent is the newest task of that thread).
+    pub fn parent(&self) -> TaskId {
+        self.parent
+    }
+
+    /// Whether this call rebuilt the run from the store (it had ended, or was paused) rather than
+    /// joining a run this runtime was hosting.
+    pub fn reopened(&self) -> bool {
+        self.reopened
+    }
+
+    /// Wait for the run to end (a reopened run ends once the follow-up is done; a run that was
+    /// already hosted ends when all of its work is done) and read the follow-up's rows.
+    ///
+    /// # Errors
+    /// [`RuntimeError::FollowUpRefused`] when the run ended without creating the follow-up's task;
+    /// [`RuntimeError::Stopped`] when the runtime stopped or paused first; [`RuntimeError::Store`].
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: dropping the future drops the handle (the follow-up goes on).
+    pub async fn finished(self) -> Result<FollowUpOutcome, RuntimeError> {
+        let FollowUpHandle {
+            run,
+            task,
+            parent,
+            mut done,
+            node,
+            ..
+        } = self;
+        // The run's end normally arrives through its waiter; the poll covers a follow-up that
+        // reached a coordinator as it was stopping (its waiters already answered).
+        let outcome = loop {
+            tokio::select! {
+                r = &mut done => break r.map_err(|_| RuntimeError::Stopped(run))?,
+                () = tokio::time::sleep(FOLLOW_UP_POLL) => {
+                    if lock(&node.coordinators).contains_key(&run) {
+                        continue;
+                    }
+                    let store = Arc::clone(&node.store);
+                    let row = tokio::task::spawn_blocking(move || store.catalog().run(run))
+                        .await
+                        .map_err(|e| RuntimeError::HostWrite(format!("read task failed: {e}")))?
+                        .map_err(|e| RuntimeError::Store(store_io::StoreIoError::Read(e)))?;
+                    if !row.status.is_terminal() {
+                        return Err(RuntimeError::Stopped(run));
+                    }
+                    break RunOutcome {
+                        run,
+                        status: row.status,
+                        outcome: row.outcome.unwrap_or_default(),
+                    };
+                }
+            }
+        };
+        let store = Arc::clone(&node.store);
+        let tasks = tokio::task::spawn_blocking(move || store_io::all_tasks(&store.run(run)))
+            .await
+            .map_err(|e| RuntimeError::HostWrite(format!("read task failed: {e}")))??;
+        let Some(first) = tasks.iter().find(|t| t.id == task).cloned() else {
+            return Err(RuntimeError::FollowUpRefused { run, parent });
+        };
+        Ok(FollowUpOutcome {
+            last: chain_end(&tasks, &first),
+            task: first,
+            run: outcome,
+        })
+    }
+}
+
+/// The newest task of `first`'s re-dispatch chain (`first` itself when it was never re-dispatched):
+/// a re-dispatch is a new task of kind `Redispatch` whose parent is the task it replaces.
+fn chain_end(tasks: &[Task], first: &Task) -> Task {
+    let mut last = first.clone();
+    // Bounded by the number of tasks: each step moves to a different, newer task.
+    for _ in 0..tasks.len() {
+        match tasks
+            .iter()
+            .filter(|t| t.kind == TaskKind::Redispatch && t.parent == Some(last.id))
+            .max_by_key(|t| t.id)
+        {
+            Some(next) => last = next.clone(),
+            None => break,
+        }
+    }
+    last
+}
+
+/// How a follow-up ended, read from the store after its run ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FollowUpOutcome {
+    /// The run's end (a reopened run ends again after the follow-up).
+    pub run: RunOutcome,
+    /// The follow-up's task (kind `FollowUp`).
+    pub task: Task,
+    /// The newest task of its re-dispatch chain: the task itself, or the re-dispatch that ran it
+    /// last. Its status is the follow-up's.
+    pub last: Task,
+}
+
+impl FollowUpOutcome {
+    /// Whether the follow-up produced a complete report.
+    pub fn completed(&self) -> bool {
+        self.last.status == TaskStatus::Complete
+    }
+}
+
 /// What a graceful shutdown did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PauseSummary {
@@ -250,6 +446,9 @@ pub struct PauseSummary {
 pub struct Runtime {
     node: Arc<Node>,
     slots: Arc<Semaphore>,
+    /// Held while a run that no coordinator hosts is rebuilt ([`Runtime::resume`],
+    /// [`Runtime::follow_up`]), so two calls cannot both rebuild one run.
+    reopening: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -345,7 +544,14 @@ impl Runtime {
             detail: e.to_string(),
         })?;
         let _ = node.supervisor.set(supervisor);
-        Ok((Runtime { node, slots }, rx))
+        Ok((
+            Runtime {
+                node,
+                slots,
+                reopening: tokio::sync::Mutex::new(()),
+            },
+            rx,
+        ))
     }
 
     /// Submit a brief: mint its run id, start its coordinator and accept the run. Waits for a run
@@ -388,6 +594,7 @@ impl Runtime {
     /// [`RuntimeError::Store`] (unknown run, unreadable rows), [`RuntimeError::Terminal`],
     /// [`RuntimeError::AlreadyRunning`], [`RuntimeError::HostWrite`], [`RuntimeError::Spawn`].
     pub async fn resume(&self, run: RunId) -> Result<RunHandle, RuntimeError> {
+        let _reopening = self.reopening.lock().await;
         if lock(&self.node.coordinators).contains_key(&run) {
             return Err(RuntimeError::AlreadyRunning(run));
         }
@@ -416,6 +623,141 @@ impl Runtime {
         }
         self.host(run, CoordinatorInput::Recovered(Box::new(rows)), slot)
             .await
+    }
+
+    /// Ask a follow-up on `task`'s thread: a new task of kind `FollowUp` whose parent is the newest
+    /// task of that thread, served a standard preamble built from keel's rows (the parent's brief
+    /// and outcome, its ancestors), its model resolved from its assignee's profile (`agent`, or
+    /// the supervisor's pick). Never a native resume.
+    ///
+    /// Where the run stands decides what happens:
+    /// - hosted by this runtime: the follow-up joins it (a message to its coordinator);
+    /// - completed or failed (or paused): the run is reopened. Its row goes back to `Running`
+    ///   (durably), its coordinator is rebuilt from the store as [`Runtime::resume`] does, with
+    ///   the follow-up queued first; acknowledged work is not run again (a paused run's
+    ///   interrupted work does run again). Once the follow-up is done the run ends again with a
+    ///   synthesis over all of its steps, the follow-up included: `Completed` when any step has a
+    ///   usable report, else `Failed`. The follow-up's own status is its task's;
+    /// - open but not hosted here, cancelled, or over budget: refused.
+    ///
+    /// # Errors
+    /// [`RuntimeError::EmptyMessage`], [`RuntimeError::MessageTooLarge`],
+    /// [`RuntimeError::UnknownAgent`], [`RuntimeError::UnknownTask`],
+    /// [`RuntimeError::NotHostedHere`], [`RuntimeError::NotReopenable`], [`RuntimeError::Store`],
+    /// [`RuntimeError::HostWrite`], [`RuntimeError::Spawn`].
+    pub async fn follow_up(
+        &self,
+        task: TaskId,
+        message: &str,
+        agent: Option<&str>,
+    ) -> Result<FollowUpHandle, RuntimeError> {
+        if message.trim().is_empty() {
+            return Err(RuntimeError::EmptyMessage);
+        }
+        if message.len() > FOLLOW_UP_BYTES_MAX {
+            return Err(RuntimeError::MessageTooLarge {
+                bytes: message.len(),
+                max: FOLLOW_UP_BYTES_MAX,
+            });
+        }
+        let agents = &self.node.config.supervisor.agents;
+        if let Some(name) = agent
+            && !agents.iter().any(|a| a.name == name)
+        {
+            return Err(RuntimeError::UnknownAgent {
+                name: name.to_owned(),
+                known: agents.iter().map(|a| a.name.clone()).collect(),
+            });
+        }
+        let store = Arc::clone(&self.node.store);
+        let row = tokio::task::spawn_blocking(move || store.catalog().task(task))
+            .await
+            .map_err(|e| RuntimeError::HostWrite(format!("read task failed: {e}")))?;
+        let run = match row {
+            Ok(t) => t.run_id,
+            Err(ReadError::NotFound { .. }) => return Err(RuntimeError::UnknownTask(task)),
+            Err(e) => return Err(RuntimeError::Store(store_io::StoreIoError::Read(e))),
+        };
+        let preset = {
+            let mut rng = lock(&self.node.entropy);
+            mint_task_id(wall_clock_ms(), &mut *rng)
+        };
+        let request = FollowUpRequest {
+            parent: task,
+            brief: message.to_owned(),
+            agent: agent.map(str::to_owned),
+            task: Some(preset),
+        };
+        let _reopening = self.reopening.lock().await;
+        let hosted = lock(&self.node.coordinators).get(&run).cloned();
+        if let Some(coordinator) = hosted {
+            let (tx, rx) = oneshot::channel();
+            lock(&self.node.waiters).entry(run).or_default().push(tx);
+            // A coordinator that stopped meanwhile drops the message; the handle's wait notices.
+            let _ = coordinator.send_message(Deliver(CoordinatorInput::Msg(
+                CoordinatorMsg::FollowUp {
+                    parent: request.parent,
+                    brief: request.brief,
+                    agent: request.agent,
+                    task: request.task,
+                },
+            )));
+            return Ok(FollowUpHandle {
+                run,
+                task: preset,
+                parent: task,
+                reopened: false,
+                done: rx,
+                node: Arc::clone(&self.node),
+                _slot: None,
+            });
+        }
+        let store = Arc::clone(&self.node.store);
+        let mut rows = tokio::task::spawn_blocking(move || store_io::recover_run(&store, run))
+            .await
+            .map_err(|e| RuntimeError::HostWrite(format!("recovery task failed: {e}")))??;
+        match rows.run.status {
+            RunStatus::Completed | RunStatus::Failed | RunStatus::Paused => {}
+            status @ (RunStatus::Cancelled | RunStatus::BudgetExceeded) => {
+                return Err(RuntimeError::NotReopenable { run, status });
+            }
+            status @ (RunStatus::Running | RunStatus::Pending) => {
+                return Err(RuntimeError::NotHostedHere { run, status });
+            }
+        }
+        let slot = self.slot().await?;
+        rows.run.status = RunStatus::Running;
+        rows.run.updated_ms = wall_clock_ms();
+        self.node
+            .stage_host(
+                run,
+                vec![PersistOp::UpdateRun(rows.run.clone())],
+                Duration::from_secs(30),
+            )
+            .await
+            .map_err(RuntimeError::HostWrite)?;
+        let handle = self
+            .host(
+                run,
+                CoordinatorInput::Reopened {
+                    rows: Box::new(rows),
+                    follow_up: request,
+                },
+                slot,
+            )
+            .await?;
+        let RunHandle {
+            done, _slot: slot, ..
+        } = handle;
+        Ok(FollowUpHandle {
+            run,
+            task: preset,
+            parent: task,
+            reopened: true,
+            done,
+            node: Arc::clone(&self.node),
+            _slot: Some(slot),
+        })
     }
 
     /// Every run of the store that is not terminal (running when the node died, or paused).

@@ -20,11 +20,12 @@ use tracing::Span;
 pub const SPAN_TARGET: &str = "keel::span";
 
 /// The span of one run. `mode` is `plan` (a fixed plan) or `lead` (a lead agent delegates);
-/// `resumed` says the coordinator was rebuilt from the store.
+/// `resumed` says the coordinator was rebuilt from the store (a recovery, or a reopening for a
+/// follow-up).
 pub(crate) fn run_span(run: RunId, first: &CoordinatorInput) -> Span {
     let (mode, resumed) = match first {
         CoordinatorInput::Msg(CoordinatorMsg::Accept(spec)) => (mode_name(&spec.mode), false),
-        CoordinatorInput::Recovered(rows) => (
+        CoordinatorInput::Recovered(rows) | CoordinatorInput::Reopened { rows, .. } => (
             if rows.run.plan.is_some() {
                 "plan"
             } else {

@@ -435,6 +435,25 @@ impl World {
         }
     }
 
+    /// Lose everything in memory as a crash does, then reopen the stored run for `follow_up` the way
+    /// the runtime does: mark the run running in the store, then send its rows with the follow-up.
+    pub fn reopen(&mut self, follow_up: FollowUpRequest) {
+        self.coordinator = Coordinator::new(self.coord_config.clone());
+        self.supervisor = Supervisor::new(self.sup_config.clone());
+        self.checkpoint = CheckpointWriter::new(CheckpointConfig::default());
+        self.specialists.clear();
+        self.queue.clear();
+        self.timers.clear();
+        if let Some(run) = self.store.runs.get_mut(&self.run) {
+            run.status = keel_store::RunStatus::Running;
+        }
+        let rows = self.store.recovered(self.run);
+        self.queue.push_back(Ev::Coord(CoordinatorInput::Reopened {
+            rows: Box::new(rows),
+            follow_up,
+        }));
+    }
+
     pub fn run_status(&self) -> Option<keel_store::RunStatus> {
         self.store.runs.get(&self.run).map(|r| r.status)
     }

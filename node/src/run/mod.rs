@@ -10,6 +10,7 @@
 
 pub(crate) mod bench;
 pub(crate) mod demo;
+pub(crate) mod follow_up;
 pub(crate) mod progress;
 pub(crate) mod setup;
 pub(crate) mod summary;
@@ -19,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
-use keel_actors::runtime::{RunHandle, RunOutcome, Runtime, SPAN_TARGET, scripted};
+use keel_actors::runtime::{RunHandle, Runtime, SPAN_TARGET, scripted};
 use keel_actors::{Plan, PlanStep, RunMode};
 use keel_harness::scripted::Script;
 use keel_harness::server::{ModelServer, ModelServerConfig};
@@ -173,31 +174,39 @@ fn control_file(home: &Home, run: RunId) -> PathBuf {
     home.dir().join("control").join(format!("{run}.cancel"))
 }
 
-/// Host one run until it ends, a signal pauses it, or `keel cancel` asks to cancel it.
-async fn drive(
-    home: &Home,
-    rt: &Runtime,
-    handle: RunHandle,
-    view: tokio::task::JoinHandle<progress::Totals>,
-    json: bool,
-) -> anyhow::Result<Ended> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let run = handle.id();
+/// Write the run's id (and a follow-up's task id after it) where `--detach` (or a script) waits
+/// for it, when asked to.
+pub(crate) fn announce(run: RunId, task: Option<keel_store::TaskId>) -> anyhow::Result<()> {
     if let Some(path) = std::env::var_os(ANNOUNCE_ENV) {
-        std::fs::write(&path, run.to_string())
+        let text = match task {
+            Some(task) => format!("{run} {task}"),
+            None => run.to_string(),
+        };
+        std::fs::write(&path, text)
             .with_context(|| format!("writing the run id to {}", PathBuf::from(&path).display()))?;
     }
+    Ok(())
+}
+
+/// Wait for `finished` while hosting `run`: a `keel cancel` request (its control file) is passed to
+/// the run; SIGINT or SIGTERM ends the wait with `None` (the caller pauses the node).
+pub(crate) async fn host_until<T>(
+    home: &Home,
+    rt: &Runtime,
+    run: RunId,
+    finished: impl std::future::Future<Output = Result<T, keel_actors::runtime::RuntimeError>>,
+) -> anyhow::Result<Option<T>> {
+    use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let control = control_file(home, run);
-    let finished = handle.finished();
     tokio::pin!(finished);
     let mut cancel_sent = false;
-    let outcome: RunOutcome = loop {
+    loop {
         tokio::select! {
-            r = &mut finished => break r?,
-            _ = term.recv() => return pause(rt, run, view, json).await,
-            _ = int.recv() => return pause(rt, run, view, json).await,
+            r = &mut finished => return Ok(Some(r?)),
+            _ = term.recv() => return Ok(None),
+            _ = int.recv() => return Ok(None),
             () = tokio::time::sleep(CONTROL_POLL), if !cancel_sent => {
                 if control.exists() {
                     let reason = std::fs::read_to_string(&control).unwrap_or_default();
@@ -207,16 +216,39 @@ async fn drive(
                 }
             }
         }
-    };
-    // The view ends at the Finished event; bounded in case it was dropped.
+    }
+}
+
+/// What the live view counted, once it ended at the run's `Finished` event (bounded in case the
+/// event was dropped).
+pub(crate) async fn view_usage(
+    rt: &Runtime,
+    view: tokio::task::JoinHandle<progress::Totals>,
+) -> summary::Usage {
     let totals = match tokio::time::timeout(Duration::from_secs(2), view).await {
         Ok(Ok(totals)) => Some(totals),
         _ => None,
     };
-    let usage = summary::Usage {
+    summary::Usage {
         totals,
         events_dropped: rt.events_dropped(),
+    }
+}
+
+/// Host one run until it ends, a signal pauses it, or `keel cancel` asks to cancel it.
+async fn drive(
+    home: &Home,
+    rt: &Runtime,
+    handle: RunHandle,
+    view: tokio::task::JoinHandle<progress::Totals>,
+    json: bool,
+) -> anyhow::Result<Ended> {
+    let run = handle.id();
+    announce(run, None)?;
+    let Some(outcome) = host_until(home, rt, run, handle.finished()).await? else {
+        return pause(rt, run, view, json).await;
     };
+    let usage = view_usage(rt, view).await;
     summary::print(home, rt.store(), run, &outcome, &usage, json)?;
     Ok(if outcome.status == RunStatus::Completed {
         Ended::Completed
@@ -225,7 +257,7 @@ async fn drive(
     })
 }
 
-async fn pause(
+pub(crate) async fn pause(
     rt: &Runtime,
     run: RunId,
     view: tokio::task::JoinHandle<progress::Totals>,
@@ -255,9 +287,10 @@ async fn pause(
 /// How long `keel run --detach` waits for the background process to announce its run.
 const DETACH_WAIT: Duration = Duration::from_secs(30);
 
-/// `keel run --detach`: start this same command without `--detach` in its own process group, its
-/// output in a log file of the home, and return once it has submitted the run.
-fn detach(home: &Home, json: bool) -> anyhow::Result<Ended> {
+/// `keel run --detach` (and `keel follow-up --detach`, `what` naming it): start this same command
+/// without `--detach` in its own process group, its output in a log file of the home, and return
+/// once it has submitted its run.
+fn detach(home: &Home, what: &str, json: bool) -> anyhow::Result<Ended> {
     use std::os::unix::process::CommandExt;
     let exe = std::env::current_exe().context("locating the keel binary")?;
     let args: Vec<std::ffi::OsString> = std::env::args_os()
@@ -274,7 +307,7 @@ fn detach(home: &Home, json: bool) -> anyhow::Result<Ended> {
     let announce = logs.join(format!("run-{pid}.id"));
     let log = std::fs::File::create(&log_path)
         .with_context(|| format!("creating {}", log_path.display()))?;
-    let child = std::process::Command::new(exe)
+    let mut child = std::process::Command::new(exe)
         .args(args)
         .env(ANNOUNCE_ENV, &announce)
         .stdin(std::process::Stdio::null())
@@ -283,31 +316,53 @@ fn detach(home: &Home, json: bool) -> anyhow::Result<Ended> {
         // Its own process group: a Ctrl-C at this terminal does not reach it.
         .process_group(0)
         .spawn()
-        .context("starting the background run")?;
+        .with_context(|| format!("starting the background {what}"))?;
     let deadline = std::time::Instant::now() + DETACH_WAIT;
-    let run = loop {
-        if let Ok(id) = std::fs::read_to_string(&announce)
-            && !id.trim().is_empty()
-        {
-            break id.trim().to_string();
+    let announced = || {
+        std::fs::read_to_string(&announce)
+            .ok()
+            .filter(|text| !text.trim().is_empty())
+    };
+    let text = loop {
+        if let Some(text) = announced() {
+            break text;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            // It may have announced just before it ended.
+            if let Some(text) = announced() {
+                break text;
+            }
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            bail!(
+                "the background {what} ended before it started ({status}): {}",
+                log.trim()
+            );
         }
         if std::time::Instant::now() >= deadline {
             bail!(
-                "the background run did not start within {DETACH_WAIT:?}; see {}",
+                "the background {what} did not start within {DETACH_WAIT:?}; see {}",
                 log_path.display()
             );
         }
         std::thread::sleep(Duration::from_millis(50));
     };
     let _ = std::fs::remove_file(&announce);
+    // The announcement is the run's id, then (for a follow-up) its task's id.
+    let mut ids = text.split_whitespace();
+    let run = ids.next().unwrap_or_default().to_string();
+    let task = ids.next().map(str::to_string);
     if json {
         println!(
             "{}",
-            serde_json::json!({"run": run, "pid": child.id(), "log": log_path})
+            serde_json::json!({"run": run, "task": task, "pid": child.id(), "log": log_path})
         );
     } else {
+        let subject = match &task {
+            Some(task) => format!("{what} {task} on run {run}"),
+            None => format!("{what} {run}"),
+        };
         println!(
-            "run {run} started in the background (pid {}); log {}\nfollow with `keel status {run}`, stop with `keel cancel {run}`",
+            "{subject} started in the background (pid {}); log {}\nfollow with `keel status {run}`, stop with `keel cancel {run}`",
             child.id(),
             log_path.display()
         );
@@ -318,7 +373,7 @@ fn detach(home: &Home, json: bool) -> anyhow::Result<Ended> {
 /// `keel run "BRIEF"`.
 pub(crate) fn run(home: &Home, args: RunArgs, json: bool) -> anyhow::Result<Ended> {
     if args.detach {
-        return detach(home, json);
+        return detach(home, "run", json);
     }
     let config = home.config()?;
     init_logs(&config.log, args.log_format);

@@ -6,9 +6,9 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use keel_actors::Synthesis;
-use keel_actors::runtime::RunOutcome;
 use keel_actors::runtime::store_io::all_tasks;
+use keel_actors::runtime::{FollowUpOutcome, RunOutcome};
+use keel_actors::{StepOutcome, Synthesis};
 use keel_store::{Run, RunId, Store, Task, TaskKind, TaskStatus};
 use serde_json::json;
 
@@ -132,6 +132,26 @@ impl Usage {
     }
 }
 
+/// Write a run's synthesis as Markdown, when it has one; returns where.
+fn write_synthesis(
+    home: &Home,
+    store: &Store,
+    run: RunId,
+    synthesis: Option<&Synthesis>,
+) -> anyhow::Result<Option<PathBuf>> {
+    let Some(s) = synthesis else {
+        return Ok(None);
+    };
+    let row = store.catalog().run(run)?;
+    let path = synthesis_path(home, run);
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(&path, markdown(&row, s))
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(Some(path))
+}
+
 /// Print the end of a run (and write its synthesis file when it has one).
 pub(crate) fn print(
     home: &Home,
@@ -141,19 +161,9 @@ pub(crate) fn print(
     usage: &Usage,
     json: bool,
 ) -> anyhow::Result<()> {
-    let row = store.catalog().run(run)?;
     let tasks = all_tasks(&store.run(run))?;
     let synthesis: Option<Synthesis> = serde_json::from_str(&outcome.outcome).ok();
-    let mut synthesis_file = None;
-    if let Some(s) = &synthesis {
-        let path = synthesis_path(home, run);
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        }
-        std::fs::write(&path, markdown(&row, s))
-            .with_context(|| format!("writing {}", path.display()))?;
-        synthesis_file = Some(path);
-    }
+    let synthesis_file = write_synthesis(home, store, run, synthesis.as_ref())?;
     let failed = failures(&tasks);
     if json {
         let value = json!({
@@ -215,6 +225,71 @@ pub(crate) fn print(
     writeln!(
         out,
         "explore: keel tree {run}   keel logs TASK   keel status {run}"
+    )?;
+    Ok(())
+}
+
+/// The end of a follow-up: the run's summary (it ended again), then the follow-up's own lines: its
+/// task, status, agent and model, and what it answered.
+pub(crate) fn follow_up(
+    home: &Home,
+    store: &Store,
+    outcome: &FollowUpOutcome,
+    usage: &Usage,
+    json: bool,
+) -> anyhow::Result<()> {
+    let last = &outcome.last;
+    let answer = match last
+        .outcome
+        .as_deref()
+        .and_then(|o| serde_json::from_str::<StepOutcome>(o).ok())
+    {
+        Some(StepOutcome::Report(r)) => r.summary,
+        Some(StepOutcome::Failed(f)) => format!("failed ({}): {}", f.kind.name(), f.detail),
+        Some(StepOutcome::Skipped { reason }) => format!("skipped: {reason}"),
+        None => "no outcome recorded".into(),
+    };
+    if json {
+        let synthesis: Option<Synthesis> = serde_json::from_str(&outcome.run.outcome).ok();
+        let synthesis_file = write_synthesis(home, store, outcome.run.run, synthesis.as_ref())?;
+        let value = json!({
+            "run": outcome.run.run.to_string(),
+            "run_status": format!("{:?}", outcome.run.status),
+            "synthesis_file": synthesis_file,
+            "task": outcome.task.id.to_string(),
+            "parent": outcome.task.parent.map(|p| p.to_string()),
+            "last_task": last.id.to_string(),
+            "status": format!("{:?}", last.status),
+            "agent": last.assignee,
+            "model": last.model,
+            "answer": answer,
+            "usage": usage.json(),
+        });
+        println!("{value}");
+        return Ok(());
+    }
+    print(home, store, outcome.run.run, &outcome.run, usage, false)?;
+    let mut out = std::io::stdout().lock();
+    let parent = outcome
+        .task
+        .parent
+        .map_or_else(|| "none".to_string(), |p| p.to_string());
+    writeln!(
+        out,
+        "follow-up {}: {:?} (agent {}, model {}, parent {parent})",
+        outcome.task.id,
+        last.status,
+        last.assignee.as_deref().unwrap_or("?"),
+        last.model.as_deref().unwrap_or("?"),
+    )?;
+    if last.id != outcome.task.id {
+        writeln!(out, "  re-dispatched; last task {}", last.id)?;
+    }
+    writeln!(out, "answer: {}", short(&answer))?;
+    writeln!(
+        out,
+        "explore: keel logs {}   keel context {}",
+        last.id, last.id
     )?;
     Ok(())
 }

@@ -1,0 +1,127 @@
+//! `keel follow-up TASK "MESSAGE"`: a derived task on the thread of TASK, served with keel's
+//! standard preamble (the parent's brief and outcome, from the store; never a native resume), on
+//! the agent `--agent` names (any harness), or the one the supervisor picks.
+//!
+//! This process becomes the run's host: a completed or failed run is reopened (its coordinator
+//! rebuilt from the store, as `keel resume` does, with the follow-up queued first) and ends again
+//! once the follow-up is done, with a synthesis over every step, the follow-up included. The store
+//! must be free: a run held by another keel process is refused (its store cannot be opened for
+//! writing), as is a cancelled or over-budget run.
+
+use anyhow::Context;
+use keel_actors::runtime::{FollowUpOutcome, Runtime};
+use keel_store::TaskId;
+
+use super::setup::{HarnessChoice, node_setup, work_dir};
+use super::{Ended, detach, host_until, init_logs, open_writer, pause, progress, summary};
+use crate::home::Home;
+
+/// `keel follow-up`'s arguments.
+#[derive(Debug, Clone)]
+pub(crate) struct FollowUpArgs {
+    /// The task whose thread continues.
+    pub(crate) task: TaskId,
+    /// The message, verbatim.
+    pub(crate) message: String,
+    /// The agent profile the follow-up is assigned to; `None` lets the supervisor pick.
+    pub(crate) agent: Option<String>,
+    /// Harness choices for the node (`--harness`, `--model`, `--model-server`); `agent` is not
+    /// used to narrow the node's agents, so a reopened run keeps every configured profile.
+    pub(crate) choice: HarnessChoice,
+    /// Print only the summary.
+    pub(crate) quiet: bool,
+    /// Run in the background.
+    pub(crate) detach: bool,
+    /// `--log-format`, overriding keel.toml's.
+    pub(crate) log_format: Option<crate::config::LogFormat>,
+}
+
+/// Why a follow-up could not start, where the exit code depends on it (see `main.rs`).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum FollowUpError {
+    /// Another keel process has the store open for writing: it may be hosting the task's run, and
+    /// a second writer cannot open the store anyway.
+    #[error(
+        "the store is held by another keel process ({detail}); a follow-up needs it: wait for that process to end, or stop its run with `keel cancel {run}` if it is this one"
+    )]
+    StoreHeld {
+        /// The task's run.
+        run: keel_store::RunId,
+        /// The open error.
+        detail: String,
+    },
+}
+
+/// `keel follow-up TASK "MESSAGE"`.
+pub(crate) fn follow_up(home: &Home, args: FollowUpArgs, json: bool) -> anyhow::Result<Ended> {
+    // Unknown tasks and a missing home are told apart before anything starts, even while another
+    // process holds the store (a read-only open works beside a writer).
+    let run = {
+        let store = home.open_existing()?;
+        store.catalog().task(args.task)?.run_id
+    };
+    if args.detach {
+        return detach(home, "follow-up", json);
+    }
+    let config = home.config()?;
+    init_logs(&config.log, args.log_format);
+    super::tokio_runtime()?.block_on(async {
+        let store = open_writer(home).map_err(|e| FollowUpError::StoreHeld {
+            run,
+            detail: format!("{e:#}"),
+        })?;
+        let work = work_dir()?;
+        let choice = HarnessChoice {
+            agent: None,
+            ..args.choice.clone()
+        };
+        let setup = node_setup(&config, &choice, &work).await?;
+        let (rt, events) = Runtime::start(store, setup.harnesses, setup.config).await?;
+        let view = tokio::spawn(progress::show(events, args.quiet || json));
+        let handle = match rt
+            .follow_up(args.task, &args.message, args.agent.as_deref())
+            .await
+        {
+            Ok(h) => h,
+            Err(e) => {
+                view.abort();
+                rt.shutdown().await;
+                return Err(e.into());
+            }
+        };
+        let (run, task) = (handle.run(), handle.task());
+        super::announce(run, Some(task))?;
+        if !json && !args.quiet {
+            let how = if handle.reopened() {
+                "reopened"
+            } else {
+                "joined"
+            };
+            println!(
+                "follow-up {task} on the thread of {} ({how} run {run}) in {}",
+                args.task,
+                work.display()
+            );
+        }
+        let ended = match host_until(home, &rt, run, handle.finished()).await {
+            Ok(Some(outcome)) => {
+                let usage = super::view_usage(&rt, view).await;
+                summary::follow_up(home, rt.store(), &outcome, &usage, json)
+                    .context("printing the summary")
+                    .map(|()| ended_of(&outcome))
+            }
+            Ok(None) => pause(&rt, run, view, json).await,
+            Err(e) => Err(e),
+        };
+        rt.shutdown().await;
+        ended
+    })
+}
+
+fn ended_of(outcome: &FollowUpOutcome) -> Ended {
+    if outcome.completed() {
+        Ended::Completed
+    } else {
+        Ended::NotCompleted
+    }
+}
