@@ -640,6 +640,10 @@ impl Runtime {
     ///   usable report, else `Failed`. The follow-up's own status is its task's;
     /// - open but not hosted here, cancelled, or over budget: refused.
     ///
+    /// A follow-up that reaches a hosted run while the run's end is being made durable is refused
+    /// by its coordinator (the handle then says [`RuntimeError::FollowUpRefused`]); asked again,
+    /// it reopens the run.
+    ///
     /// # Errors
     /// [`RuntimeError::EmptyMessage`], [`RuntimeError::MessageTooLarge`],
     /// [`RuntimeError::UnknownAgent`], [`RuntimeError::UnknownTask`],
@@ -689,7 +693,19 @@ impl Runtime {
             task: Some(preset),
         };
         let _reopening = self.reopening.lock().await;
-        let hosted = lock(&self.node.coordinators).get(&run).cloned();
+        let mut hosted = lock(&self.node.coordinators).get(&run).cloned();
+        if hosted.is_some() {
+            // A coordinator stays in the table for a moment after its run's end is durable (it
+            // stops after that step): such a run is reopened, not joined.
+            let store = Arc::clone(&self.node.store);
+            let row = tokio::task::spawn_blocking(move || store.catalog().run(run))
+                .await
+                .map_err(|e| RuntimeError::HostWrite(format!("read task failed: {e}")))?
+                .map_err(|e| RuntimeError::Store(store_io::StoreIoError::Read(e)))?;
+            if row.status.is_terminal() {
+                hosted = None;
+            }
+        }
         if let Some(coordinator) = hosted {
             let (tx, rx) = oneshot::channel();
             lock(&self.node.waiters).entry(run).or_default().push(tx);
