@@ -138,8 +138,18 @@ fn json_logs_are_one_object_a_line_inside_the_run_and_task_spans() {
 fn plain_progress_shows_each_specialists_tokens_and_the_summary_their_totals() {
     let (dir, out, err) = run_keel("warn", &[]);
     assert!(err.trim().is_empty(), "nothing to warn about: {err}");
-    let reports: Vec<&str> = out.lines().filter(|l| l.starts_with("report ")).collect();
+    // One closing line per specialist: its report, or (when the report event came after the run's
+    // end) the line the view closes it with.
+    let reports: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("report ") || l.starts_with("ended "))
+        .collect();
     assert_eq!(reports.len(), 4, "{out}");
+    let steps: BTreeSet<&str> = reports
+        .iter()
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .collect();
+    assert_eq!(steps.len(), 4, "{out}");
     let (mut input, mut output) = (0, 0);
     for line in &reports {
         assert!(line.contains(" out tokens, $"), "{line}");

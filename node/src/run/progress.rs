@@ -145,6 +145,9 @@ impl Totals {
 /// One specialist as the view knows it.
 struct Line {
     bar: ProgressBar,
+    step: String,
+    /// A report or a failure was shown for it.
+    closed: bool,
     started: Instant,
     tokens: TokenCounts,
     spent_micros: u64,
@@ -201,6 +204,8 @@ pub(crate) async fn show(mut events: mpsc::Receiver<RuntimeEvent>, quiet: bool) 
                     attempt,
                     Line {
                         bar,
+                        step,
+                        closed: false,
                         started: Instant::now(),
                         tokens: TokenCounts::default(),
                         spent_micros: 0,
@@ -237,6 +242,9 @@ pub(crate) async fn show(mut events: mpsc::Receiver<RuntimeEvent>, quiet: bool) 
                 report,
             } => {
                 let what = format!("{:?}: {}", report.status, short(&report.summary));
+                if let Some(line) = lines.get_mut(&attempt) {
+                    line.closed = true;
+                }
                 match lines.get(&attempt) {
                     Some(line) if tty => line.bar.finish_with_message(format!(
                         "done in {:.1}s, {}: {what}",
@@ -251,7 +259,10 @@ pub(crate) async fn show(mut events: mpsc::Receiver<RuntimeEvent>, quiet: bool) 
                 attempt,
                 step,
                 kind,
-            } => match lines.get(&attempt) {
+            } => match lines.get_mut(&attempt).map(|line| {
+                line.closed = true;
+                &*line
+            }) {
                 Some(line) if tty => line
                     .bar
                     .abandon_with_message(format!("failed: {kind}, {}", line.usage())),
@@ -267,9 +278,21 @@ pub(crate) async fn show(mut events: mpsc::Receiver<RuntimeEvent>, quiet: bool) 
                 }
             }
             RuntimeEvent::Finished(outcome) => {
-                for line in lines.values() {
-                    if !line.bar.is_finished() {
-                        line.bar.abandon();
+                // A specialist's report event is sent when its actor sees the acknowledgement,
+                // which can come after the run's end: its line still ends with what it used.
+                for line in lines.values().filter(|l| !l.closed) {
+                    if tty {
+                        line.bar.abandon_with_message(format!(
+                            "ended with the run, {}: {}",
+                            line.usage(),
+                            line.last
+                        ));
+                    } else {
+                        say(format!(
+                            "ended    {:<14} {}; no report seen before the run ended",
+                            line.step,
+                            line.usage()
+                        ));
                     }
                 }
                 let totals = totals(&lines);
