@@ -20,7 +20,7 @@ use crate::message::{
     SupervisorMsg,
 };
 use crate::persist::{CommitBatch, PersistOp, Stage};
-use crate::report::AttemptResult;
+use crate::report::{AttemptResult, SubagentReport};
 use crate::runtime::clock::{OsEntropy, wall_clock_ms};
 use crate::runtime::host::{Flow, Host, HostRef, HostState, Role};
 use crate::runtime::{HarnessSet, RunOutcome, RuntimeConfig, RuntimeEvent, spans, store_io};
@@ -59,6 +59,10 @@ pub(crate) struct LiveSpecialist {
     /// Its running session's cancel switch, so a killed actor's session is stopped too (a kill
     /// skips the actor's own cleanup).
     pub(crate) cancel: Option<CancelToken>,
+    /// The report of its finished session, waiting for the coordinator's acknowledgement: observers
+    /// get it when the `Ack` is routed, so it reaches the event channel before the run's `Finished`
+    /// (the coordinator routes the `Ack` before it can finish the run).
+    pub(crate) report: Option<SubagentReport>,
 }
 
 /// Everything the node's actors share.
@@ -162,9 +166,26 @@ impl Node {
                 }
             }
             Envelope::Specialist { attempt, msg } => {
-                let actor = lock(&self.specialists)
-                    .get(&attempt)
-                    .map(|s| s.actor.clone());
+                let (actor, report) = match lock(&self.specialists).get_mut(&attempt) {
+                    Some(s) => {
+                        // An Ack means the result is durable: that is when a report exists for
+                        // observers. Taken, so a re-ack of a duplicate reports nothing twice.
+                        let report = if matches!(msg, SpecialistMsg::Ack) {
+                            s.report.take().map(|r| (s.step.clone(), r))
+                        } else {
+                            None
+                        };
+                        (Some(s.actor.clone()), report)
+                    }
+                    None => (None, None),
+                };
+                if let Some((step, report)) = report {
+                    self.emit(RuntimeEvent::Report {
+                        attempt,
+                        step,
+                        report,
+                    });
+                }
                 if let Some(a) = actor {
                     let _ = a.send_message(crate::runtime::Deliver(SpecialistInput::Msg(msg)));
                 }
@@ -420,7 +441,6 @@ impl Node {
             node: Arc::clone(self),
             attempt,
             harness: start.assignment.harness,
-            step: step.clone(),
             span,
         };
         let machine = Specialist::new(start, self.config.specialist.clone());
@@ -434,6 +454,7 @@ impl Node {
                         actor: actor.clone(),
                         step,
                         cancel: None,
+                        report: None,
                     },
                 );
                 let _ = actor.send_message(crate::runtime::Deliver(SpecialistInput::Begin));
@@ -581,7 +602,6 @@ impl Role for CheckpointRole {
 pub(crate) struct SpecialistLocal {
     cancel: Option<CancelToken>,
     result: Option<AttemptResult>,
-    reported: bool,
     /// The session's usage as observers see it (the machine folds its own copy for the budget).
     usage: UsageAccumulator,
     usage_sent: Option<keel_harness::TokenCounts>,
@@ -592,7 +612,6 @@ pub(crate) struct SpecialistRole {
     node: Arc<Node>,
     attempt: AttemptId,
     harness: HarnessKind,
-    step: String,
     /// The attempt's span (see [`spans`]), a child of its run's.
     span: Span,
 }
@@ -710,21 +729,6 @@ impl Role for SpecialistRole {
                 });
             }
         }
-        // An Ack means the result is durable: that is when a report exists for observers.
-        if matches!(input, SpecialistInput::Msg(SpecialistMsg::Ack))
-            && !local.reported
-            && let Some(AttemptResult {
-                outcome: Ok(report),
-                ..
-            }) = &local.result
-        {
-            local.reported = true;
-            self.node.emit(RuntimeEvent::Report {
-                attempt: self.attempt,
-                step: self.step.clone(),
-                report: report.clone(),
-            });
-        }
     }
 
     async fn execute(
@@ -769,6 +773,12 @@ impl Role for SpecialistRole {
                     match &reply {
                         SpecialistReply::Finished(result) => {
                             local.result = Some(result.clone());
+                            if let Ok(report) = &result.outcome
+                                && let Some(live) =
+                                    lock(&self.node.specialists).get_mut(&self.attempt)
+                            {
+                                live.report = Some(report.clone());
+                            }
                             if self.node.pausing.load(Ordering::Acquire) {
                                 // Held back during a pause: not acknowledged, so recovery re-runs
                                 // the attempt with a resume preamble. The actor ends here.
