@@ -149,16 +149,8 @@ enum Command {
         /// The agent profile to put it on (any harness); the supervisor picks when left out.
         #[arg(long, value_name = "NAME")]
         agent: Option<String>,
-        /// Run every task of the node on this harness (claude-code, codex, opencode, pi,
-        /// messages-api, scripted).
-        #[arg(long, value_name = "KIND", value_parser = parse_harness)]
-        harness: Option<keel_harness::HarnessKind>,
-        /// The model for `--harness`.
-        #[arg(long, value_name = "NAME")]
-        model: Option<String>,
-        /// Use the scripted model served at this URL (`keel model-server`) instead of a built-in one.
-        #[arg(long, value_name = "URL")]
-        model_server: Option<String>,
+        #[command(flatten)]
+        backend: BackendArgs,
         /// Print only the summary.
         #[arg(long)]
         quiet: bool,
@@ -210,6 +202,14 @@ struct HarnessArgs {
     /// Only this agent profile of keel.toml.
     #[arg(long, value_name = "NAME")]
     agent: Option<String>,
+    #[command(flatten)]
+    backend: BackendArgs,
+}
+
+/// Where the node's sessions run, shared by every command that hosts runs (`--agent` means a
+/// different thing on each, so it is not here).
+#[derive(clap::Args, Debug, Clone)]
+struct BackendArgs {
     /// Run every task on this harness (claude-code, codex, opencode, pi, messages-api, scripted).
     #[arg(long, value_name = "KIND", value_parser = parse_harness)]
     harness: Option<keel_harness::HarnessKind>,
@@ -231,8 +231,14 @@ fn parse_harness(name: &str) -> Result<keel_harness::HarnessKind, String> {
 
 impl HarnessArgs {
     fn choice(self) -> run::setup::HarnessChoice {
+        self.backend.choice(self.agent)
+    }
+}
+
+impl BackendArgs {
+    fn choice(self, agent: Option<String>) -> run::setup::HarnessChoice {
         run::setup::HarnessChoice {
-            agent: self.agent,
+            agent,
             harness: self.harness,
             model: self.model,
             model_server: self.model_server,
@@ -473,9 +479,7 @@ fn run(cli: Cli) -> Result<(), Failed> {
             task,
             message,
             agent,
-            harness,
-            model,
-            model_server,
+            backend,
             quiet,
             detach,
         } => {
@@ -483,12 +487,7 @@ fn run(cli: Cli) -> Result<(), Failed> {
                 task,
                 message,
                 agent,
-                choice: run::setup::HarnessChoice {
-                    agent: None,
-                    harness,
-                    model,
-                    model_server,
-                },
+                choice: backend.choice(None),
                 quiet,
                 detach,
                 log_format: cli.log_format,

@@ -610,19 +610,25 @@ impl Runtime {
         }
         let slot = self.slot().await?;
         if rows.run.status == RunStatus::Paused {
-            rows.run.status = RunStatus::Running;
-            rows.run.updated_ms = wall_clock_ms();
-            self.node
-                .stage_host(
-                    run,
-                    vec![PersistOp::UpdateRun(rows.run.clone())],
-                    Duration::from_secs(30),
-                )
-                .await
-                .map_err(RuntimeError::HostWrite)?;
+            self.mark_running(&mut rows.run).await?;
         }
         self.host(run, CoordinatorInput::Recovered(Box::new(rows)), slot)
             .await
+    }
+
+    /// Make a run being taken up again (a resume, a reopen for a follow-up) `Running` in the store,
+    /// through the checkpoint actor, before its coordinator is hosted.
+    async fn mark_running(&self, run: &mut keel_store::Run) -> Result<(), RuntimeError> {
+        run.status = RunStatus::Running;
+        run.updated_ms = wall_clock_ms();
+        self.node
+            .stage_host(
+                run.id,
+                vec![PersistOp::UpdateRun(run.clone())],
+                Duration::from_secs(30),
+            )
+            .await
+            .map_err(RuntimeError::HostWrite)
     }
 
     /// Ask a follow-up on `task`'s thread: a new task of kind `FollowUp` whose parent is the newest
@@ -742,16 +748,7 @@ impl Runtime {
             }
         }
         let slot = self.slot().await?;
-        rows.run.status = RunStatus::Running;
-        rows.run.updated_ms = wall_clock_ms();
-        self.node
-            .stage_host(
-                run,
-                vec![PersistOp::UpdateRun(rows.run.clone())],
-                Duration::from_secs(30),
-            )
-            .await
-            .map_err(RuntimeError::HostWrite)?;
+        self.mark_running(&mut rows.run).await?;
         let handle = self
             .host(
                 run,
