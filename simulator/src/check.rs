@@ -101,6 +101,9 @@ impl Observed {
     }
 }
 
+/// One delegation turn's answer as a lead's session got it: (call id, whether a report) per call.
+pub type DelegationAnswer = Vec<(String, bool)>;
+
 /// Everything the checker saw, for the scenario tests.
 #[derive(Debug, Clone, Default)]
 pub struct Observed {
@@ -151,6 +154,10 @@ pub struct Observed {
     /// Commits made on a full disk: (event, whether the store answered `DiskFull`, whether the disk
     /// synced during the commit).
     pub full_disk_commits: Vec<(u64, bool, bool)>,
+    /// Delegation turns leads asked: (attempt, turn, call ids), in order.
+    pub delegations: Vec<(AttemptId, u32, Vec<String>)>,
+    /// Delegation answers handed to leads' sessions: (attempt, turn, (call id, whether a report)).
+    pub delegation_answers: Vec<(AttemptId, u32, DelegationAnswer)>,
 }
 
 /// The checker of one seed.
@@ -570,11 +577,28 @@ impl Checker {
                 match reply {
                     SpecialistReply::Finished(result) => self.finished(event, attempt, result),
                     SpecialistReply::Logs { rows } => self.logs(event, attempt, rows),
+                    SpecialistReply::Delegate { turn, calls } => self.observed.delegations.push((
+                        attempt,
+                        *turn,
+                        calls.iter().map(|c| c.call_id.clone()).collect(),
+                    )),
                     _ => {}
                 }
             }
             SpecialistEffect::StartHarness { key, spec } => {
                 self.start(event, attempt, &key.0, spec)
+            }
+            SpecialistEffect::AnswerDelegation { turn, results } => {
+                self.observed.delegation_answers.push((
+                    attempt,
+                    *turn,
+                    results
+                        .iter()
+                        .map(|(id, o)| {
+                            (id.clone(), matches!(o, keel_actors::StepOutcome::Report(_)))
+                        })
+                        .collect(),
+                ));
             }
             _ => {}
         }

@@ -5,7 +5,7 @@
 //! Reports are a pure function of the plan step (not of the attempt, the time or the harness), so a run
 //! that crashed and recovered can be compared report for report with one that did not.
 
-use keel_actors::{Finding, ReportStatus, SubagentReport};
+use keel_actors::{DelegationCall, Finding, ReportStatus, StepOutcome, SubagentReport};
 use keel_harness::{
     ErrorCategory, HarnessError, HarnessEvent, StopReason, TokenCounts, UsageReport, UsageScope,
 };
@@ -192,4 +192,88 @@ pub fn script(
         HarnessBehaviour::Hang => {}
     }
     out
+}
+
+/// The name of the coordination tool a simulated lead calls (what keel's MCP server exposes; the
+/// specialist recognizes it by its suffix).
+pub const DELEGATE_TOOL: &str = "mcp__keel__delegate";
+
+/// The tool-use id of a lead's delegation turn `turn` (from 1).
+pub fn delegate_tool_id(turn: u32) -> String {
+    format!("toolu_sim_delegate_{turn}")
+}
+
+/// The calls of a lead's delegation turn `turn`: `calls` subtasks, each with a call id unique within
+/// the attempt.
+pub fn delegation_calls(turn: u32, calls: u32) -> Vec<DelegationCall> {
+    (0..calls)
+        .map(|i| DelegationCall {
+            call_id: format!("call-{turn}-{i}"),
+            brief: format!(
+                "Investigate part {i} of turn {turn} and report what holds, with sources."
+            ),
+            goal: format!("A sourced account of part {i} of turn {turn}"),
+            quality_criteria: vec!["every claim has a source".into()],
+            output_schema: None,
+            assignee: None,
+        })
+        .collect()
+}
+
+/// The session of a lead that delegates: one segment per delegation turn and a last one, each
+/// segment after the first released by the answer to the turn that ends the one before it (the host
+/// answers the pending `delegate` tool call; see [`delegation_answer`]). `turns[t]` is how many calls
+/// turn `t + 1` makes. The last segment ends with the lead's final report.
+pub fn lead_script(
+    task: TaskId,
+    native_session_id: String,
+    turns: &[u32],
+) -> Vec<Vec<(u64, HarnessEvent)>> {
+    let mut segments = Vec::new();
+    let mut current = vec![
+        (
+            5,
+            HarnessEvent::Started {
+                native_session_id: Some(native_session_id),
+                model: None,
+            },
+        ),
+        (
+            100,
+            HarnessEvent::Text {
+                text: format!("planning the work; the key in the env is {PLANTED_SECRET}"),
+            },
+        ),
+    ];
+    for (t, &calls) in turns.iter().enumerate() {
+        let turn = u32::try_from(t).unwrap_or(u32::MAX).saturating_add(1);
+        let input = serde_json::json!({ "calls": delegation_calls(turn, calls) }).to_string();
+        current.push((
+            50,
+            HarnessEvent::tool_use(delegate_tool_id(turn), DELEGATE_TOOL, input),
+        ));
+        segments.push(std::mem::take(&mut current));
+    }
+    current.push((10, usage(3_000, 500)));
+    current.push((
+        50,
+        HarnessEvent::Finished {
+            stop_reason: StopReason::EndTurn,
+            final_text: report_text(keel_actors::coordinator::LEAD_STEP_KEY, task),
+        },
+    ));
+    segments.push(current);
+    segments
+}
+
+/// The tool result a host gives a lead for its delegation turn `turn`: the outcomes as JSON.
+pub fn delegation_answer(turn: u32, results: &[(String, StepOutcome)]) -> HarnessEvent {
+    let failed = results
+        .iter()
+        .any(|(_, o)| !matches!(o, StepOutcome::Report(_)));
+    HarnessEvent::tool_result(
+        delegate_tool_id(turn),
+        failed,
+        serde_json::to_string(results).unwrap_or_default(),
+    )
 }

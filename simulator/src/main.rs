@@ -116,8 +116,11 @@ fn soak_run(from: u64, count: u64) -> ExitCode {
         summary.commits as f64 / secs
     );
     println!(
-        "runs: {} completed, {} other terminal",
-        summary.runs_completed, summary.runs_other_terminal
+        "runs: {} completed, {} other terminal (lead runs: {} completed, {} other terminal)",
+        summary.runs_completed,
+        summary.runs_other_terminal,
+        summary.lead_runs_completed,
+        summary.lead_runs_other_terminal
     );
     println!("faults injected ({} total):", summary.faults.total());
     for kind in FaultKind::ALL {

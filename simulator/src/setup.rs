@@ -9,6 +9,8 @@ use crate::rng::SimRng;
 
 /// Most plan steps of a random run.
 pub const RANDOM_STEPS_MAX: u64 = 8;
+/// Chance (parts per million) that a random run is led by an agent rather than a fixed plan.
+pub const LEAD_RUN_PPM: u32 = 250_000;
 /// Most runs one seed submits.
 pub const RANDOM_RUNS_MAX: u64 = 3;
 
@@ -81,10 +83,44 @@ pub fn run_spec(run: RunId, brief: &str, plan: Plan, budget_limit_micros: Option
     }
 }
 
-/// A random run: 1 to 8 steps, each depending on up to two earlier ones, some briefs opening with a
+/// A run led by an agent (`agent`, or the supervisor's pick): its steps are the lead's delegations.
+pub fn lead_run_spec(
+    run: RunId,
+    brief: &str,
+    agent: Option<String>,
+    budget_limit_micros: Option<u64>,
+) -> RunSpec {
+    RunSpec {
+        run,
+        brief: brief.into(),
+        mode: RunMode::Lead {
+            agent,
+            constraints: vec!["cite sources".into()],
+        },
+        budget_limit_micros,
+        config_snapshot: "keel-sim".into(),
+    }
+}
+
+/// A random run: a lead run with probability [`LEAD_RUN_PPM`], else a plan of 1 to 8 steps, each depending on up to two earlier ones, some briefs opening with a
 /// slash skill, a budget that is usually ample and sometimes tight.
 pub fn random_run(rng: &mut SimRng, index: u64) -> RunSpec {
     let names = agents();
+    if rng.chance(LEAD_RUN_PPM) {
+        // A lead run: the lead's session decides the steps (its delegation turns).
+        let agent = if rng.chance(500_000) {
+            Some(names[rng.index(names.len())].name.clone())
+        } else {
+            None
+        };
+        let budget = if rng.chance(250_000) {
+            Some(10_000_000)
+        } else {
+            None
+        };
+        let run = RunId(u128::from(rng.next_u64()) << 64 | u128::from(index));
+        return lead_run_spec(run, &format!("Random lead run {index}"), agent, budget);
+    }
     let steps_count = rng.range(1, RANDOM_STEPS_MAX);
     let mut steps: Vec<PlanStep> = Vec::new();
     for i in 0..steps_count {

@@ -23,6 +23,10 @@ pub struct SoakSummary {
     pub runs_completed: u64,
     /// Runs that ended in another terminal state (failed, budget, cancelled).
     pub runs_other_terminal: u64,
+    /// Lead runs (`RunMode::Lead`) that ended `Completed`.
+    pub lead_runs_completed: u64,
+    /// Lead runs that ended in another terminal state.
+    pub lead_runs_other_terminal: u64,
 }
 
 impl SoakSummary {
@@ -35,11 +39,14 @@ impl SoakSummary {
         if let Some(v) = &report.violation {
             self.violations.push(v.clone());
         }
-        for (status, _) in report.runs_final.values() {
+        for (run, (status, _)) in &report.runs_final {
+            let lead = report.lead_runs.contains(run);
             if *status == keel_store::RunStatus::Completed {
                 self.runs_completed += 1;
+                self.lead_runs_completed += u64::from(lead);
             } else if status.is_terminal() {
                 self.runs_other_terminal += 1;
+                self.lead_runs_other_terminal += u64::from(lead);
             }
         }
     }

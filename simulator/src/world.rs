@@ -273,6 +273,11 @@ fn spec_input_name(i: &SpecialistInput) -> String {
 struct Session {
     id: u64,
     events: VecDeque<(u64, HarnessEvent)>,
+    /// A lead's segments still to come: each is released by the answer to the delegation turn that
+    /// ends the one before it (until then the session waits on its `delegate` tool call).
+    after_answers: VecDeque<Vec<(u64, HarnessEvent)>>,
+    /// Delegation turns of this session answered so far.
+    answered: u32,
 }
 
 /// A specialist hosted on a worker.
@@ -293,6 +298,11 @@ struct Worker {
     /// as a worker's actor registry would (memory only: lost when the worker crashes).
     hosted_ever: std::collections::BTreeSet<AttemptId>,
 }
+
+/// Most delegation turns a simulated lead's session makes.
+pub const LEAD_TURNS_MAX: u64 = 2;
+/// Most calls in one of its turns.
+pub const LEAD_CALLS_MAX: u64 = 4;
 
 /// Most attempts a worker remembers having hosted.
 pub const HOSTED_REMEMBERED_MAX: usize = 100_000;
@@ -338,6 +348,8 @@ pub struct RunReport {
     /// Spawn messages refused because they were addressed to an earlier incarnation of their worker
     /// (a late copy reaching a restarted worker).
     pub stale_spawns_refused: u64,
+    /// The runs that were led by an agent (`RunMode::Lead`).
+    pub lead_runs: std::collections::BTreeSet<RunId>,
 }
 
 /// The simulated world of one seed.
@@ -420,6 +432,7 @@ impl World {
                     runs_final: BTreeMap::new(),
                     commits: 0,
                     stale_spawns_refused: 0,
+                    lead_runs: std::collections::BTreeSet::new(),
                 }));
             }
         };
@@ -547,6 +560,12 @@ impl World {
             runs_final,
             commits: self.commits,
             stale_spawns_refused: self.stale_spawns_refused,
+            lead_runs: self
+                .submitted
+                .iter()
+                .filter(|r| matches!(r.mode, keel_actors::RunMode::Lead { .. }))
+                .map(|r| r.run)
+                .collect(),
         }
     }
 
@@ -1056,7 +1075,26 @@ impl World {
                 let session = self.sessions_started;
                 let step = self.checker.step_of(attempt).unwrap_or_default();
                 let native = format!("native-{:016x}", self.rng.next_u64());
-                let events = harness::script(behaviour, &step, attempt.task, native, self.now);
+                let lead = step == keel_actors::coordinator::LEAD_STEP_KEY
+                    && matches!(
+                        behaviour,
+                        HarnessBehaviour::Success | HarnessBehaviour::ToolRoundTrip
+                    );
+                let (events, after_answers) = if lead {
+                    // A working lead delegates one or two turns of 1 to 4 calls, then reports.
+                    let turns: Vec<u32> = (0..self.rng.range(1, LEAD_TURNS_MAX))
+                        .map(|_| u32::try_from(self.rng.range(1, LEAD_CALLS_MAX)).unwrap_or(1))
+                        .collect();
+                    let mut segments: VecDeque<_> =
+                        harness::lead_script(attempt.task, native, &turns).into();
+                    let first = segments.pop_front().unwrap_or_default();
+                    (first, segments)
+                } else {
+                    (
+                        harness::script(behaviour, &step, attempt.task, native, self.now),
+                        VecDeque::new(),
+                    )
+                };
                 let _ = spec;
                 if let Some(h) = self.workers[usize::from(node.0) - 1]
                     .specialists
@@ -1065,12 +1103,34 @@ impl World {
                     h.session = Some(Session {
                         id: session,
                         events: events.into(),
+                        after_answers,
+                        answered: 0,
                     });
                 }
                 self.next_harness_event(node, inc, attempt, session);
             }
-            SpecialistEffect::AnswerDelegation { .. } => {
-                // Lead runs are not simulated yet: no scripted session delegates.
+            SpecialistEffect::AnswerDelegation { turn, results } => {
+                // The host answers the session's pending `delegate` tool call with the turn's
+                // outcomes and the session goes on; an answer to a turn the session is not waiting on
+                // (it was cancelled, or its worker restarted) is dropped.
+                let resumed = self.workers[usize::from(node.0) - 1]
+                    .specialists
+                    .get_mut(&attempt)
+                    .and_then(|h| h.session.as_mut())
+                    .and_then(|s| {
+                        if !s.events.is_empty() || turn != s.answered + 1 {
+                            return None;
+                        }
+                        let next = s.after_answers.pop_front()?;
+                        s.answered = turn;
+                        s.events
+                            .push_back((5, harness::delegation_answer(turn, &results)));
+                        s.events.extend(next);
+                        Some(s.id)
+                    });
+                if let Some(session) = resumed {
+                    self.next_harness_event(node, inc, attempt, session);
+                }
             }
             SpecialistEffect::CancelHarness => {
                 if let Some(h) = self.workers[usize::from(node.0) - 1]
@@ -1182,7 +1242,7 @@ impl World {
         let Some((_, event)) = s.events.pop_front() else {
             return;
         };
-        if s.events.is_empty() {
+        if s.events.is_empty() && s.after_answers.is_empty() {
             h.session = None;
         }
         self.deliver_spec(node, attempt, SpecialistInput::Harness(event));

@@ -6,7 +6,7 @@ use keel_actors::{Continuity, Plan, Refusal, Verdict};
 use keel_sim::net::NodeId;
 use keel_sim::profile::FaultKind;
 use keel_sim::profile::HarnessBehaviour;
-use keel_sim::setup::{model_of, run_spec, step};
+use keel_sim::setup::{lead_run_spec, model_of, run_spec, step};
 use keel_sim::{DiskFault, Intervention, RunReport, WorldConfig, run};
 use keel_store::{RunId, RunStatus, TaskKind};
 
@@ -471,4 +471,68 @@ fn late_duplicate_spawn_at_a_restarted_worker_starts_no_second_session() {
         stale > 0,
         "no world delivered a late spawn to a restarted worker"
     );
+}
+
+/// A crash-free lead run: the lead's session delegates, waits for each turn's answer, then reports.
+/// Every delegated call is dispatched as a step whose report is accepted exactly once, every turn is
+/// answered once with a report for each of its calls, and the run completes.
+#[test]
+fn a_lead_run_delegates_and_completes() {
+    for seed in 0..8u64 {
+        let run_id = rid(40 + u128::from(seed));
+        let spec = lead_run_spec(run_id, "A led investigation", None, None);
+        let mut config = WorldConfig::calm(seed, vec![spec]);
+        config.harness_script.insert(
+            (keel_actors::coordinator::LEAD_STEP_KEY.into(), 1),
+            HarnessBehaviour::Success,
+        );
+        let report = check(config);
+        assert_eq!(status(&report, run_id), RunStatus::Completed, "seed {seed}");
+        let o = &report.observed;
+        // One lead attempt asked one or two turns of 1 to 4 calls.
+        assert!(
+            (1..=2).contains(&o.delegations.len()),
+            "seed {seed}: {:?}",
+            o.delegations
+        );
+        let mut calls = 0usize;
+        for (attempt, turn, ids) in &o.delegations {
+            assert!((1..=4).contains(&ids.len()), "seed {seed}: turn {turn}");
+            // The turn was answered exactly once, with a report for each of its calls.
+            let answers: Vec<_> = o
+                .delegation_answers
+                .iter()
+                .filter(|(a, t, _)| a == attempt && t == turn)
+                .collect();
+            assert_eq!(answers.len(), 1, "seed {seed}: turn {turn}");
+            let answered: Vec<&String> = answers[0].2.iter().map(|(id, _)| id).collect();
+            assert_eq!(answered, ids.iter().collect::<Vec<_>>(), "seed {seed}");
+            assert!(
+                answers[0].2.iter().all(|(_, report)| *report),
+                "seed {seed}"
+            );
+            // Each call became step `t{turn}.{i}`, accepted exactly once, its report present.
+            for i in 0..ids.len() {
+                let key = (run_id, format!("t{turn}.{i}"));
+                let accepted = o
+                    .accepted_reports
+                    .get(&key)
+                    .expect("delegated step accepted");
+                assert_eq!(accepted.len(), 1, "seed {seed}: {key:?}");
+                let a = accepted.iter().next().expect("one attempt");
+                let r = o.reports.get(a).expect("the delegated step's report");
+                assert_eq!(r.summary, format!("t{turn}.{i}: done"));
+                calls += 1;
+            }
+        }
+        // No other step ran: the lead plus its delegations.
+        let steps: Vec<&(RunId, String)> = o.accepted_reports.keys().collect();
+        assert_eq!(steps.len(), calls + 1, "seed {seed}: {steps:?}");
+        assert_eq!(
+            o.accepted_reports
+                .get(&(run_id, keel_actors::coordinator::LEAD_STEP_KEY.into()))
+                .map(|a| a.len()),
+            Some(1)
+        );
+    }
 }

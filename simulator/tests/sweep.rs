@@ -9,7 +9,9 @@ const SWEEP_SEEDS: u64 = 500;
 
 #[test]
 fn five_hundred_seeds_break_no_invariant() {
+    let mut delegation_answers = 0usize;
     let summary = sweep(0, SWEEP_SEEDS, |r| {
+        delegation_answers += r.observed.delegation_answers.len();
         if let Some(v) = &r.violation {
             // The seed, the event, the reproduction command and the trace up to it.
             eprintln!("{}", explain(v.seed));
@@ -34,6 +36,18 @@ fn five_hundred_seeds_break_no_invariant() {
         summary.faults
     );
     assert!(summary.runs_completed > 0);
+    // Lead runs are in the mix and complete too.
+    eprintln!(
+        "sweep: {} runs completed, {} other terminal; lead runs: {} completed, {} other terminal",
+        summary.runs_completed,
+        summary.runs_other_terminal,
+        summary.lead_runs_completed,
+        summary.lead_runs_other_terminal
+    );
+    assert!(summary.lead_runs_completed > 0);
+    // And their leads delegated: turns were answered to their sessions.
+    eprintln!("sweep: {delegation_answers} delegation turns answered to leads");
+    assert!(delegation_answers > 0);
     assert!(summary.events > SWEEP_SEEDS * 100);
 }
 
