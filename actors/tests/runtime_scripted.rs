@@ -3,13 +3,15 @@
 //! synthesis, and a run resumed from its store after a pause does not run acknowledged work again.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests: a panic is the failure report.
 
-use keel_actors::runtime::{HarnessSet, Runtime, RuntimeConfig, RuntimeEvent, scripted};
-use keel_actors::{RunMode, Synthesis};
+use keel_actors::runtime::{HarnessSet, RunHandle, Runtime, RuntimeConfig, RuntimeEvent, scripted};
+use keel_actors::{Plan, RunMode, Synthesis};
 use keel_harness::HarnessKind;
 use keel_harness::scripted::{Script, ScriptedHarness};
 use keel_store::{AgentProfile, RunStatus, Sharing, Store, StoreConfig, TaskKind, TaskStatus};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::mpsc;
 
 fn config(work: &std::path::Path) -> RuntimeConfig {
     let mut c = RuntimeConfig::default();
@@ -46,24 +48,48 @@ fn harnesses() -> HarnessSet {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fan_out_runs_real_tools_and_completes_with_a_synthesis() {
+/// A temporary directory holding a `work` directory for the sessions and a store opened on it. Keep
+/// the directory alive for the test.
+fn workspace() -> (tempfile::TempDir, PathBuf, Arc<Store>) {
     let dir = tempfile::tempdir().unwrap();
     let work = dir.path().join("work");
     std::fs::create_dir_all(&work).unwrap();
+    let store = open(dir.path());
+    (dir, work, store)
+}
+
+/// A runtime on `store` with the scripted harness and `cfg`, and its event channel.
+async fn start(store: &Arc<Store>, cfg: RuntimeConfig) -> (Runtime, mpsc::Receiver<RuntimeEvent>) {
+    Runtime::start(store.clone(), harnesses(), cfg)
+        .await
+        .unwrap()
+}
+
+/// Submit `plan` as a run with `brief`, no budget limit and a test config snapshot.
+async fn submit(rt: &Runtime, brief: &str, plan: Plan) -> RunHandle {
+    rt.submit(brief.into(), RunMode::Plan(plan), None, "test".into())
+        .await
+        .unwrap()
+}
+
+/// A shell command that looks for `gate` up to `tries` times, 50 ms apart, then echoes `then`.
+fn after_gate(gate: &Path, tries: u32, then: &str) -> String {
+    format!(
+        "for n in $(seq 1 {tries}); do [ -e {} ] && break; sleep 0.05; done; echo {then}",
+        gate.display()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fan_out_runs_real_tools_and_completes_with_a_synthesis() {
+    let (_dir, work, store) = workspace();
     for i in 0..3 {
         std::fs::write(work.join(format!("f{i}.txt")), "hello").unwrap();
     }
-    let store = open(dir.path());
-    let (rt, mut events) = Runtime::start(store.clone(), harnesses(), config(&work))
-        .await
-        .unwrap();
+    let (rt, mut events) = start(&store, config(&work)).await;
     let plan =
         scripted::fan_out_plan(4, |i| format!("echo part {i} sees $(ls | wc -l) files")).unwrap();
-    let handle = rt
-        .submit("survey".into(), RunMode::Plan(plan), None, "test".into())
-        .await
-        .unwrap();
+    let handle = submit(&rt, "survey", plan).await;
     let run = handle.id();
     let outcome = tokio::time::timeout(Duration::from_secs(60), handle.finished())
         .await
@@ -113,30 +139,19 @@ async fn a_fan_out_runs_real_tools_and_completes_with_a_synthesis() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_run_resumes_without_rerunning_acknowledged_steps() {
-    let dir = tempfile::tempdir().unwrap();
-    let work = dir.path().join("work");
-    std::fs::create_dir_all(&work).unwrap();
-    let store = open(dir.path());
+    let (_dir, work, store) = workspace();
     // Two quick steps and two that wait for a file the test creates after the pause.
     let gate = work.join("gate");
     let plan = scripted::fan_out_plan(4, |i| {
         if i < 2 {
             format!("echo quick {i}")
         } else {
-            format!(
-                "for n in $(seq 1 300); do [ -e {} ] && break; sleep 0.05; done; echo slow {i}",
-                gate.display()
-            )
+            after_gate(&gate, 300, &format!("slow {i}"))
         }
     })
     .unwrap();
-    let (rt, mut events) = Runtime::start(store.clone(), harnesses(), config(&work))
-        .await
-        .unwrap();
-    let handle = rt
-        .submit("pause me".into(), RunMode::Plan(plan), None, "test".into())
-        .await
-        .unwrap();
+    let (rt, mut events) = start(&store, config(&work)).await;
+    let handle = submit(&rt, "pause me", plan).await;
     let run = handle.id();
     // Wait for the two quick reports to be acknowledged (durable).
     let mut reports = 0;
@@ -155,9 +170,7 @@ async fn a_paused_run_resumes_without_rerunning_acknowledged_steps() {
     drop(handle);
 
     std::fs::write(&gate, "open").unwrap();
-    let (rt, _events) = Runtime::start(store.clone(), harnesses(), config(&work))
-        .await
-        .unwrap();
+    let (rt, _events) = start(&store, config(&work)).await;
     let outcome = tokio::time::timeout(
         Duration::from_secs(60),
         rt.resume(run).await.unwrap().finished(),
@@ -181,15 +194,10 @@ async fn a_paused_run_resumes_without_rerunning_acknowledged_steps() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_specialist_is_seen_through_its_link_and_restarted() {
-    let dir = tempfile::tempdir().unwrap();
-    let work = dir.path().join("work");
-    std::fs::create_dir_all(&work).unwrap();
-    let store = open(dir.path());
+    let (_dir, work, store) = workspace();
     let mut cfg = config(&work);
     cfg.supervisor.restart_backoff_ms = 10;
-    let (rt, mut events) = Runtime::start(store.clone(), harnesses(), cfg)
-        .await
-        .unwrap();
+    let (rt, mut events) = start(&store, cfg).await;
     // The first attempt of part 1 waits long enough to be killed; the restart finds the marker.
     let marker = work.join("second-attempt");
     let plan = scripted::fan_out_plan(2, |i| {
@@ -203,10 +211,7 @@ async fn a_killed_specialist_is_seen_through_its_link_and_restarted() {
         }
     })
     .unwrap();
-    let handle = rt
-        .submit("crash".into(), RunMode::Plan(plan), None, "test".into())
-        .await
-        .unwrap();
+    let handle = submit(&rt, "crash", plan).await;
     let mut killed: Option<keel_actors::AttemptId> = None;
     let mut restarted = false;
     let outcome = loop {
@@ -273,19 +278,11 @@ fn two_agents(work: &std::path::Path) -> RuntimeConfig {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_finished_run_takes_follow_ups_on_a_thread_and_ends_again() {
-    let dir = tempfile::tempdir().unwrap();
-    let work = dir.path().join("work");
-    std::fs::create_dir_all(&work).unwrap();
-    let store = open(dir.path());
-    let (rt, _events) = Runtime::start(store.clone(), harnesses(), two_agents(&work))
-        .await
-        .unwrap();
+    let (_dir, work, store) = workspace();
+    let (rt, _events) = start(&store, two_agents(&work)).await;
     let mut plan = scripted::fan_out_plan(1, |_| "echo first answer".to_string()).unwrap();
     plan.steps[0].assignee = Some("scripted".into());
-    let handle = rt
-        .submit("a thread".into(), RunMode::Plan(plan), None, "test".into())
-        .await
-        .unwrap();
+    let handle = submit(&rt, "a thread", plan).await;
     let run = handle.id();
     let first = handle.finished().await.unwrap();
     assert_eq!(first.status, RunStatus::Completed, "{}", first.outcome);
@@ -366,29 +363,18 @@ async fn a_finished_run_takes_follow_ups_on_a_thread_and_ends_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follow_up_joins_a_run_this_runtime_hosts() {
-    let dir = tempfile::tempdir().unwrap();
-    let work = dir.path().join("work");
-    std::fs::create_dir_all(&work).unwrap();
-    let store = open(dir.path());
+    let (_dir, work, store) = workspace();
     let gate = work.join("gate");
     let plan = scripted::fan_out_plan(2, |i| {
         if i == 0 {
             "echo quick".to_string()
         } else {
-            format!(
-                "for n in $(seq 1 300); do [ -e {} ] && break; sleep 0.05; done; echo slow",
-                gate.display()
-            )
+            after_gate(&gate, 300, "slow")
         }
     })
     .unwrap();
-    let (rt, mut events) = Runtime::start(store.clone(), harnesses(), config(&work))
-        .await
-        .unwrap();
-    let handle = rt
-        .submit("hosted".into(), RunMode::Plan(plan), None, "test".into())
-        .await
-        .unwrap();
+    let (rt, mut events) = start(&store, config(&work)).await;
+    let handle = submit(&rt, "hosted", plan).await;
     let quick = loop {
         match tokio::time::timeout(Duration::from_secs(30), events.recv()).await {
             Ok(Some(RuntimeEvent::Report { attempt, step, .. })) if step == "part-000" => {
@@ -419,25 +405,11 @@ async fn a_follow_up_joins_a_run_this_runtime_hosts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follow_ups_that_cannot_be_served_are_refused_with_typed_errors() {
     use keel_actors::runtime::RuntimeError;
-    let dir = tempfile::tempdir().unwrap();
-    let work = dir.path().join("work");
-    std::fs::create_dir_all(&work).unwrap();
-    let store = open(dir.path());
+    let (_dir, work, store) = workspace();
     let gate = work.join("gate");
-    let (rt, _events) = Runtime::start(store.clone(), harnesses(), config(&work))
-        .await
-        .unwrap();
-    let plan = scripted::fan_out_plan(1, |_| {
-        format!(
-            "for n in $(seq 1 600); do [ -e {} ] && break; sleep 0.05; done; echo late",
-            gate.display()
-        )
-    })
-    .unwrap();
-    let handle = rt
-        .submit("held".into(), RunMode::Plan(plan), None, "test".into())
-        .await
-        .unwrap();
+    let (rt, _events) = start(&store, config(&work)).await;
+    let plan = scripted::fan_out_plan(1, |_| after_gate(&gate, 600, "late")).unwrap();
+    let handle = submit(&rt, "held", plan).await;
     let run = handle.id();
     let root = keel_tests_wait_root(&store, run).await;
     let message = follow_up_message("x");
@@ -462,9 +434,7 @@ async fn follow_ups_that_cannot_be_served_are_refused_with_typed_errors() {
     assert!(matches!(e, RuntimeError::MessageTooLarge { .. }), "{e}");
 
     // Another runtime on the same store does not host the run, which is still running.
-    let (other, _e) = Runtime::start(store.clone(), harnesses(), config(&work))
-        .await
-        .unwrap();
+    let (other, _e) = start(&store, config(&work)).await;
     let e = other.follow_up(root, &message, None).await.unwrap_err();
     assert!(
         matches!(

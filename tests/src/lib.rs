@@ -3,7 +3,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -261,6 +261,41 @@ pub fn wait_for<T>(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Write `plan` to `dir/plan.json` and start `keel run <brief> --plan plan.json --detach` in `dir`;
+/// the output of the starting command (its stdout names the run).
+///
+/// # Errors
+/// As [`keel`], or [`HelperError::Process`] when the plan cannot be written or the command run.
+pub fn run_detached(
+    dir: &Path,
+    brief: &str,
+    plan: &keel_actors::Plan,
+) -> Result<Output, HelperError> {
+    let text = serde_json::to_string(plan).map_err(std::io::Error::other)?;
+    std::fs::write(dir.join("plan.json"), text)?;
+    Ok(keel(dir)?
+        .args(["run", brief, "--plan", "plan.json", "--detach"])
+        .output()?)
+}
+
+/// Wait up to `wait` for `keel --json status <run>` in `dir` to report the run cancelled.
+///
+/// # Errors
+/// As [`keel`], or [`HelperError::Timeout`].
+pub fn wait_cancelled(dir: &Path, run: &str, wait: Duration) -> Result<(), HelperError> {
+    keel_binary()?;
+    wait_for(wait, "the run to be cancelled", || {
+        let s = keel(dir)
+            .ok()?
+            .args(["--json", "status", run])
+            .output()
+            .ok()?;
+        String::from_utf8_lossy(&s.stdout)
+            .contains("\"Cancelled\"")
+            .then_some(())
+    })
 }
 
 /// The request bodies a scripted model server recorded in `dir` (`keel model-server --record-dir`),

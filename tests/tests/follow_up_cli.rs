@@ -322,16 +322,7 @@ fn a_follow_up_on_a_run_another_process_holds_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let plan =
         keel_actors::runtime::scripted::fan_out_plan(1, |_| "sleep 20; echo late".into()).unwrap();
-    std::fs::write(
-        dir.path().join("plan.json"),
-        serde_json::to_string(&plan).unwrap(),
-    )
-    .unwrap();
-    let out = keel(dir.path())
-        .unwrap()
-        .args(["run", "hold the store", "--plan", "plan.json", "--detach"])
-        .output()
-        .unwrap();
+    let out = keel_tests::run_detached(dir.path(), "hold the store", &plan).unwrap();
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(out.status.success(), "{text}");
     let run = text.split_whitespace().nth(1).unwrap().to_string();
@@ -373,17 +364,7 @@ fn a_follow_up_on_a_run_another_process_holds_is_refused() {
         .output()
         .unwrap();
     assert!(cancel.status.success());
-    keel_tests::wait_for(Duration::from_secs(60), "the run to be cancelled", || {
-        let s = keel(dir.path())
-            .unwrap()
-            .args(["--json", "status", &run])
-            .output()
-            .ok()?;
-        String::from_utf8_lossy(&s.stdout)
-            .contains("\"Cancelled\"")
-            .then_some(())
-    })
-    .unwrap();
+    keel_tests::wait_cancelled(dir.path(), &run, Duration::from_secs(60)).unwrap();
 }
 
 /// The real Claude Code CLI, or `None` (with the reason printed) when `KEEL_SKIP_REAL_CLIS=1`.

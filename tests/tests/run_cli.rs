@@ -98,16 +98,7 @@ fn a_detached_run_is_cancelled_through_its_process() {
     let dir = tempfile::tempdir().unwrap();
     let plan =
         keel_actors::runtime::scripted::fan_out_plan(2, |i| format!("sleep 20; echo {i}")).unwrap();
-    std::fs::write(
-        dir.path().join("plan.json"),
-        serde_json::to_string(&plan).unwrap(),
-    )
-    .unwrap();
-    let out = keel(dir.path())
-        .unwrap()
-        .args(["run", "wait", "--plan", "plan.json", "--detach"])
-        .output()
-        .unwrap();
+    let out = keel_tests::run_detached(dir.path(), "wait", &plan).unwrap();
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(out.status.success(), "{text}");
     let run = text
@@ -124,17 +115,7 @@ fn a_detached_run_is_cancelled_through_its_process() {
     let cancel_text = String::from_utf8_lossy(&cancel.stdout).to_string();
     assert!(cancel.status.success(), "{cancel_text}");
     assert!(cancel_text.contains("cancel requested"), "{cancel_text}");
-    keel_tests::wait_for(Duration::from_secs(60), "the run to be cancelled", || {
-        let s = keel(dir.path())
-            .unwrap()
-            .args(["--json", "status", &run])
-            .output()
-            .ok()?;
-        String::from_utf8_lossy(&s.stdout)
-            .contains("\"Cancelled\"")
-            .then_some(())
-    })
-    .unwrap();
+    keel_tests::wait_cancelled(dir.path(), &run, Duration::from_secs(60)).unwrap();
 }
 
 #[test]
