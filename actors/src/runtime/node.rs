@@ -87,6 +87,7 @@ pub(crate) struct Node {
     /// Set once the pause marks are being written: coordinators get nothing more.
     pub(crate) frozen: AtomicBool,
     pub(crate) commits_in_flight: AtomicU64,
+    /// Group commits handed to the store writer (failed ones included), for `Runtime::commits`.
     pub(crate) commits_total: AtomicU64,
     pub(crate) entropy: Mutex<OsEntropy>,
     pub(crate) started_keys: Mutex<BTreeSet<IdempotencyKey>>,

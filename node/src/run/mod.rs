@@ -55,10 +55,15 @@ pub(crate) enum Ended {
 /// `keel run`'s arguments.
 #[derive(Debug, Clone)]
 pub(crate) struct RunArgs {
+    /// The brief, as typed.
     pub(crate) brief: String,
+    /// `--plan FILE`: a fixed plan instead of the default one.
     pub(crate) plan: Option<PathBuf>,
+    /// Which agents and harnesses run it.
     pub(crate) choice: HarnessChoice,
+    /// `--quiet`: the summary only, no live view.
     pub(crate) quiet: bool,
+    /// `--detach`: run in a background process and return.
     pub(crate) detach: bool,
     /// `--log-format`, over `[log] format`.
     pub(crate) log_format: Option<LogFormat>,
@@ -257,6 +262,8 @@ async fn drive(
     })
 }
 
+/// A graceful stop on SIGINT/SIGTERM: the runtime pauses the run (sessions cancelled, partial work
+/// durable, tasks marked paused) so `keel resume` continues it with resume preambles.
 pub(crate) async fn pause(
     rt: &Runtime,
     run: RunId,

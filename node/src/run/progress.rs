@@ -63,13 +63,7 @@ impl Write for AboveBarsWriter {
 }
 
 fn short(text: &str) -> String {
-    let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    if line.chars().count() <= LINE_CHARS_MAX {
-        line
-    } else {
-        let cut: String = line.chars().take(LINE_CHARS_MAX - 1).collect();
-        format!("{cut}…")
-    }
+    super::summary::one_line(text, LINE_CHARS_MAX)
 }
 
 /// Below this many micro-dollars (one cent) a spend is shown to the micro-dollar, so a small session
@@ -278,8 +272,9 @@ pub(crate) async fn show(mut events: mpsc::Receiver<RuntimeEvent>, quiet: bool) 
                 }
             }
             RuntimeEvent::Finished(outcome) => {
-                // A specialist's report event is sent when its actor sees the acknowledgement,
-                // which can come after the run's end: its line still ends with what it used.
+                // Report events go out before the run's end; a line still open here lost its events
+                // (the channel drops rather than stall) or never reported: it still ends with what
+                // it used.
                 for line in lines.values().filter(|l| !l.closed) {
                     if tty {
                         line.bar.abandon_with_message(format!(

@@ -21,11 +21,17 @@ const LINE_CHARS_MAX: usize = 160;
 const STATUS_RUNS_MAX: u32 = 1_000;
 
 fn short(text: &str) -> String {
+    one_line(text, LINE_CHARS_MAX)
+}
+
+/// `text` as one line of at most `chars_max` characters (whitespace collapsed, an ellipsis where it
+/// was cut): the live view and the summary show notes, reports and outcomes this way.
+pub(crate) fn one_line(text: &str, chars_max: usize) -> String {
     let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    if line.chars().count() <= LINE_CHARS_MAX {
+    if line.chars().count() <= chars_max {
         line
     } else {
-        let cut: String = line.chars().take(LINE_CHARS_MAX - 1).collect();
+        let cut: String = line.chars().take(chars_max.saturating_sub(1)).collect();
         format!("{cut}…")
     }
 }
