@@ -457,6 +457,25 @@ impl std::fmt::Debug for Runtime {
     }
 }
 
+/// The checks a follow-up message passes before anything starts (not blank, at most
+/// [`FOLLOW_UP_BYTES_MAX`] bytes), public so a caller that hands the follow-up to another process
+/// (`keel follow-up --detach`) can refuse bad input at once.
+///
+/// # Errors
+/// [`RuntimeError::EmptyMessage`] or [`RuntimeError::MessageTooLarge`].
+pub fn check_follow_up_message(message: &str) -> Result<(), RuntimeError> {
+    if message.trim().is_empty() {
+        return Err(RuntimeError::EmptyMessage);
+    }
+    if message.len() > FOLLOW_UP_BYTES_MAX {
+        return Err(RuntimeError::MessageTooLarge {
+            bytes: message.len(),
+            max: FOLLOW_UP_BYTES_MAX,
+        });
+    }
+    Ok(())
+}
+
 impl Runtime {
     /// Start the node's supervisor and checkpoint actors on `store`. The returned channel carries
     /// [`RuntimeEvent`]s; drop it if nobody listens.
@@ -663,15 +682,7 @@ impl Runtime {
         message: &str,
         agent: Option<&str>,
     ) -> Result<FollowUpHandle, RuntimeError> {
-        if message.trim().is_empty() {
-            return Err(RuntimeError::EmptyMessage);
-        }
-        if message.len() > FOLLOW_UP_BYTES_MAX {
-            return Err(RuntimeError::MessageTooLarge {
-                bytes: message.len(),
-                max: FOLLOW_UP_BYTES_MAX,
-            });
-        }
+        check_follow_up_message(message)?;
         let agents = &self.node.config.supervisor.agents;
         if let Some(name) = agent
             && !agents.iter().any(|a| a.name == name)

@@ -60,6 +60,8 @@ pub(crate) fn follow_up(home: &Home, args: FollowUpArgs, json: bool) -> anyhow::
         let store = home.open_existing()?;
         store.catalog().task(args.task)?.run_id
     };
+    // Checked here too, so a detached follow-up refuses a bad message with its exit code at once.
+    keel_actors::runtime::check_follow_up_message(&args.message)?;
     if args.detach {
         return detach(home, "follow-up", json);
     }
