@@ -278,9 +278,9 @@ impl Checker {
 
     /// A commit failed: only a disk fault may cause that; a staging error is a bug in the machines
     /// (a run mismatch is an isolation breach).
-    pub fn commit_failed(&mut self, event: u64, error: &crate::store_host::StoreHostError) {
-        use crate::store_host::StoreHostError;
-        if let StoreHostError::Stage { source, .. } = error {
+    pub fn commit_failed(&mut self, event: u64, error: &keel_actors::host::HostError) {
+        use keel_actors::host::HostError;
+        if let HostError::Stage { source, .. } = error {
             let invariant = if matches!(source, keel_store::StageError::RunMismatch { .. }) {
                 Invariant::RunIsolation
             } else {

@@ -27,9 +27,10 @@ use crate::net::{NodeId, Route};
 use crate::profile::{FaultCounts, FaultKind, FaultProfile, HarnessBehaviour};
 use crate::queue::{EventQueue, SimMillis};
 use crate::rng::SimRng;
-use crate::store_host::{SimStore, StoreHostError};
+use crate::sim_store::SimStore;
 use crate::trace::Trace;
 use crate::violation::{Invariant, Violation};
+use keel_actors::host::{self, HostError};
 
 impl Entropy for SimRng {
     fn next_u64(&mut self) -> u64 {
@@ -830,11 +831,11 @@ impl World {
             None => {}
         }
         let syncs = self.store.disk().syncs();
-        let outcome = self.store.commit(batch);
+        let outcome = host::store::commit(self.store.store(), batch);
         if fault == Some(DiskFault::Full) {
             let disk_full = matches!(
                 outcome,
-                Err(StoreHostError::Commit(keel_store::CommitError::DiskFull(_)))
+                Err(HostError::Commit(keel_store::CommitError::DiskFull(_)))
             );
             let synced = self.store.disk().syncs() != syncs;
             self.checker
@@ -931,9 +932,12 @@ impl World {
         if self.coord.is_none() {
             return;
         }
-        let rows = self
-            .store
-            .load_context(attempt.run, &request, &self.config.specialist.context);
+        let rows = host::store::load_context(
+            self.store.store(),
+            attempt.run,
+            &request,
+            &self.config.specialist.context,
+        );
         if let Some((first, second)) = self.route(NodeId::COORDINATOR, node) {
             let input = SpecialistInput::ContextLoaded(rows);
             if let Some(second) = second {
@@ -1403,7 +1407,7 @@ impl World {
                 return;
             }
             self.coord = Some(self.fresh_coordinator_node());
-            let recovered = match self.store.recover() {
+            let recovered = match host::store::recover_open_runs(self.store.store()) {
                 Ok(r) => r,
                 Err(e) => {
                     self.checker.world_bound(

@@ -26,7 +26,6 @@ pub mod host;
 mod node;
 pub mod scripted;
 pub mod spans;
-pub mod store_io;
 
 pub use clock::{EntropyError, OsEntropy, wall_clock_ms};
 pub use harnesses::{ATTEMPT_ENV, HarnessSet, RUN_ID_ENV, SUBTASK_ID_ENV};
@@ -192,7 +191,7 @@ pub enum RuntimeError {
     },
     /// The store could not be read (recovery).
     #[error(transparent)]
-    Store(#[from] store_io::StoreIoError),
+    Store(#[from] crate::host::HostError),
     /// The run is already terminal: nothing to resume.
     #[error("run {run} is already {status:?}")]
     Terminal {
@@ -367,7 +366,7 @@ impl FollowUpHandle {
                     let row = tokio::task::spawn_blocking(move || store.catalog().run(run))
                         .await
                         .map_err(|e| RuntimeError::HostWrite(format!("read task failed: {e}")))?
-                        .map_err(|e| RuntimeError::Store(store_io::StoreIoError::Read(e)))?;
+                        .map_err(|e| RuntimeError::Store(crate::host::HostError::Read(e)))?;
                     if !row.status.is_terminal() {
                         return Err(RuntimeError::Stopped(run));
                     }
@@ -380,9 +379,10 @@ impl FollowUpHandle {
             }
         };
         let store = Arc::clone(&node.store);
-        let tasks = tokio::task::spawn_blocking(move || store_io::all_tasks(&store.run(run)))
-            .await
-            .map_err(|e| RuntimeError::HostWrite(format!("read task failed: {e}")))??;
+        let tasks =
+            tokio::task::spawn_blocking(move || crate::host::store::all_tasks(&store.run(run)))
+                .await
+                .map_err(|e| RuntimeError::HostWrite(format!("read task failed: {e}")))??;
         let Some(first) = tasks.iter().find(|t| t.id == task).cloned() else {
             return Err(RuntimeError::FollowUpRefused { run, parent });
         };
@@ -620,9 +620,10 @@ impl Runtime {
             return Err(RuntimeError::AlreadyRunning(run));
         }
         let store = Arc::clone(&self.node.store);
-        let mut rows = tokio::task::spawn_blocking(move || store_io::recover_run(&store, run))
-            .await
-            .map_err(|e| RuntimeError::HostWrite(format!("recovery task failed: {e}")))??;
+        let mut rows =
+            tokio::task::spawn_blocking(move || crate::host::store::recover_run(&store, run))
+                .await
+                .map_err(|e| RuntimeError::HostWrite(format!("recovery task failed: {e}")))??;
         if rows.run.status.is_terminal() {
             return Err(RuntimeError::Terminal {
                 run,
@@ -699,7 +700,7 @@ impl Runtime {
         let run = match row {
             Ok(t) => t.run_id,
             Err(ReadError::NotFound { .. }) => return Err(RuntimeError::UnknownTask(task)),
-            Err(e) => return Err(RuntimeError::Store(store_io::StoreIoError::Read(e))),
+            Err(e) => return Err(RuntimeError::Store(crate::host::HostError::Read(e))),
         };
         let preset = {
             let mut rng = lock(&self.node.entropy);
@@ -720,7 +721,7 @@ impl Runtime {
             let row = tokio::task::spawn_blocking(move || store.catalog().run(run))
                 .await
                 .map_err(|e| RuntimeError::HostWrite(format!("read task failed: {e}")))?
-                .map_err(|e| RuntimeError::Store(store_io::StoreIoError::Read(e)))?;
+                .map_err(|e| RuntimeError::Store(crate::host::HostError::Read(e)))?;
             if row.status.is_terminal() {
                 hosted = None;
             }
@@ -748,9 +749,10 @@ impl Runtime {
             });
         }
         let store = Arc::clone(&self.node.store);
-        let mut rows = tokio::task::spawn_blocking(move || store_io::recover_run(&store, run))
-            .await
-            .map_err(|e| RuntimeError::HostWrite(format!("recovery task failed: {e}")))??;
+        let mut rows =
+            tokio::task::spawn_blocking(move || crate::host::store::recover_run(&store, run))
+                .await
+                .map_err(|e| RuntimeError::HostWrite(format!("recovery task failed: {e}")))??;
         match rows.run.status {
             RunStatus::Completed | RunStatus::Failed | RunStatus::Paused => {}
             status @ (RunStatus::Cancelled | RunStatus::BudgetExceeded) => {
@@ -791,7 +793,7 @@ impl Runtime {
     /// # Errors
     /// [`RuntimeError::Store`].
     pub fn open_runs(&self) -> Result<Vec<RunId>, RuntimeError> {
-        Ok(store_io::open_runs(&self.node.store)?)
+        Ok(crate::host::store::open_runs(&self.node.store)?)
     }
 
     /// Cancel a run hosted here (idempotent; ignored once it is terminal). Returns whether the run
@@ -831,9 +833,10 @@ impl Runtime {
             return Err(RuntimeError::AlreadyRunning(run));
         }
         let store = Arc::clone(&self.node.store);
-        let rows = tokio::task::spawn_blocking(move || store_io::recover_run(&store, run))
-            .await
-            .map_err(|e| RuntimeError::HostWrite(format!("read task failed: {e}")))??;
+        let rows =
+            tokio::task::spawn_blocking(move || crate::host::store::recover_run(&store, run))
+                .await
+                .map_err(|e| RuntimeError::HostWrite(format!("read task failed: {e}")))??;
         if rows.run.status.is_terminal() {
             return Err(RuntimeError::Terminal {
                 run,
@@ -905,7 +908,8 @@ impl Runtime {
         for run in runs {
             let store = Arc::clone(&node.store);
             let Ok(Ok(rows)) =
-                tokio::task::spawn_blocking(move || store_io::recover_run(&store, run)).await
+                tokio::task::spawn_blocking(move || crate::host::store::recover_run(&store, run))
+                    .await
             else {
                 continue;
             };

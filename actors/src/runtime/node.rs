@@ -2,7 +2,7 @@
 //! the machines (coordinator per run, one supervisor, one checkpoint writer, one specialist per attempt).
 //!
 //! Rules this file keeps:
-//! - Only the checkpoint role writes the store, and only through [`store_io::commit`] of a batch its
+//! - Only the checkpoint role writes the store, and only through [`crate::host::store::commit`] of a batch its
 //!   machine emitted. Specialists read their context rows; nothing else touches redb.
 //! - Specialists never address anyone but their coordinator: their replies are routed by the
 //!   [`crate::ReplyTo`] the machine holds.
@@ -12,6 +12,7 @@
 use crate::checkpoint::CheckpointWriter;
 use crate::coordinator::Coordinator;
 use crate::effect::{Effect, Envelope, SpecialistEffect, TimerKey};
+use crate::host;
 use crate::ids::{AttemptId, IdempotencyKey};
 use crate::machine::Millis;
 use crate::message::{
@@ -23,7 +24,7 @@ use crate::persist::{CommitBatch, PersistOp, Stage};
 use crate::report::{AttemptResult, SubagentReport};
 use crate::runtime::clock::{OsEntropy, wall_clock_ms};
 use crate::runtime::host::{Flow, Host, HostRef, HostState, Role};
-use crate::runtime::{HarnessSet, RunOutcome, RuntimeConfig, RuntimeEvent, spans, store_io};
+use crate::runtime::{HarnessSet, RunOutcome, RuntimeConfig, RuntimeEvent, spans};
 use crate::specialist::Specialist;
 use crate::supervisor::Supervisor;
 use keel_harness::{CancelToken, HarnessError, HarnessEvent, HarnessKind, UsageAccumulator};
@@ -381,7 +382,7 @@ impl Node {
         let id = batch.id;
         let store = &self.store;
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            store_io::commit(store, &batch)
+            host::store::commit(store, &batch)
         }))
         .map_err(|_| "the commit panicked".to_string())
         .and_then(|r| r.map_err(|e| e.to_string()));
@@ -749,7 +750,9 @@ impl Role for SpecialistRole {
                     let span = self.span.clone();
                     let load = async move {
                         let rows = tokio::task::spawn_blocking(move || {
-                            span.in_scope(|| store_io::load_context(&store, run, &request, &config))
+                            span.in_scope(|| {
+                                host::store::load_context(&store, run, &request, &config)
+                            })
                         })
                         .await
                         .unwrap_or_else(|e| Err(format!("context load task failed: {e}")));

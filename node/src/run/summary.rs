@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use keel_actors::runtime::store_io::all_tasks;
+use keel_actors::host::store::all_tasks;
 use keel_actors::runtime::{FollowUpOutcome, RunOutcome};
 use keel_actors::{StepOutcome, Synthesis};
 use keel_store::{Run, RunId, Store, Task, TaskKind, TaskStatus};

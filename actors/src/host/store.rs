@@ -1,0 +1,175 @@
+//! A host's side of the store: executing the checkpoint machine's `Persist` effects in one redb
+//! write transaction, reading back what a restarted coordinator needs, and loading a specialist's
+//! context rows. Every op becomes a staged write through the one shared mapping,
+//! [`crate::PersistOp::stage`]. Called by the ractor runtime (on its store writer thread and blocking
+//! pool) and by the simulator (over its `SimDisk`), so both execute the machines' effects alike.
+
+use crate::context::{ContextConfig, RowSet};
+use crate::message::{ContextRequest, RecoveredRun};
+use crate::persist::CommitBatch;
+use crate::specialist::context_rows;
+use keel_store::{
+    Durability, IdempotencyRecord, ReadError, RunId, RunScope, StageError, Store, Task, WriteBatch,
+};
+
+/// Rows read per page when listing a run's tasks or idempotency records on recovery.
+pub const RECOVERY_PAGE_ROWS: u32 = 1_000;
+/// Most task rows of one run a recovery reads; a run past it is a runaway, refused as
+/// [`HostError::TooManyTasks`].
+pub const RECOVERY_TASKS_MAX: usize = 10_000;
+/// Most idempotency records of one run a recovery reads (each task has at most a few attempts).
+pub const RECOVERY_IDEMPOTENCY_MAX: usize = RECOVERY_TASKS_MAX * 8;
+/// Most runs a node start (or a simulated restart) reloads.
+pub const RECOVERY_RUNS_MAX: u32 = 1_000;
+
+/// A store failure seen by a host: the one error of the shared host code, so the runtime and the
+/// simulator classify failures alike (a disk fault, a limit, or a bug in the mapping).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HostError {
+    /// A write could not be staged (a limit, or a run mismatch: an isolation bug).
+    #[error("staging {op} for run {run}: {source}")]
+    Stage {
+        /// The op's name.
+        op: &'static str,
+        /// The run whose scope staged it.
+        run: RunId,
+        /// Why.
+        source: StageError,
+    },
+    /// The commit failed: nothing of the batch was written.
+    #[error("commit failed: {0}")]
+    Commit(#[from] keel_store::CommitError),
+    /// Opening (or reopening) the store failed.
+    #[error("open failed: {0}")]
+    Open(#[from] keel_store::OpenError),
+    /// A read failed.
+    #[error("read failed: {0}")]
+    Read(#[from] ReadError),
+    /// A run has more tasks (or idempotency records) than a recovery reads.
+    #[error("run {0} has more than {RECOVERY_TASKS_MAX} tasks")]
+    TooManyTasks(RunId),
+}
+
+/// Commits one group commit of the checkpoint machine in one write transaction with
+/// `Durability::Immediate`: the machine's durability point.
+///
+/// # Errors
+/// [`HostError::Stage`] or [`HostError::Commit`]; nothing of the batch is written then.
+pub fn commit(store: &Store, batch: &CommitBatch) -> Result<(), HostError> {
+    let mut writes = WriteBatch::new();
+    for (run, op) in batch.ops() {
+        let scope = store.run(run);
+        let staged = op.stage(&scope).map_err(|source| HostError::Stage {
+            op: op.name(),
+            run,
+            source,
+        })?;
+        writes.push(staged);
+    }
+    store.commit_group(writes, Durability::Immediate)?;
+    Ok(())
+}
+
+/// The rows a restarted coordinator of `run` rebuilds from: the run row, its checkpoint, every task
+/// and every idempotency record of the run.
+///
+/// # Errors
+/// [`HostError::Read`] (the run is missing, the disk failed) or [`HostError::TooManyTasks`].
+pub fn recover_run(store: &Store, run: RunId) -> Result<RecoveredRun, HostError> {
+    let scope = store.run(run);
+    let row = scope.get()?;
+    let checkpoint = scope.checkpoint()?;
+    let tasks = all_tasks(&scope)?;
+    let idempotency = idempotency_records(&scope)?;
+    Ok(RecoveredRun {
+        run: row,
+        checkpoint,
+        tasks,
+        idempotency,
+    })
+}
+
+/// Every run that is not terminal (running, paused, pending), in the catalog's order, bounded by
+/// [`RECOVERY_RUNS_MAX`]: the runs a restarted node takes up again.
+///
+/// # Errors
+/// [`HostError::Read`].
+pub fn open_runs(store: &Store) -> Result<Vec<RunId>, HostError> {
+    let runs = store.catalog().runs(RECOVERY_RUNS_MAX)?;
+    Ok(runs
+        .items
+        .into_iter()
+        .filter(|r| !r.status.is_terminal())
+        .map(|r| r.id)
+        .collect())
+}
+
+/// [`recover_run`] for every run of [`open_runs`]: what a restarted coordinator node hands its
+/// coordinators.
+///
+/// # Errors
+/// As [`recover_run`].
+pub fn recover_open_runs(store: &Store) -> Result<Vec<RecoveredRun>, HostError> {
+    open_runs(store)?
+        .into_iter()
+        .map(|run| recover_run(store, run))
+        .collect()
+}
+
+/// Every task row of a run, paged, bounded by [`RECOVERY_TASKS_MAX`].
+///
+/// # Errors
+/// [`HostError::Read`] or [`HostError::TooManyTasks`].
+pub fn all_tasks(scope: &RunScope<'_>) -> Result<Vec<Task>, HostError> {
+    let mut tasks: Vec<Task> = Vec::new();
+    loop {
+        let page = scope.tasks(tasks.last().map(|t| t.id), RECOVERY_PAGE_ROWS)?;
+        tasks.extend(page.items);
+        if tasks.len() > RECOVERY_TASKS_MAX {
+            return Err(HostError::TooManyTasks(scope.id()));
+        }
+        if !page.more {
+            return Ok(tasks);
+        }
+    }
+}
+
+/// Every idempotency record of the run, listed from the store's per-run range, paged and bounded.
+///
+/// Listed, not looked up per attempt: the store keys the records by `(run, key)`, so the run's range
+/// holds every record the run ever wrote, whatever task or attempt it belongs to. A lookup of the
+/// keys derived from each task's attempt counter (`AttemptId::idempotency_key` for attempts
+/// `1..=task.attempt`) finds only the keys a host can guess: a record whose key is not derived that
+/// way (a task's own `idempotency_key`, keys minted by a later kind of session) would be missed, and
+/// a restarted coordinator would then start that session a second time (DESIGN.md §12, invariant 2).
+/// The listing is also one range scan per page instead of one read transaction per attempt.
+fn idempotency_records(scope: &RunScope<'_>) -> Result<Vec<IdempotencyRecord>, HostError> {
+    let mut out: Vec<IdempotencyRecord> = Vec::new();
+    loop {
+        let after = out.last().map(|r| r.key.clone());
+        let page = scope.idempotency_records(after.as_deref(), RECOVERY_PAGE_ROWS)?;
+        out.extend(page.items);
+        if out.len() > RECOVERY_IDEMPOTENCY_MAX {
+            return Err(HostError::TooManyTasks(scope.id()));
+        }
+        if !page.more {
+            return Ok(out);
+        }
+    }
+}
+
+/// Loads the rows a specialist's preamble is built from, through the run's scope only (DESIGN.md
+/// §12, invariant 9), with the context loaders' bounded walks.
+///
+/// # Errors
+/// A one-line reason (the task is missing, the disk failed): the machine's input carries it as text,
+/// and the attempt then fails as transient.
+pub fn load_context(
+    store: &Store,
+    run: RunId,
+    request: &ContextRequest,
+    config: &ContextConfig,
+) -> Result<RowSet, String> {
+    context_rows(&store.run(run), request, config).map_err(|e| e.to_string())
+}
