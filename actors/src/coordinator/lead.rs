@@ -1,0 +1,171 @@
+//! Lead mode: the lead agent's delegation turns become steps, and their results go back to it.
+
+use super::step::Step;
+use super::{Coordinator, Phase, StepStatus};
+use crate::effect::Effect;
+use crate::ids::AttemptId;
+use crate::machine::{Entropy, Millis};
+use crate::message::{DelegationCall, SpecialistMsg};
+use crate::plan::{PLAN_STEPS_MAX, PlanStep};
+use crate::report::StepOutcome;
+use std::collections::{BTreeMap, VecDeque};
+
+#[derive(Clone, Debug, Default)]
+pub(super) struct Lead {
+    pub(super) turns_seen: u32,
+    pub(super) queue: VecDeque<(u32, Vec<usize>)>,
+    pub(super) active: Option<(u32, Vec<usize>)>,
+    pub(super) answered: BTreeMap<u32, Vec<(String, StepOutcome)>>,
+}
+
+impl Coordinator {
+    pub(super) fn advance_lead(
+        &mut self,
+        now: Millis,
+        rng: &mut dyn Entropy,
+        out: &mut Vec<Effect>,
+    ) {
+        let Some(run) = self.run.as_mut() else {
+            return;
+        };
+        if run.steps[0].status == StepStatus::Waiting {
+            self.begin_attempt(0, None, now, rng, out);
+            return;
+        }
+        let Some(lead) = run.lead.as_mut() else {
+            return;
+        };
+        // Answer the active turn once all its steps are done, then start the next queued turn.
+        if let Some((turn, steps)) = lead.active.clone()
+            && steps
+                .iter()
+                .all(|&i| run.steps[i].status == StepStatus::Done)
+        {
+            let results: Vec<(String, StepOutcome)> = steps
+                .iter()
+                .map(|&i| {
+                    let s = &run.steps[i];
+                    (
+                        s.call_id.clone().unwrap_or_default(),
+                        s.outcome.clone().unwrap_or(StepOutcome::Skipped {
+                            reason: "no outcome".into(),
+                        }),
+                    )
+                })
+                .collect();
+            if let Some(lead) = run.lead.as_mut() {
+                lead.active = None;
+                lead.answered.insert(turn, results.clone());
+            }
+            if let Some(attempt) = run.steps[0].current(run.id)
+                && run.steps[0].status != StepStatus::Done
+            {
+                run.to_specialist(attempt, SpecialistMsg::Delegated { turn, results }, out);
+            }
+        }
+        let next = run.lead.as_mut().and_then(|lead| {
+            if lead.active.is_none() {
+                let next = lead.queue.pop_front();
+                lead.active = next.clone();
+                next
+            } else {
+                None
+            }
+        });
+        if let Some((turn, steps)) = next {
+            run.decide(
+                now,
+                format!(
+                    "dispatch delegation turn {turn}: {} calls in parallel",
+                    steps.len()
+                ),
+            );
+            for i in steps {
+                self.begin_attempt(i, None, now, rng, out);
+            }
+            return;
+        }
+        let Some(run) = self.run.as_mut() else {
+            return;
+        };
+        let idle = run
+            .lead
+            .as_ref()
+            .is_some_and(|l| l.active.is_none() && l.queue.is_empty());
+        if idle && run.steps.iter().all(|s| s.status == StepStatus::Done) {
+            self.finish(now, out);
+        }
+    }
+
+    pub(super) fn on_delegate(
+        &mut self,
+        from: AttemptId,
+        turn: u32,
+        calls: Vec<DelegationCall>,
+        now: Millis,
+        rng: &mut dyn Entropy,
+        out: &mut Vec<Effect>,
+    ) {
+        let turns_max = self.config.delegation_turns_max;
+        let calls_max = self.config.delegation_calls_max as usize;
+        let Some(run) = self.run.as_mut() else {
+            return;
+        };
+        if run.steps.first().and_then(|s| s.current(run.id)) != Some(from)
+            || run.phase != Phase::Running
+        {
+            return;
+        }
+        let Some(lead) = run.lead.as_mut() else {
+            return;
+        };
+        if turn <= lead.turns_seen {
+            // A duplicate turn: answer again if it was answered (the answer may have been lost).
+            if let Some(results) = lead.answered.get(&turn).cloned() {
+                run.to_specialist(from, SpecialistMsg::Delegated { turn, results }, out);
+            }
+            return;
+        }
+        if turn > turns_max || run.steps.len() + calls.len() > PLAN_STEPS_MAX {
+            run.decide(
+                now,
+                format!("delegation turn {turn} refused: over the delegation limits"),
+            );
+            let results = calls
+                .iter()
+                .map(|c| {
+                    (
+                        c.call_id.clone(),
+                        StepOutcome::Skipped {
+                            reason: "over the delegation limits".into(),
+                        },
+                    )
+                })
+                .collect();
+            run.to_specialist(from, SpecialistMsg::Delegated { turn, results }, out);
+            return;
+        }
+        lead.turns_seen = turn;
+        let mut indices = Vec::new();
+        for (i, call) in calls.into_iter().take(calls_max).enumerate() {
+            let spec = PlanStep {
+                key: format!("t{turn}.{i}"),
+                brief: call.brief,
+                goal: call.goal,
+                quality_criteria: call.quality_criteria,
+                output_schema: call.output_schema,
+                assignee: call.assignee,
+                depends_on: Vec::new(),
+                estimate_micros: self.config.default_estimate_micros,
+            };
+            let mut step = Step::new(spec, Vec::new());
+            step.call_id = Some(call.call_id);
+            run.steps.push(step);
+            indices.push(run.steps.len() - 1);
+        }
+        if let Some(lead) = run.lead.as_mut() {
+            lead.queue.push_back((turn, indices));
+        }
+        self.advance(now, rng, out);
+    }
+}

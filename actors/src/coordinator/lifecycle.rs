@@ -1,0 +1,375 @@
+//! A run's start and end: accepting a run, moving it forward batch by batch, and finishing it.
+
+use super::follow_up::ready_follow_ups;
+use super::lead::Lead;
+use super::staging::Then;
+use super::step::Step;
+use super::synthesis::synthesize;
+use super::{Coordinator, LEAD_STEP_KEY, Phase, RunState, StepStatus};
+use crate::effect::Effect;
+use crate::ids::mint_task_id;
+use crate::machine::{Entropy, Millis};
+use crate::message::{RunMode, RunSpec, SupervisorMsg};
+use crate::persist::{PersistOp, STAGE_OPS_MAX};
+use crate::plan::{PLAN_STEPS_MAX, PlanStep, validate};
+use crate::report::{TEXT_BYTES_MAX, bounded};
+use keel_store::{Budget, Run, RunStatus, Task, TaskKind, TaskStatus};
+use std::collections::{BTreeMap, BTreeSet};
+
+impl Coordinator {
+    pub(super) fn accept(
+        &mut self,
+        spec: RunSpec,
+        now: Millis,
+        rng: &mut dyn Entropy,
+        out: &mut Vec<Effect>,
+    ) {
+        if let Some(run) = &mut self.run {
+            run.decide(now, format!("ignored a second Accept of run {}", spec.run));
+            run.flush_decisions(now, out);
+            return;
+        }
+        let root_id = mint_task_id(now, rng);
+        let brief = bounded(spec.brief.clone(), 64 * 1024);
+        let plan_text = match &spec.mode {
+            RunMode::Plan(plan) => serde_json::to_string(plan).ok(),
+            RunMode::Lead { .. } => None,
+        };
+        let row = Run {
+            id: spec.run,
+            brief: brief.clone(),
+            plan: plan_text,
+            status: RunStatus::Running,
+            budget: Budget {
+                limit_micros: spec.budget_limit_micros,
+                reserved_micros: 0,
+                spent_micros: 0,
+            },
+            created_ms: now,
+            updated_ms: now,
+            config_snapshot: bounded(spec.config_snapshot.clone(), 64 * 1024),
+            outcome: None,
+        };
+        let root = Task {
+            id: root_id,
+            run_id: spec.run,
+            parent: None,
+            depth: self.config.root_depth,
+            kind: TaskKind::Root,
+            brief: brief.clone(),
+            goal: bounded(spec.brief.clone(), TEXT_BYTES_MAX),
+            quality_criteria: Vec::new(),
+            output_schema: None,
+            assignee: None,
+            model: None,
+            observed: None,
+            status: TaskStatus::Running,
+            attempt: 0,
+            idempotency_key: None,
+            outcome: None,
+            attachments: Vec::new(),
+            progress_notes: Vec::new(),
+            created_ms: now,
+            updated_ms: now,
+        };
+        let mut state = RunState {
+            id: spec.run,
+            row,
+            root: root.clone(),
+            steps: Vec::new(),
+            batches: Vec::new(),
+            plan_len: 0,
+            batch: 0,
+            lead: None,
+            constraints: Vec::new(),
+            tasks: BTreeMap::new(),
+            by_task: BTreeMap::new(),
+            next_ticket: 1,
+            pending: BTreeMap::new(),
+            decisions: Vec::new(),
+            stale_logged: BTreeSet::new(),
+            phase: Phase::Running,
+        };
+        match spec.mode {
+            RunMode::Plan(plan) => match validate(plan) {
+                Ok(valid) => {
+                    state.constraints = valid.plan().constraints.clone();
+                    for (i, s) in valid.plan().steps.iter().enumerate() {
+                        let deps = s
+                            .depends_on
+                            .iter()
+                            .filter_map(|d| valid.index_of(d))
+                            .collect();
+                        let mut step = Step::new(s.clone(), deps);
+                        if step.spec.estimate_micros == 0 {
+                            step.spec.estimate_micros = self.config.default_estimate_micros;
+                        }
+                        let _ = i;
+                        state.steps.push(step);
+                    }
+                    state.batches = valid.batches().to_vec();
+                    state.plan_len = valid.plan().steps.len();
+                    let shape: Vec<String> = state
+                        .batches
+                        .iter()
+                        .map(|b| {
+                            b.iter()
+                                .map(|&i| state.steps[i].spec.key.as_str())
+                                .collect::<Vec<_>>()
+                                .join(",")
+                        })
+                        .collect();
+                    state.decide(
+                        now,
+                        format!(
+                            "plan accepted: {} steps in {} batches [{}]",
+                            state.steps.len(),
+                            state.batches.len(),
+                            shape.join("] [")
+                        ),
+                    );
+                }
+                Err(e) => {
+                    state.decide(now, format!("plan rejected: {e}"));
+                    let outcome = format!("plan rejected: {e}");
+                    state.row.status = RunStatus::Failed;
+                    state.row.outcome = Some(outcome.clone());
+                    let mut root = state.root.clone();
+                    root.status = TaskStatus::Failed;
+                    root.outcome = Some(outcome.clone());
+                    state.phase = Phase::Finishing;
+                    let ops = vec![
+                        PersistOp::CreateRun(state.row.clone()),
+                        PersistOp::CreateTask(root),
+                    ];
+                    state.stage(
+                        ops,
+                        Then::Finished {
+                            status: RunStatus::Failed,
+                            outcome,
+                        },
+                        false,
+                        now,
+                        out,
+                    );
+                    self.run = Some(state);
+                    return;
+                }
+            },
+            RunMode::Lead { agent, constraints } => {
+                state.constraints = constraints;
+                let spec = PlanStep {
+                    key: LEAD_STEP_KEY.into(),
+                    brief: brief.clone(),
+                    goal: bounded(spec.brief, TEXT_BYTES_MAX),
+                    quality_criteria: Vec::new(),
+                    output_schema: None,
+                    assignee: agent,
+                    depends_on: Vec::new(),
+                    estimate_micros: self.config.default_estimate_micros,
+                };
+                let mut step = Step::new(spec, Vec::new());
+                // The lead works on the root task itself.
+                step.task = Some(root.id);
+                step.tasks.push(root.id);
+                state.steps.push(step);
+                state.by_task.insert(root.id, 0);
+                state.batches = vec![vec![0]];
+                state.lead = Some(Lead::default());
+                state.decide(now, "lead mode: the lead agent decomposes the brief".into());
+            }
+        }
+        state.tasks.insert(root.id, root.clone());
+        let ops = vec![
+            PersistOp::CreateRun(state.row.clone()),
+            PersistOp::CreateTask(root),
+        ];
+        state.stage(ops, Then::Nothing, true, now, out);
+        state.send(
+            SupervisorMsg::OpenRun {
+                run: state.id,
+                budget: state.row.budget,
+            },
+            out,
+        );
+        self.run = Some(state);
+        self.advance(now, rng, out);
+    }
+
+    /// Move the run forward: dispatch the next batch (or turn) when the current one is done, skip steps
+    /// whose dependencies produced nothing usable, and finish when nothing is left.
+    pub(super) fn advance(&mut self, now: Millis, rng: &mut dyn Entropy, out: &mut Vec<Effect>) {
+        let Some(run) = self.run.as_mut() else {
+            return;
+        };
+        if run.phase != Phase::Running {
+            return;
+        }
+        let ready = ready_follow_ups(run);
+        for i in ready {
+            self.begin_attempt(i, None, now, rng, out);
+        }
+        let Some(run) = self.run.as_mut() else {
+            return;
+        };
+        if run.lead.is_some() {
+            self.advance_lead(now, rng, out);
+            return;
+        }
+        // Bounded: each pass either dispatches a batch and returns, or moves past a finished batch.
+        for _ in 0..=PLAN_STEPS_MAX {
+            let Some(run) = self.run.as_mut() else {
+                return;
+            };
+            let Some(batch) = run.batches.get(run.batch).cloned() else {
+                if run.steps.iter().all(|s| s.status == StepStatus::Done) {
+                    self.finish(now, out);
+                }
+                return;
+            };
+            let waiting: Vec<usize> = batch
+                .iter()
+                .copied()
+                .filter(|&i| run.steps[i].status == StepStatus::Waiting)
+                .collect();
+            if waiting.is_empty() {
+                if batch
+                    .iter()
+                    .all(|&i| run.steps[i].status == StepStatus::Done)
+                {
+                    run.batch += 1;
+                    continue;
+                }
+                return; // the batch is in flight
+            }
+            let keys: Vec<&str> = waiting
+                .iter()
+                .map(|&i| run.steps[i].spec.key.as_str())
+                .collect();
+            let summary = format!(
+                "dispatch batch {} together: [{}]",
+                run.batch + 1,
+                keys.join(", ")
+            );
+            run.decide(now, summary);
+            let plans: Vec<(usize, Vec<String>)> = waiting
+                .into_iter()
+                .map(|i| {
+                    let unusable = run.steps[i]
+                        .deps
+                        .iter()
+                        .filter(|&&d| run.steps[d].usable_report().is_none())
+                        .map(|&d| run.steps[d].spec.key.clone())
+                        .collect();
+                    (i, unusable)
+                })
+                .collect();
+            for (i, unusable) in plans {
+                if unusable.is_empty() {
+                    self.begin_attempt(i, None, now, rng, out);
+                } else {
+                    let reason = format!(
+                        "not dispatched: dependencies without a usable report: {}",
+                        unusable.join(", ")
+                    );
+                    self.skip(i, reason, now, out);
+                }
+            }
+            return;
+        }
+    }
+
+    /// End the run now with a status that is not a synthesis (budget, cancel, store unavailable).
+    pub(super) fn finish_with(
+        &mut self,
+        status: RunStatus,
+        outcome: String,
+        now: Millis,
+        out: &mut Vec<Effect>,
+    ) {
+        let Some(run) = self.run.as_mut() else {
+            return;
+        };
+        if run.phase != Phase::Running {
+            return;
+        }
+        run.phase = Phase::Finishing;
+        run.decide(now, format!("run ends: {status:?}: {outcome}"));
+        let mut ops = Vec::new();
+        let mut stopped = Vec::new();
+        for step in &mut run.steps {
+            if step.status != StepStatus::Done
+                && let Some(task) = step.task
+                && let Some(t) = run.tasks.get_mut(&task)
+                && !t.status.is_terminal()
+            {
+                t.status = TaskStatus::Cancelled;
+                t.updated_ms = now;
+                ops.push(PersistOp::UpdateTask(t.clone()));
+                stopped.push(task);
+            }
+        }
+        run.row.status = status;
+        run.row.outcome = Some(bounded(outcome.clone(), 64 * 1024));
+        run.row.updated_ms = now;
+        ops.push(PersistOp::UpdateRun(run.row.clone()));
+        if run.lead.is_none() {
+            let mut root = run.root.clone();
+            root.status = TaskStatus::Cancelled;
+            root.updated_ms = now;
+            ops.push(PersistOp::UpdateTask(root));
+        }
+        ops.truncate(STAGE_OPS_MAX - 64);
+        run.stage(ops, Then::Finished { status, outcome }, true, now, out);
+    }
+
+    /// End the run with a synthesis: a failure stays a failure, partial coverage is annotated.
+    pub(super) fn finish(&mut self, now: Millis, out: &mut Vec<Effect>) {
+        let Some(run) = self.run.as_mut() else {
+            return;
+        };
+        if run.phase != Phase::Running {
+            return;
+        }
+        run.phase = Phase::Finishing;
+        let synthesis = synthesize(&run.steps);
+        let usable = run.steps.iter().any(|s| s.usable_report().is_some());
+        let status = if usable {
+            RunStatus::Completed
+        } else {
+            RunStatus::Failed
+        };
+        let text = serde_json::to_string(&synthesis).unwrap_or_default();
+        let outcome = if usable {
+            text
+        } else {
+            format!("no step produced a usable report: {}", synthesis.summary)
+        };
+        run.decide(
+            now,
+            format!("synthesis: {:?}; {}", status, synthesis.summary),
+        );
+        run.row.status = status;
+        run.row.outcome = Some(outcome.clone());
+        run.row.updated_ms = now;
+        let mut root = run
+            .tasks
+            .get(&run.root.id)
+            .cloned()
+            .unwrap_or_else(|| run.root.clone());
+        if run.lead.is_none() {
+            root.status = if usable {
+                TaskStatus::Complete
+            } else {
+                TaskStatus::Failed
+            };
+            root.outcome = Some(bounded(synthesis.summary.clone(), TEXT_BYTES_MAX));
+            root.updated_ms = now;
+        }
+        let ops = vec![
+            PersistOp::UpdateTask(root),
+            PersistOp::UpdateRun(run.row.clone()),
+        ];
+        run.stage(ops, Then::Finished { status, outcome }, true, now, out);
+    }
+}

@@ -1,0 +1,400 @@
+//! The coordinator: one per run, the hub (DESIGN.md §4, §8).
+//!
+//! It owns the plan and every decision: it validates a fixed plan (or hosts a lead agent's delegation
+//! turns), dispatches independent steps together and dependent ones in order, gives each specialist only
+//! what its brief needs, accepts a typed report only after it is durable, treats a failure as a failure,
+//! asks the supervisor what to do after one, retries only what failed, annotates partial coverage, and
+//! ends with a synthesis. Every decision is a session_log row on the run's root task, so a run can be
+//! explained afterwards. Its state is rebuilt after a crash from the rows the store returns
+//! ([`CoordinatorInput::Recovered`]); acknowledged work is never run again.
+
+mod follow_up;
+mod lead;
+mod lifecycle;
+mod outcome;
+mod recovery;
+mod snapshot;
+mod staging;
+mod step;
+mod synthesis;
+
+pub use snapshot::{Snapshot, StepSnapshot};
+pub use synthesis::{
+    Conflict, Coverage, SYNTHESIS_CLAIM_BYTES_MAX, SYNTHESIS_CONFLICTS_MAX, SYNTHESIS_FINDINGS_MAX,
+    Synthesis, find_conflicts,
+};
+
+use crate::effect::{Effect, Envelope, TimerKey};
+use crate::ids::AttemptId;
+use crate::machine::{Entropy, Machine, Millis};
+use crate::message::{
+    CoordinatorInput, CoordinatorMsg, CoordinatorTimer, FollowUpRequest, SpecialistMsg,
+    SupervisorMsg,
+};
+use crate::report::{StepOutcome, bounded};
+use keel_store::{LogKind, Run, RunId, RunStatus, SessionLogRow, Task, TaskId};
+use lead::Lead;
+use serde::{Deserialize, Serialize};
+use staging::{Pending, Then, coalesce_stages};
+use std::collections::{BTreeMap, BTreeSet};
+use step::{BackoffNext, Step};
+
+/// The version of the snapshot kept in `Checkpoint::state`.
+pub const SNAPSHOT_VERSION: u8 = 1;
+
+/// Most stale attempts whose late results are logged (beyond it they are still refused, silently).
+pub const STALE_LOGGED_MAX: usize = 1024;
+
+/// The key of the lead agent's step in lead mode.
+pub const LEAD_STEP_KEY: &str = "lead";
+
+/// Limits of one coordinator.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CoordinatorConfig {
+    /// Most attempts one step may get (across re-dispatches) before it is parked in the dead-letter
+    /// table.
+    pub attempts_per_step_max: u32,
+    /// Most times a failed stage is sent again before the run gives up on the store.
+    pub restages_max: u32,
+    /// Wait between restages.
+    pub restage_backoff_ms: Millis,
+    /// Most delegation turns of a lead.
+    pub delegation_turns_max: u32,
+    /// Most calls in one delegation turn.
+    pub delegation_calls_max: u32,
+    /// Nesting depth of the run's root task (0 for a top-level run).
+    pub root_depth: u8,
+    /// Reservation per step when the plan gives none, in micro-dollars.
+    pub default_estimate_micros: u64,
+}
+
+impl Default for CoordinatorConfig {
+    fn default() -> Self {
+        Self {
+            attempts_per_step_max: 5,
+            restages_max: 8,
+            restage_backoff_ms: 500,
+            delegation_turns_max: 16,
+            delegation_calls_max: 16,
+            root_depth: 0,
+            default_estimate_micros: 0,
+        }
+    }
+}
+
+/// Where a step stands in memory. The durable truth is the task row; this is the working copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StepStatus {
+    /// Not dispatched yet (its batch or turn has not come).
+    Waiting,
+    /// Its attempt's task row and idempotency record are being made durable.
+    Recording,
+    /// Asked the supervisor for admission.
+    Admitting,
+    /// A specialist is working on it.
+    Running,
+    /// Failed; waiting for the supervisor's verdict.
+    AwaitingVerdict,
+    /// Waiting for a timer (a retryable refusal or a verdict's backoff).
+    Backoff,
+    /// Its result is being made durable.
+    Committing,
+    /// Its outcome is durable (report, parked failure, or skipped).
+    Done,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Running,
+    Finishing,
+    Done(RunStatus),
+}
+
+#[derive(Debug)]
+struct RunState {
+    id: RunId,
+    row: Run,
+    root: Task,
+    steps: Vec<Step>,
+    batches: Vec<Vec<usize>>,
+    /// How many leading steps come from the run's plan (their specs are not repeated in checkpoints).
+    plan_len: usize,
+    batch: usize,
+    lead: Option<Lead>,
+    constraints: Vec<String>,
+    tasks: BTreeMap<TaskId, Task>,
+    by_task: BTreeMap<TaskId, usize>,
+    next_ticket: u64,
+    pending: BTreeMap<u64, Pending>,
+    decisions: Vec<SessionLogRow>,
+    stale_logged: BTreeSet<AttemptId>,
+    phase: Phase,
+}
+
+/// The coordinator of one run. Build it with [`Coordinator::new`], then feed it either
+/// `CoordinatorMsg::Accept` (a new run) or `CoordinatorInput::Recovered` (after a restart).
+#[derive(Debug)]
+pub struct Coordinator {
+    config: CoordinatorConfig,
+    run: Option<RunState>,
+}
+
+impl Coordinator {
+    /// A coordinator waiting for its run.
+    pub fn new(config: CoordinatorConfig) -> Self {
+        Self { config, run: None }
+    }
+
+    /// The run, once accepted or recovered.
+    pub fn run_id(&self) -> Option<RunId> {
+        self.run.as_ref().map(|r| r.id)
+    }
+
+    /// The run's status as this coordinator sees it (`None` before a run arrives).
+    pub fn status(&self) -> Option<RunStatus> {
+        self.run.as_ref().map(|r| match r.phase {
+            Phase::Done(s) => s,
+            _ => RunStatus::Running,
+        })
+    }
+
+    /// Whether the run reached a terminal state (durably, or after giving up on the store).
+    pub fn is_terminal(&self) -> bool {
+        self.run
+            .as_ref()
+            .is_some_and(|r| matches!(r.phase, Phase::Done(_)))
+    }
+
+    /// Each step's key, status and durable outcome, in step order (for tests and invariant checks).
+    pub fn steps(&self) -> Vec<(String, StepStatus, Option<StepOutcome>)> {
+        self.run.as_ref().map_or_else(Vec::new, |r| {
+            r.steps
+                .iter()
+                .map(|s| (s.spec.key.clone(), s.status, s.outcome.clone()))
+                .collect()
+        })
+    }
+
+    /// The attempt whose result was accepted for each done step (for duplicate-acceptance checks).
+    pub fn accepted_attempts(&self) -> Vec<(String, Option<AttemptId>)> {
+        self.run.as_ref().map_or_else(Vec::new, |r| {
+            r.steps
+                .iter()
+                .map(|s| (s.spec.key.clone(), s.accepted))
+                .collect()
+        })
+    }
+
+    /// The current attempt of each step that has one.
+    pub fn current_attempts(&self) -> Vec<AttemptId> {
+        self.run.as_ref().map_or_else(Vec::new, |r| {
+            r.steps.iter().filter_map(|s| s.current(r.id)).collect()
+        })
+    }
+}
+
+fn decision_row(now: Millis, summary: String) -> SessionLogRow {
+    SessionLogRow {
+        ts_ms: now,
+        kind: LogKind::Lifecycle,
+        summary: bounded(format!("decision: {summary}"), 512),
+        detail: String::new(),
+    }
+}
+
+impl RunState {
+    fn decide(&mut self, now: Millis, summary: String) {
+        self.decisions.push(decision_row(now, summary));
+    }
+
+    fn flush_decisions(&mut self, now: Millis, out: &mut Vec<Effect>) {
+        if !self.decisions.is_empty() {
+            self.stage(Vec::new(), Then::Nothing, false, now, out);
+        }
+    }
+
+    fn send(&self, msg: SupervisorMsg, out: &mut Vec<Effect>) {
+        out.push(Effect::Send(Envelope::Supervisor(msg)));
+    }
+
+    fn to_specialist(&self, attempt: AttemptId, msg: SpecialistMsg, out: &mut Vec<Effect>) {
+        out.push(Effect::Send(Envelope::Specialist { attempt, msg }));
+    }
+
+    fn timer(&self, timer: CoordinatorTimer, at: Millis, out: &mut Vec<Effect>) {
+        out.push(Effect::SetTimer {
+            key: TimerKey::Coordinator(self.id, timer),
+            at,
+        });
+    }
+}
+
+fn one_line(text: &str) -> String {
+    bounded(text.split_whitespace().collect::<Vec<_>>().join(" "), 200)
+}
+
+impl Machine for Coordinator {
+    type Input = CoordinatorInput;
+    type Effect = Effect;
+
+    fn handle(
+        &mut self,
+        input: CoordinatorInput,
+        now: Millis,
+        rng: &mut dyn Entropy,
+        out: &mut Vec<Effect>,
+    ) {
+        let first = out.len();
+        self.handle_input(input, now, rng, out);
+        if let Some(run) = self.run.as_mut() {
+            run.flush_decisions(now, out);
+        }
+        coalesce_stages(out, first);
+    }
+}
+
+impl Coordinator {
+    fn handle_input(
+        &mut self,
+        input: CoordinatorInput,
+        now: Millis,
+        rng: &mut dyn Entropy,
+        out: &mut Vec<Effect>,
+    ) {
+        match input {
+            CoordinatorInput::Msg(CoordinatorMsg::Accept(spec)) => self.accept(spec, now, rng, out),
+            CoordinatorInput::Recovered(rows) => self.recover(*rows, None, now, rng, out),
+            CoordinatorInput::Reopened { rows, follow_up } => {
+                self.recover(*rows, Some(follow_up), now, rng, out);
+            }
+            CoordinatorInput::Msg(CoordinatorMsg::Durable { ticket }) => {
+                self.on_durable(ticket, now, rng, out);
+            }
+            CoordinatorInput::Msg(CoordinatorMsg::PersistFailed { ticket, error }) => {
+                self.on_persist_failed(ticket, error, now, out);
+            }
+            CoordinatorInput::Timer(CoordinatorTimer::Restage { ticket }) => {
+                let _ = ticket;
+                if let Some(run) = self.run.as_mut() {
+                    let held: Vec<u64> = run
+                        .pending
+                        .iter()
+                        .filter(|(_, p)| !p.sent)
+                        .map(|(t, _)| *t)
+                        .collect();
+                    for t in held {
+                        if let Some(p) = run.pending.get(&t) {
+                            run.send_stage(t, p, now, out);
+                        }
+                        if let Some(p) = run.pending.get_mut(&t) {
+                            p.sent = true;
+                        }
+                    }
+                }
+            }
+            CoordinatorInput::Timer(CoordinatorTimer::Redispatch { step, generation }) => {
+                let index = step as usize;
+                let Some(run) = self.run.as_mut() else {
+                    return;
+                };
+                let Some(s) = run.steps.get(index) else {
+                    return;
+                };
+                if s.generation != generation
+                    || s.status != StepStatus::Backoff
+                    || run.phase != Phase::Running
+                {
+                    return;
+                }
+                match s.backoff.clone() {
+                    BackoffNext::Readmit => self.admit(index, out),
+                    BackoffNext::NewAttempt { reroute } => {
+                        self.begin_attempt(index, reroute, now, rng, out);
+                    }
+                }
+            }
+            CoordinatorInput::Msg(CoordinatorMsg::Admission { attempt, answer }) => {
+                self.on_admission(attempt, answer, now, out);
+            }
+            CoordinatorInput::Msg(CoordinatorMsg::Verdict { attempt, verdict }) => {
+                let Some(run) = self.run.as_ref() else {
+                    return;
+                };
+                let Some(&index) = run.by_task.get(&attempt.task) else {
+                    return;
+                };
+                let s = &run.steps[index];
+                if s.current(run.id) == Some(attempt)
+                    && s.status == StepStatus::AwaitingVerdict
+                    && run.phase == Phase::Running
+                {
+                    self.apply_verdict(index, verdict, now, rng, out);
+                }
+            }
+            CoordinatorInput::Msg(CoordinatorMsg::AttemptLost {
+                attempt,
+                failure,
+                verdict,
+            }) => {
+                let Some(run) = self.run.as_mut() else {
+                    return;
+                };
+                let Some(&index) = run.by_task.get(&attempt.task) else {
+                    return;
+                };
+                let s = &run.steps[index];
+                if s.current(run.id) != Some(attempt)
+                    || !matches!(s.status, StepStatus::Admitting | StepStatus::Running)
+                    || run.phase != Phase::Running
+                {
+                    return;
+                }
+                let key = s.spec.key.clone();
+                run.decide(
+                    now,
+                    format!(
+                        "step {key}: attempt {attempt} lost ({}): {}",
+                        failure.kind.name(),
+                        one_line(&failure.detail)
+                    ),
+                );
+                run.steps[index].last_failure = Some(failure);
+                self.apply_verdict(index, verdict, now, rng, out);
+            }
+            CoordinatorInput::Msg(CoordinatorMsg::BudgetTripped {
+                committed_micros,
+                limit_micros,
+            }) => {
+                let outcome = format!(
+                    "budget exceeded: {committed_micros} micro-dollars committed of a limit of {limit_micros}"
+                );
+                self.finish_with(RunStatus::BudgetExceeded, outcome, now, out);
+            }
+            CoordinatorInput::Msg(CoordinatorMsg::FollowUp {
+                parent,
+                brief,
+                agent,
+                task,
+            }) => {
+                let request = FollowUpRequest {
+                    parent,
+                    brief,
+                    agent,
+                    task,
+                };
+                self.on_follow_up(request, now, rng, out);
+            }
+            CoordinatorInput::Msg(CoordinatorMsg::Cancel { reason }) => {
+                self.finish_with(
+                    RunStatus::Cancelled,
+                    format!("cancelled: {reason}"),
+                    now,
+                    out,
+                );
+            }
+            CoordinatorInput::Msg(CoordinatorMsg::Specialist { from, reply }) => {
+                self.on_reply(from, reply, now, rng, out);
+            }
+        }
+    }
+}

@@ -1,0 +1,463 @@
+//! What happens to an attempt's result: a verified report is accepted once durable, a failure goes to
+//! the supervisor for a verdict, and a step whose retries are spent is parked or skipped.
+
+use super::staging::Then;
+use super::step::{BackoffNext, encode_outcome, outcome_status};
+use super::{Coordinator, Phase, STALE_LOGGED_MAX, StepStatus, one_line};
+use crate::effect::Effect;
+use crate::ids::AttemptId;
+use crate::machine::{Entropy, Millis};
+use crate::message::{SpecialistMsg, SpecialistReply, SupervisorMsg, Verdict};
+use crate::persist::PersistOp;
+use crate::report::{
+    AttemptResult, FailureKind, StepOutcome, SubtaskFailure, TEXT_BYTES_MAX, bounded,
+};
+use keel_store::{
+    DeadLetter, Escalation, EscalationTrigger, ManifestEntry, ManifestOutcome, RunId, TaskStatus,
+};
+
+impl Coordinator {
+    pub(super) fn skip(
+        &mut self,
+        index: usize,
+        reason: String,
+        now: Millis,
+        out: &mut Vec<Effect>,
+    ) {
+        let Some(run) = self.run.as_mut() else {
+            return;
+        };
+        let key = run.steps[index].spec.key.clone();
+        run.decide(now, format!("step {key} skipped: {reason}"));
+        let outcome = StepOutcome::Skipped {
+            reason: reason.clone(),
+        };
+        run.steps[index].outcome = Some(outcome.clone());
+        run.steps[index].status = StepStatus::Committing;
+        let ops = vec![PersistOp::AppendManifest(ManifestEntry {
+            ts_ms: now,
+            item: key,
+            task_id: None,
+            outcome: ManifestOutcome::Failed { reason },
+        })];
+        run.stage(
+            ops,
+            Then::Parked {
+                step: index,
+                outcome,
+            },
+            true,
+            now,
+            out,
+        );
+    }
+
+    /// Park a step whose retries are spent (or that was escalated): the task row says failed or
+    /// escalated, the failure goes to the dead-letter table, the manifest records it.
+    pub(super) fn park(
+        &mut self,
+        index: usize,
+        failure: SubtaskFailure,
+        reason: String,
+        escalate: Option<EscalationTrigger>,
+        now: Millis,
+        out: &mut Vec<Effect>,
+    ) {
+        let Some(run) = self.run.as_mut() else {
+            return;
+        };
+        let key = run.steps[index].spec.key.clone();
+        let task = run.steps[index].task;
+        let attempts = run.steps[index].attempts_total;
+        let outcome = StepOutcome::Failed(failure.clone());
+        let mut ops = Vec::new();
+        if let Some(t) = task.and_then(|t| run.tasks.get_mut(&t)) {
+            t.status = if escalate.is_some() {
+                TaskStatus::Escalated
+            } else {
+                TaskStatus::Failed
+            };
+            t.outcome = Some(encode_outcome(&outcome));
+            t.updated_ms = now;
+            ops.push(PersistOp::UpdateTask(t.clone()));
+        }
+        let payload = bounded(
+            serde_json::to_string(&failure).unwrap_or_default(),
+            64 * 1024,
+        );
+        ops.push(PersistOp::AppendDeadLetter(DeadLetter {
+            ts_ms: now,
+            task_id: task,
+            subject: format!("step {key}"),
+            payload,
+            reason: bounded(reason.clone(), TEXT_BYTES_MAX),
+            attempts,
+        }));
+        if let Some(trigger) = escalate {
+            ops.push(PersistOp::AppendEscalation(Escalation {
+                ts_ms: now,
+                task_id: task,
+                trigger,
+                account: run.steps[index]
+                    .assignment
+                    .as_ref()
+                    .map(|a| a.account.clone())
+                    .unwrap_or_default(),
+                asked: bounded(run.steps[index].spec.brief.clone(), TEXT_BYTES_MAX),
+                attempted: failure.attempted.clone(),
+                diagnosis: bounded(reason.clone(), TEXT_BYTES_MAX),
+                amount_micros: None,
+                recommended_action:
+                    "review the dead-lettered step and re-run it or adjust the plan".into(),
+            }));
+        }
+        ops.push(PersistOp::AppendManifest(ManifestEntry {
+            ts_ms: now,
+            item: key.clone(),
+            task_id: task,
+            outcome: ManifestOutcome::Failed {
+                reason: bounded(reason.clone(), TEXT_BYTES_MAX),
+            },
+        }));
+        let verb = if escalate.is_some() {
+            "escalated"
+        } else {
+            "failed"
+        };
+        run.decide(
+            now,
+            format!("step {key} {verb} and parked in the dead-letter table: {reason}"),
+        );
+        run.steps[index].status = StepStatus::Committing;
+        // The task row carries the parked outcome; recovery reads it there.
+        run.stage(
+            ops,
+            Then::Parked {
+                step: index,
+                outcome,
+            },
+            false,
+            now,
+            out,
+        );
+    }
+
+    pub(super) fn on_result(
+        &mut self,
+        from: AttemptId,
+        result: AttemptResult,
+        now: Millis,
+        out: &mut Vec<Effect>,
+    ) {
+        let Some(run) = self.run.as_mut() else {
+            return;
+        };
+        let Some(&index) = run.by_task.get(&from.task) else {
+            return; // not a task of this run
+        };
+        if run.phase != Phase::Running && run.steps[index].accepted != Some(from) {
+            // The run is ending (cancelled, budget, synthesis): nothing more is accepted.
+            run.to_specialist(
+                from,
+                SpecialistMsg::Cancel {
+                    reason: "the run has ended".into(),
+                },
+                out,
+            );
+            return;
+        }
+        let current = run.steps[index].current(run.id);
+        let status = run.steps[index].status;
+        if current != Some(from)
+            || !matches!(
+                status,
+                StepStatus::Admitting
+                    | StepStatus::Running
+                    | StepStatus::Committing
+                    | StepStatus::Done
+            )
+        {
+            if run.steps[index].accepted == Some(from) {
+                run.to_specialist(from, SpecialistMsg::Ack, out);
+                return;
+            }
+            if run.stale_logged.len() < STALE_LOGGED_MAX && run.stale_logged.insert(from) {
+                let key = run.steps[index].spec.key.clone();
+                run.decide(
+                    now,
+                    format!("step {key}: result of attempt {from} refused as stale (not the current attempt)"),
+                );
+            }
+            run.to_specialist(
+                from,
+                SpecialistMsg::Cancel {
+                    reason: "superseded by a newer attempt".into(),
+                },
+                out,
+            );
+            return;
+        }
+        match status {
+            StepStatus::Committing => return, // a duplicate while its result is being made durable
+            StepStatus::Done => {
+                if run.steps[index].accepted == Some(from) {
+                    run.to_specialist(from, SpecialistMsg::Ack, out);
+                }
+                return;
+            }
+            _ => {}
+        }
+        let key = run.steps[index].spec.key.clone();
+        run.steps[index].spent_micros = run.steps[index].spent_micros.max(result.spent_micros);
+        match result.outcome {
+            Ok(report) => match report.verify(from.task) {
+                Ok(()) => {
+                    let outcome = StepOutcome::Report(report.clone());
+                    let mut ops = Vec::new();
+                    if let Some(t) = run.tasks.get_mut(&from.task) {
+                        t.status = outcome_status(&outcome);
+                        t.outcome = Some(encode_outcome(&outcome));
+                        t.updated_ms = now;
+                        ops.push(PersistOp::UpdateTask(t.clone()));
+                    }
+                    ops.push(PersistOp::AppendManifest(ManifestEntry {
+                        ts_ms: now,
+                        item: key.clone(),
+                        task_id: Some(from.task),
+                        outcome: ManifestOutcome::Processed,
+                    }));
+                    run.row.budget.spent_micros = run
+                        .row
+                        .budget
+                        .spent_micros
+                        .saturating_add(result.spent_micros);
+                    run.row.updated_ms = now;
+                    ops.push(PersistOp::UpdateRun(run.row.clone()));
+                    run.decide(
+                        now,
+                        format!(
+                            "step {key}: accepted a {:?} report of attempt {from} ({} findings, {} gaps)",
+                            report.status,
+                            report.findings.len(),
+                            report.gaps.len()
+                        ),
+                    );
+                    run.steps[index].status = StepStatus::Committing;
+                    // No checkpoint here: the task row (result and done-marker, one transaction) is
+                    // what recovery reads; the next dispatch or the synthesis writes the checkpoint.
+                    run.stage(
+                        ops,
+                        Then::Accepted {
+                            step: index,
+                            attempt: from,
+                            outcome,
+                        },
+                        false,
+                        now,
+                        out,
+                    );
+                }
+                Err(e) => {
+                    let failure = SubtaskFailure {
+                        kind: FailureKind::MalformedReport,
+                        attempted: format!("attempt {from}"),
+                        partial: report.findings,
+                        retryable: true,
+                        retry_after_ms: None,
+                        detail: e.to_string(),
+                    };
+                    self.on_failure(index, from, failure, result.spent_micros, now, out);
+                }
+            },
+            Err(failure) => self.on_failure(index, from, failure, result.spent_micros, now, out),
+        }
+    }
+
+    pub(super) fn on_failure(
+        &mut self,
+        index: usize,
+        from: AttemptId,
+        failure: SubtaskFailure,
+        spent_micros: u64,
+        now: Millis,
+        out: &mut Vec<Effect>,
+    ) {
+        let Some(run) = self.run.as_mut() else {
+            return;
+        };
+        let key = run.steps[index].spec.key.clone();
+        run.decide(
+            now,
+            format!(
+                "step {key}: attempt {from} failed ({}, retryable: {}): {}",
+                failure.kind.name(),
+                failure.retryable,
+                one_line(&failure.detail)
+            ),
+        );
+        run.steps[index].status = StepStatus::AwaitingVerdict;
+        run.steps[index].last_failure = Some(failure.clone());
+        if let Some(t) = run.tasks.get_mut(&from.task) {
+            t.status = TaskStatus::Failed;
+            t.updated_ms = now;
+            t.outcome = Some(encode_outcome(&StepOutcome::Failed(failure.clone())));
+        }
+        run.send(
+            SupervisorMsg::Settle {
+                attempt: from,
+                spent_micros,
+                outcome: Err(failure),
+            },
+            out,
+        );
+    }
+
+    pub(super) fn apply_verdict(
+        &mut self,
+        index: usize,
+        verdict: Verdict,
+        now: Millis,
+        rng: &mut dyn Entropy,
+        out: &mut Vec<Effect>,
+    ) {
+        let attempts_max = self.config.attempts_per_step_max;
+        let Some(run) = self.run.as_mut() else {
+            return;
+        };
+        let key = run.steps[index].spec.key.clone();
+        let failure = run.steps[index]
+            .last_failure
+            .clone()
+            .unwrap_or(SubtaskFailure {
+                kind: FailureKind::Crashed,
+                attempted: String::new(),
+                partial: Vec::new(),
+                retryable: true,
+                retry_after_ms: None,
+                detail: "no failure recorded".into(),
+            });
+        let spent = run.steps[index].attempts_total >= attempts_max;
+        match verdict {
+            Verdict::Restart { .. } | Verdict::Reroute { .. } if spent => {
+                let reason = format!("retry budget spent after {attempts_max} attempts");
+                self.park(index, failure, reason, None, now, out);
+            }
+            Verdict::Restart { after_ms } => {
+                run.decide(
+                    now,
+                    format!("step {key}: restart after {after_ms} ms (supervisor)"),
+                );
+                self.backoff(
+                    index,
+                    BackoffNext::NewAttempt { reroute: None },
+                    after_ms,
+                    now,
+                    rng,
+                    out,
+                );
+            }
+            Verdict::Reroute { agent, after_ms } => {
+                run.decide(
+                    now,
+                    format!(
+                        "step {key}: reroute to agent {agent} after {after_ms} ms (supervisor)"
+                    ),
+                );
+                self.backoff(
+                    index,
+                    BackoffNext::NewAttempt {
+                        reroute: Some(agent),
+                    },
+                    after_ms,
+                    now,
+                    rng,
+                    out,
+                );
+            }
+            Verdict::Escalate { reason } => {
+                let trigger = if matches!(failure.kind, FailureKind::Harness(_))
+                    && !reason.starts_with("no meaningful progress")
+                {
+                    EscalationTrigger::PolicyGap
+                } else {
+                    EscalationTrigger::NoProgress
+                };
+                self.park(index, failure, reason, Some(trigger), now, out);
+            }
+            Verdict::GiveUp { reason } => self.park(index, failure, reason, None, now, out),
+        }
+    }
+
+    pub(super) fn on_reply(
+        &mut self,
+        from: AttemptId,
+        reply: SpecialistReply,
+        now: Millis,
+        rng: &mut dyn Entropy,
+        out: &mut Vec<Effect>,
+    ) {
+        if from.run != self.run_id().unwrap_or(RunId(0)) {
+            return;
+        }
+        match reply {
+            SpecialistReply::Finished(result) => {
+                // The attempt is the reply address's, never the payload's: a report cannot claim to be
+                // from another attempt.
+                let result = AttemptResult {
+                    attempt: from,
+                    ..result
+                };
+                self.on_result(from, result, now, out);
+            }
+            SpecialistReply::Logs { rows } => {
+                let Some(run) = self.run.as_mut() else {
+                    return;
+                };
+                let Some(&index) = run.by_task.get(&from.task) else {
+                    return;
+                };
+                if run.steps[index].current(run.id) != Some(from) {
+                    return;
+                }
+                let mut ops = Vec::new();
+                for (seq, row) in rows
+                    .into_iter()
+                    .take(crate::specialist::LOG_ROWS_PER_REPLY_MAX)
+                {
+                    if seq > run.steps[index].log_seq {
+                        run.steps[index].log_seq = seq;
+                        ops.push(PersistOp::AppendLog {
+                            task: from.task,
+                            row,
+                        });
+                    }
+                }
+                if !ops.is_empty() {
+                    run.stage(ops, Then::Nothing, false, now, out);
+                }
+            }
+            SpecialistReply::Spend { spent_micros } => {
+                let Some(run) = self.run.as_mut() else {
+                    return;
+                };
+                let Some(&index) = run.by_task.get(&from.task) else {
+                    return;
+                };
+                if run.steps[index].current(run.id) == Some(from) {
+                    let s = &mut run.steps[index];
+                    s.spent_micros = s.spent_micros.max(spent_micros);
+                    run.send(
+                        SupervisorMsg::Spend {
+                            attempt: from,
+                            spent_micros,
+                        },
+                        out,
+                    );
+                }
+            }
+            SpecialistReply::Delegate { turn, calls } => {
+                self.on_delegate(from, turn, calls, now, rng, out);
+            }
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! The coordinator's snapshot, kept in the run's checkpoint row, and the checkpoint row itself.
+
+use super::{RunState, SNAPSHOT_VERSION, StepStatus};
+use crate::machine::Millis;
+use crate::plan::PlanStep;
+use crate::report::StepOutcome;
+use keel_store::{Checkpoint, TaskId};
+use serde::{Deserialize, Serialize};
+
+/// The coordinator's snapshot, serialized (JSON) into `Checkpoint::state`. Task rows stay the truth
+/// for outcomes; the snapshot says which tasks belong to which step and how far the attempts went.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// [`SNAPSHOT_VERSION`].
+    pub version: u8,
+    /// The run's root task.
+    pub root: TaskId,
+    /// Whether the run is led by an agent (steps beyond the first are its delegations).
+    pub lead: bool,
+    /// One entry per step, in step order.
+    pub steps: Vec<StepSnapshot>,
+}
+
+/// One step in a [`Snapshot`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepSnapshot {
+    /// The step as asked for, for steps that are not in the run's plan (a lead's delegations,
+    /// follow-ups); `None` for plan steps, which come back from the run row's plan. Keeping plan steps
+    /// out makes a checkpoint cheap to write after every decision.
+    #[serde(default)]
+    pub spec: Option<PlanStep>,
+    /// Its tasks, oldest first (re-dispatches add one each).
+    pub tasks: Vec<TaskId>,
+    /// The current attempt number of the newest task.
+    pub attempt: u32,
+    /// Attempts across all its tasks.
+    pub attempts_total: u32,
+    /// The agent the next attempt asks for.
+    pub agent: Option<String>,
+    /// Set when the step was skipped (no task ever ran it).
+    pub skipped: Option<String>,
+    /// For a follow-up: the task whose thread it continues.
+    #[serde(default)]
+    pub thread: Option<TaskId>,
+    /// For a lead's delegation: the lead's call id.
+    #[serde(default)]
+    pub call_id: Option<String>,
+    /// For a follow-up: the task id the host chose for it (kept so a follow-up queued before a
+    /// crash still takes it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preset: Option<TaskId>,
+}
+
+impl RunState {
+    pub(super) fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            version: SNAPSHOT_VERSION,
+            root: self.root.id,
+            lead: self.lead.is_some(),
+            steps: self
+                .steps
+                .iter()
+                .enumerate()
+                .map(|(i, s)| StepSnapshot {
+                    spec: (i >= self.plan_len).then(|| s.spec.clone()),
+                    tasks: s.tasks.clone(),
+                    attempt: s.attempt,
+                    attempts_total: s.attempts_total,
+                    agent: s.agent.clone(),
+                    skipped: match &s.outcome {
+                        Some(StepOutcome::Skipped { reason }) => Some(reason.clone()),
+                        _ => None,
+                    },
+                    thread: s.thread,
+                    preset: s.preset,
+                    call_id: s.call_id.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    pub(super) fn checkpoint_row(&self, now: Millis) -> Checkpoint {
+        let verified = self
+            .steps
+            .iter()
+            .filter(|s| s.status == StepStatus::Done)
+            .filter_map(|s| s.task)
+            .collect();
+        let pending = self
+            .steps
+            .iter()
+            .filter(|s| s.status != StepStatus::Done)
+            .filter_map(|s| s.task)
+            .collect();
+        let last = self
+            .steps
+            .iter()
+            .rev()
+            .find(|s| s.status == StepStatus::Done)
+            .map(|s| s.spec.key.clone());
+        Checkpoint {
+            run_id: self.id,
+            last_completed_step: last,
+            verified_outputs: verified,
+            pending_work: pending,
+            correlation_id: format!("{}/{}", self.id, self.next_ticket),
+            state: serde_json::to_string(&self.snapshot()).unwrap_or_default(),
+            written_ms: now,
+        }
+    }
+}

@@ -1,0 +1,548 @@
+//! One step's attempts: starting an attempt (a new task or the next attempt of its task), the brief it
+//! gets, asking the supervisor for admission, and waiting out a backoff.
+
+use super::follow_up::follow_up_parent;
+use super::staging::Then;
+use super::{Coordinator, Phase, RunState, StepStatus};
+use crate::effect::Effect;
+use crate::ids::{AttemptId, mint_task_id};
+use crate::machine::{Entropy, Millis};
+use crate::message::{Assignment, CoordinatorTimer, Refusal, SpawnRequest, SupervisorMsg};
+use crate::persist::PersistOp;
+use crate::plan::PlanStep;
+use crate::report::{
+    Continuity, FailureKind, PRIOR_FINDINGS_MAX, PriorFinding, ReportStatus, StepOutcome,
+    SubagentReport, SubtaskBrief, SubtaskFailure, TEXT_BYTES_MAX, bounded,
+};
+use keel_store::{
+    IdempotencyRecord, ManifestEntry, ManifestOutcome, RunId, RunStatus, Task, TaskId, TaskKind,
+    TaskStatus,
+};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum BackoffNext {
+    Readmit,
+    NewAttempt { reroute: Option<String> },
+}
+
+#[derive(Clone, Debug)]
+pub(super) struct Step {
+    pub(super) spec: PlanStep,
+    pub(super) deps: Vec<usize>,
+    pub(super) task: Option<TaskId>,
+    pub(super) tasks: Vec<TaskId>,
+    pub(super) attempt: u32,
+    pub(super) attempts_total: u32,
+    pub(super) agent: Option<String>,
+    pub(super) continuity: Continuity,
+    pub(super) generation: u32,
+    pub(super) status: StepStatus,
+    pub(super) backoff: BackoffNext,
+    pub(super) outcome: Option<StepOutcome>,
+    pub(super) accepted: Option<AttemptId>,
+    pub(super) log_seq: u32,
+    pub(super) spent_micros: u64,
+    pub(super) assignment: Option<Assignment>,
+    pub(super) call_id: Option<String>,
+    pub(super) last_failure: Option<SubtaskFailure>,
+    /// For a follow-up: the task whose thread it continues (its parent is that thread's newest task).
+    pub(super) thread: Option<TaskId>,
+    /// For a follow-up: the id its task takes, when the host chose one.
+    pub(super) preset: Option<TaskId>,
+    /// The kind of the last admission refusal logged for this step.
+    pub(super) last_refusal: Option<&'static str>,
+}
+
+impl Step {
+    pub(super) fn new(spec: PlanStep, deps: Vec<usize>) -> Self {
+        Self {
+            agent: spec.assignee.clone(),
+            spec,
+            deps,
+            task: None,
+            tasks: Vec::new(),
+            attempt: 0,
+            attempts_total: 0,
+            continuity: Continuity::Fresh,
+            generation: 0,
+            status: StepStatus::Waiting,
+            backoff: BackoffNext::Readmit,
+            outcome: None,
+            accepted: None,
+            log_seq: 0,
+            spent_micros: 0,
+            assignment: None,
+            call_id: None,
+            last_failure: None,
+            thread: None,
+            preset: None,
+            last_refusal: None,
+        }
+    }
+
+    pub(super) fn current(&self, run: RunId) -> Option<AttemptId> {
+        self.task.map(|task| AttemptId {
+            run,
+            task,
+            attempt: self.attempt,
+        })
+    }
+
+    pub(super) fn usable_report(&self) -> Option<&SubagentReport> {
+        match &self.outcome {
+            Some(StepOutcome::Report(r)) if r.status != ReportStatus::Blocked => Some(r),
+            _ => None,
+        }
+    }
+}
+
+pub(super) fn outcome_status(outcome: &StepOutcome) -> TaskStatus {
+    match outcome {
+        StepOutcome::Report(r) => match r.status {
+            ReportStatus::Complete => TaskStatus::Complete,
+            ReportStatus::Partial => TaskStatus::Partial,
+            ReportStatus::Blocked => TaskStatus::Blocked,
+        },
+        StepOutcome::Failed(_) => TaskStatus::Failed,
+        StepOutcome::Skipped { .. } => TaskStatus::Cancelled,
+    }
+}
+
+pub(super) fn encode_outcome(outcome: &StepOutcome) -> String {
+    // Plain data of strings and integers: serialising cannot fail; the fallback keeps the row valid.
+    serde_json::to_string(outcome).unwrap_or_else(|_| "{}".into())
+}
+
+impl RunState {
+    /// The brief of a step: only what it needs (its own goal and criteria, the findings and gaps of the
+    /// steps it depends on, the run's constraints restated).
+    pub(super) fn brief_for(&self, index: usize, task: TaskId) -> SubtaskBrief {
+        let step = &self.steps[index];
+        let mut prior = Vec::new();
+        let mut gaps = Vec::new();
+        for &d in &step.deps {
+            let dep = &self.steps[d];
+            if let Some(report) = dep.usable_report() {
+                for f in &report.findings {
+                    if prior.len() < PRIOR_FINDINGS_MAX {
+                        prior.push(PriorFinding {
+                            step: dep.spec.key.clone(),
+                            finding: f.clone(),
+                        });
+                    }
+                }
+                for g in &report.gaps {
+                    gaps.push(format!("{}: {g}", dep.spec.key));
+                }
+            }
+        }
+        gaps.truncate(crate::report::GAPS_MAX);
+        SubtaskBrief {
+            step: step.spec.key.clone(),
+            task,
+            brief: step.spec.brief.clone(),
+            goal: step.spec.goal.clone(),
+            quality_criteria: step.spec.quality_criteria.clone(),
+            prior_findings: prior,
+            output_schema: step.spec.output_schema.clone(),
+            constraints: self.constraints.clone(),
+            known_gaps: gaps,
+            aliases: step.tasks.iter().copied().filter(|t| *t != task).collect(),
+        }
+    }
+
+    pub(super) fn depth_of(&self, index: usize, root_depth: u8) -> u8 {
+        if self.lead.is_some() && index == 0 {
+            root_depth
+        } else {
+            root_depth.saturating_add(1)
+        }
+    }
+}
+
+impl Coordinator {
+    /// Start the next attempt of a step: a new task for its first attempt or a re-dispatch (reroute,
+    /// harness switch, context overflow), the same task with the next attempt number for a restart.
+    /// The task row and the idempotency record are made durable before admission is asked.
+    pub(super) fn begin_attempt(
+        &mut self,
+        index: usize,
+        reroute: Option<String>,
+        now: Millis,
+        rng: &mut dyn Entropy,
+        out: &mut Vec<Effect>,
+    ) {
+        let root_depth = self.config.root_depth;
+        let attempts_max = self.config.attempts_per_step_max;
+        let Some(run) = self.run.as_mut() else {
+            return;
+        };
+        if run.steps[index].attempts_total >= attempts_max {
+            let failure = run.steps[index]
+                .last_failure
+                .clone()
+                .unwrap_or(SubtaskFailure {
+                    kind: FailureKind::Refused,
+                    attempted: "no attempt".into(),
+                    partial: Vec::new(),
+                    retryable: false,
+                    retry_after_ms: None,
+                    detail: String::new(),
+                });
+            let reason = format!("retry budget spent: {attempts_max} attempts");
+            self.park(index, failure, reason, None, now, out);
+            return;
+        }
+        let run_id = run.id;
+        let root_id = run.root.id;
+        let depth = run.depth_of(index, root_depth);
+        let is_lead = run.lead.is_some() && index == 0;
+        let previous = run.steps[index].task;
+        let new_task = previous.is_none() || reroute.is_some();
+        let (task_id, attempt, kind, parent, continuity) = match (previous, new_task) {
+            (Some(prev), true) => (
+                mint_task_id(now, rng),
+                1,
+                TaskKind::Redispatch,
+                Some(prev),
+                Continuity::Resume { from: prev },
+            ),
+            (Some(prev), false) => {
+                let step = &run.steps[index];
+                let kind = if is_lead {
+                    TaskKind::Root
+                } else {
+                    step_kind(run, prev)
+                };
+                // The lead's first attempt works on the root task it was given: a fresh start.
+                let continuity = if step.attempts_total == 0 {
+                    Continuity::Fresh
+                } else {
+                    Continuity::Resume { from: prev }
+                };
+                (prev, step.attempt + 1, kind, None, continuity)
+            }
+            (None, _) => match follow_up_parent(run, index) {
+                // A follow-up continues its thread: its parent is the thread's newest task, and its
+                // session gets the standard preamble built from that parent and its ancestors.
+                Some(parent) => (
+                    run.steps[index]
+                        .preset
+                        .filter(|t| !run.tasks.contains_key(t))
+                        .unwrap_or_else(|| mint_task_id(now, rng)),
+                    1,
+                    TaskKind::FollowUp,
+                    Some(parent),
+                    Continuity::Standard { parent },
+                ),
+                None => (
+                    mint_task_id(now, rng),
+                    1,
+                    TaskKind::Subtask,
+                    Some(root_id),
+                    Continuity::Fresh,
+                ),
+            },
+        };
+        if let Some(agent) = reroute {
+            run.steps[index].agent = Some(agent);
+        }
+        let attempt_id = AttemptId {
+            run: run_id,
+            task: task_id,
+            attempt,
+        };
+        let brief = run.brief_for(index, task_id);
+        let key = attempt_id.idempotency_key();
+        let mut ops = Vec::new();
+        let step_key = run.steps[index].spec.key.clone();
+        if new_task {
+            let step = &run.steps[index];
+            let row = Task {
+                id: task_id,
+                run_id,
+                parent,
+                depth,
+                kind,
+                brief: brief.render(),
+                goal: bounded(step.spec.goal.clone(), TEXT_BYTES_MAX),
+                quality_criteria: step.spec.quality_criteria.clone(),
+                output_schema: step.spec.output_schema.clone(),
+                assignee: step.agent.clone(),
+                // Resolved at admission from the assignee's profile; never copied from the parent.
+                model: None,
+                observed: None,
+                status: TaskStatus::Pending,
+                attempt,
+                idempotency_key: Some(key.0.clone()),
+                outcome: None,
+                attachments: Vec::new(),
+                progress_notes: Vec::new(),
+                created_ms: now,
+                updated_ms: now,
+            };
+            ops.push(PersistOp::CreateTask(row.clone()));
+            run.tasks.insert(task_id, row);
+            run.by_task.insert(task_id, index);
+            run.steps[index].tasks.push(task_id);
+        } else if let Some(row) = run.tasks.get_mut(&task_id) {
+            row.attempt = attempt;
+            row.status = TaskStatus::Pending;
+            row.idempotency_key = Some(key.0.clone());
+            row.assignee = run.steps[index].agent.clone();
+            row.updated_ms = now;
+            ops.push(PersistOp::UpdateTask(row.clone()));
+        }
+        ops.push(PersistOp::RecordIdempotency(IdempotencyRecord {
+            key: key.0.clone(),
+            ts_ms: now,
+            task_id: Some(task_id),
+            effect: format!("start a harness session for step {step_key} attempt {attempt}"),
+            result: None,
+        }));
+        let step = &mut run.steps[index];
+        step.task = Some(task_id);
+        step.attempt = attempt;
+        step.attempts_total += 1;
+        step.continuity = continuity;
+        step.generation += 1;
+        step.status = StepStatus::Recording;
+        step.log_seq = 0;
+        step.spent_micros = 0;
+        step.assignment = None;
+        let generation = step.generation;
+        if step.attempts_total > 1 {
+            ops.push(PersistOp::AppendManifest(ManifestEntry {
+                ts_ms: now,
+                item: step_key.clone(),
+                task_id: Some(task_id),
+                outcome: ManifestOutcome::Retried {
+                    attempt: step.attempts_total,
+                },
+            }));
+        }
+        let how = match (new_task, previous) {
+            (true, Some(prev)) => {
+                format!("re-dispatch of {prev} as a new task with a resume preamble")
+            }
+            (false, _) if continuity == Continuity::Fresh => "first attempt".to_string(),
+            (false, _) => "restart with a resume preamble".to_string(),
+            (true, None) => "first attempt".to_string(),
+        };
+        run.decide(
+            now,
+            format!("step {step_key}: attempt {attempt} of task {task_id} ({how})"),
+        );
+        run.stage(
+            ops,
+            Then::Admit {
+                step: index,
+                generation,
+            },
+            true,
+            now,
+            out,
+        );
+    }
+
+    pub(super) fn admit(&mut self, index: usize, out: &mut Vec<Effect>) {
+        let root_depth = self.config.root_depth;
+        let Some(run) = self.run.as_mut() else {
+            return;
+        };
+        let Some(attempt) = run.steps[index].current(run.id) else {
+            return;
+        };
+        let brief = run.brief_for(index, attempt.task);
+        let step = &mut run.steps[index];
+        step.status = StepStatus::Admitting;
+        let kind = run
+            .tasks
+            .get(&attempt.task)
+            .map_or(TaskKind::Subtask, |t| t.kind);
+        let req = SpawnRequest {
+            attempt,
+            depth: run.depth_of(index, root_depth),
+            kind,
+            agent: run.steps[index].agent.clone(),
+            estimate_micros: run.steps[index].spec.estimate_micros,
+            brief,
+            continuity: run.steps[index].continuity,
+        };
+        run.send(SupervisorMsg::Admit(req), out);
+    }
+
+    pub(super) fn backoff(
+        &mut self,
+        index: usize,
+        next: BackoffNext,
+        after_ms: Millis,
+        now: Millis,
+        rng: &mut dyn Entropy,
+        out: &mut Vec<Effect>,
+    ) {
+        let Some(run) = self.run.as_mut() else {
+            return;
+        };
+        if after_ms == 0
+            && let BackoffNext::NewAttempt { reroute } = next.clone()
+        {
+            self.begin_attempt(index, reroute, now, rng, out);
+            return;
+        }
+        let step = &mut run.steps[index];
+        step.status = StepStatus::Backoff;
+        step.backoff = next;
+        let generation = step.generation;
+        run.timer(
+            CoordinatorTimer::Redispatch {
+                step: u32::try_from(index).unwrap_or(u32::MAX),
+                generation,
+            },
+            now.saturating_add(after_ms),
+            out,
+        );
+    }
+}
+
+pub(super) fn refusal_kind(refusal: &Refusal) -> &'static str {
+    match refusal {
+        Refusal::Concurrency { .. } => "concurrency",
+        Refusal::Depth { .. } => "depth",
+        Refusal::Budget { .. } => "budget",
+        Refusal::Rate { .. } => "rate",
+        Refusal::UnknownRun => "unknown_run",
+        Refusal::NoAgent { .. } => "no_agent",
+    }
+}
+
+pub(super) fn step_kind(run: &RunState, task: TaskId) -> TaskKind {
+    run.tasks.get(&task).map_or(TaskKind::Subtask, |t| t.kind)
+}
+
+impl Coordinator {
+    pub(super) fn on_admission(
+        &mut self,
+        attempt: AttemptId,
+        answer: Result<Assignment, Refusal>,
+        now: Millis,
+        out: &mut Vec<Effect>,
+    ) {
+        let Some(run) = self.run.as_mut() else {
+            return;
+        };
+        let Some(&index) = run.by_task.get(&attempt.task) else {
+            return;
+        };
+        if run.steps[index].current(run.id) != Some(attempt) || run.phase != Phase::Running {
+            return;
+        }
+        if run.steps[index].status != StepStatus::Admitting {
+            // The attempt's result can overtake its admission answer: still record who ran it, so the
+            // task row carries the model resolved from the assignee.
+            if let Ok(assignment) = answer
+                && run.steps[index].assignment.is_none()
+                && let Some(t) = run.tasks.get_mut(&attempt.task)
+            {
+                t.assignee = Some(assignment.agent.clone());
+                t.model = Some(assignment.model.clone());
+                t.updated_ms = now;
+                let row = t.clone();
+                run.steps[index].assignment = Some(assignment);
+                run.stage(
+                    vec![PersistOp::UpdateTask(row)],
+                    Then::Nothing,
+                    false,
+                    now,
+                    out,
+                );
+            }
+            return;
+        }
+        let key = run.steps[index].spec.key.clone();
+        match answer {
+            Ok(assignment) => {
+                run.decide(
+                    now,
+                    format!(
+                        "step {key}: attempt {attempt} admitted as agent {} on {} with model {} (from the agent's profile)",
+                        assignment.agent, assignment.harness, assignment.model
+                    ),
+                );
+                run.steps[index].status = StepStatus::Running;
+                if let Some(t) = run.tasks.get_mut(&attempt.task) {
+                    t.assignee = Some(assignment.agent.clone());
+                    t.model = Some(assignment.model.clone());
+                    t.status = TaskStatus::Running;
+                    t.updated_ms = now;
+                    let row = t.clone();
+                    run.steps[index].assignment = Some(assignment);
+                    run.stage(
+                        vec![PersistOp::UpdateTask(row)],
+                        Then::Nothing,
+                        false,
+                        now,
+                        out,
+                    );
+                } else {
+                    run.steps[index].assignment = Some(assignment);
+                }
+            }
+            Err(refusal) => {
+                // A step waiting for a slot is asked about again every second or so: log a refusal
+                // when its kind changes, not every time, so waiting cannot flood the run's log.
+                let kind = refusal_kind(&refusal);
+                if run.steps[index].last_refusal != Some(kind) {
+                    run.steps[index].last_refusal = Some(kind);
+                    run.decide(
+                        now,
+                        format!("step {key}: admission of {attempt} refused: {refusal:?}"),
+                    );
+                }
+                if let Some(after) = refusal.retry_after_ms() {
+                    let step = &mut run.steps[index];
+                    step.status = StepStatus::Backoff;
+                    step.backoff = BackoffNext::Readmit;
+                    let generation = step.generation;
+                    run.timer(
+                        CoordinatorTimer::Redispatch {
+                            step: u32::try_from(index).unwrap_or(u32::MAX),
+                            generation,
+                        },
+                        now.saturating_add(after.max(1)),
+                        out,
+                    );
+                    return;
+                }
+                if let Refusal::Budget {
+                    committed_micros,
+                    limit_micros,
+                    ..
+                } = refusal
+                {
+                    let outcome = format!(
+                        "budget exceeded: {committed_micros} micro-dollars committed of a limit of {limit_micros}"
+                    );
+                    self.finish_with(RunStatus::BudgetExceeded, outcome, now, out);
+                    return;
+                }
+                let failure = SubtaskFailure {
+                    kind: FailureKind::Refused,
+                    attempted: format!("admission of attempt {attempt}"),
+                    partial: Vec::new(),
+                    retryable: false,
+                    retry_after_ms: None,
+                    detail: format!("{refusal:?}"),
+                };
+                self.park(
+                    index,
+                    failure,
+                    format!("admission refused: {refusal:?}"),
+                    None,
+                    now,
+                    out,
+                );
+            }
+        }
+    }
+}
