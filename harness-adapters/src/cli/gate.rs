@@ -1,0 +1,95 @@
+//! The pre-tool gate as each CLI runs it: one fail-closed shell wrapper that every hook, plugin
+//! and extension calls, and the JavaScript that calls it from the Node/Bun based CLIs.
+
+use std::path::{Path, PathBuf};
+
+use super::SessionFile;
+use crate::spec::{GateCommand, HarnessKind};
+
+/// Quotes one word for a POSIX shell.
+pub fn shell_quote(word: &str) -> String {
+    if !word.is_empty()
+        && word
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/._-=:,+@%".contains(&b))
+    {
+        return word.to_owned();
+    }
+    format!("'{}'", word.replace('\'', "'\\''"))
+}
+
+/// Adds the gate's wrapper script to a session's files and returns its path: every CLI's hook,
+/// plugin or extension calls this one wrapper, which fails closed on a crash or a timeout.
+pub fn install_gate_wrapper(
+    session_dir: &std::path::Path,
+    gate: &GateCommand,
+    files: &mut Vec<SessionFile>,
+) -> PathBuf {
+    let wrapper = session_dir.join("keel-gate.sh");
+    files.push(SessionFile {
+        path: wrapper.clone(),
+        contents: gate_wrapper_script(gate),
+        executable: true,
+    });
+    wrapper
+}
+
+/// A shell script that runs the spec's gate with a timeout and fails closed: exit 0 allows, exit 2
+/// denies with stderr as the reason, and anything else (a crash, a timeout, a missing program)
+/// becomes exit 2. Claude Code and Codex treat other exit codes as a non-blocking hook error and
+/// would run the tool, which a mandatory gate must never allow (DESIGN.md §9).
+pub fn gate_wrapper_script(gate: &GateCommand) -> String {
+    let mut cmd = shell_quote(&gate.program);
+    for a in &gate.args {
+        cmd.push(' ');
+        cmd.push_str(&shell_quote(a));
+    }
+    let secs = gate.timeout_ms.div_ceil(1000).max(1);
+    format!(
+        "#!/bin/sh\n# keel pre-tool gate wrapper: fail closed.\ntimeout -k 1 {secs} {cmd}\nrc=$?\n\
+         if [ \"$rc\" -eq 0 ] || [ \"$rc\" -eq 2 ]; then exit \"$rc\"; fi\n\
+         echo \"keel gate failed closed (exit $rc)\" >&2\nexit 2\n"
+    )
+}
+
+/// The JavaScript that runs the gate from a Node/Bun based CLI (opencode plugin, pi extension):
+/// a function `keelGate(toolName, toolInput, toolUseId, cwd)` returning `null` to allow or the
+/// deny reason. It hands the gate a Claude-compatible `PreToolUse` payload on stdin and fails closed
+/// like [`gate_wrapper_script`] (it runs that same wrapper).
+pub fn gate_js_function(wrapper: &Path, harness: HarnessKind) -> String {
+    let wrapper =
+        serde_json::to_string(&wrapper.display().to_string()).unwrap_or_else(|_| "\"\"".to_owned());
+    format!(
+        r#"import {{ spawnSync }} from "node:child_process";
+const KEEL_GATE = {wrapper};
+function keelGate(toolName, toolInput, toolUseId, cwd) {{
+  const payload = JSON.stringify({{ hook_event_name: "PreToolUse", harness: "{harness}", tool_name: toolName,
+    tool_input: toolInput ?? {{}}, tool_use_id: toolUseId ?? null, cwd: cwd ?? process.cwd() }});
+  const r = spawnSync(KEEL_GATE, [], {{ input: payload, encoding: "utf8" }});
+  if (r.status === 0) return null;
+  const reason = String(r.stderr ?? "").trim();
+  return reason.length > 0 ? reason : `keel gate denied the call (exit ${{r.status}})`;
+}}
+"#
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gate_wrapper_fails_closed() {
+        let gate = GateCommand {
+            program: "/srv/example/gate".into(),
+            args: vec!["it's".into()],
+            timeout_ms: 1500,
+        };
+        let s = gate_wrapper_script(&gate);
+        assert!(
+            s.contains("timeout -k 1 2 /srv/example/gate 'it'\\''s'"),
+            "{s}"
+        );
+        assert!(s.contains("exit 2"));
+    }
+}
