@@ -1,0 +1,330 @@
+//! The coordinator node: the coordinators, the supervisor and the checkpoint writer, the effects
+//! they emit, and the store commits and context reads they need.
+
+use std::collections::BTreeMap;
+
+use keel_actors::host::{self, HostError};
+use keel_actors::{
+    AttemptId, CheckpointInput, CheckpointWriter, Coordinator, CoordinatorInput, Effect, Envelope,
+    Machine, SpecialistInput, SpecialistMsg, Supervisor, SupervisorInput, TimerKey,
+};
+use keel_store::RunId;
+
+use crate::config::DiskFault;
+use crate::net::NodeId;
+
+use super::World;
+use super::event::Ev;
+
+/// The coordinator node's machines: everything here is lost in a crash; the store is not.
+#[derive(Debug)]
+pub(super) struct CoordinatorNode {
+    pub(super) coordinators: BTreeMap<RunId, Coordinator>,
+    pub(super) supervisor: Supervisor,
+    pub(super) checkpoint: CheckpointWriter,
+    /// Where each attempt was placed (host memory, lost in a crash like everything else).
+    pub(super) placement: BTreeMap<AttemptId, NodeId>,
+}
+
+impl World {
+    pub(super) fn fresh_coordinator_node(&self) -> CoordinatorNode {
+        let mut sup = self.config.supervisor.clone();
+        sup.agents = crate::setup::agents();
+        CoordinatorNode {
+            coordinators: BTreeMap::new(),
+            supervisor: Supervisor::new(sup),
+            checkpoint: CheckpointWriter::new(self.config.checkpoint.clone()),
+            placement: BTreeMap::new(),
+        }
+    }
+
+    pub(super) fn ensure_coordinator(&mut self, run: RunId) {
+        let config = self.config.coordinator.clone();
+        if let Some(node) = &mut self.coord {
+            node.coordinators
+                .entry(run)
+                .or_insert_with(|| Coordinator::new(config));
+        }
+    }
+
+    pub(super) fn deliver_coord(&mut self, run: RunId, input: CoordinatorInput) {
+        let mut out = std::mem::take(&mut self.coord_effects);
+        out.clear();
+        {
+            let Some(node) = &mut self.coord else { return };
+            let Some(coordinator) = node.coordinators.get_mut(&run) else {
+                self.coord_effects = out;
+                return;
+            };
+            self.checker.coordinator_input(self.event_no, run, &input);
+            coordinator.handle(input, self.now, &mut self.rng, &mut out);
+        }
+        for effect in out.drain(..) {
+            self.coord_effect(Some(run), effect);
+        }
+        self.coord_effects = out;
+    }
+
+    pub(super) fn deliver_sup(&mut self, input: SupervisorInput) {
+        let mut out = Vec::new();
+        {
+            let Some(node) = &mut self.coord else { return };
+            node.supervisor
+                .handle(input, self.now, &mut self.rng, &mut out);
+        }
+        for effect in out {
+            self.coord_effect(None, effect);
+        }
+    }
+
+    pub(super) fn deliver_ckpt(&mut self, input: CheckpointInput) {
+        let mut out = Vec::new();
+        {
+            let Some(node) = &mut self.coord else { return };
+            node.checkpoint
+                .handle(input, self.now, &mut self.rng, &mut out);
+        }
+        for effect in out {
+            self.coord_effect(None, effect);
+        }
+    }
+
+    /// Executes one effect of a coordinator-node machine. `from_run` names the coordinator that
+    /// emitted it (`None` for the supervisor and the checkpoint writer).
+    pub(super) fn coord_effect(&mut self, from_run: Option<RunId>, effect: Effect) {
+        if self.coord.is_none() {
+            // The node crashed in the middle of this effect list (a scripted crash at a boundary).
+            return;
+        }
+        self.effects_executed += 1;
+        let sup = self.coord.as_ref().map(|c| &c.supervisor);
+        self.checker
+            .coord_effect(self.event_no, self.now, from_run, &effect, sup);
+        let inc = Some(self.coord_inc);
+        match effect {
+            Effect::Send(envelope) => match envelope {
+                Envelope::Coordinator { run, msg } => self.schedule(
+                    self.now,
+                    Ev::Coord {
+                        run,
+                        input: CoordinatorInput::Msg(msg),
+                        inc,
+                    },
+                ),
+                Envelope::Supervisor(msg) => self.schedule(
+                    self.now,
+                    Ev::Sup {
+                        input: SupervisorInput::Msg(msg),
+                        inc,
+                    },
+                ),
+                Envelope::Checkpoint(msg) => self.schedule(
+                    self.now,
+                    Ev::Ckpt {
+                        input: CheckpointInput::Msg(msg),
+                        inc: self.coord_inc,
+                    },
+                ),
+                Envelope::Specialist { attempt, msg } => self.send_to_specialist(attempt, msg),
+            },
+            Effect::Persist(batch) => {
+                let input = match self.commit(&batch) {
+                    Ok(()) => CheckpointInput::Committed(batch.id),
+                    Err(error) => CheckpointInput::CommitFailed {
+                        id: batch.id,
+                        error,
+                    },
+                };
+                let at = self.now + self.rng.range(1, 3);
+                self.schedule(
+                    at,
+                    Ev::Ckpt {
+                        input,
+                        inc: self.coord_inc,
+                    },
+                );
+            }
+            Effect::SpawnSpecialist(start) => {
+                let node = self.pick_worker();
+                if let Some(c) = &mut self.coord {
+                    c.placement.insert(start.attempt, node);
+                }
+                // The coordinator node addresses the worker's current incarnation (a cluster node
+                // event tells it of a crash at once).
+                let inc = self.workers[usize::from(node.0) - 1].inc;
+                if let Some((first, second)) = self.route(NodeId::COORDINATOR, node) {
+                    self.schedule(
+                        first,
+                        Ev::Spawn {
+                            node,
+                            start: Box::new(start.clone()),
+                            inc,
+                        },
+                    );
+                    if let Some(second) = second {
+                        self.schedule(
+                            second,
+                            Ev::Spawn {
+                                node,
+                                start: Box::new(start),
+                                inc,
+                            },
+                        );
+                    }
+                }
+            }
+            Effect::StopSpecialist { attempt, reason } => {
+                self.send_to_specialist(attempt, SpecialistMsg::Cancel { reason });
+            }
+            Effect::SetTimer { key, at } => match key {
+                TimerKey::Coordinator(run, t) => self.schedule(
+                    at,
+                    Ev::Coord {
+                        run,
+                        input: CoordinatorInput::Timer(t),
+                        inc,
+                    },
+                ),
+                TimerKey::Supervisor(t) => self.schedule(
+                    at,
+                    Ev::Sup {
+                        input: SupervisorInput::Timer(t),
+                        inc,
+                    },
+                ),
+                TimerKey::Checkpoint(t) => self.schedule(
+                    at,
+                    Ev::Ckpt {
+                        input: CheckpointInput::Timer(t),
+                        inc: self.coord_inc,
+                    },
+                ),
+            },
+            Effect::Emit(_) => {}
+        }
+        if self.config.crash_after_coord_effect == Some(self.effects_executed) {
+            self.crash(NodeId::COORDINATOR, self.config.restart_after_ms);
+        }
+    }
+
+    pub(super) fn commit(&mut self, batch: &keel_actors::CommitBatch) -> Result<(), String> {
+        self.commits += 1;
+        let fault = self.disk_fault_armed.take();
+        match fault {
+            Some(DiskFault::FailedSync) => self.store.disk().fail_next_syncs(1),
+            Some(DiskFault::Full) => self.store.disk().set_write_budget(Some(0)),
+            None => {}
+        }
+        let syncs = self.store.disk().syncs();
+        let outcome = host::store::commit(self.store.store(), batch);
+        if fault == Some(DiskFault::Full) {
+            let disk_full = matches!(
+                outcome,
+                Err(HostError::Commit(keel_store::CommitError::DiskFull(_)))
+            );
+            let synced = self.store.disk().syncs() != syncs;
+            self.checker
+                .full_disk_commit(self.event_no, disk_full, synced);
+            // Space is free again: the retry of the checkpoint writer may succeed.
+            self.store.disk().set_write_budget(None);
+        }
+        match outcome {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.checker.commit_failed(self.event_no, &e);
+                // redb asks for a reopen after a failed commit; the durable image is what it reopens.
+                if let Err(reopen) = self.store.crash_and_reopen() {
+                    self.checker
+                        .world_bound(self.event_no, format!("the store did not reopen: {reopen}"));
+                }
+                Err(e.to_string())
+            }
+        }
+    }
+
+    pub(super) fn pick_worker(&mut self) -> NodeId {
+        // Round robin, skipping workers the host knows are down; the host learns of a crash at once
+        // (a cluster node event), but a spawn may still race one.
+        let n = self.workers.len();
+        for _ in 0..n {
+            self.spawn_cursor = (self.spawn_cursor + 1) % n;
+            if self.workers[self.spawn_cursor].up {
+                break;
+            }
+        }
+        NodeId(u8::try_from(self.spawn_cursor + 1).unwrap_or(1))
+    }
+
+    pub(super) fn send_to_specialist(&mut self, attempt: AttemptId, msg: SpecialistMsg) {
+        let Some(node) = self
+            .coord
+            .as_ref()
+            .and_then(|c| c.placement.get(&attempt).copied())
+        else {
+            return;
+        };
+        if let Some((first, second)) = self.route(NodeId::COORDINATOR, node) {
+            let input = SpecialistInput::Msg(msg);
+            if let Some(second) = second {
+                self.schedule(
+                    second,
+                    Ev::Spec {
+                        node,
+                        attempt,
+                        input: input.clone(),
+                        inc: None,
+                    },
+                );
+            }
+            self.schedule(
+                first,
+                Ev::Spec {
+                    node,
+                    attempt,
+                    input,
+                    inc: None,
+                },
+            );
+        }
+    }
+
+    pub(super) fn context_request(
+        &mut self,
+        node: NodeId,
+        attempt: AttemptId,
+        request: keel_actors::ContextRequest,
+    ) {
+        if self.coord.is_none() {
+            return;
+        }
+        let rows = host::store::load_context(
+            self.store.store(),
+            attempt.run,
+            &request,
+            &self.config.specialist.context,
+        );
+        if let Some((first, second)) = self.route(NodeId::COORDINATOR, node) {
+            let input = SpecialistInput::ContextLoaded(rows);
+            if let Some(second) = second {
+                self.schedule(
+                    second,
+                    Ev::Spec {
+                        node,
+                        attempt,
+                        input: input.clone(),
+                        inc: None,
+                    },
+                );
+            }
+            self.schedule(
+                first,
+                Ev::Spec {
+                    node,
+                    attempt,
+                    input,
+                    inc: None,
+                },
+            );
+        }
+    }
+}

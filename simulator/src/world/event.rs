@@ -1,0 +1,239 @@
+//! The events of the world's agenda and their one-line descriptions for the trace.
+
+use keel_actors::{
+    AttemptId, CheckpointInput, CoordinatorInput, CoordinatorMsg, RunSpec, SpecialistInput,
+    SpecialistMsg, SpecialistStart, SupervisorInput, SupervisorMsg,
+};
+use keel_harness::HarnessEvent;
+use keel_store::RunId;
+
+use crate::config::Intervention;
+use crate::net::NodeId;
+
+/// Something that happens at a point of virtual time.
+#[derive(Debug)]
+pub(super) enum Ev {
+    /// A run is submitted to the coordinator node (the embedding host's submission API).
+    Submit(Box<RunSpec>),
+    /// An input for a run's coordinator. `inc` is the coordinator node's incarnation for local inputs
+    /// (lost with the node), `None` for messages from the network (delivered to whoever is up).
+    Coord {
+        run: RunId,
+        input: CoordinatorInput,
+        inc: Option<u32>,
+    },
+    /// An input for the supervisor.
+    Sup {
+        input: SupervisorInput,
+        inc: Option<u32>,
+    },
+    /// An input for the checkpoint writer.
+    Ckpt { input: CheckpointInput, inc: u32 },
+    /// An input for a specialist on a worker, valid only for the worker incarnation it was sent to
+    /// (`None`: a network message, delivered if the attempt is hosted there now).
+    Spec {
+        node: NodeId,
+        attempt: AttemptId,
+        input: SpecialistInput,
+        inc: Option<u32>,
+    },
+    /// A spawn request arrives at a worker.
+    Spawn {
+        node: NodeId,
+        start: Box<SpecialistStart>,
+        /// The worker's incarnation the spawn was addressed to (the attempt's epoch on that worker):
+        /// a copy that arrives after the worker restarted is refused, since the restarted worker
+        /// cannot know whether the attempt's first copy already started a session there.
+        inc: u32,
+    },
+    /// A specialist's context request arrives at the coordinator node.
+    ContextRequest {
+        node: NodeId,
+        attempt: AttemptId,
+        request: keel_actors::ContextRequest,
+    },
+    /// The next scripted event of a harness session.
+    HarnessNext {
+        node: NodeId,
+        inc: u32,
+        attempt: AttemptId,
+        session: u64,
+    },
+    /// Roll for partitions, crashes and disk faults.
+    FaultTick,
+    /// A scripted intervention of the scenario.
+    Intervene(Intervention),
+    /// A crashed node comes back.
+    Restart(NodeId),
+    /// The liveness phase begins: heal everything.
+    Heal,
+}
+
+impl Ev {
+    /// A compact, stable description for the trace (ids shortened, payloads named, not dumped).
+    pub(super) fn describe(&self, s: &mut String) {
+        use std::fmt::Write as _;
+        let _ = match self {
+            Ev::Submit(spec) => write!(s, "submit run={}", short(spec.run.0)),
+            Ev::Coord { run, input, .. } => {
+                write!(s, "coord run={} {}", short(run.0), coord_input_name(input))
+            }
+            Ev::Sup { input, .. } => write!(s, "supervisor {}", sup_input_name(input)),
+            Ev::Ckpt { input, .. } => write!(s, "checkpoint {}", ckpt_input_name(input)),
+            Ev::Spec {
+                node,
+                attempt,
+                input,
+                ..
+            } => {
+                write!(
+                    s,
+                    "spec {node} {} {}",
+                    attempt_short(attempt),
+                    spec_input_name(input)
+                )
+            }
+            Ev::Spawn { node, start, .. } => {
+                write!(s, "spawn-arrives {node} {}", attempt_short(&start.attempt))
+            }
+            Ev::ContextRequest { node, attempt, .. } => {
+                write!(s, "context-request from {node} {}", attempt_short(attempt))
+            }
+            Ev::HarnessNext { node, attempt, .. } => {
+                write!(s, "harness {node} {}", attempt_short(attempt))
+            }
+            Ev::FaultTick => write!(s, "fault-tick"),
+            Ev::Intervene(i) => write!(s, "intervene {i:?}"),
+            Ev::Restart(node) => write!(s, "restart {node}"),
+            Ev::Heal => write!(s, "heal"),
+        };
+    }
+}
+
+fn short(id: u128) -> String {
+    format!("{:08x}", (id & 0xffff_ffff) as u32)
+}
+
+fn attempt_short(a: &AttemptId) -> String {
+    format!("{}#{}", short(a.task.0), a.attempt)
+}
+
+fn coord_input_name(i: &CoordinatorInput) -> String {
+    match i {
+        CoordinatorInput::Msg(m) => match m {
+            CoordinatorMsg::Accept(_) => "accept".into(),
+            CoordinatorMsg::Specialist { from, reply } => {
+                let what = match reply {
+                    keel_actors::SpecialistReply::Logs { rows } => format!("logs({})", rows.len()),
+                    keel_actors::SpecialistReply::Spend { spent_micros } => {
+                        format!("spend({spent_micros})")
+                    }
+                    keel_actors::SpecialistReply::Finished(r) => {
+                        format!(
+                            "finished({})",
+                            if r.outcome.is_ok() {
+                                "report"
+                            } else {
+                                "failure"
+                            }
+                        )
+                    }
+                    keel_actors::SpecialistReply::Delegate { turn, .. } => {
+                        format!("delegate({turn})")
+                    }
+                };
+                format!("from {} {what}", attempt_short(from))
+            }
+            CoordinatorMsg::Durable { ticket } => format!("durable({ticket})"),
+            CoordinatorMsg::PersistFailed { ticket, .. } => format!("persist-failed({ticket})"),
+            CoordinatorMsg::Admission { attempt, answer } => {
+                format!(
+                    "admission {} {}",
+                    attempt_short(attempt),
+                    if answer.is_ok() { "ok" } else { "refused" }
+                )
+            }
+            CoordinatorMsg::Verdict { attempt, verdict } => {
+                format!("verdict {} {verdict:?}", attempt_short(attempt))
+            }
+            CoordinatorMsg::AttemptLost { attempt, .. } => {
+                format!("attempt-lost {}", attempt_short(attempt))
+            }
+            CoordinatorMsg::BudgetTripped { .. } => "budget-tripped".into(),
+            CoordinatorMsg::Cancel { .. } => "cancel".into(),
+            CoordinatorMsg::FollowUp { parent, .. } => format!("follow-up on {}", short(parent.0)),
+        },
+        CoordinatorInput::Timer(t) => format!("timer {t:?}"),
+        CoordinatorInput::Recovered(_) => "recovered".into(),
+        CoordinatorInput::Reopened { follow_up, .. } => {
+            format!("reopened for a follow-up on {}", short(follow_up.parent.0))
+        }
+    }
+}
+
+fn sup_input_name(i: &SupervisorInput) -> String {
+    match i {
+        SupervisorInput::Msg(m) => match m {
+            SupervisorMsg::OpenRun { run, .. } => format!("open-run {}", short(run.0)),
+            SupervisorMsg::Admit(r) => format!("admit {}", attempt_short(&r.attempt)),
+            SupervisorMsg::Spend {
+                attempt,
+                spent_micros,
+            } => format!("spend {} {spent_micros}", attempt_short(attempt)),
+            SupervisorMsg::Settle {
+                attempt, outcome, ..
+            } => {
+                format!(
+                    "settle {} {}",
+                    attempt_short(attempt),
+                    if outcome.is_ok() { "ok" } else { "failed" }
+                )
+            }
+            SupervisorMsg::SpecialistDown { attempt, .. } => {
+                format!("down {}", attempt_short(attempt))
+            }
+            SupervisorMsg::CloseRun { run } => format!("close-run {}", short(run.0)),
+        },
+        SupervisorInput::Timer(t) => match t {
+            keel_actors::SupervisorTimer::Deadline(a) => format!("deadline {}", attempt_short(a)),
+        },
+    }
+}
+
+fn ckpt_input_name(i: &CheckpointInput) -> String {
+    match i {
+        CheckpointInput::Msg(keel_actors::CheckpointMsg::Stage(s)) => {
+            format!("stage {} #{}", short(s.run.0), s.ticket)
+        }
+        CheckpointInput::Msg(keel_actors::CheckpointMsg::Stages(stages)) => {
+            let tickets: Vec<String> = stages.iter().map(|s| format!("#{}", s.ticket)).collect();
+            let run = stages.first().map_or(0, |s| s.run.0);
+            format!("stages {} {}", short(run), tickets.join(","))
+        }
+        CheckpointInput::Committed(id) => format!("committed {}", id.0),
+        CheckpointInput::CommitFailed { id, .. } => format!("commit-failed {}", id.0),
+        CheckpointInput::Timer(t) => format!("timer {t:?}"),
+    }
+}
+
+fn spec_input_name(i: &SpecialistInput) -> String {
+    match i {
+        SpecialistInput::Begin => "begin".into(),
+        SpecialistInput::Msg(SpecialistMsg::Ack) => "ack".into(),
+        SpecialistInput::Msg(SpecialistMsg::Cancel { .. }) => "cancel".into(),
+        SpecialistInput::Msg(SpecialistMsg::Delegated { turn, .. }) => format!("delegated {turn}"),
+        SpecialistInput::ContextLoaded(r) => {
+            format!("context-loaded {}", if r.is_ok() { "ok" } else { "err" })
+        }
+        SpecialistInput::Harness(e) => match e {
+            HarnessEvent::Started { .. } => "harness started".into(),
+            HarnessEvent::Text { .. } => "harness text".into(),
+            HarnessEvent::ToolUse { id, .. } => format!("harness tool_use {id}"),
+            HarnessEvent::ToolResult { id, .. } => format!("harness tool_result {id}"),
+            HarnessEvent::Usage(_) => "harness usage".into(),
+            HarnessEvent::Finished { stop_reason, .. } => format!("harness finished {stop_reason}"),
+            HarnessEvent::Failed(e) => format!("harness failed {}", e.category),
+        },
+        SpecialistInput::Timer(t) => format!("timer {t:?}"),
+    }
+}
