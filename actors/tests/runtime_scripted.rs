@@ -3,6 +3,7 @@
 //! synthesis, and a run resumed from its store after a pause does not run acknowledged work again.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests: a panic is the failure report.
 
+use keel_actors::host::Refusal;
 use keel_actors::runtime::{HarnessSet, RunHandle, Runtime, RuntimeConfig, RuntimeEvent, scripted};
 use keel_actors::{Plan, RunMode, Synthesis};
 use keel_harness::HarnessKind;
@@ -439,10 +440,10 @@ async fn follow_ups_that_cannot_be_served_are_refused_with_typed_errors() {
     assert!(
         matches!(
             e,
-            RuntimeError::NotHostedHere {
+            RuntimeError::Refused(Refusal::NotHostedHere {
                 status: RunStatus::Running,
                 ..
-            }
+            })
         ),
         "{e}"
     );
@@ -456,10 +457,10 @@ async fn follow_ups_that_cannot_be_served_are_refused_with_typed_errors() {
     assert!(
         matches!(
             e,
-            RuntimeError::NotReopenable {
+            RuntimeError::Refused(Refusal::NotReopenable {
                 status: RunStatus::Cancelled,
                 ..
-            }
+            })
         ),
         "{e}"
     );

@@ -7,11 +7,15 @@
 //! - [`store`]: a checkpoint machine's group commit in one write transaction
 //!   ([`store::commit`]), the rows a restarted coordinator rebuilds from ([`store::recover_run`],
 //!   [`store::open_runs`], [`store::recover_open_runs`]), and a specialist's context rows
-//!   ([`store::load_context`]), with one error type, [`HostError`].
+//!   ([`store::load_context`]), with one error type, [`HostError`];
+//! - [`decide`]: what a pause (SIGTERM), a cancel, a resume and a follow-up do to a run, as pure
+//!   functions over its rows, answering the rows to write or a typed [`Refusal`].
 //!
 //! Nothing here awaits: an async host calls these on a blocking thread (the runtime's store writer,
 //! `spawn_blocking`), the simulator calls them inline.
 
+pub mod decide;
 pub mod store;
 
+pub use decide::{FollowUpRoute, Marks, Refusal};
 pub use store::HostError;

@@ -34,10 +34,11 @@ pub use spans::SPAN_TARGET;
 
 use crate::checkpoint::{CheckpointConfig, CheckpointWriter};
 use crate::coordinator::{Coordinator, CoordinatorConfig};
+use crate::host::decide::{self, FollowUpRoute, Marks, Refusal};
 use crate::ids::{AttemptId, mint_run_id, mint_task_id};
 use crate::message::{
-    CoordinatorInput, CoordinatorMsg, FOLLOW_UP_BYTES_MAX, FollowUpRequest, RunMode, RunSpec,
-    SpecialistMsg,
+    CoordinatorInput, CoordinatorMsg, FOLLOW_UP_BYTES_MAX, FollowUpRequest, RecoveredRun, RunMode,
+    RunSpec, SpecialistMsg,
 };
 use crate::persist::PersistOp;
 use crate::report::SubagentReport;
@@ -192,17 +193,10 @@ pub enum RuntimeError {
     /// The store could not be read (recovery).
     #[error(transparent)]
     Store(#[from] crate::host::HostError),
-    /// The run is already terminal: nothing to resume.
-    #[error("run {run} is already {status:?}")]
-    Terminal {
-        /// The run.
-        run: RunId,
-        /// Its status.
-        status: RunStatus,
-    },
-    /// The run is already hosted by this runtime.
-    #[error("run {0} is already running here")]
-    AlreadyRunning(RunId),
+    /// The run's state does not allow what was asked (the decision is
+    /// [`crate::host::decide`]'s).
+    #[error(transparent)]
+    Refused(#[from] Refusal),
     /// The runtime stopped before the run finished.
     #[error("the runtime stopped before run {0} finished")]
     Stopped(RunId),
@@ -230,26 +224,6 @@ pub enum RuntimeError {
         bytes: usize,
         /// The limit.
         max: usize,
-    },
-    /// The run is open (running or pending) in the store but no coordinator of this runtime hosts
-    /// it: another process or runtime holds it, or the process that ran it died (resume it first).
-    /// Rebuilding it here could run it twice, so nothing is done.
-    #[error(
-        "run {run} is {status:?} but not hosted here: another process holds it, or the process that ran it died (resume it first)"
-    )]
-    NotHostedHere {
-        /// The run.
-        run: RunId,
-        /// Its stored status.
-        status: RunStatus,
-    },
-    /// The run ended in a way a follow-up does not undo (cancelled, or over its budget).
-    #[error("run {run} is {status:?}; a follow-up does not reopen a cancelled or over-budget run")]
-    NotReopenable {
-        /// The run.
-        run: RunId,
-        /// Its stored status.
-        status: RunStatus,
     },
     /// The run ended without creating the follow-up's task: its coordinator refused it (the
     /// reason is a decision row in the log of the run's root task).
@@ -609,46 +583,49 @@ impl Runtime {
 
     /// Resume a run from the store after a crash or a pause: its coordinator is rebuilt from the
     /// durable rows, acknowledged work is not run again, and interrupted attempts run again as new
-    /// attempts with resume preambles. A paused run is marked running again first.
+    /// attempts with resume preambles. A paused run is marked running again first
+    /// ([`decide::resume`]).
     ///
     /// # Errors
-    /// [`RuntimeError::Store`] (unknown run, unreadable rows), [`RuntimeError::Terminal`],
-    /// [`RuntimeError::AlreadyRunning`], [`RuntimeError::HostWrite`], [`RuntimeError::Spawn`].
+    /// [`RuntimeError::Store`] (unknown run, unreadable rows), [`RuntimeError::Refused`] (terminal,
+    /// already running), [`RuntimeError::HostWrite`], [`RuntimeError::Spawn`].
     pub async fn resume(&self, run: RunId) -> Result<RunHandle, RuntimeError> {
         let _reopening = self.reopening.lock().await;
         if lock(&self.node.coordinators).contains_key(&run) {
-            return Err(RuntimeError::AlreadyRunning(run));
+            return Err(Refusal::AlreadyRunning(run).into());
         }
-        let store = Arc::clone(&self.node.store);
-        let mut rows =
-            tokio::task::spawn_blocking(move || crate::host::store::recover_run(&store, run))
-                .await
-                .map_err(|e| RuntimeError::HostWrite(format!("recovery task failed: {e}")))??;
-        if rows.run.status.is_terminal() {
-            return Err(RuntimeError::Terminal {
-                run,
-                status: rows.run.status,
-            });
-        }
+        let mut rows = self.recover_run(run).await?;
+        let hosted = lock(&self.node.coordinators).contains_key(&run);
+        let marks = decide::resume(hosted, &rows.run, wall_clock_ms())?;
         let slot = self.slot().await?;
-        if rows.run.status == RunStatus::Paused {
-            self.mark_running(&mut rows.run).await?;
+        if let Some(marks) = marks {
+            self.write_marks(&mut rows.run, marks).await?;
         }
         self.host(run, CoordinatorInput::Recovered(Box::new(rows)), slot)
             .await
     }
 
-    /// Make a run being taken up again (a resume, a reopen for a follow-up) `Running` in the store,
-    /// through the checkpoint actor, before its coordinator is hosted.
-    async fn mark_running(&self, run: &mut keel_store::Run) -> Result<(), RuntimeError> {
-        run.status = RunStatus::Running;
-        run.updated_ms = wall_clock_ms();
+    /// The rows of `run` a coordinator rebuilds from, read on the blocking pool.
+    async fn recover_run(&self, run: RunId) -> Result<RecoveredRun, RuntimeError> {
+        let store = Arc::clone(&self.node.store);
+        tokio::task::spawn_blocking(move || crate::host::store::recover_run(&store, run))
+            .await
+            .map_err(|e| RuntimeError::HostWrite(format!("recovery task failed: {e}")))?
+            .map_err(RuntimeError::from)
+    }
+
+    /// Write a decision's marks through the checkpoint actor (the only writer), and keep the run row
+    /// a coordinator is rebuilt from in step with what was written.
+    async fn write_marks(
+        &self,
+        run: &mut keel_store::Run,
+        marks: Marks,
+    ) -> Result<(), RuntimeError> {
+        if let Some(PersistOp::UpdateRun(row)) = marks.ops.last() {
+            *run = row.clone();
+        }
         self.node
-            .stage_host(
-                run.id,
-                vec![PersistOp::UpdateRun(run.clone())],
-                Duration::from_secs(30),
-            )
+            .stage_host(run.id, marks.ops, Duration::from_secs(30))
             .await
             .map_err(RuntimeError::HostWrite)
     }
@@ -675,7 +652,7 @@ impl Runtime {
     /// # Errors
     /// [`RuntimeError::EmptyMessage`], [`RuntimeError::MessageTooLarge`],
     /// [`RuntimeError::UnknownAgent`], [`RuntimeError::UnknownTask`],
-    /// [`RuntimeError::NotHostedHere`], [`RuntimeError::NotReopenable`], [`RuntimeError::Store`],
+    /// [`RuntimeError::Refused`] (not hosted here, not reopenable), [`RuntimeError::Store`],
     /// [`RuntimeError::HostWrite`], [`RuntimeError::Spawn`].
     pub async fn follow_up(
         &self,
@@ -713,57 +690,43 @@ impl Runtime {
             task: Some(preset),
         };
         let _reopening = self.reopening.lock().await;
-        let mut hosted = lock(&self.node.coordinators).get(&run).cloned();
-        if hosted.is_some() {
-            // A coordinator stays in the table for a moment after its run's end is durable (it
-            // stops after that step): such a run is reopened, not joined.
-            let store = Arc::clone(&self.node.store);
-            let row = tokio::task::spawn_blocking(move || store.catalog().run(run))
-                .await
-                .map_err(|e| RuntimeError::HostWrite(format!("read task failed: {e}")))?
-                .map_err(|e| RuntimeError::Store(crate::host::HostError::Read(e)))?;
-            if row.status.is_terminal() {
-                hosted = None;
+        let hosted = lock(&self.node.coordinators).get(&run).cloned();
+        let mut rows = self.recover_run(run).await?;
+        // A coordinator stays in the table for a moment after its run's end is durable (it stops
+        // after that step): the decision reopens such a run rather than joining it.
+        let route = decide::follow_up(hosted.is_some(), &rows.run, wall_clock_ms())?;
+        let marks = match (route, hosted) {
+            (FollowUpRoute::Reopen(marks), _) => marks,
+            (FollowUpRoute::Join, Some(coordinator)) => {
+                let (tx, rx) = oneshot::channel();
+                lock(&self.node.waiters).entry(run).or_default().push(tx);
+                // A coordinator that stopped meanwhile drops the message; the handle's wait notices.
+                let _ = coordinator.send_message(Deliver(CoordinatorInput::Msg(
+                    CoordinatorMsg::FollowUp {
+                        parent: request.parent,
+                        brief: request.brief,
+                        agent: request.agent,
+                        task: request.task,
+                    },
+                )));
+                return Ok(FollowUpHandle {
+                    run,
+                    task: preset,
+                    parent: task,
+                    reopened: false,
+                    done: rx,
+                    node: Arc::clone(&self.node),
+                    _slot: None,
+                });
             }
-        }
-        if let Some(coordinator) = hosted {
-            let (tx, rx) = oneshot::channel();
-            lock(&self.node.waiters).entry(run).or_default().push(tx);
-            // A coordinator that stopped meanwhile drops the message; the handle's wait notices.
-            let _ = coordinator.send_message(Deliver(CoordinatorInput::Msg(
-                CoordinatorMsg::FollowUp {
-                    parent: request.parent,
-                    brief: request.brief,
-                    agent: request.agent,
-                    task: request.task,
-                },
-            )));
-            return Ok(FollowUpHandle {
-                run,
-                task: preset,
-                parent: task,
-                reopened: false,
-                done: rx,
-                node: Arc::clone(&self.node),
-                _slot: None,
-            });
-        }
-        let store = Arc::clone(&self.node.store);
-        let mut rows =
-            tokio::task::spawn_blocking(move || crate::host::store::recover_run(&store, run))
-                .await
-                .map_err(|e| RuntimeError::HostWrite(format!("recovery task failed: {e}")))??;
-        match rows.run.status {
-            RunStatus::Completed | RunStatus::Failed | RunStatus::Paused => {}
-            status @ (RunStatus::Cancelled | RunStatus::BudgetExceeded) => {
-                return Err(RuntimeError::NotReopenable { run, status });
+            (FollowUpRoute::Join, None) => {
+                // The decision joins only a hosted run; kept as a refusal rather than a panic.
+                let status = rows.run.status;
+                return Err(Refusal::NotHostedHere { run, status }.into());
             }
-            status @ (RunStatus::Running | RunStatus::Pending) => {
-                return Err(RuntimeError::NotHostedHere { run, status });
-            }
-        }
+        };
         let slot = self.slot().await?;
-        self.mark_running(&mut rows.run).await?;
+        self.write_marks(&mut rows.run, marks).await?;
         let handle = self
             .host(
                 run,
@@ -826,42 +789,17 @@ impl Runtime {
     /// checkpoint actor.
     ///
     /// # Errors
-    /// [`RuntimeError::Store`], [`RuntimeError::Terminal`], [`RuntimeError::AlreadyRunning`],
+    /// [`RuntimeError::Store`], [`RuntimeError::Refused`] (terminal, already running),
     /// [`RuntimeError::HostWrite`].
     pub async fn cancel_stored(&self, run: RunId, reason: &str) -> Result<u32, RuntimeError> {
         if lock(&self.node.coordinators).contains_key(&run) {
-            return Err(RuntimeError::AlreadyRunning(run));
+            return Err(Refusal::AlreadyRunning(run).into());
         }
-        let store = Arc::clone(&self.node.store);
-        let rows =
-            tokio::task::spawn_blocking(move || crate::host::store::recover_run(&store, run))
-                .await
-                .map_err(|e| RuntimeError::HostWrite(format!("read task failed: {e}")))??;
-        if rows.run.status.is_terminal() {
-            return Err(RuntimeError::Terminal {
-                run,
-                status: rows.run.status,
-            });
-        }
-        let now = wall_clock_ms();
-        let mut ops = Vec::new();
-        for mut t in rows.tasks {
-            if !t.status.is_terminal() {
-                t.status = TaskStatus::Cancelled;
-                t.updated_ms = now;
-                ops.push(PersistOp::UpdateTask(t));
-            }
-        }
-        let cancelled = u32::try_from(ops.len()).unwrap_or(u32::MAX);
-        let mut row = rows.run;
-        row.status = RunStatus::Cancelled;
-        row.outcome = Some(format!("cancelled while not running: {reason}"));
-        row.updated_ms = now;
-        ops.push(PersistOp::UpdateRun(row));
-        self.node
-            .stage_host(run, ops, Duration::from_secs(30))
-            .await
-            .map_err(RuntimeError::HostWrite)?;
+        let mut rows = self.recover_run(run).await?;
+        let hosted = lock(&self.node.coordinators).contains_key(&run);
+        let marks = decide::cancel_stored(hosted, &rows.run, &rows.tasks, reason, wall_clock_ms())?;
+        let cancelled = marks.tasks;
+        self.write_marks(&mut rows.run, marks).await?;
         Ok(cancelled)
     }
 
@@ -906,35 +844,17 @@ impl Runtime {
         node.frozen.store(true, Ordering::Release);
         let runs: Vec<RunId> = lock(&node.coordinators).keys().copied().collect();
         for run in runs {
-            let store = Arc::clone(&node.store);
-            let Ok(Ok(rows)) =
-                tokio::task::spawn_blocking(move || crate::host::store::recover_run(&store, run))
-                    .await
-            else {
+            let Ok(rows) = self.recover_run(run).await else {
                 continue;
             };
-            if rows.run.status.is_terminal() {
+            let Some(marks) = decide::pause(&rows.run, &rows.tasks, wall_clock_ms()) else {
                 continue;
-            }
-            let now = wall_clock_ms();
-            let mut ops = Vec::new();
-            for mut t in rows.tasks {
-                let open = matches!(
-                    t.status,
-                    TaskStatus::Pending | TaskStatus::Admitted | TaskStatus::Running
-                );
-                if open && t.parent.is_some() {
-                    t.status = TaskStatus::Paused;
-                    t.updated_ms = now;
-                    ops.push(PersistOp::UpdateTask(t));
-                }
-            }
-            let paused = u32::try_from(ops.len()).unwrap_or(u32::MAX);
-            let mut row = rows.run;
-            row.status = RunStatus::Paused;
-            row.updated_ms = now;
-            ops.push(PersistOp::UpdateRun(row));
-            match node.stage_host(run, ops, Duration::from_secs(30)).await {
+            };
+            let paused = marks.tasks;
+            match node
+                .stage_host(run, marks.ops, Duration::from_secs(30))
+                .await
+            {
                 Ok(()) => {
                     summary.runs.push(run);
                     summary.tasks_paused += paused;

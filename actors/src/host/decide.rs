@@ -1,0 +1,409 @@
+//! The host's decisions about a whole run, as pure functions over its rows: pause (a graceful
+//! shutdown, SIGTERM), cancel of a run no process hosts, resume, and where a follow-up goes (join a
+//! hosted run, or reopen an ended one). Each takes what the host knows (the run row, its tasks,
+//! whether a coordinator of this host has the run, the time) and answers either a [`Refusal`] or what
+//! to do, with the exact rows to write: the host stages those through the checkpoint machine (the
+//! only writer) and then acts. Nothing here reads the store, the clock or a lock, so the simulator
+//! draws the same decisions as interventions and the runtime executes them for real.
+//!
+//! | Host call | Function | Writes |
+//! |---|---|---|
+//! | pause (SIGTERM) | [`pause`] | open child tasks `Paused`, the run `Paused` |
+//! | cancel, run not hosted | [`cancel_stored`] | open tasks `Cancelled`, the run `Cancelled` |
+//! | cancel, run hosted | none: `CoordinatorMsg::Cancel` to its coordinator | the coordinator's |
+//! | resume | [`resume`] | a paused run `Running` |
+//! | follow-up | [`follow_up`] | joined: nothing; reopened: the run `Running` |
+//!
+//! A host that draws these (the simulator's interventions) keeps the same order as the runtime:
+//! for a pause, stop the specialists and let their last commits land first, then write
+//! [`Marks::ops`] and drop the coordinators; for a resume or a reopen, write the marks, then hand the
+//! rows to a fresh coordinator as `CoordinatorInput::Recovered` or `CoordinatorInput::Reopened`.
+
+use crate::machine::Millis;
+use crate::persist::PersistOp;
+use keel_store::{Run, RunId, RunStatus, Task, TaskStatus};
+
+/// Why a host refuses to act on a run: the run's state does not allow what was asked.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// The run is already terminal: nothing to resume or cancel.
+    #[error("run {run} is already {status:?}")]
+    Terminal {
+        /// The run.
+        run: RunId,
+        /// Its status.
+        status: RunStatus,
+    },
+    /// The run is already hosted by this host: rebuilding it could run it twice.
+    #[error("run {0} is already running here")]
+    AlreadyRunning(RunId),
+    /// The run is open (running or pending) in the store but no coordinator of this host has it:
+    /// another process holds it, or the process that ran it died (resume it first). Rebuilding it
+    /// here could run it twice, so nothing is done.
+    #[error(
+        "run {run} is {status:?} but not hosted here: another process holds it, or the process that ran it died (resume it first)"
+    )]
+    NotHostedHere {
+        /// The run.
+        run: RunId,
+        /// Its stored status.
+        status: RunStatus,
+    },
+    /// The run ended in a way a follow-up does not undo (cancelled, or over its budget).
+    #[error("run {run} is {status:?}; a follow-up does not reopen a cancelled or over-budget run")]
+    NotReopenable {
+        /// The run.
+        run: RunId,
+        /// Its stored status.
+        status: RunStatus,
+    },
+}
+
+/// The rows a decision writes, in one host stage, and how many tasks they change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Marks {
+    /// The writes, task rows first and the run row last (one stage: all or nothing).
+    pub ops: Vec<PersistOp>,
+    /// Task rows the marks change (paused or cancelled).
+    pub tasks: u32,
+}
+
+/// A pause (graceful shutdown) of a run hosted here: every open task below the root (pending,
+/// admitted, running) becomes `Paused` and the run `Paused`, so a resume runs the interrupted work
+/// again with resume preambles. `None` for a run that ended meanwhile (nothing to mark).
+pub fn pause(run: &Run, tasks: &[Task], now: Millis) -> Option<Marks> {
+    if run.status.is_terminal() {
+        return None;
+    }
+    let mut ops = Vec::new();
+    for task in tasks {
+        let open = matches!(
+            task.status,
+            TaskStatus::Pending | TaskStatus::Admitted | TaskStatus::Running
+        );
+        if open && task.parent.is_some() {
+            let mut task = task.clone();
+            task.status = TaskStatus::Paused;
+            task.updated_ms = now;
+            ops.push(PersistOp::UpdateTask(task));
+        }
+    }
+    let tasks = count(&ops);
+    let mut row = run.clone();
+    row.status = RunStatus::Paused;
+    row.updated_ms = now;
+    ops.push(PersistOp::UpdateRun(row));
+    Some(Marks { ops, tasks })
+}
+
+/// A cancel of a run that no coordinator of this host has (a paused run, or one whose process
+/// died): every task that is not terminal becomes `Cancelled` and the run `Cancelled`, with the
+/// reason as its outcome. A run hosted here is cancelled by its coordinator instead
+/// (`CoordinatorMsg::Cancel`), which stops its sessions.
+///
+/// # Errors
+/// [`Refusal::AlreadyRunning`] when `hosted`; [`Refusal::Terminal`] when the run has ended.
+pub fn cancel_stored(
+    hosted: bool,
+    run: &Run,
+    tasks: &[Task],
+    reason: &str,
+    now: Millis,
+) -> Result<Marks, Refusal> {
+    if hosted {
+        return Err(Refusal::AlreadyRunning(run.id));
+    }
+    if run.status.is_terminal() {
+        return Err(Refusal::Terminal {
+            run: run.id,
+            status: run.status,
+        });
+    }
+    let mut ops = Vec::new();
+    for task in tasks {
+        if !task.status.is_terminal() {
+            let mut task = task.clone();
+            task.status = TaskStatus::Cancelled;
+            task.updated_ms = now;
+            ops.push(PersistOp::UpdateTask(task));
+        }
+    }
+    let tasks = count(&ops);
+    let mut row = run.clone();
+    row.status = RunStatus::Cancelled;
+    row.outcome = Some(format!("cancelled while not running: {reason}"));
+    row.updated_ms = now;
+    ops.push(PersistOp::UpdateRun(row));
+    Ok(Marks { ops, tasks })
+}
+
+/// A resume of a run from its rows (after a crash or a pause). `Ok(Some(marks))`: write them (the
+/// paused run becomes `Running`) before its coordinator is rebuilt; `Ok(None)`: rebuild it as it is
+/// (it was running when its process died).
+///
+/// # Errors
+/// [`Refusal::AlreadyRunning`] when `hosted`; [`Refusal::Terminal`] when the run has ended.
+pub fn resume(hosted: bool, run: &Run, now: Millis) -> Result<Option<Marks>, Refusal> {
+    if hosted {
+        return Err(Refusal::AlreadyRunning(run.id));
+    }
+    if run.status.is_terminal() {
+        return Err(Refusal::Terminal {
+            run: run.id,
+            status: run.status,
+        });
+    }
+    Ok((run.status == RunStatus::Paused).then(|| mark_running(run, now)))
+}
+
+/// Where a follow-up on a run goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FollowUpRoute {
+    /// The run is hosted here and still open: send the follow-up to its coordinator
+    /// (`CoordinatorMsg::FollowUp`). Nothing is written by the host.
+    Join,
+    /// The run has ended (completed or failed) or is paused: write these marks (the run becomes
+    /// `Running`), then rebuild its coordinator from the run's rows with the follow-up queued
+    /// first (`CoordinatorInput::Reopened`).
+    Reopen(Marks),
+}
+
+/// Where a follow-up on `run` goes, given whether a coordinator of this host has the run. A hosted
+/// run whose row is already terminal is reopened, not joined: its coordinator is only stopping.
+///
+/// # Errors
+/// [`Refusal::NotReopenable`] (cancelled, over budget); [`Refusal::NotHostedHere`] (open in the
+/// store but no coordinator here has it).
+pub fn follow_up(hosted: bool, run: &Run, now: Millis) -> Result<FollowUpRoute, Refusal> {
+    if hosted && !run.status.is_terminal() {
+        return Ok(FollowUpRoute::Join);
+    }
+    match run.status {
+        RunStatus::Completed | RunStatus::Failed | RunStatus::Paused => {
+            Ok(FollowUpRoute::Reopen(mark_running(run, now)))
+        }
+        status @ (RunStatus::Cancelled | RunStatus::BudgetExceeded) => {
+            Err(Refusal::NotReopenable {
+                run: run.id,
+                status,
+            })
+        }
+        status @ (RunStatus::Running | RunStatus::Pending) => Err(Refusal::NotHostedHere {
+            run: run.id,
+            status,
+        }),
+    }
+}
+
+/// The run row `Running` again, as one write.
+fn mark_running(run: &Run, now: Millis) -> Marks {
+    let mut row = run.clone();
+    row.status = RunStatus::Running;
+    row.updated_ms = now;
+    Marks {
+        ops: vec![PersistOp::UpdateRun(row)],
+        tasks: 0,
+    }
+}
+
+fn count(ops: &[PersistOp]) -> u32 {
+    u32::try_from(ops.len()).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use keel_store::{Budget, TaskId, TaskKind};
+
+    fn run(status: RunStatus) -> Run {
+        Run {
+            id: RunId(7),
+            brief: "b".into(),
+            plan: None,
+            status,
+            budget: Budget::default(),
+            created_ms: 1,
+            updated_ms: 1,
+            config_snapshot: String::new(),
+            outcome: None,
+        }
+    }
+
+    fn task(id: u128, parent: Option<u128>, status: TaskStatus) -> Task {
+        Task {
+            id: TaskId(id),
+            run_id: RunId(7),
+            parent: parent.map(TaskId),
+            depth: u8::from(parent.is_some()),
+            kind: TaskKind::Root,
+            brief: "t".into(),
+            goal: "t".into(),
+            quality_criteria: Vec::new(),
+            output_schema: None,
+            assignee: None,
+            model: None,
+            observed: None,
+            status,
+            attempt: 1,
+            idempotency_key: None,
+            outcome: None,
+            attachments: Vec::new(),
+            progress_notes: Vec::new(),
+            created_ms: 1,
+            updated_ms: 1,
+        }
+    }
+
+    fn statuses(marks: &Marks) -> Vec<String> {
+        marks
+            .ops
+            .iter()
+            .map(|op| match op {
+                PersistOp::UpdateTask(t) => format!("task {} {:?}", t.id.0, t.status),
+                PersistOp::UpdateRun(r) => format!("run {:?}", r.status),
+                other => other.name().to_owned(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_pause_marks_open_child_tasks_and_the_run_paused() {
+        let tasks = [
+            task(1, None, TaskStatus::Running),
+            task(2, Some(1), TaskStatus::Running),
+            task(3, Some(1), TaskStatus::Complete),
+            task(4, Some(1), TaskStatus::Pending),
+            task(5, Some(1), TaskStatus::Admitted),
+        ];
+        let marks = pause(&run(RunStatus::Running), &tasks, 99).expect("an open run pauses");
+        assert_eq!(
+            statuses(&marks),
+            [
+                "task 2 Paused",
+                "task 4 Paused",
+                "task 5 Paused",
+                "run Paused"
+            ]
+        );
+        assert_eq!(marks.tasks, 3);
+        assert!(marks.ops.iter().all(|op| match op {
+            PersistOp::UpdateTask(t) => t.updated_ms == 99,
+            PersistOp::UpdateRun(r) => r.updated_ms == 99,
+            _ => false,
+        }));
+    }
+
+    #[test]
+    fn a_run_that_ended_is_not_paused() {
+        for status in [
+            RunStatus::Completed,
+            RunStatus::Cancelled,
+            RunStatus::Failed,
+        ] {
+            assert_eq!(pause(&run(status), &[], 5), None, "{status:?}");
+        }
+    }
+
+    #[test]
+    fn a_stored_cancel_marks_every_open_task_and_keeps_the_reason() {
+        let tasks = [
+            task(1, None, TaskStatus::Running),
+            task(2, Some(1), TaskStatus::Paused),
+            task(3, Some(1), TaskStatus::Complete),
+        ];
+        let marks = cancel_stored(false, &run(RunStatus::Paused), &tasks, "operator", 9)
+            .expect("a paused run is cancelled");
+        assert_eq!(
+            statuses(&marks),
+            ["task 1 Cancelled", "task 2 Cancelled", "run Cancelled"]
+        );
+        assert_eq!(marks.tasks, 2);
+        let Some(PersistOp::UpdateRun(row)) = marks.ops.last() else {
+            panic!("the run row is written last");
+        };
+        assert_eq!(
+            row.outcome.as_deref(),
+            Some("cancelled while not running: operator")
+        );
+    }
+
+    #[test]
+    fn a_stored_cancel_refuses_hosted_and_terminal_runs() {
+        assert_eq!(
+            cancel_stored(true, &run(RunStatus::Running), &[], "r", 1),
+            Err(Refusal::AlreadyRunning(RunId(7)))
+        );
+        assert_eq!(
+            cancel_stored(false, &run(RunStatus::Completed), &[], "r", 1),
+            Err(Refusal::Terminal {
+                run: RunId(7),
+                status: RunStatus::Completed
+            })
+        );
+    }
+
+    #[test]
+    fn a_resume_marks_only_a_paused_run_running() {
+        let marks = resume(false, &run(RunStatus::Paused), 3)
+            .expect("a paused run resumes")
+            .expect("and is marked running");
+        assert_eq!(statuses(&marks), ["run Running"]);
+        assert_eq!(resume(false, &run(RunStatus::Running), 3), Ok(None));
+        assert_eq!(
+            resume(true, &run(RunStatus::Running), 3),
+            Err(Refusal::AlreadyRunning(RunId(7)))
+        );
+        assert_eq!(
+            resume(false, &run(RunStatus::Failed), 3),
+            Err(Refusal::Terminal {
+                run: RunId(7),
+                status: RunStatus::Failed
+            })
+        );
+    }
+
+    #[test]
+    fn a_follow_up_joins_an_open_hosted_run_and_reopens_an_ended_one() {
+        assert_eq!(
+            follow_up(true, &run(RunStatus::Running), 4),
+            Ok(FollowUpRoute::Join)
+        );
+        // A hosted run whose end is durable is only stopping: reopened, not joined.
+        let ended = [
+            (RunStatus::Completed, true),
+            (RunStatus::Completed, false),
+            (RunStatus::Failed, true),
+            (RunStatus::Failed, false),
+            (RunStatus::Paused, false),
+        ];
+        for (status, hosted) in ended {
+            let Ok(FollowUpRoute::Reopen(marks)) = follow_up(hosted, &run(status), 4) else {
+                panic!("{status:?} (hosted: {hosted}) is reopened");
+            };
+            assert_eq!(statuses(&marks), ["run Running"]);
+        }
+    }
+
+    #[test]
+    fn a_follow_up_refuses_cancelled_over_budget_and_foreign_runs() {
+        for status in [RunStatus::Cancelled, RunStatus::BudgetExceeded] {
+            assert_eq!(
+                follow_up(false, &run(status), 4),
+                Err(Refusal::NotReopenable {
+                    run: RunId(7),
+                    status
+                })
+            );
+        }
+        for status in [RunStatus::Running, RunStatus::Pending] {
+            assert_eq!(
+                follow_up(false, &run(status), 4),
+                Err(Refusal::NotHostedHere {
+                    run: RunId(7),
+                    status
+                })
+            );
+        }
+    }
+}
