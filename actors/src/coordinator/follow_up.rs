@@ -1,7 +1,7 @@
 //! Follow-ups: derived tasks queued on a thread, started one at a time per thread.
 
 use super::step::Step;
-use super::{Coordinator, Phase, RunState, StepStatus};
+use super::{Phase, RunState, StepStatus};
 use crate::effect::Effect;
 use crate::machine::{Entropy, Millis};
 use crate::message::{FOLLOW_UP_BYTES_MAX, FollowUpRequest};
@@ -100,7 +100,7 @@ pub(super) fn ready_follow_ups(run: &RunState) -> Vec<usize> {
     ready
 }
 
-impl Coordinator {
+impl RunState {
     pub(super) fn on_follow_up(
         &mut self,
         request: FollowUpRequest,
@@ -109,10 +109,7 @@ impl Coordinator {
         out: &mut Vec<Effect>,
     ) {
         let estimate = self.config.default_estimate_micros;
-        let Some(run) = self.run.as_mut() else {
-            return;
-        };
-        if run.queue_follow_up(request, estimate, now) {
+        if self.queue_follow_up(request, estimate, now) {
             self.advance(now, rng, out);
         }
     }

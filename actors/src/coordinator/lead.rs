@@ -1,7 +1,7 @@
 //! Lead mode: the lead agent's delegation turns become steps, and their results go back to it.
 
 use super::step::Step;
-use super::{Coordinator, Phase, StepStatus};
+use super::{Phase, RunState, StepStatus};
 use crate::effect::Effect;
 use crate::ids::AttemptId;
 use crate::machine::{Entropy, Millis};
@@ -18,33 +18,30 @@ pub(super) struct Lead {
     pub(super) answered: BTreeMap<u32, Vec<(String, StepOutcome)>>,
 }
 
-impl Coordinator {
+impl RunState {
     pub(super) fn advance_lead(
         &mut self,
         now: Millis,
         rng: &mut dyn Entropy,
         out: &mut Vec<Effect>,
     ) {
-        let Some(run) = self.run.as_mut() else {
-            return;
-        };
-        if run.steps[0].status == StepStatus::Waiting {
+        if self.steps[0].status == StepStatus::Waiting {
             self.begin_attempt(0, None, now, rng, out);
             return;
         }
-        let Some(lead) = run.lead.as_mut() else {
+        let Some(lead) = self.lead.as_mut() else {
             return;
         };
         // Answer the active turn once all its steps are done, then start the next queued turn.
         if let Some((turn, steps)) = lead.active.clone()
             && steps
                 .iter()
-                .all(|&i| run.steps[i].status == StepStatus::Done)
+                .all(|&i| self.steps[i].status == StepStatus::Done)
         {
             let results: Vec<(String, StepOutcome)> = steps
                 .iter()
                 .map(|&i| {
-                    let s = &run.steps[i];
+                    let s = &self.steps[i];
                     (
                         s.call_id.clone().unwrap_or_default(),
                         s.outcome.clone().unwrap_or(StepOutcome::Skipped {
@@ -53,17 +50,17 @@ impl Coordinator {
                     )
                 })
                 .collect();
-            if let Some(lead) = run.lead.as_mut() {
+            if let Some(lead) = self.lead.as_mut() {
                 lead.active = None;
                 lead.answered.insert(turn, results.clone());
             }
-            if let Some(attempt) = run.steps[0].current(run.id)
-                && run.steps[0].status != StepStatus::Done
+            if let Some(attempt) = self.steps[0].current(self.id)
+                && self.steps[0].status != StepStatus::Done
             {
-                run.to_specialist(attempt, SpecialistMsg::Delegated { turn, results }, out);
+                self.to_specialist(attempt, SpecialistMsg::Delegated { turn, results }, out);
             }
         }
-        let next = run.lead.as_mut().and_then(|lead| {
+        let next = self.lead.as_mut().and_then(|lead| {
             if lead.active.is_none() {
                 let next = lead.queue.pop_front();
                 lead.active = next.clone();
@@ -73,7 +70,7 @@ impl Coordinator {
             }
         });
         if let Some((turn, steps)) = next {
-            run.decide(
+            self.decide(
                 now,
                 format!(
                     "dispatch delegation turn {turn}: {} calls in parallel",
@@ -85,14 +82,11 @@ impl Coordinator {
             }
             return;
         }
-        let Some(run) = self.run.as_mut() else {
-            return;
-        };
-        let idle = run
+        let idle = self
             .lead
             .as_ref()
             .is_some_and(|l| l.active.is_none() && l.queue.is_empty());
-        if idle && run.steps.iter().all(|s| s.status == StepStatus::Done) {
+        if idle && self.steps.iter().all(|s| s.status == StepStatus::Done) {
             self.finish(now, out);
         }
     }
@@ -108,26 +102,23 @@ impl Coordinator {
     ) {
         let turns_max = self.config.delegation_turns_max;
         let calls_max = self.config.delegation_calls_max as usize;
-        let Some(run) = self.run.as_mut() else {
-            return;
-        };
-        if run.steps.first().and_then(|s| s.current(run.id)) != Some(from)
-            || run.phase != Phase::Running
+        if self.steps.first().and_then(|s| s.current(self.id)) != Some(from)
+            || self.phase != Phase::Running
         {
             return;
         }
-        let Some(lead) = run.lead.as_mut() else {
+        let Some(lead) = self.lead.as_mut() else {
             return;
         };
         if turn <= lead.turns_seen {
             // A duplicate turn: answer again if it was answered (the answer may have been lost).
             if let Some(results) = lead.answered.get(&turn).cloned() {
-                run.to_specialist(from, SpecialistMsg::Delegated { turn, results }, out);
+                self.to_specialist(from, SpecialistMsg::Delegated { turn, results }, out);
             }
             return;
         }
-        if turn > turns_max || run.steps.len() + calls.len() > PLAN_STEPS_MAX {
-            run.decide(
+        if turn > turns_max || self.steps.len() + calls.len() > PLAN_STEPS_MAX {
+            self.decide(
                 now,
                 format!("delegation turn {turn} refused: over the delegation limits"),
             );
@@ -142,7 +133,7 @@ impl Coordinator {
                     )
                 })
                 .collect();
-            run.to_specialist(from, SpecialistMsg::Delegated { turn, results }, out);
+            self.to_specialist(from, SpecialistMsg::Delegated { turn, results }, out);
             return;
         }
         lead.turns_seen = turn;
@@ -160,10 +151,10 @@ impl Coordinator {
             };
             let mut step = Step::new(spec, Vec::new());
             step.call_id = Some(call.call_id);
-            run.steps.push(step);
-            indices.push(run.steps.len() - 1);
+            self.steps.push(step);
+            indices.push(self.steps.len() - 1);
         }
-        if let Some(lead) = run.lead.as_mut() {
+        if let Some(lead) = self.lead.as_mut() {
             lead.queue.push_back((turn, indices));
         }
         self.advance(now, rng, out);

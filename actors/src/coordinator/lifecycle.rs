@@ -5,7 +5,7 @@ use super::lead::Lead;
 use super::staging::Then;
 use super::step::Step;
 use super::synthesis::synthesize;
-use super::{Coordinator, LEAD_STEP_KEY, Phase, RunState, StepStatus};
+use super::{CoordinatorConfig, LEAD_STEP_KEY, Phase, RunState, StepStatus};
 use crate::effect::Effect;
 use crate::ids::mint_task_id;
 use crate::machine::{Entropy, Millis};
@@ -16,19 +16,16 @@ use crate::report::{TEXT_BYTES_MAX, bounded};
 use keel_store::{Budget, Run, RunStatus, Task, TaskKind, TaskStatus};
 use std::collections::{BTreeMap, BTreeSet};
 
-impl Coordinator {
+impl RunState {
+    /// A new run from its spec: the run row and root task are staged, the plan is validated (a
+    /// rejected plan ends the run as failed), and the first batch (or the lead) is dispatched.
     pub(super) fn accept(
-        &mut self,
+        config: CoordinatorConfig,
         spec: RunSpec,
         now: Millis,
         rng: &mut dyn Entropy,
         out: &mut Vec<Effect>,
-    ) {
-        if let Some(run) = &mut self.run {
-            run.decide(now, format!("ignored a second Accept of run {}", spec.run));
-            run.flush_decisions(now, out);
-            return;
-        }
+    ) -> RunState {
         let root_id = mint_task_id(now, rng);
         let brief = bounded(spec.brief.clone(), 64 * 1024);
         let plan_text = match &spec.mode {
@@ -54,7 +51,7 @@ impl Coordinator {
             id: root_id,
             run_id: spec.run,
             parent: None,
-            depth: self.config.root_depth,
+            depth: config.root_depth,
             kind: TaskKind::Root,
             brief: brief.clone(),
             goal: bounded(spec.brief.clone(), TEXT_BYTES_MAX),
@@ -73,6 +70,7 @@ impl Coordinator {
             updated_ms: now,
         };
         let mut state = RunState {
+            config,
             id: spec.run,
             row,
             root: root.clone(),
@@ -94,7 +92,7 @@ impl Coordinator {
             RunMode::Plan(plan) => match validate(plan) {
                 Ok(valid) => {
                     state.constraints = valid.plan().constraints.clone();
-                    for (i, s) in valid.plan().steps.iter().enumerate() {
+                    for s in &valid.plan().steps {
                         let deps = s
                             .depends_on
                             .iter()
@@ -102,9 +100,8 @@ impl Coordinator {
                             .collect();
                         let mut step = Step::new(s.clone(), deps);
                         if step.spec.estimate_micros == 0 {
-                            step.spec.estimate_micros = self.config.default_estimate_micros;
+                            step.spec.estimate_micros = state.config.default_estimate_micros;
                         }
-                        let _ = i;
                         state.steps.push(step);
                     }
                     state.batches = valid.batches().to_vec();
@@ -152,8 +149,7 @@ impl Coordinator {
                         now,
                         out,
                     );
-                    self.run = Some(state);
-                    return;
+                    return state;
                 }
             },
             RunMode::Lead { agent, constraints } => {
@@ -166,7 +162,7 @@ impl Coordinator {
                     output_schema: None,
                     assignee: agent,
                     depends_on: Vec::new(),
-                    estimate_micros: self.config.default_estimate_micros,
+                    estimate_micros: state.config.default_estimate_micros,
                 };
                 let mut step = Step::new(spec, Vec::new());
                 // The lead works on the root task itself.
@@ -192,37 +188,28 @@ impl Coordinator {
             },
             out,
         );
-        self.run = Some(state);
-        self.advance(now, rng, out);
+        state.advance(now, rng, out);
+        state
     }
 
     /// Move the run forward: dispatch the next batch (or turn) when the current one is done, skip steps
     /// whose dependencies produced nothing usable, and finish when nothing is left.
     pub(super) fn advance(&mut self, now: Millis, rng: &mut dyn Entropy, out: &mut Vec<Effect>) {
-        let Some(run) = self.run.as_mut() else {
-            return;
-        };
-        if run.phase != Phase::Running {
+        if self.phase != Phase::Running {
             return;
         }
-        let ready = ready_follow_ups(run);
+        let ready = ready_follow_ups(self);
         for i in ready {
             self.begin_attempt(i, None, now, rng, out);
         }
-        let Some(run) = self.run.as_mut() else {
-            return;
-        };
-        if run.lead.is_some() {
+        if self.lead.is_some() {
             self.advance_lead(now, rng, out);
             return;
         }
         // Bounded: each pass either dispatches a batch and returns, or moves past a finished batch.
         for _ in 0..=PLAN_STEPS_MAX {
-            let Some(run) = self.run.as_mut() else {
-                return;
-            };
-            let Some(batch) = run.batches.get(run.batch).cloned() else {
-                if run.steps.iter().all(|s| s.status == StepStatus::Done) {
+            let Some(batch) = self.batches.get(self.batch).cloned() else {
+                if self.steps.iter().all(|s| s.status == StepStatus::Done) {
                     self.finish(now, out);
                 }
                 return;
@@ -230,36 +217,36 @@ impl Coordinator {
             let waiting: Vec<usize> = batch
                 .iter()
                 .copied()
-                .filter(|&i| run.steps[i].status == StepStatus::Waiting)
+                .filter(|&i| self.steps[i].status == StepStatus::Waiting)
                 .collect();
             if waiting.is_empty() {
                 if batch
                     .iter()
-                    .all(|&i| run.steps[i].status == StepStatus::Done)
+                    .all(|&i| self.steps[i].status == StepStatus::Done)
                 {
-                    run.batch += 1;
+                    self.batch += 1;
                     continue;
                 }
                 return; // the batch is in flight
             }
             let keys: Vec<&str> = waiting
                 .iter()
-                .map(|&i| run.steps[i].spec.key.as_str())
+                .map(|&i| self.steps[i].spec.key.as_str())
                 .collect();
             let summary = format!(
                 "dispatch batch {} together: [{}]",
-                run.batch + 1,
+                self.batch + 1,
                 keys.join(", ")
             );
-            run.decide(now, summary);
+            self.decide(now, summary);
             let plans: Vec<(usize, Vec<String>)> = waiting
                 .into_iter()
                 .map(|i| {
-                    let unusable = run.steps[i]
+                    let unusable = self.steps[i]
                         .deps
                         .iter()
-                        .filter(|&&d| run.steps[d].usable_report().is_none())
-                        .map(|&d| run.steps[d].spec.key.clone())
+                        .filter(|&&d| self.steps[d].usable_report().is_none())
+                        .map(|&d| self.steps[d].spec.key.clone())
                         .collect();
                     (i, unusable)
                 })
@@ -287,20 +274,17 @@ impl Coordinator {
         now: Millis,
         out: &mut Vec<Effect>,
     ) {
-        let Some(run) = self.run.as_mut() else {
-            return;
-        };
-        if run.phase != Phase::Running {
+        if self.phase != Phase::Running {
             return;
         }
-        run.phase = Phase::Finishing;
-        run.decide(now, format!("run ends: {status:?}: {outcome}"));
+        self.phase = Phase::Finishing;
+        self.decide(now, format!("self ends: {status:?}: {outcome}"));
         let mut ops = Vec::new();
         let mut stopped = Vec::new();
-        for step in &mut run.steps {
+        for step in &mut self.steps {
             if step.status != StepStatus::Done
                 && let Some(task) = step.task
-                && let Some(t) = run.tasks.get_mut(&task)
+                && let Some(t) = self.tasks.get_mut(&task)
                 && !t.status.is_terminal()
             {
                 t.status = TaskStatus::Cancelled;
@@ -309,31 +293,28 @@ impl Coordinator {
                 stopped.push(task);
             }
         }
-        run.row.status = status;
-        run.row.outcome = Some(bounded(outcome.clone(), 64 * 1024));
-        run.row.updated_ms = now;
-        ops.push(PersistOp::UpdateRun(run.row.clone()));
-        if run.lead.is_none() {
-            let mut root = run.root.clone();
+        self.row.status = status;
+        self.row.outcome = Some(bounded(outcome.clone(), 64 * 1024));
+        self.row.updated_ms = now;
+        ops.push(PersistOp::UpdateRun(self.row.clone()));
+        if self.lead.is_none() {
+            let mut root = self.root.clone();
             root.status = TaskStatus::Cancelled;
             root.updated_ms = now;
             ops.push(PersistOp::UpdateTask(root));
         }
         ops.truncate(STAGE_OPS_MAX - 64);
-        run.stage(ops, Then::Finished { status, outcome }, true, now, out);
+        self.stage(ops, Then::Finished { status, outcome }, true, now, out);
     }
 
     /// End the run with a synthesis: a failure stays a failure, partial coverage is annotated.
     pub(super) fn finish(&mut self, now: Millis, out: &mut Vec<Effect>) {
-        let Some(run) = self.run.as_mut() else {
-            return;
-        };
-        if run.phase != Phase::Running {
+        if self.phase != Phase::Running {
             return;
         }
-        run.phase = Phase::Finishing;
-        let synthesis = synthesize(&run.steps);
-        let usable = run.steps.iter().any(|s| s.usable_report().is_some());
+        self.phase = Phase::Finishing;
+        let synthesis = synthesize(&self.steps);
+        let usable = self.steps.iter().any(|s| s.usable_report().is_some());
         let status = if usable {
             RunStatus::Completed
         } else {
@@ -345,19 +326,19 @@ impl Coordinator {
         } else {
             format!("no step produced a usable report: {}", synthesis.summary)
         };
-        run.decide(
+        self.decide(
             now,
             format!("synthesis: {:?}; {}", status, synthesis.summary),
         );
-        run.row.status = status;
-        run.row.outcome = Some(outcome.clone());
-        run.row.updated_ms = now;
-        let mut root = run
+        self.row.status = status;
+        self.row.outcome = Some(outcome.clone());
+        self.row.updated_ms = now;
+        let mut root = self
             .tasks
-            .get(&run.root.id)
+            .get(&self.root.id)
             .cloned()
-            .unwrap_or_else(|| run.root.clone());
-        if run.lead.is_none() {
+            .unwrap_or_else(|| self.root.clone());
+        if self.lead.is_none() {
             root.status = if usable {
                 TaskStatus::Complete
             } else {
@@ -368,8 +349,8 @@ impl Coordinator {
         }
         let ops = vec![
             PersistOp::UpdateTask(root),
-            PersistOp::UpdateRun(run.row.clone()),
+            PersistOp::UpdateRun(self.row.clone()),
         ];
-        run.stage(ops, Then::Finished { status, outcome }, true, now, out);
+        self.stage(ops, Then::Finished { status, outcome }, true, now, out);
     }
 }

@@ -37,7 +37,7 @@ use lead::Lead;
 use serde::{Deserialize, Serialize};
 use staging::{Pending, Then, coalesce_stages};
 use std::collections::{BTreeMap, BTreeSet};
-use step::{BackoffNext, Step};
+use step::Step;
 
 /// The version of the snapshot kept in `Checkpoint::state`.
 pub const SNAPSHOT_VERSION: u8 = 1;
@@ -112,6 +112,8 @@ enum Phase {
 
 #[derive(Debug)]
 struct RunState {
+    /// The coordinator's limits.
+    config: CoordinatorConfig,
     id: RunId,
     row: Run,
     root: Task,
@@ -245,7 +247,10 @@ impl Machine for Coordinator {
         out: &mut Vec<Effect>,
     ) {
         let first = out.len();
-        self.handle_input(input, now, rng, out);
+        match &mut self.run {
+            Some(run) => run.handle(input, now, rng, out),
+            None => self.run = RunState::start(&self.config, input, now, rng, out),
+        }
         if let Some(run) = self.run.as_mut() {
             run.flush_decisions(now, out);
         }
@@ -253,8 +258,38 @@ impl Machine for Coordinator {
     }
 }
 
-impl Coordinator {
-    fn handle_input(
+impl RunState {
+    /// The run an input starts: a new run (`Accept`) or one rebuilt from its rows (`Recovered`,
+    /// `Reopened`). Any other input before a run has nothing to act on and is dropped.
+    fn start(
+        config: &CoordinatorConfig,
+        input: CoordinatorInput,
+        now: Millis,
+        rng: &mut dyn Entropy,
+        out: &mut Vec<Effect>,
+    ) -> Option<RunState> {
+        let config = config.clone();
+        match input {
+            CoordinatorInput::Msg(CoordinatorMsg::Accept(spec)) => {
+                Some(RunState::accept(config, spec, now, rng, out))
+            }
+            CoordinatorInput::Recovered(rows) => {
+                Some(RunState::recover(config, *rows, None, now, rng, out))
+            }
+            CoordinatorInput::Reopened { rows, follow_up } => Some(RunState::recover(
+                config,
+                *rows,
+                Some(follow_up),
+                now,
+                rng,
+                out,
+            )),
+            CoordinatorInput::Msg(_) | CoordinatorInput::Timer(_) => None,
+        }
+    }
+
+    /// One input to a run that exists: dispatch it to the part of the coordinator that owns it.
+    fn handle(
         &mut self,
         input: CoordinatorInput,
         now: Millis,
@@ -262,104 +297,35 @@ impl Coordinator {
         out: &mut Vec<Effect>,
     ) {
         match input {
-            CoordinatorInput::Msg(CoordinatorMsg::Accept(spec)) => self.accept(spec, now, rng, out),
-            CoordinatorInput::Recovered(rows) => self.recover(*rows, None, now, rng, out),
-            CoordinatorInput::Reopened { rows, follow_up } => {
-                self.recover(*rows, Some(follow_up), now, rng, out);
+            CoordinatorInput::Msg(CoordinatorMsg::Accept(spec)) => {
+                self.decide(now, format!("ignored a second Accept of run {}", spec.run));
             }
+            // A coordinator holds one run: rows for it once it has one are stale.
+            CoordinatorInput::Recovered(_) | CoordinatorInput::Reopened { .. } => {}
             CoordinatorInput::Msg(CoordinatorMsg::Durable { ticket }) => {
                 self.on_durable(ticket, now, rng, out);
             }
             CoordinatorInput::Msg(CoordinatorMsg::PersistFailed { ticket, error }) => {
                 self.on_persist_failed(ticket, error, now, out);
             }
-            CoordinatorInput::Timer(CoordinatorTimer::Restage { ticket }) => {
-                let _ = ticket;
-                if let Some(run) = self.run.as_mut() {
-                    let held: Vec<u64> = run
-                        .pending
-                        .iter()
-                        .filter(|(_, p)| !p.sent)
-                        .map(|(t, _)| *t)
-                        .collect();
-                    for t in held {
-                        if let Some(p) = run.pending.get(&t) {
-                            run.send_stage(t, p, now, out);
-                        }
-                        if let Some(p) = run.pending.get_mut(&t) {
-                            p.sent = true;
-                        }
-                    }
-                }
+            CoordinatorInput::Timer(CoordinatorTimer::Restage { .. }) => {
+                self.restage_held(now, out);
             }
             CoordinatorInput::Timer(CoordinatorTimer::Redispatch { step, generation }) => {
-                let index = step as usize;
-                let Some(run) = self.run.as_mut() else {
-                    return;
-                };
-                let Some(s) = run.steps.get(index) else {
-                    return;
-                };
-                if s.generation != generation
-                    || s.status != StepStatus::Backoff
-                    || run.phase != Phase::Running
-                {
-                    return;
-                }
-                match s.backoff.clone() {
-                    BackoffNext::Readmit => self.admit(index, out),
-                    BackoffNext::NewAttempt { reroute } => {
-                        self.begin_attempt(index, reroute, now, rng, out);
-                    }
-                }
+                self.on_redispatch_timer(step as usize, generation, now, rng, out);
             }
             CoordinatorInput::Msg(CoordinatorMsg::Admission { attempt, answer }) => {
                 self.on_admission(attempt, answer, now, out);
             }
             CoordinatorInput::Msg(CoordinatorMsg::Verdict { attempt, verdict }) => {
-                let Some(run) = self.run.as_ref() else {
-                    return;
-                };
-                let Some(&index) = run.by_task.get(&attempt.task) else {
-                    return;
-                };
-                let s = &run.steps[index];
-                if s.current(run.id) == Some(attempt)
-                    && s.status == StepStatus::AwaitingVerdict
-                    && run.phase == Phase::Running
-                {
-                    self.apply_verdict(index, verdict, now, rng, out);
-                }
+                self.on_verdict(attempt, verdict, now, rng, out);
             }
             CoordinatorInput::Msg(CoordinatorMsg::AttemptLost {
                 attempt,
                 failure,
                 verdict,
             }) => {
-                let Some(run) = self.run.as_mut() else {
-                    return;
-                };
-                let Some(&index) = run.by_task.get(&attempt.task) else {
-                    return;
-                };
-                let s = &run.steps[index];
-                if s.current(run.id) != Some(attempt)
-                    || !matches!(s.status, StepStatus::Admitting | StepStatus::Running)
-                    || run.phase != Phase::Running
-                {
-                    return;
-                }
-                let key = s.spec.key.clone();
-                run.decide(
-                    now,
-                    format!(
-                        "step {key}: attempt {attempt} lost ({}): {}",
-                        failure.kind.name(),
-                        one_line(&failure.detail)
-                    ),
-                );
-                run.steps[index].last_failure = Some(failure);
-                self.apply_verdict(index, verdict, now, rng, out);
+                self.on_attempt_lost(attempt, failure, verdict, now, rng, out);
             }
             CoordinatorInput::Msg(CoordinatorMsg::BudgetTripped {
                 committed_micros,

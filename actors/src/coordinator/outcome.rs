@@ -3,7 +3,7 @@
 
 use super::staging::Then;
 use super::step::{BackoffNext, encode_outcome, outcome_status};
-use super::{Coordinator, Phase, STALE_LOGGED_MAX, StepStatus, one_line};
+use super::{Phase, RunState, STALE_LOGGED_MAX, StepStatus, one_line};
 use crate::effect::Effect;
 use crate::ids::AttemptId;
 use crate::machine::{Entropy, Millis};
@@ -13,10 +13,10 @@ use crate::report::{
     AttemptResult, FailureKind, StepOutcome, SubtaskFailure, TEXT_BYTES_MAX, bounded,
 };
 use keel_store::{
-    DeadLetter, Escalation, EscalationTrigger, ManifestEntry, ManifestOutcome, RunId, TaskStatus,
+    DeadLetter, Escalation, EscalationTrigger, ManifestEntry, ManifestOutcome, TaskStatus,
 };
 
-impl Coordinator {
+impl RunState {
     pub(super) fn skip(
         &mut self,
         index: usize,
@@ -24,23 +24,20 @@ impl Coordinator {
         now: Millis,
         out: &mut Vec<Effect>,
     ) {
-        let Some(run) = self.run.as_mut() else {
-            return;
-        };
-        let key = run.steps[index].spec.key.clone();
-        run.decide(now, format!("step {key} skipped: {reason}"));
+        let key = self.steps[index].spec.key.clone();
+        self.decide(now, format!("step {key} skipped: {reason}"));
         let outcome = StepOutcome::Skipped {
             reason: reason.clone(),
         };
-        run.steps[index].outcome = Some(outcome.clone());
-        run.steps[index].status = StepStatus::Committing;
+        self.steps[index].outcome = Some(outcome.clone());
+        self.steps[index].status = StepStatus::Committing;
         let ops = vec![PersistOp::AppendManifest(ManifestEntry {
             ts_ms: now,
             item: key,
             task_id: None,
             outcome: ManifestOutcome::Failed { reason },
         })];
-        run.stage(
+        self.stage(
             ops,
             Then::Parked {
                 step: index,
@@ -63,15 +60,12 @@ impl Coordinator {
         now: Millis,
         out: &mut Vec<Effect>,
     ) {
-        let Some(run) = self.run.as_mut() else {
-            return;
-        };
-        let key = run.steps[index].spec.key.clone();
-        let task = run.steps[index].task;
-        let attempts = run.steps[index].attempts_total;
+        let key = self.steps[index].spec.key.clone();
+        let task = self.steps[index].task;
+        let attempts = self.steps[index].attempts_total;
         let outcome = StepOutcome::Failed(failure.clone());
         let mut ops = Vec::new();
-        if let Some(t) = task.and_then(|t| run.tasks.get_mut(&t)) {
+        if let Some(t) = task.and_then(|t| self.tasks.get_mut(&t)) {
             t.status = if escalate.is_some() {
                 TaskStatus::Escalated
             } else {
@@ -98,17 +92,17 @@ impl Coordinator {
                 ts_ms: now,
                 task_id: task,
                 trigger,
-                account: run.steps[index]
+                account: self.steps[index]
                     .assignment
                     .as_ref()
                     .map(|a| a.account.clone())
                     .unwrap_or_default(),
-                asked: bounded(run.steps[index].spec.brief.clone(), TEXT_BYTES_MAX),
+                asked: bounded(self.steps[index].spec.brief.clone(), TEXT_BYTES_MAX),
                 attempted: failure.attempted.clone(),
                 diagnosis: bounded(reason.clone(), TEXT_BYTES_MAX),
                 amount_micros: None,
                 recommended_action:
-                    "review the dead-lettered step and re-run it or adjust the plan".into(),
+                    "review the dead-lettered step and re-self it or adjust the plan".into(),
             }));
         }
         ops.push(PersistOp::AppendManifest(ManifestEntry {
@@ -124,13 +118,13 @@ impl Coordinator {
         } else {
             "failed"
         };
-        run.decide(
+        self.decide(
             now,
             format!("step {key} {verb} and parked in the dead-letter table: {reason}"),
         );
-        run.steps[index].status = StepStatus::Committing;
+        self.steps[index].status = StepStatus::Committing;
         // The task row carries the parked outcome; recovery reads it there.
-        run.stage(
+        self.stage(
             ops,
             Then::Parked {
                 step: index,
@@ -149,25 +143,22 @@ impl Coordinator {
         now: Millis,
         out: &mut Vec<Effect>,
     ) {
-        let Some(run) = self.run.as_mut() else {
-            return;
+        let Some(&index) = self.by_task.get(&from.task) else {
+            return; // not a task of this self
         };
-        let Some(&index) = run.by_task.get(&from.task) else {
-            return; // not a task of this run
-        };
-        if run.phase != Phase::Running && run.steps[index].accepted != Some(from) {
-            // The run is ending (cancelled, budget, synthesis): nothing more is accepted.
-            run.to_specialist(
+        if self.phase != Phase::Running && self.steps[index].accepted != Some(from) {
+            // The self is ending (cancelled, budget, synthesis): nothing more is accepted.
+            self.to_specialist(
                 from,
                 SpecialistMsg::Cancel {
-                    reason: "the run has ended".into(),
+                    reason: "the self has ended".into(),
                 },
                 out,
             );
             return;
         }
-        let current = run.steps[index].current(run.id);
-        let status = run.steps[index].status;
+        let current = self.steps[index].current(self.id);
+        let status = self.steps[index].status;
         if current != Some(from)
             || !matches!(
                 status,
@@ -177,18 +168,18 @@ impl Coordinator {
                     | StepStatus::Done
             )
         {
-            if run.steps[index].accepted == Some(from) {
-                run.to_specialist(from, SpecialistMsg::Ack, out);
+            if self.steps[index].accepted == Some(from) {
+                self.to_specialist(from, SpecialistMsg::Ack, out);
                 return;
             }
-            if run.stale_logged.len() < STALE_LOGGED_MAX && run.stale_logged.insert(from) {
-                let key = run.steps[index].spec.key.clone();
-                run.decide(
+            if self.stale_logged.len() < STALE_LOGGED_MAX && self.stale_logged.insert(from) {
+                let key = self.steps[index].spec.key.clone();
+                self.decide(
                     now,
                     format!("step {key}: result of attempt {from} refused as stale (not the current attempt)"),
                 );
             }
-            run.to_specialist(
+            self.to_specialist(
                 from,
                 SpecialistMsg::Cancel {
                     reason: "superseded by a newer attempt".into(),
@@ -200,21 +191,21 @@ impl Coordinator {
         match status {
             StepStatus::Committing => return, // a duplicate while its result is being made durable
             StepStatus::Done => {
-                if run.steps[index].accepted == Some(from) {
-                    run.to_specialist(from, SpecialistMsg::Ack, out);
+                if self.steps[index].accepted == Some(from) {
+                    self.to_specialist(from, SpecialistMsg::Ack, out);
                 }
                 return;
             }
             _ => {}
         }
-        let key = run.steps[index].spec.key.clone();
-        run.steps[index].spent_micros = run.steps[index].spent_micros.max(result.spent_micros);
+        let key = self.steps[index].spec.key.clone();
+        self.steps[index].spent_micros = self.steps[index].spent_micros.max(result.spent_micros);
         match result.outcome {
             Ok(report) => match report.verify(from.task) {
                 Ok(()) => {
                     let outcome = StepOutcome::Report(report.clone());
                     let mut ops = Vec::new();
-                    if let Some(t) = run.tasks.get_mut(&from.task) {
+                    if let Some(t) = self.tasks.get_mut(&from.task) {
                         t.status = outcome_status(&outcome);
                         t.outcome = Some(encode_outcome(&outcome));
                         t.updated_ms = now;
@@ -226,14 +217,14 @@ impl Coordinator {
                         task_id: Some(from.task),
                         outcome: ManifestOutcome::Processed,
                     }));
-                    run.row.budget.spent_micros = run
+                    self.row.budget.spent_micros = self
                         .row
                         .budget
                         .spent_micros
                         .saturating_add(result.spent_micros);
-                    run.row.updated_ms = now;
-                    ops.push(PersistOp::UpdateRun(run.row.clone()));
-                    run.decide(
+                    self.row.updated_ms = now;
+                    ops.push(PersistOp::UpdateRun(self.row.clone()));
+                    self.decide(
                         now,
                         format!(
                             "step {key}: accepted a {:?} report of attempt {from} ({} findings, {} gaps)",
@@ -242,10 +233,10 @@ impl Coordinator {
                             report.gaps.len()
                         ),
                     );
-                    run.steps[index].status = StepStatus::Committing;
+                    self.steps[index].status = StepStatus::Committing;
                     // No checkpoint here: the task row (result and done-marker, one transaction) is
                     // what recovery reads; the next dispatch or the synthesis writes the checkpoint.
-                    run.stage(
+                    self.stage(
                         ops,
                         Then::Accepted {
                             step: index,
@@ -282,11 +273,8 @@ impl Coordinator {
         now: Millis,
         out: &mut Vec<Effect>,
     ) {
-        let Some(run) = self.run.as_mut() else {
-            return;
-        };
-        let key = run.steps[index].spec.key.clone();
-        run.decide(
+        let key = self.steps[index].spec.key.clone();
+        self.decide(
             now,
             format!(
                 "step {key}: attempt {from} failed ({}, retryable: {}): {}",
@@ -295,14 +283,14 @@ impl Coordinator {
                 one_line(&failure.detail)
             ),
         );
-        run.steps[index].status = StepStatus::AwaitingVerdict;
-        run.steps[index].last_failure = Some(failure.clone());
-        if let Some(t) = run.tasks.get_mut(&from.task) {
+        self.steps[index].status = StepStatus::AwaitingVerdict;
+        self.steps[index].last_failure = Some(failure.clone());
+        if let Some(t) = self.tasks.get_mut(&from.task) {
             t.status = TaskStatus::Failed;
             t.updated_ms = now;
             t.outcome = Some(encode_outcome(&StepOutcome::Failed(failure.clone())));
         }
-        run.send(
+        self.send(
             SupervisorMsg::Settle {
                 attempt: from,
                 spent_micros,
@@ -310,6 +298,62 @@ impl Coordinator {
             },
             out,
         );
+    }
+
+    /// The supervisor's verdict on a failed attempt, applied if it is still about the current attempt
+    /// and the run is still running.
+    pub(super) fn on_verdict(
+        &mut self,
+        attempt: AttemptId,
+        verdict: Verdict,
+        now: Millis,
+        rng: &mut dyn Entropy,
+        out: &mut Vec<Effect>,
+    ) {
+        let Some(&index) = self.by_task.get(&attempt.task) else {
+            return;
+        };
+        let s = &self.steps[index];
+        if s.current(self.id) == Some(attempt)
+            && s.status == StepStatus::AwaitingVerdict
+            && self.phase == Phase::Running
+        {
+            self.apply_verdict(index, verdict, now, rng, out);
+        }
+    }
+
+    /// The supervisor lost an attempt (its specialist died or timed out) and decided at once: log it
+    /// and apply the verdict, if it is about the current attempt of a step still in flight.
+    pub(super) fn on_attempt_lost(
+        &mut self,
+        attempt: AttemptId,
+        failure: SubtaskFailure,
+        verdict: Verdict,
+        now: Millis,
+        rng: &mut dyn Entropy,
+        out: &mut Vec<Effect>,
+    ) {
+        let Some(&index) = self.by_task.get(&attempt.task) else {
+            return;
+        };
+        let s = &self.steps[index];
+        if s.current(self.id) != Some(attempt)
+            || !matches!(s.status, StepStatus::Admitting | StepStatus::Running)
+            || self.phase != Phase::Running
+        {
+            return;
+        }
+        let key = s.spec.key.clone();
+        self.decide(
+            now,
+            format!(
+                "step {key}: attempt {attempt} lost ({}): {}",
+                failure.kind.name(),
+                one_line(&failure.detail)
+            ),
+        );
+        self.steps[index].last_failure = Some(failure);
+        self.apply_verdict(index, verdict, now, rng, out);
     }
 
     pub(super) fn apply_verdict(
@@ -321,11 +365,8 @@ impl Coordinator {
         out: &mut Vec<Effect>,
     ) {
         let attempts_max = self.config.attempts_per_step_max;
-        let Some(run) = self.run.as_mut() else {
-            return;
-        };
-        let key = run.steps[index].spec.key.clone();
-        let failure = run.steps[index]
+        let key = self.steps[index].spec.key.clone();
+        let failure = self.steps[index]
             .last_failure
             .clone()
             .unwrap_or(SubtaskFailure {
@@ -336,14 +377,14 @@ impl Coordinator {
                 retry_after_ms: None,
                 detail: "no failure recorded".into(),
             });
-        let spent = run.steps[index].attempts_total >= attempts_max;
+        let spent = self.steps[index].attempts_total >= attempts_max;
         match verdict {
             Verdict::Restart { .. } | Verdict::Reroute { .. } if spent => {
                 let reason = format!("retry budget spent after {attempts_max} attempts");
                 self.park(index, failure, reason, None, now, out);
             }
             Verdict::Restart { after_ms } => {
-                run.decide(
+                self.decide(
                     now,
                     format!("step {key}: restart after {after_ms} ms (supervisor)"),
                 );
@@ -357,7 +398,7 @@ impl Coordinator {
                 );
             }
             Verdict::Reroute { agent, after_ms } => {
-                run.decide(
+                self.decide(
                     now,
                     format!(
                         "step {key}: reroute to agent {agent} after {after_ms} ms (supervisor)"
@@ -396,7 +437,7 @@ impl Coordinator {
         rng: &mut dyn Entropy,
         out: &mut Vec<Effect>,
     ) {
-        if from.run != self.run_id().unwrap_or(RunId(0)) {
+        if from.run != self.id {
             return;
         }
         match reply {
@@ -410,13 +451,10 @@ impl Coordinator {
                 self.on_result(from, result, now, out);
             }
             SpecialistReply::Logs { rows } => {
-                let Some(run) = self.run.as_mut() else {
+                let Some(&index) = self.by_task.get(&from.task) else {
                     return;
                 };
-                let Some(&index) = run.by_task.get(&from.task) else {
-                    return;
-                };
-                if run.steps[index].current(run.id) != Some(from) {
+                if self.steps[index].current(self.id) != Some(from) {
                     return;
                 }
                 let mut ops = Vec::new();
@@ -424,8 +462,8 @@ impl Coordinator {
                     .into_iter()
                     .take(crate::specialist::LOG_ROWS_PER_REPLY_MAX)
                 {
-                    if seq > run.steps[index].log_seq {
-                        run.steps[index].log_seq = seq;
+                    if seq > self.steps[index].log_seq {
+                        self.steps[index].log_seq = seq;
                         ops.push(PersistOp::AppendLog {
                             task: from.task,
                             row,
@@ -433,20 +471,17 @@ impl Coordinator {
                     }
                 }
                 if !ops.is_empty() {
-                    run.stage(ops, Then::Nothing, false, now, out);
+                    self.stage(ops, Then::Nothing, false, now, out);
                 }
             }
             SpecialistReply::Spend { spent_micros } => {
-                let Some(run) = self.run.as_mut() else {
+                let Some(&index) = self.by_task.get(&from.task) else {
                     return;
                 };
-                let Some(&index) = run.by_task.get(&from.task) else {
-                    return;
-                };
-                if run.steps[index].current(run.id) == Some(from) {
-                    let s = &mut run.steps[index];
+                if self.steps[index].current(self.id) == Some(from) {
+                    let s = &mut self.steps[index];
                     s.spent_micros = s.spent_micros.max(spent_micros);
-                    run.send(
+                    self.send(
                         SupervisorMsg::Spend {
                             attempt: from,
                             spent_micros,

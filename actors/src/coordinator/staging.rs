@@ -1,7 +1,7 @@
 //! The durable-write queue: every decision's writes are staged to the checkpoint writer in ticket
 //! order, and its consequence happens only once the stage is durable.
 
-use super::{Coordinator, Phase, RunState, StepStatus};
+use super::{Phase, RunState, StepStatus};
 use crate::effect::{Effect, Envelope};
 use crate::ids::AttemptId;
 use crate::machine::{Entropy, Millis};
@@ -80,6 +80,25 @@ impl RunState {
         self.pending.insert(ticket, pending);
     }
 
+    /// The restage timer fired: send every held stage again, in ticket order (a failed stage and every
+    /// stage after it are held together, so the run's writes still commit as a prefix).
+    pub(super) fn restage_held(&mut self, now: Millis, out: &mut Vec<Effect>) {
+        let held: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| !p.sent)
+            .map(|(t, _)| *t)
+            .collect();
+        for t in held {
+            if let Some(p) = self.pending.get(&t) {
+                self.send_stage(t, p, now, out);
+            }
+            if let Some(p) = self.pending.get_mut(&t) {
+                p.sent = true;
+            }
+        }
+    }
+
     pub(super) fn send_stage(
         &self,
         ticket: u64,
@@ -102,7 +121,7 @@ impl RunState {
     }
 }
 
-impl Coordinator {
+impl RunState {
     pub(super) fn on_durable(
         &mut self,
         ticket: u64,
@@ -110,18 +129,15 @@ impl Coordinator {
         rng: &mut dyn Entropy,
         out: &mut Vec<Effect>,
     ) {
-        let Some(run) = self.run.as_mut() else {
-            return;
-        };
-        let Some(pending) = run.pending.remove(&ticket) else {
+        let Some(pending) = self.pending.remove(&ticket) else {
             return;
         };
         match pending.then {
             Then::Nothing => {}
             Then::Admit { step, generation } => {
-                if run.steps[step].generation == generation
-                    && run.steps[step].status == StepStatus::Recording
-                    && run.phase == Phase::Running
+                if self.steps[step].generation == generation
+                    && self.steps[step].status == StepStatus::Recording
+                    && self.phase == Phase::Running
                 {
                     self.admit(step, out);
                 }
@@ -131,13 +147,13 @@ impl Coordinator {
                 attempt,
                 outcome,
             } => {
-                let s = &mut run.steps[step];
+                let s = &mut self.steps[step];
                 s.status = StepStatus::Done;
                 s.outcome = Some(outcome);
                 s.accepted = Some(attempt);
                 let spent = s.spent_micros;
-                run.to_specialist(attempt, SpecialistMsg::Ack, out);
-                run.send(
+                self.to_specialist(attempt, SpecialistMsg::Ack, out);
+                self.send(
                     SupervisorMsg::Settle {
                         attempt,
                         spent_micros: spent,
@@ -148,18 +164,18 @@ impl Coordinator {
                 self.advance(now, rng, out);
             }
             Then::Parked { step, outcome } => {
-                run.steps[step].status = StepStatus::Done;
-                run.steps[step].outcome = Some(outcome);
+                self.steps[step].status = StepStatus::Done;
+                self.steps[step].outcome = Some(outcome);
                 self.advance(now, rng, out);
             }
             Then::Finished { status, outcome } => {
-                run.phase = Phase::Done(status);
+                self.phase = Phase::Done(status);
                 out.push(Effect::Emit(LifecycleEvent::RunFinished {
-                    run: run.id,
+                    run: self.id,
                     status,
                     outcome,
                 }));
-                run.send(SupervisorMsg::CloseRun { run: run.id }, out);
+                self.send(SupervisorMsg::CloseRun { run: self.id }, out);
             }
         }
     }
@@ -173,37 +189,34 @@ impl Coordinator {
     ) {
         let restages_max = self.config.restages_max;
         let backoff = self.config.restage_backoff_ms;
-        let Some(run) = self.run.as_mut() else {
-            return;
-        };
-        let Some(pending) = run.pending.get_mut(&ticket) else {
+        let Some(pending) = self.pending.get_mut(&ticket) else {
             return;
         };
         if pending.restages < restages_max {
             pending.restages += 1;
             let restages = pending.restages;
-            let was_holding = run.pending.values().any(|p| !p.sent);
+            let was_holding = self.pending.values().any(|p| !p.sent);
             // Hold this stage and everything after it; one timer re-sends them all in order.
-            for (_, p) in run.pending.range_mut(ticket..) {
+            for (_, p) in self.pending.range_mut(ticket..) {
                 p.sent = false;
             }
             if !was_holding {
                 let at = now.saturating_add(backoff.saturating_mul(u64::from(restages)));
-                run.timer(CoordinatorTimer::Restage { ticket }, at, out);
+                self.timer(CoordinatorTimer::Restage { ticket }, at, out);
             }
             return;
         }
-        // The store is unavailable: stop here without pretending anything was written. The run is not
+        // The store is unavailable: stop here without pretending anything was written. The self is not
         // lost: a restart recovers it from its last durable checkpoint.
-        run.pending.remove(&ticket);
+        self.pending.remove(&ticket);
         let outcome = format!("the store refused a write {restages_max} times: {error}");
-        run.phase = Phase::Done(RunStatus::Failed);
+        self.phase = Phase::Done(RunStatus::Failed);
         out.push(Effect::Emit(LifecycleEvent::RunFinished {
-            run: run.id,
+            run: self.id,
             status: RunStatus::Failed,
             outcome,
         }));
-        run.send(SupervisorMsg::CloseRun { run: run.id }, out);
+        self.send(SupervisorMsg::CloseRun { run: self.id }, out);
     }
 }
 

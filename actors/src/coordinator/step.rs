@@ -3,7 +3,7 @@
 
 use super::follow_up::follow_up_parent;
 use super::staging::Then;
-use super::{Coordinator, Phase, RunState, StepStatus};
+use super::{Phase, RunState, StepStatus};
 use crate::effect::Effect;
 use crate::ids::{AttemptId, mint_task_id};
 use crate::machine::{Entropy, Millis};
@@ -160,7 +160,7 @@ impl RunState {
     }
 }
 
-impl Coordinator {
+impl RunState {
     /// Start the next attempt of a step: a new task for its first attempt or a re-dispatch (reroute,
     /// harness switch, context overflow), the same task with the next attempt number for a restart.
     /// The task row and the idempotency record are made durable before admission is asked.
@@ -174,11 +174,8 @@ impl Coordinator {
     ) {
         let root_depth = self.config.root_depth;
         let attempts_max = self.config.attempts_per_step_max;
-        let Some(run) = self.run.as_mut() else {
-            return;
-        };
-        if run.steps[index].attempts_total >= attempts_max {
-            let failure = run.steps[index]
+        if self.steps[index].attempts_total >= attempts_max {
+            let failure = self.steps[index]
                 .last_failure
                 .clone()
                 .unwrap_or(SubtaskFailure {
@@ -193,11 +190,11 @@ impl Coordinator {
             self.park(index, failure, reason, None, now, out);
             return;
         }
-        let run_id = run.id;
-        let root_id = run.root.id;
-        let depth = run.depth_of(index, root_depth);
-        let is_lead = run.lead.is_some() && index == 0;
-        let previous = run.steps[index].task;
+        let run_id = self.id;
+        let root_id = self.root.id;
+        let depth = self.depth_of(index, root_depth);
+        let is_lead = self.lead.is_some() && index == 0;
+        let previous = self.steps[index].task;
         let new_task = previous.is_none() || reroute.is_some();
         let (task_id, attempt, kind, parent, continuity) = match (previous, new_task) {
             (Some(prev), true) => (
@@ -208,11 +205,11 @@ impl Coordinator {
                 Continuity::Resume { from: prev },
             ),
             (Some(prev), false) => {
-                let step = &run.steps[index];
+                let step = &self.steps[index];
                 let kind = if is_lead {
                     TaskKind::Root
                 } else {
-                    step_kind(run, prev)
+                    step_kind(self, prev)
                 };
                 // The lead's first attempt works on the root task it was given: a fresh start.
                 let continuity = if step.attempts_total == 0 {
@@ -222,13 +219,13 @@ impl Coordinator {
                 };
                 (prev, step.attempt + 1, kind, None, continuity)
             }
-            (None, _) => match follow_up_parent(run, index) {
+            (None, _) => match follow_up_parent(self, index) {
                 // A follow-up continues its thread: its parent is the thread's newest task, and its
                 // session gets the standard preamble built from that parent and its ancestors.
                 Some(parent) => (
-                    run.steps[index]
+                    self.steps[index]
                         .preset
-                        .filter(|t| !run.tasks.contains_key(t))
+                        .filter(|t| !self.tasks.contains_key(t))
                         .unwrap_or_else(|| mint_task_id(now, rng)),
                     1,
                     TaskKind::FollowUp,
@@ -245,19 +242,19 @@ impl Coordinator {
             },
         };
         if let Some(agent) = reroute {
-            run.steps[index].agent = Some(agent);
+            self.steps[index].agent = Some(agent);
         }
         let attempt_id = AttemptId {
             run: run_id,
             task: task_id,
             attempt,
         };
-        let brief = run.brief_for(index, task_id);
+        let brief = self.brief_for(index, task_id);
         let key = attempt_id.idempotency_key();
         let mut ops = Vec::new();
-        let step_key = run.steps[index].spec.key.clone();
+        let step_key = self.steps[index].spec.key.clone();
         if new_task {
-            let step = &run.steps[index];
+            let step = &self.steps[index];
             let row = Task {
                 id: task_id,
                 run_id,
@@ -282,14 +279,14 @@ impl Coordinator {
                 updated_ms: now,
             };
             ops.push(PersistOp::CreateTask(row.clone()));
-            run.tasks.insert(task_id, row);
-            run.by_task.insert(task_id, index);
-            run.steps[index].tasks.push(task_id);
-        } else if let Some(row) = run.tasks.get_mut(&task_id) {
+            self.tasks.insert(task_id, row);
+            self.by_task.insert(task_id, index);
+            self.steps[index].tasks.push(task_id);
+        } else if let Some(row) = self.tasks.get_mut(&task_id) {
             row.attempt = attempt;
             row.status = TaskStatus::Pending;
             row.idempotency_key = Some(key.0.clone());
-            row.assignee = run.steps[index].agent.clone();
+            row.assignee = self.steps[index].agent.clone();
             row.updated_ms = now;
             ops.push(PersistOp::UpdateTask(row.clone()));
         }
@@ -300,7 +297,7 @@ impl Coordinator {
             effect: format!("start a harness session for step {step_key} attempt {attempt}"),
             result: None,
         }));
-        let step = &mut run.steps[index];
+        let step = &mut self.steps[index];
         step.task = Some(task_id);
         step.attempt = attempt;
         step.attempts_total += 1;
@@ -329,11 +326,11 @@ impl Coordinator {
             (false, _) => "restart with a resume preamble".to_string(),
             (true, None) => "first attempt".to_string(),
         };
-        run.decide(
+        self.decide(
             now,
             format!("step {step_key}: attempt {attempt} of task {task_id} ({how})"),
         );
-        run.stage(
+        self.stage(
             ops,
             Then::Admit {
                 step: index,
@@ -345,31 +342,55 @@ impl Coordinator {
         );
     }
 
+    /// A step's backoff timer fired: admit it again or start its next attempt, unless the timer is
+    /// stale (a newer attempt began since it was set) or the run is ending.
+    pub(super) fn on_redispatch_timer(
+        &mut self,
+        index: usize,
+        generation: u32,
+        now: Millis,
+        rng: &mut dyn Entropy,
+        out: &mut Vec<Effect>,
+    ) {
+        let Some(s) = self.steps.get(index) else {
+            return;
+        };
+        if s.generation != generation
+            || s.status != StepStatus::Backoff
+            || self.phase != Phase::Running
+        {
+            return;
+        }
+        match s.backoff.clone() {
+            BackoffNext::Readmit => self.admit(index, out),
+            BackoffNext::NewAttempt { reroute } => {
+                self.begin_attempt(index, reroute, now, rng, out);
+            }
+        }
+    }
+
     pub(super) fn admit(&mut self, index: usize, out: &mut Vec<Effect>) {
         let root_depth = self.config.root_depth;
-        let Some(run) = self.run.as_mut() else {
+        let Some(attempt) = self.steps[index].current(self.id) else {
             return;
         };
-        let Some(attempt) = run.steps[index].current(run.id) else {
-            return;
-        };
-        let brief = run.brief_for(index, attempt.task);
-        let step = &mut run.steps[index];
+        let brief = self.brief_for(index, attempt.task);
+        let step = &mut self.steps[index];
         step.status = StepStatus::Admitting;
-        let kind = run
+        let kind = self
             .tasks
             .get(&attempt.task)
             .map_or(TaskKind::Subtask, |t| t.kind);
         let req = SpawnRequest {
             attempt,
-            depth: run.depth_of(index, root_depth),
+            depth: self.depth_of(index, root_depth),
             kind,
-            agent: run.steps[index].agent.clone(),
-            estimate_micros: run.steps[index].spec.estimate_micros,
+            agent: self.steps[index].agent.clone(),
+            estimate_micros: self.steps[index].spec.estimate_micros,
             brief,
-            continuity: run.steps[index].continuity,
+            continuity: self.steps[index].continuity,
         };
-        run.send(SupervisorMsg::Admit(req), out);
+        self.send(SupervisorMsg::Admit(req), out);
     }
 
     pub(super) fn backoff(
@@ -381,20 +402,17 @@ impl Coordinator {
         rng: &mut dyn Entropy,
         out: &mut Vec<Effect>,
     ) {
-        let Some(run) = self.run.as_mut() else {
-            return;
-        };
         if after_ms == 0
             && let BackoffNext::NewAttempt { reroute } = next.clone()
         {
             self.begin_attempt(index, reroute, now, rng, out);
             return;
         }
-        let step = &mut run.steps[index];
+        let step = &mut self.steps[index];
         step.status = StepStatus::Backoff;
         step.backoff = next;
         let generation = step.generation;
-        run.timer(
+        self.timer(
             CoordinatorTimer::Redispatch {
                 step: u32::try_from(index).unwrap_or(u32::MAX),
                 generation,
@@ -420,7 +438,7 @@ pub(super) fn step_kind(run: &RunState, task: TaskId) -> TaskKind {
     run.tasks.get(&task).map_or(TaskKind::Subtask, |t| t.kind)
 }
 
-impl Coordinator {
+impl RunState {
     pub(super) fn on_admission(
         &mut self,
         attempt: AttemptId,
@@ -428,28 +446,25 @@ impl Coordinator {
         now: Millis,
         out: &mut Vec<Effect>,
     ) {
-        let Some(run) = self.run.as_mut() else {
+        let Some(&index) = self.by_task.get(&attempt.task) else {
             return;
         };
-        let Some(&index) = run.by_task.get(&attempt.task) else {
-            return;
-        };
-        if run.steps[index].current(run.id) != Some(attempt) || run.phase != Phase::Running {
+        if self.steps[index].current(self.id) != Some(attempt) || self.phase != Phase::Running {
             return;
         }
-        if run.steps[index].status != StepStatus::Admitting {
+        if self.steps[index].status != StepStatus::Admitting {
             // The attempt's result can overtake its admission answer: still record who ran it, so the
             // task row carries the model resolved from the assignee.
             if let Ok(assignment) = answer
-                && run.steps[index].assignment.is_none()
-                && let Some(t) = run.tasks.get_mut(&attempt.task)
+                && self.steps[index].assignment.is_none()
+                && let Some(t) = self.tasks.get_mut(&attempt.task)
             {
                 t.assignee = Some(assignment.agent.clone());
                 t.model = Some(assignment.model.clone());
                 t.updated_ms = now;
                 let row = t.clone();
-                run.steps[index].assignment = Some(assignment);
-                run.stage(
+                self.steps[index].assignment = Some(assignment);
+                self.stage(
                     vec![PersistOp::UpdateTask(row)],
                     Then::Nothing,
                     false,
@@ -459,25 +474,25 @@ impl Coordinator {
             }
             return;
         }
-        let key = run.steps[index].spec.key.clone();
+        let key = self.steps[index].spec.key.clone();
         match answer {
             Ok(assignment) => {
-                run.decide(
+                self.decide(
                     now,
                     format!(
                         "step {key}: attempt {attempt} admitted as agent {} on {} with model {} (from the agent's profile)",
                         assignment.agent, assignment.harness, assignment.model
                     ),
                 );
-                run.steps[index].status = StepStatus::Running;
-                if let Some(t) = run.tasks.get_mut(&attempt.task) {
+                self.steps[index].status = StepStatus::Running;
+                if let Some(t) = self.tasks.get_mut(&attempt.task) {
                     t.assignee = Some(assignment.agent.clone());
                     t.model = Some(assignment.model.clone());
                     t.status = TaskStatus::Running;
                     t.updated_ms = now;
                     let row = t.clone();
-                    run.steps[index].assignment = Some(assignment);
-                    run.stage(
+                    self.steps[index].assignment = Some(assignment);
+                    self.stage(
                         vec![PersistOp::UpdateTask(row)],
                         Then::Nothing,
                         false,
@@ -485,26 +500,26 @@ impl Coordinator {
                         out,
                     );
                 } else {
-                    run.steps[index].assignment = Some(assignment);
+                    self.steps[index].assignment = Some(assignment);
                 }
             }
             Err(refusal) => {
                 // A step waiting for a slot is asked about again every second or so: log a refusal
                 // when its kind changes, not every time, so waiting cannot flood the run's log.
                 let kind = refusal_kind(&refusal);
-                if run.steps[index].last_refusal != Some(kind) {
-                    run.steps[index].last_refusal = Some(kind);
-                    run.decide(
+                if self.steps[index].last_refusal != Some(kind) {
+                    self.steps[index].last_refusal = Some(kind);
+                    self.decide(
                         now,
                         format!("step {key}: admission of {attempt} refused: {refusal:?}"),
                     );
                 }
                 if let Some(after) = refusal.retry_after_ms() {
-                    let step = &mut run.steps[index];
+                    let step = &mut self.steps[index];
                     step.status = StepStatus::Backoff;
                     step.backoff = BackoffNext::Readmit;
                     let generation = step.generation;
-                    run.timer(
+                    self.timer(
                         CoordinatorTimer::Redispatch {
                             step: u32::try_from(index).unwrap_or(u32::MAX),
                             generation,
