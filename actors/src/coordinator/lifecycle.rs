@@ -278,7 +278,7 @@ impl RunState {
             return;
         }
         self.phase = Phase::Finishing;
-        self.decide(now, format!("self ends: {status:?}: {outcome}"));
+        self.decide(now, format!("run ends: {status:?}: {outcome}"));
         let mut ops = Vec::new();
         let mut stopped = Vec::new();
         for step in &mut self.steps {

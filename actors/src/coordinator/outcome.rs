@@ -102,7 +102,7 @@ impl RunState {
                 diagnosis: bounded(reason.clone(), TEXT_BYTES_MAX),
                 amount_micros: None,
                 recommended_action:
-                    "review the dead-lettered step and re-self it or adjust the plan".into(),
+                    "review the dead-lettered step and re-run it or adjust the plan".into(),
             }));
         }
         ops.push(PersistOp::AppendManifest(ManifestEntry {
@@ -144,14 +144,14 @@ impl RunState {
         out: &mut Vec<Effect>,
     ) {
         let Some(&index) = self.by_task.get(&from.task) else {
-            return; // not a task of this self
+            return; // not a task of this run
         };
         if self.phase != Phase::Running && self.steps[index].accepted != Some(from) {
-            // The self is ending (cancelled, budget, synthesis): nothing more is accepted.
+            // The run is ending (cancelled, budget, synthesis): nothing more is accepted.
             self.to_specialist(
                 from,
                 SpecialistMsg::Cancel {
-                    reason: "the self has ended".into(),
+                    reason: "the run has ended".into(),
                 },
                 out,
             );

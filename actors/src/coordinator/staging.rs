@@ -206,7 +206,7 @@ impl RunState {
             }
             return;
         }
-        // The store is unavailable: stop here without pretending anything was written. The self is not
+        // The store is unavailable: stop here without pretending anything was written. The run is not
         // lost: a restart recovers it from its last durable checkpoint.
         self.pending.remove(&ticket);
         let outcome = format!("the store refused a write {restages_max} times: {error}");
