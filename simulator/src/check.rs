@@ -13,7 +13,7 @@ use keel_actors::{
     Refusal, SpecialistEffect, SpecialistMsg, SpecialistReply, SpecialistStart, SubagentReport,
     Supervisor, SupervisorMsg, Verdict,
 };
-use keel_store::{LogKind, RunId, RunStatus, SessionLogRow, TaskId, TaskKind};
+use keel_store::{LogKind, RunId, RunStatus, SessionLogRow, TaskId, TaskKind, TaskStatus};
 
 use crate::config::WorldConfig;
 use crate::harness::PLANTED_SECRET;
@@ -274,6 +274,42 @@ impl Checker {
         self.observed
             .full_disk_commits
             .push((event, disk_full, synced));
+    }
+
+    /// A coordinator acknowledges an attempt's result, which lets the specialist exit: the result must
+    /// be durable by then (DESIGN.md §12, invariant 1), so the attempt's task row must already be
+    /// terminal in the store. `stored` is its status there (`None`: no row).
+    pub fn ack_durability(&mut self, event: u64, attempt: AttemptId, stored: Option<TaskStatus>) {
+        if !stored.is_some_and(TaskStatus::is_terminal) {
+            self.fail(
+                event,
+                Invariant::NoTaskLost,
+                format!(
+                    "attempt {attempt} was acknowledged while its task is {stored:?} in the store (acknowledged before durable)"
+                ),
+            );
+        }
+    }
+
+    /// Context rows are handed to a specialist: every task row must be of the attempt's own run
+    /// (DESIGN.md §12, invariant 9).
+    pub fn context_loaded(
+        &mut self,
+        event: u64,
+        attempt: AttemptId,
+        rows: &Result<keel_actors::context::RowSet, String>,
+    ) {
+        let Ok(rows) = rows else { return };
+        if let Some(task) = rows.tasks.values().find(|t| t.run_id != attempt.run) {
+            self.fail(
+                event,
+                Invariant::RunIsolation,
+                format!(
+                    "attempt {attempt} of run {} was handed task {} of run {}",
+                    attempt.run, task.id, task.run_id
+                ),
+            );
+        }
     }
 
     /// A commit failed: only a disk fault may cause that; a staging error is a bug in the machines
@@ -647,37 +683,10 @@ impl Checker {
         for (seq, row) in rows {
             log.insert(*seq, row.clone());
         }
-        // Tool pairing as far as the rows show it: in sequence order, a tool_use is answered by a
-        // tool_result before any text row of the model (DESIGN.md §12, invariant 3). Only a gapless
-        // prefix is checked, since rows may still be in flight.
-        let mut open = 0u32;
-        let first_seq = log.keys().next().copied().unwrap_or(1);
-        let mut broken = None;
-        for (expected, (seq, row)) in (first_seq..).zip(log.iter()) {
-            if *seq != expected {
-                break;
-            }
-            match row.kind {
-                LogKind::ToolUse => open += 1,
-                LogKind::ToolResult => {
-                    if open == 0 {
-                        broken = Some(format!(
-                            "attempt {attempt}: tool_result row {seq} answers nothing"
-                        ));
-                        break;
-                    }
-                    open -= 1;
-                }
-                LogKind::Text if open > 0 => {
-                    broken = Some(format!(
-                        "attempt {attempt}: text row {seq} before the tool results"
-                    ));
-                    break;
-                }
-                _ => {}
-            }
-        }
-        if let Some(detail) = broken {
+        // Tool pairing as far as the rows show it (DESIGN.md §12, invariant 3): in sequence order, each
+        // tool_use is answered by exactly one tool_result with its id, before any text row of the
+        // model. Only a gapless prefix is checked, since rows may still be in flight.
+        if let Err(detail) = tool_pairing(attempt, log) {
             self.fail(event, Invariant::ToolPairing, detail);
         }
     }
@@ -828,13 +837,46 @@ impl Checker {
         self.observed.budget_trips.push(run);
     }
 
-    /// End of the run: liveness (DESIGN.md §12, invariant 1).
+    /// End of the world: every attempt that reported success answered each of its tool_uses
+    /// (invariant 3); then, after the liveness phase, liveness of runs and of their tasks (DESIGN.md
+    /// §12, invariant 1). `open_tasks` holds, for each run, its durable tasks that are not terminal.
     pub fn at_end(
         &mut self,
         event: u64,
         runs_final: &BTreeMap<RunId, (RunStatus, Option<String>)>,
+        open_tasks: &BTreeMap<RunId, Vec<(TaskId, TaskStatus, TaskKind)>>,
         healed: bool,
     ) {
+        if self.violation.is_some() {
+            return;
+        }
+        let succeeded: Vec<AttemptId> = self
+            .observed
+            .results
+            .iter()
+            .filter(|(_, ok)| **ok)
+            .map(|(a, _)| *a)
+            .collect();
+        for attempt in succeeded {
+            let Some(log) = self.observed.logs.get(&attempt) else {
+                continue;
+            };
+            match tool_pairing(attempt, log) {
+                Ok(open) if open.is_empty() => {}
+                Ok(open) => {
+                    let ids: Vec<&str> = open.iter().map(String::as_str).collect();
+                    self.fail(
+                        event,
+                        Invariant::ToolPairing,
+                        format!(
+                            "attempt {attempt} reported success with tool_use {} unanswered",
+                            ids.join(", ")
+                        ),
+                    );
+                }
+                Err(detail) => self.fail(event, Invariant::ToolPairing, detail),
+            }
+        }
         if self.violation.is_some() || !healed {
             return;
         }
@@ -854,8 +896,74 @@ impl Checker {
                     format!("run {run} was never made durable"),
                 ),
             }
+            if let Some((task, status, kind)) = open_tasks.get(&run).and_then(|t| t.first()) {
+                self.fail(
+                    event,
+                    Invariant::NoTaskLost,
+                    format!("run {run} ended but its task {task} ({kind:?}) is still {status:?}"),
+                );
+            }
         }
     }
+}
+
+/// The id a tool row carries: the specialist writes a tool_use's and a tool_result's detail as
+/// `"{id}: {text}"`.
+fn tool_id(row: &SessionLogRow) -> &str {
+    row.detail
+        .split_once(": ")
+        .map_or(&row.detail, |(id, _)| id)
+}
+
+/// Tool pairing over the gapless prefix of one attempt's log: the ids of the tool_uses still open at
+/// its end, or what broke the pairing.
+fn tool_pairing(
+    attempt: AttemptId,
+    log: &BTreeMap<u32, SessionLogRow>,
+) -> Result<BTreeSet<String>, String> {
+    let mut open: BTreeSet<String> = BTreeSet::new();
+    let mut answered: BTreeSet<String> = BTreeSet::new();
+    let first_seq = log.keys().next().copied().unwrap_or(1);
+    for (expected, (seq, row)) in (first_seq..).zip(log.iter()) {
+        if *seq != expected {
+            break;
+        }
+        match row.kind {
+            LogKind::ToolUse => {
+                let id = tool_id(row);
+                if open.contains(id) || answered.contains(id) {
+                    return Err(format!(
+                        "attempt {attempt}: tool_use row {seq} reuses the id {id}"
+                    ));
+                }
+                open.insert(id.to_string());
+            }
+            LogKind::ToolResult => {
+                let id = tool_id(row);
+                if !open.remove(id) {
+                    return Err(if answered.contains(id) {
+                        format!(
+                            "attempt {attempt}: tool_result row {seq} answers tool_use {id} a second time"
+                        )
+                    } else {
+                        format!(
+                            "attempt {attempt}: tool_result row {seq} ({id}) answers no open tool_use"
+                        )
+                    });
+                }
+                answered.insert(id.to_string());
+            }
+            LogKind::Text if !open.is_empty() => {
+                let ids: Vec<&str> = open.iter().map(String::as_str).collect();
+                return Err(format!(
+                    "attempt {attempt}: text row {seq} before the results of {}",
+                    ids.join(", ")
+                ));
+            }
+            _ => {}
+        }
+    }
+    Ok(open)
 }
 
 /// The run a persisted row names, when it names one.

@@ -7,6 +7,7 @@ use keel_actors::{
     CheckpointConfig, CoordinatorConfig, RunSpec, SpecialistConfig, SupervisorConfig,
 };
 
+use crate::mutation::Mutation;
 use crate::net::NodeId;
 use crate::profile::{FaultProfile, HarnessBehaviour};
 use crate::queue::SimMillis;
@@ -103,6 +104,9 @@ pub struct WorldConfig {
     pub specialist: SpecialistConfig,
     /// The checkpoint writer's limits.
     pub checkpoint: CheckpointConfig,
+    /// A deliberate defect of the host, for the tests that show the checker catches it; `None`
+    /// everywhere else.
+    pub mutation: Option<Mutation>,
 }
 
 impl WorldConfig {
@@ -133,6 +137,7 @@ impl WorldConfig {
             supervisor,
             specialist: SpecialistConfig::default(),
             checkpoint: CheckpointConfig::default(),
+            mutation: None,
         }
     }
 

@@ -11,6 +11,7 @@
 pub mod check;
 pub mod config;
 pub mod harness;
+pub mod mutation;
 pub mod net;
 pub mod profile;
 pub mod queue;
@@ -23,4 +24,5 @@ pub mod violation;
 pub mod world;
 
 pub use config::{DiskFault, Intervention, WorldConfig};
+pub use mutation::Mutation;
 pub use world::{RunReport, run};

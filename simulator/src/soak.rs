@@ -3,7 +3,7 @@
 
 use crate::config::WorldConfig;
 use crate::profile::FaultCounts;
-use crate::violation::Violation;
+use crate::violation::{Invariant, Violation};
 use crate::world::{RunReport, run};
 
 /// Totals over a range of seeds.
@@ -61,6 +61,32 @@ pub fn sweep(from: u64, count: u64, mut each: impl FnMut(&RunReport)) -> SoakSum
         summary.add(&report);
     }
     summary
+}
+
+/// Invariant 11 (same seed, same trace): runs `config` twice in this process and compares the trace
+/// hash, the event count and the final run rows. The violation names the seed and the first event
+/// count at which the two runs can differ.
+///
+/// # Errors
+/// A [`Violation`] of [`Invariant::SameSeedSameTrace`] when the two runs differ.
+pub fn same_seed_same_trace(config: &WorldConfig) -> Result<RunReport, Violation> {
+    let first = run(config.clone());
+    let second = run(config.clone());
+    if first.trace_hash == second.trace_hash
+        && first.events == second.events
+        && first.runs_final == second.runs_final
+    {
+        return Ok(first);
+    }
+    Err(Violation {
+        seed: config.seed,
+        event: first.events.min(second.events),
+        invariant: Invariant::SameSeedSameTrace,
+        detail: format!(
+            "two runs of one seed differ: trace hash {:#018x} vs {:#018x}, {} vs {} events",
+            first.trace_hash, second.trace_hash, first.events, second.events
+        ),
+    })
 }
 
 /// Most trace lines [`explain`] returns (the tail up to the violation).

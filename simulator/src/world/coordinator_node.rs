@@ -11,6 +11,7 @@ use keel_actors::{
 use keel_store::RunId;
 
 use crate::config::DiskFault;
+use crate::mutation::Mutation;
 use crate::net::NodeId;
 
 use super::World;
@@ -30,6 +31,9 @@ impl World {
     pub(super) fn fresh_coordinator_node(&self) -> CoordinatorNode {
         let mut sup = self.config.supervisor.clone();
         sup.agents = crate::setup::agents();
+        if self.config.mutation == Some(Mutation::ExceedConcurrency) {
+            sup.specialists_max = sup.specialists_max.saturating_mul(10);
+        }
         CoordinatorNode {
             coordinators: BTreeMap::new(),
             supervisor: Supervisor::new(sup),
@@ -97,6 +101,22 @@ impl World {
             return;
         }
         self.effects_executed += 1;
+        let effect = self.mutate_coord_effect(effect);
+        if let Effect::Send(Envelope::Specialist {
+            attempt,
+            msg: SpecialistMsg::Ack,
+        }) = &effect
+        {
+            // An acknowledgement lets the specialist exit: its result must be durable by now.
+            let stored = self
+                .store
+                .store()
+                .run(attempt.run)
+                .task(attempt.task)
+                .ok()
+                .map(|t| t.status);
+            self.checker.ack_durability(self.event_no, *attempt, stored);
+        }
         let sup = self.coord.as_ref().map(|c| &c.supervisor);
         self.checker
             .coord_effect(self.event_no, self.now, from_run, &effect, sup);
@@ -128,7 +148,12 @@ impl World {
                 Envelope::Specialist { attempt, msg } => self.send_to_specialist(attempt, msg),
             },
             Effect::Persist(batch) => {
-                let input = match self.commit(&batch) {
+                let outcome = if self.config.mutation == Some(Mutation::AckBeforeDurable) {
+                    Ok(())
+                } else {
+                    self.commit(&batch)
+                };
+                let input = match outcome {
                     Ok(()) => CheckpointInput::Committed(batch.id),
                     Err(error) => CheckpointInput::CommitFailed {
                         id: batch.id,
@@ -303,6 +328,8 @@ impl World {
             &request,
             &self.config.specialist.context,
         );
+        let rows = self.mutate_context_rows(attempt.run, rows);
+        self.checker.context_loaded(self.event_no, attempt, &rows);
         if let Some((first, second)) = self.route(NodeId::COORDINATOR, node) {
             let input = SpecialistInput::ContextLoaded(rows);
             if let Some(second) = second {

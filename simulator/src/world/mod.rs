@@ -14,6 +14,7 @@ mod coordinator_node;
 mod event;
 mod faults;
 mod intervention;
+mod mutate;
 mod worker;
 
 use std::collections::BTreeMap;
@@ -208,8 +209,14 @@ impl World {
             config,
         };
         world.coord = Some(world.fresh_coordinator_node());
+        let submit_at =
+            if world.config.mutation == Some(crate::mutation::Mutation::LeakProcessState) {
+                crate::mutation::leaked_world_count()
+            } else {
+                0
+            };
         for spec in runs {
-            world.schedule(0, Ev::Submit(Box::new(spec)));
+            world.schedule(submit_at, Ev::Submit(Box::new(spec)));
         }
         if world.profile.fault_tick_ms > 0 && world.has_random_faults() {
             world.schedule(world.profile.fault_tick_ms, Ev::FaultTick);
@@ -262,7 +269,9 @@ impl World {
             }
         }
         let runs_final = self.runs_final();
-        self.checker.at_end(self.event_no, &runs_final, self.healed);
+        let open_tasks = self.open_tasks(&runs_final);
+        self.checker
+            .at_end(self.event_no, &runs_final, &open_tasks, self.healed);
         RunReport {
             seed: self.config.seed,
             events: self.event_no,
@@ -291,6 +300,52 @@ impl World {
         for spec in &self.submitted {
             if let Ok(run) = self.store.store().run(spec.run).get() {
                 out.insert(spec.run, (run.status, run.outcome));
+            }
+        }
+        out
+    }
+
+    /// The durable tasks that are not terminal, of every run that is (task liveness, invariant 1).
+    fn open_tasks(
+        &mut self,
+        runs_final: &BTreeMap<RunId, (keel_store::RunStatus, Option<String>)>,
+    ) -> BTreeMap<
+        RunId,
+        Vec<(
+            keel_store::TaskId,
+            keel_store::TaskStatus,
+            keel_store::TaskKind,
+        )>,
+    > {
+        let mut out = BTreeMap::new();
+        for (run, (status, _)) in runs_final {
+            if !status.is_terminal() {
+                continue;
+            }
+            let scope = self.store.store().run(*run);
+            match keel_actors::host::store::all_tasks(&scope) {
+                Ok(tasks) => {
+                    // Known gap (coordinator): a task that a re-dispatch replaced with a new task is
+                    // left `Running` in the store. Until the coordinator closes it, such a task is not
+                    // counted here; every other task of a terminal run must be terminal.
+                    let superseded: std::collections::BTreeSet<keel_store::TaskId> = tasks
+                        .iter()
+                        .filter(|t| t.kind == keel_store::TaskKind::Redispatch)
+                        .filter_map(|t| t.parent)
+                        .collect();
+                    let open: Vec<_> = tasks
+                        .into_iter()
+                        .filter(|t| !t.status.is_terminal() && !superseded.contains(&t.id))
+                        .map(|t| (t.id, t.status, t.kind))
+                        .collect();
+                    if !open.is_empty() {
+                        out.insert(*run, open);
+                    }
+                }
+                Err(e) => self.checker.world_bound(
+                    self.event_no,
+                    format!("the tasks of run {run} could not be read at the end: {e}"),
+                ),
             }
         }
         out

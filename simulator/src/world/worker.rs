@@ -34,6 +34,8 @@ pub(super) struct Hosted {
     pub(super) machine: Specialist,
     pub(super) session: Option<Session>,
     pub(super) context_pending: bool,
+    /// Its address at the coordinator (what a defective host could hand to a sibling).
+    pub(super) reply_to: keel_actors::ReplyTo<keel_actors::Coordinator>,
 }
 
 /// A worker node.
@@ -76,6 +78,7 @@ impl World {
         w.hosted_ever.insert(start.attempt);
         let attempt = start.attempt;
         self.checker.spawned(self.event_no, &start);
+        let reply_to = start.reply_to;
         let machine = Specialist::new(start, self.config.specialist.clone());
         w.specialists.insert(
             attempt,
@@ -83,6 +86,7 @@ impl World {
                 machine,
                 session: None,
                 context_pending: false,
+                reply_to,
             },
         );
         let inc = w.inc;
@@ -124,6 +128,10 @@ impl World {
                 .handle(input, self.now, &mut self.rng, &mut out);
         }
         for effect in out.drain(..) {
+            let effect = self.mutate_spec_effect(attempt, effect);
+            if self.duplicates_session_start(&effect) {
+                self.spec_effect(node, attempt, effect.clone());
+            }
             self.spec_effect(node, attempt, effect);
         }
         self.spec_effects = out;
@@ -201,13 +209,14 @@ impl World {
                     )
                 };
                 let _ = spec;
+                let events = self.mutate_session(events.into());
                 if let Some(h) = self.workers[usize::from(node.0) - 1]
                     .specialists
                     .get_mut(&attempt)
                 {
                     h.session = Some(Session {
                         id: session,
-                        events: events.into(),
+                        events,
                         after_answers,
                         answered: 0,
                     });

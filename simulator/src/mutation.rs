@@ -1,0 +1,56 @@
+//! Deliberate defects the simulator's host can inject, one per invariant check, so a test can show
+//! that the checker catches what it claims (issue 10): with a mutation set, the world breaks exactly one
+//! invariant on purpose and the checker must name that invariant, with the seed.
+//!
+//! Every mutation is compiled always and off by default ([`crate::WorldConfig::mutation`] is `None`);
+//! only tests set one. They act in the host (what the world does with an effect, what its harness
+//! sessions emit, how it builds the node's machines), never inside the machines of `keel-actors`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// One deliberate defect of the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mutation {
+    /// Invariant 1: the host answers a commit as durable without writing it, so the coordinator
+    /// acknowledges results that a crash would lose (acknowledge before durable).
+    AckBeforeDurable,
+    /// Invariant 1 (tasks): the host drops the writes that make a failed, escalated or cancelled
+    /// task terminal, so the run ends while one of its tasks stays open.
+    LoseTaskEnd,
+    /// Invariant 2: the host starts a harness session twice for one idempotency key.
+    StartSessionTwice,
+    /// Invariant 3: the host's harness answers every tool_use twice.
+    AnswerToolUseTwice,
+    /// Invariant 3: the host's harness calls one more tool just before it finishes and never
+    /// answers it.
+    LeaveToolUseUnanswered,
+    /// Invariant 4: the host puts the planted secret into a session's prompt.
+    LeakSecretIntoPrompt,
+    /// Invariant 5: the host passes a native resume flag in a session's environment.
+    PassResumeFlag,
+    /// Invariant 6: a derived task (follow-up, review, re-dispatch) runs on its parent's model
+    /// instead of its assignee's.
+    InheritParentModel,
+    /// Invariant 7: the host routes a specialist's reply through another live specialist's address.
+    ReplyAsSibling,
+    /// Invariant 8: the host builds the supervisor with ten times the configured concurrency limit.
+    ExceedConcurrency,
+    /// Invariant 9: the host writes a task row under another run's id.
+    WriteAnotherRunsRow,
+    /// Invariant 9: the host's context read hands a specialist a task row of another run.
+    ReadAnotherRunsScope,
+    /// Invariant 10: the host turns a failed attempt's result into an empty success.
+    ReportEmptySuccess,
+    /// Invariant 11: the host keeps state across worlds in one process (a process-wide counter that
+    /// shifts a timer), so the same seed gives another trace the second time.
+    LeakProcessState,
+}
+
+/// The process-wide counter of [`Mutation::LeakProcessState`]: the one piece of state that outlives
+/// a world, on purpose.
+static LEAKED_WORLDS: AtomicU64 = AtomicU64::new(0);
+
+/// For [`Mutation::LeakProcessState`]: how many worlds this process built before this one.
+pub(crate) fn leaked_world_count() -> u64 {
+    LEAKED_WORLDS.fetch_add(1, Ordering::Relaxed)
+}

@@ -1,0 +1,186 @@
+//! The host's side of [`crate::mutation::Mutation`]: where the world bends an effect, a session's
+//! script or a context read on purpose, before the checker sees it. With no mutation configured every
+//! function here returns its input unchanged and draws nothing from the stream.
+
+use std::collections::VecDeque;
+
+use keel_actors::context::RowSet;
+use keel_actors::{
+    AttemptResult, Effect, PersistOp, ReportStatus, SpecialistEffect, SpecialistReply,
+    SubagentReport,
+};
+use keel_harness::HarnessEvent;
+use keel_store::{RunId, TaskKind, TaskStatus};
+
+use crate::mutation::Mutation;
+
+use super::World;
+
+/// The tool_use id [`Mutation::LeaveToolUseUnanswered`] leaves open.
+pub const UNANSWERED_TOOL_ID: &str = "toolu_sim_unanswered";
+
+impl World {
+    /// An effect of a coordinator-node machine as the (possibly defective) host sees it.
+    pub(super) fn mutate_coord_effect(&self, effect: Effect) -> Effect {
+        let Some(mutation) = self.config.mutation else {
+            return effect;
+        };
+        match (mutation, effect) {
+            (Mutation::InheritParentModel, Effect::SpawnSpecialist(mut start))
+                if start.kind != TaskKind::Root && start.kind != TaskKind::Subtask =>
+            {
+                if let Some(model) = self.parent_model(start.task) {
+                    start.assignment.model = model;
+                }
+                Effect::SpawnSpecialist(start)
+            }
+            (Mutation::WriteAnotherRunsRow, Effect::Persist(mut batch)) => {
+                if let Some(PersistOp::UpdateTask(task)) = batch
+                    .stages
+                    .iter_mut()
+                    .flat_map(|s| s.ops.iter_mut())
+                    .find(|op| matches!(op, PersistOp::UpdateTask(_)))
+                {
+                    task.run_id = RunId(task.run_id.0 ^ 1);
+                }
+                Effect::Persist(batch)
+            }
+            (Mutation::LoseTaskEnd, Effect::Persist(mut batch)) => {
+                for stage in &mut batch.stages {
+                    stage.ops.retain(|op| {
+                        !matches!(op, PersistOp::UpdateTask(t)
+                            if matches!(t.status, TaskStatus::Failed | TaskStatus::Cancelled | TaskStatus::Escalated))
+                    });
+                }
+                Effect::Persist(batch)
+            }
+            (_, effect) => effect,
+        }
+    }
+
+    /// The model of the task `task` was derived from, as its spawn carried it.
+    fn parent_model(&self, task: keel_store::TaskId) -> Option<String> {
+        let observed = self.checker.observed();
+        let (_, parent) = observed.tasks_created.get(&task)?;
+        let parent = (*parent)?;
+        observed
+            .spawns
+            .iter()
+            .find(|(a, _)| a.task == parent)
+            .map(|(_, s)| s.model.clone())
+    }
+
+    /// An effect of a specialist as the (possibly defective) host carries it out.
+    pub(super) fn mutate_spec_effect(
+        &self,
+        attempt: keel_actors::AttemptId,
+        effect: SpecialistEffect,
+    ) -> SpecialistEffect {
+        let Some(mutation) = self.config.mutation else {
+            return effect;
+        };
+        match (mutation, effect) {
+            (Mutation::LeakSecretIntoPrompt, SpecialistEffect::StartHarness { key, mut spec }) => {
+                spec.prompt.push_str("\nThe key is ");
+                spec.prompt.push_str(crate::harness::PLANTED_SECRET);
+                SpecialistEffect::StartHarness { key, spec }
+            }
+            (Mutation::PassResumeFlag, SpecialistEffect::StartHarness { key, mut spec }) => {
+                spec.env
+                    .insert("KEEL_HARNESS_ARGS".into(), "--resume native-1".into());
+                SpecialistEffect::StartHarness { key, spec }
+            }
+            (Mutation::ReplyAsSibling, SpecialistEffect::Reply(to, reply)) => {
+                let sibling = self
+                    .workers
+                    .iter()
+                    .flat_map(|w| w.specialists.iter())
+                    .find(|(a, _)| **a != attempt)
+                    .map(|(_, h)| h.reply_to);
+                SpecialistEffect::Reply(sibling.unwrap_or(to), reply)
+            }
+            (
+                Mutation::ReportEmptySuccess,
+                SpecialistEffect::Reply(to, SpecialistReply::Finished(result)),
+            ) if result.outcome.is_err() => SpecialistEffect::Reply(
+                to,
+                SpecialistReply::Finished(AttemptResult {
+                    outcome: Ok(SubagentReport {
+                        subtask_id: attempt.task,
+                        status: ReportStatus::Complete,
+                        findings: Vec::new(),
+                        gaps: Vec::new(),
+                        summary: String::new(),
+                    }),
+                    ..result
+                }),
+            ),
+            (_, effect) => effect,
+        }
+    }
+
+    /// Whether the host starts this effect's session twice ([`Mutation::StartSessionTwice`]).
+    pub(super) fn duplicates_session_start(&self, effect: &SpecialistEffect) -> bool {
+        self.config.mutation == Some(Mutation::StartSessionTwice)
+            && matches!(effect, SpecialistEffect::StartHarness { .. })
+    }
+
+    /// A session's scripted events as the (possibly defective) host's harness emits them.
+    pub(super) fn mutate_session(
+        &self,
+        events: VecDeque<(u64, HarnessEvent)>,
+    ) -> VecDeque<(u64, HarnessEvent)> {
+        match self.config.mutation {
+            Some(Mutation::AnswerToolUseTwice) => events
+                .into_iter()
+                .flat_map(|(delay, event)| {
+                    let twice = matches!(event, HarnessEvent::ToolResult { .. });
+                    let copy = twice.then(|| (1, event.clone()));
+                    std::iter::once((delay, event)).chain(copy)
+                })
+                .collect(),
+            Some(Mutation::LeaveToolUseUnanswered) => events
+                .into_iter()
+                .flat_map(|(delay, event)| {
+                    let before = matches!(event, HarnessEvent::Finished { .. }).then(|| {
+                        (
+                            1,
+                            HarnessEvent::tool_use(UNANSWERED_TOOL_ID, "Read", r#"{"path":"x"}"#),
+                        )
+                    });
+                    before.into_iter().chain(std::iter::once((delay, event)))
+                })
+                .collect(),
+            _ => events,
+        }
+    }
+
+    /// A context read as the (possibly defective) host answers it: with
+    /// [`Mutation::ReadAnotherRunsScope`], a task row of another submitted run is added.
+    pub(super) fn mutate_context_rows(
+        &self,
+        run: RunId,
+        rows: Result<RowSet, String>,
+    ) -> Result<RowSet, String> {
+        if self.config.mutation != Some(Mutation::ReadAnotherRunsScope) {
+            return rows;
+        }
+        let mut rows = rows?;
+        let foreign = self
+            .submitted
+            .iter()
+            .filter(|s| s.run != run)
+            .find_map(|s| {
+                self.store
+                    .store()
+                    .run(s.run)
+                    .tasks(None, 1)
+                    .ok()
+                    .and_then(|page| page.items.into_iter().next())
+            });
+        if let Some(task) = foreign {
+            rows.put_task(task);
+        }
+        Ok(rows)
+    }
+}

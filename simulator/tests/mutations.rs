@@ -1,0 +1,254 @@
+//! The checker is shown to catch what it claims (issue 10): for every invariant the simulator checks,
+//! a world with that invariant broken on purpose (a [`Mutation`] of the host) must end with a
+//! violation of exactly that invariant, carrying the world's seed; and the same world without the
+//! mutation must end clean, so it is the defect that is caught, not the scenario.
+
+#![allow(clippy::expect_used)] // test helpers: a panic is the failure report
+use keel_actors::Plan;
+use keel_sim::profile::HarnessBehaviour;
+use keel_sim::setup::{run_spec, step};
+use keel_sim::soak::same_seed_same_trace;
+use keel_sim::violation::Invariant;
+use keel_sim::{Intervention, Mutation, WorldConfig, run};
+use keel_store::RunId;
+
+fn rid(n: u128) -> RunId {
+    RunId((0x0190_0000_0000_u128 << 80) | n)
+}
+
+fn plan(steps: Vec<keel_actors::PlanStep>) -> Plan {
+    Plan {
+        steps,
+        constraints: vec!["cite sources".into()],
+    }
+}
+
+/// A calm world of one run with independent steps `keys`, each session scripted as `behaviour`.
+fn steps_world(seed: u64, keys: &[&str], behaviour: HarnessBehaviour) -> WorldConfig {
+    let steps = keys.iter().map(|k| step(k, &[], None, 1_000)).collect();
+    let mut config = WorldConfig::calm(seed, vec![run_spec(rid(1), "mutants", plan(steps), None)]);
+    for key in keys {
+        for ordinal in 1..=4 {
+            config
+                .harness_script
+                .insert(((*key).to_string(), ordinal), behaviour);
+        }
+    }
+    config
+}
+
+/// A calm world whose run keeps a step hanging while a follow-up on step "thread" asks for
+/// `agent` (and, with `second_run`, another run works beside it).
+fn follow_up_world(seed: u64, agent: Option<&str>, second_run: bool) -> WorldConfig {
+    let mut runs = vec![run_spec(
+        rid(1),
+        "threads",
+        plan(vec![
+            step("thread", &[], Some("claude-a"), 1_000),
+            step("wait", &[], None, 1_000),
+        ]),
+        None,
+    )];
+    if second_run {
+        runs.push(run_spec(
+            rid(2),
+            "neighbour",
+            plan(vec![step("other", &[], None, 1_000)]),
+            None,
+        ));
+    }
+    let mut config = WorldConfig::calm(seed, runs);
+    config
+        .harness_script
+        .insert(("wait".into(), 1), HarnessBehaviour::Hang);
+    config.interventions.push((
+        5_000,
+        Intervention::FollowUp {
+            run: rid(1),
+            step: "thread".into(),
+            brief: "Follow-up: also check the edge case.".into(),
+            agent: agent.map(Into::into),
+        },
+    ));
+    config
+}
+
+/// Runs `config` clean, then with `mutation`, and checks the mutant is caught as `invariant` (with
+/// `detail` in the message) and the seed.
+fn caught(mut config: WorldConfig, mutation: Mutation, invariant: Invariant, detail: &str) {
+    let seed = config.seed;
+    let clean = run(config.clone());
+    assert!(
+        clean.violation.is_none(),
+        "the world without {mutation:?} must be clean: {}",
+        clean.violation.map(|v| v.to_string()).unwrap_or_default()
+    );
+    config.mutation = Some(mutation);
+    let report = run(config);
+    let violation = report
+        .violation
+        .unwrap_or_else(|| panic!("{mutation:?} went unnoticed"));
+    assert_eq!(
+        violation.invariant, invariant,
+        "{mutation:?} was reported as another invariant: {violation}"
+    );
+    assert_eq!(violation.seed, seed);
+    assert!(
+        violation.detail.contains(detail),
+        "{mutation:?}: expected {detail:?} in: {violation}"
+    );
+    assert!(violation.to_string().contains(&format!("{seed:#018x}")));
+}
+
+#[test]
+fn invariant_1_an_acknowledgement_before_the_result_is_durable_is_caught() {
+    caught(
+        steps_world(101, &["a"], HarnessBehaviour::Success),
+        Mutation::AckBeforeDurable,
+        Invariant::NoTaskLost,
+        "acknowledged before durable",
+    );
+}
+
+#[test]
+fn invariant_1_a_task_left_open_in_a_finished_run_is_caught() {
+    // Every session of "a" is malformed: the step fails for good and its task must end `Failed`.
+    let mut config = steps_world(102, &["a", "b"], HarnessBehaviour::Success);
+    for ordinal in 1..=64 {
+        config
+            .harness_script
+            .insert(("a".into(), ordinal), HarnessBehaviour::Malformed);
+    }
+    caught(
+        config,
+        Mutation::LoseTaskEnd,
+        Invariant::NoTaskLost,
+        "but its task",
+    );
+}
+
+#[test]
+fn invariant_2_a_session_started_twice_for_one_key_is_caught() {
+    caught(
+        steps_world(103, &["a"], HarnessBehaviour::Success),
+        Mutation::StartSessionTwice,
+        Invariant::IdempotentOnce,
+        "started twice",
+    );
+}
+
+#[test]
+fn invariant_3_a_tool_use_answered_twice_is_caught() {
+    caught(
+        steps_world(104, &["a"], HarnessBehaviour::ToolRoundTrip),
+        Mutation::AnswerToolUseTwice,
+        Invariant::ToolPairing,
+        "a second time",
+    );
+}
+
+#[test]
+fn invariant_3_a_tool_use_left_unanswered_at_the_end_is_caught() {
+    caught(
+        steps_world(105, &["a"], HarnessBehaviour::Success),
+        Mutation::LeaveToolUseUnanswered,
+        Invariant::ToolPairing,
+        "unanswered",
+    );
+}
+
+#[test]
+fn invariant_4_a_secret_in_a_prompt_is_caught() {
+    caught(
+        steps_world(106, &["a"], HarnessBehaviour::Success),
+        Mutation::LeakSecretIntoPrompt,
+        Invariant::PreambleBounds,
+        "secret",
+    );
+}
+
+#[test]
+fn invariant_5_a_native_resume_flag_is_caught() {
+    caught(
+        steps_world(107, &["a"], HarnessBehaviour::Success),
+        Mutation::PassResumeFlag,
+        Invariant::NoNativeResume,
+        "--resume",
+    );
+}
+
+#[test]
+fn invariant_6_a_follow_up_on_its_parents_model_is_caught() {
+    caught(
+        follow_up_world(108, Some("codex-a"), false),
+        Mutation::InheritParentModel,
+        Invariant::ModelFromAssignee,
+        "codex-a",
+    );
+}
+
+#[test]
+fn invariant_7_a_reply_through_a_siblings_address_is_caught() {
+    caught(
+        steps_world(109, &["a", "b"], HarnessBehaviour::Success),
+        Mutation::ReplyAsSibling,
+        Invariant::NoSiblingAddress,
+        "through the address of",
+    );
+}
+
+#[test]
+fn invariant_8_more_live_specialists_than_the_limit_is_caught() {
+    let mut config = steps_world(
+        110,
+        &["a", "b", "c", "d", "e", "f"],
+        HarnessBehaviour::Success,
+    );
+    config.supervisor.specialists_max = 2;
+    caught(
+        config,
+        Mutation::ExceedConcurrency,
+        Invariant::LimitsHold,
+        "live specialists",
+    );
+}
+
+#[test]
+fn invariant_9_a_row_written_under_another_run_is_caught() {
+    caught(
+        steps_world(111, &["a"], HarnessBehaviour::Success),
+        Mutation::WriteAnotherRunsRow,
+        Invariant::RunIsolation,
+        "writes a row of run",
+    );
+}
+
+#[test]
+fn invariant_9_a_context_read_from_another_run_is_caught() {
+    caught(
+        follow_up_world(112, None, true),
+        Mutation::ReadAnotherRunsScope,
+        Invariant::RunIsolation,
+        "was handed task",
+    );
+}
+
+#[test]
+fn invariant_10_a_failure_reported_as_an_empty_success_is_caught() {
+    caught(
+        steps_world(113, &["a", "b"], HarnessBehaviour::Malformed),
+        Mutation::ReportEmptySuccess,
+        Invariant::NoEmptySuccess,
+        "unverified report",
+    );
+}
+
+#[test]
+fn invariant_11_state_kept_across_worlds_is_caught() {
+    let mut config = steps_world(114, &["a"], HarnessBehaviour::Success);
+    same_seed_same_trace(&config).expect("the clean world is deterministic");
+    config.mutation = Some(Mutation::LeakProcessState);
+    let violation = same_seed_same_trace(&config).expect_err("the leak went unnoticed");
+    assert_eq!(violation.invariant, Invariant::SameSeedSameTrace);
+    assert_eq!(violation.seed, 114);
+}
