@@ -825,3 +825,120 @@ fn rows_of_a_terminal_run_with_a_follow_up_give_a_terminal_coordinator_that_runs
     assert!(w.coordinator.is_terminal());
     assert_eq!(w.specs.len(), sessions);
 }
+
+/// Every stage in `effects`, whether sent alone or coalesced.
+fn stages_in(effects: &[Effect]) -> Vec<Stage> {
+    let mut stages = Vec::new();
+    for e in effects {
+        match e {
+            Effect::Send(Envelope::Checkpoint(CheckpointMsg::Stage(s))) => stages.push(s.clone()),
+            Effect::Send(Envelope::Checkpoint(CheckpointMsg::Stages(ss))) => {
+                stages.extend(ss.iter().cloned())
+            }
+            _ => {}
+        }
+    }
+    stages
+}
+
+/// Answer what a coordinator asked for: every stage is durable, every admission is granted. Returns
+/// the stages it sent, and stops when it asks for nothing more.
+fn settle(c: &mut Coordinator, first: Vec<Effect>, rng: &mut SplitMix64) -> Vec<Stage> {
+    let mut all = Vec::new();
+    let mut effects = first;
+    for _ in 0..1_000 {
+        let mut inputs = Vec::new();
+        for s in stages_in(&effects) {
+            inputs.push(CoordinatorMsg::Durable { ticket: s.ticket });
+            all.push(s);
+        }
+        for e in &effects {
+            if let Effect::Send(Envelope::Supervisor(SupervisorMsg::Admit(req))) = e {
+                inputs.push(CoordinatorMsg::Admission {
+                    attempt: req.attempt,
+                    answer: Ok(Assignment {
+                        agent: "scout".into(),
+                        harness: keel_harness::HarnessKind::Scripted,
+                        model: "m".into(),
+                        account: "a".into(),
+                    }),
+                });
+            }
+        }
+        if inputs.is_empty() {
+            return all;
+        }
+        effects = Vec::new();
+        for msg in inputs {
+            c.handle(CoordinatorInput::Msg(msg), 10, rng, &mut effects);
+        }
+    }
+    panic!("the coordinator did not settle");
+}
+
+#[test]
+fn a_run_ending_with_more_tasks_in_flight_than_one_stage_holds_cancels_every_one_and_ends() {
+    // The end of a run used to be cut to the stage bound, which dropped its tail: the run row itself.
+    let max = 6;
+    let mut c = Coordinator::new(CoordinatorConfig {
+        stage_ops_max: max,
+        ..CoordinatorConfig::default()
+    });
+    let mut rng = SplitMix64(11);
+    let keys: Vec<String> = (0..12).map(|i| format!("s{i}")).collect();
+    let steps = keys.iter().map(|k| step(k, &[])).collect();
+    let mut out = Vec::new();
+    c.handle(
+        CoordinatorInput::Msg(CoordinatorMsg::Accept(RunSpec {
+            run: keel_store::RunId(42),
+            brief: "twelve steps at once".into(),
+            mode: RunMode::Plan(plan(steps)),
+            budget_limit_micros: None,
+            config_snapshot: String::new(),
+        })),
+        1,
+        &mut rng,
+        &mut out,
+    );
+    settle(&mut c, out, &mut rng);
+    let running = c.current_attempts();
+    assert_eq!(running.len(), 12, "every step is in flight");
+
+    let mut out = Vec::new();
+    c.handle(
+        CoordinatorInput::Msg(CoordinatorMsg::Cancel {
+            reason: "operator".into(),
+        }),
+        20,
+        &mut rng,
+        &mut out,
+    );
+    let stages = settle(&mut c, out, &mut rng);
+    for s in &stages {
+        assert!(s.ops.len() <= max, "a stage of {} ops", s.ops.len());
+    }
+    let cancelled: std::collections::BTreeSet<TaskId> = stages
+        .iter()
+        .flat_map(|s| &s.ops)
+        .filter_map(|op| match op {
+            PersistOp::UpdateTask(t) if t.status == TaskStatus::Cancelled => Some(t.id),
+            _ => None,
+        })
+        .collect();
+    for a in &running {
+        assert!(
+            cancelled.contains(&a.task),
+            "task {} was not cancelled",
+            a.task
+        );
+    }
+    let last = stages.last().expect("the end was staged");
+    assert!(
+        last.ops.iter().any(|op| matches!(
+            op,
+            PersistOp::UpdateRun(r) if r.status == RunStatus::Cancelled
+        )),
+        "the run row ends in the last stage"
+    );
+    assert_eq!(c.status(), Some(RunStatus::Cancelled));
+}

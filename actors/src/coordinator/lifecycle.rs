@@ -10,7 +10,7 @@ use crate::effect::Effect;
 use crate::ids::mint_task_id;
 use crate::machine::{Entropy, Millis};
 use crate::message::{RunMode, RunSpec, SupervisorMsg};
-use crate::persist::{PersistOp, STAGE_OPS_MAX};
+use crate::persist::PersistOp;
 use crate::plan::{PLAN_STEPS_MAX, PlanStep, validate};
 use crate::report::{TEXT_BYTES_MAX, bounded};
 use keel_store::{Budget, Run, RunStatus, Task, TaskKind, TaskStatus};
@@ -279,7 +279,10 @@ impl RunState {
         }
         self.phase = Phase::Finishing;
         self.decide(now, format!("run ends: {status:?}: {outcome}"));
-        let mut ops = Vec::new();
+        // The tasks still in flight are cancelled first, in stages of their own when they do not fit
+        // beside the run's end: each cancelled row stands alone, and the run ends only with the last
+        // stage (its row, its root, its checkpoint). A crash in between leaves a running run whose
+        // cancelled tasks recovery runs again, as if the end had never been decided.
         let mut stopped = Vec::new();
         for step in &mut self.steps {
             if step.status != StepStatus::Done
@@ -289,21 +292,27 @@ impl RunState {
             {
                 t.status = TaskStatus::Cancelled;
                 t.updated_ms = now;
-                ops.push(PersistOp::UpdateTask(t.clone()));
-                stopped.push(task);
+                stopped.push(PersistOp::UpdateTask(t.clone()));
             }
         }
         self.row.status = status;
         self.row.outcome = Some(bounded(outcome.clone(), 64 * 1024));
         self.row.updated_ms = now;
-        ops.push(PersistOp::UpdateRun(self.row.clone()));
+        let mut end = vec![PersistOp::UpdateRun(self.row.clone())];
         if self.lead.is_none() {
             let mut root = self.root.clone();
             root.status = TaskStatus::Cancelled;
             root.updated_ms = now;
-            ops.push(PersistOp::UpdateTask(root));
+            end.push(PersistOp::UpdateTask(root));
         }
-        ops.truncate(STAGE_OPS_MAX - 64);
+        let room = self.stage_ops_max() - end.len() - 1;
+        let ops = if stopped.len() <= room {
+            stopped.extend(end);
+            stopped
+        } else {
+            self.stage_independent(stopped, now, out);
+            end
+        };
         self.stage(ops, Then::Finished { status, outcome }, true, now, out);
     }
 

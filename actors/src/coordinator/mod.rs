@@ -19,6 +19,7 @@ mod step;
 mod synthesis;
 
 pub use snapshot::{Snapshot, StepSnapshot};
+pub use staging::{STAGE_OPS_MIN, StageRefusal};
 pub use synthesis::{
     Conflict, Coverage, SYNTHESIS_CLAIM_BYTES_MAX, SYNTHESIS_CONFLICTS_MAX, SYNTHESIS_FINDINGS_MAX,
     Synthesis, find_conflicts,
@@ -66,6 +67,10 @@ pub struct CoordinatorConfig {
     pub root_depth: u8,
     /// Reservation per step when the plan gives none, in micro-dollars.
     pub default_estimate_micros: u64,
+    /// Most ops in one stage (kept within [`STAGE_OPS_MIN`] and [`crate::persist::STAGE_OPS_MAX`]):
+    /// a decision's writes never exceed it; a run's end that would is split (see
+    /// [`StageRefusal`] for what is refused instead).
+    pub stage_ops_max: usize,
 }
 
 impl Default for CoordinatorConfig {
@@ -78,6 +83,7 @@ impl Default for CoordinatorConfig {
             delegation_calls_max: 16,
             root_depth: 0,
             default_estimate_micros: 0,
+            stage_ops_max: crate::persist::STAGE_OPS_MAX,
         }
     }
 }

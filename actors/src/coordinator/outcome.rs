@@ -470,7 +470,10 @@ impl RunState {
                         });
                     }
                 }
-                if !ops.is_empty() {
+                // Each log row stands alone, so rows beyond one stage's bound go in more stages.
+                if ops.len() > self.stage_ops_max() {
+                    self.stage_independent(ops, now, out);
+                } else if !ops.is_empty() {
                     self.stage(ops, Then::Nothing, false, now, out);
                 }
             }

@@ -10,7 +10,7 @@ use crate::message::{
 };
 use crate::persist::{PersistOp, STAGE_OPS_MAX, Stage};
 use crate::report::StepOutcome;
-use keel_store::RunStatus;
+use keel_store::{RunStatus, SessionLogRow};
 
 /// What to do when a stage is durable.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,7 +46,43 @@ pub(super) struct Pending {
     pub(super) sent: bool,
 }
 
+/// Fewest ops a coordinator's stage bound may be: the largest stage it must always be able to send (a
+/// run's end: the run row, the root task, the checkpoint) and one decision row.
+pub const STAGE_OPS_MIN: usize = 4;
+
+/// Why the coordinator refused to send a stage. A stage is one decision's writes, committed atomically;
+/// cutting it to fit would commit part of a decision (a result without its done-marker), so a stage
+/// over the bound is refused whole and the run fails with this reason in its log and outcome.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StageRefusal {
+    /// The decision needs more writes than one stage may carry: a coordinator bug (every decision's
+    /// writes are bounded by constants far below [`crate::persist::STAGE_OPS_MAX`]).
+    #[error("a decision of {ops} writes is over the bound of {max} writes per stage")]
+    OverBound {
+        /// The writes the decision needs, its checkpoint included.
+        ops: usize,
+        /// The bound ([`super::CoordinatorConfig::stage_ops_max`]).
+        max: usize,
+    },
+}
+
 impl RunState {
+    /// The most ops one stage may carry: the configured bound within [`STAGE_OPS_MIN`] and the
+    /// checkpoint writer's [`STAGE_OPS_MAX`].
+    pub(super) fn stage_ops_max(&self) -> usize {
+        self.config
+            .stage_ops_max
+            .clamp(STAGE_OPS_MIN, STAGE_OPS_MAX)
+    }
+
+    /// Queue the writes of one decision as one stage (and its checkpoint, when `checkpoint`), with the
+    /// decision rows logged since the last stage; `then` happens once it is durable.
+    ///
+    /// Nothing is dropped to fit the stage bound. Decision rows that do not fit beside the ops go
+    /// first, in stages of their own: stages commit in ticket order, so a crash between them loses the
+    /// decision (which recovery takes again), never a row of a decision that is durable. A decision
+    /// whose own ops do not fit is refused whole ([`StageRefusal`]) and the run fails.
     pub(super) fn stage(
         &mut self,
         mut ops: Vec<PersistOp>,
@@ -55,15 +91,75 @@ impl RunState {
         now: Millis,
         out: &mut Vec<Effect>,
     ) {
-        let room = STAGE_OPS_MAX.saturating_sub(ops.len() + 1);
-        let keep = self.decisions.len().min(room);
-        for row in self.decisions.drain(..keep) {
-            ops.push(PersistOp::AppendLog {
-                task: self.root.id,
-                row,
-            });
+        let max = self.stage_ops_max();
+        let own = ops.len() + usize::from(checkpoint);
+        if own > max {
+            self.refuse_stage(StageRefusal::OverBound { ops: own, max }, now, out);
+            return;
         }
-        self.decisions.clear();
+        let early = self.decisions.len().saturating_sub(max - own);
+        if early > 0 {
+            let rows: Vec<SessionLogRow> = self.decisions.drain(..early).collect();
+            for chunk in rows.chunks(max) {
+                let logs = chunk.iter().cloned().map(|row| self.log_op(row)).collect();
+                self.enqueue(logs, Then::Nothing, false, now, out);
+            }
+        }
+        let rows: Vec<SessionLogRow> = self.decisions.drain(..).collect();
+        ops.extend(rows.into_iter().map(|row| self.log_op(row)));
+        self.enqueue(ops, then, checkpoint, now, out);
+    }
+
+    /// Writes that are independent of each other (each row stands alone when durable), staged in as
+    /// many stages as the bound needs, before the decision they belong to.
+    pub(super) fn stage_independent(
+        &mut self,
+        ops: Vec<PersistOp>,
+        now: Millis,
+        out: &mut Vec<Effect>,
+    ) {
+        let max = self.stage_ops_max();
+        for chunk in ops.chunks(max) {
+            self.enqueue(chunk.to_vec(), Then::Nothing, false, now, out);
+        }
+    }
+
+    /// End the run as failed because a stage was refused: the refusal is a decision row and the run's
+    /// outcome, written with the run row (a stage that always fits).
+    fn refuse_stage(&mut self, refusal: StageRefusal, now: Millis, out: &mut Vec<Effect>) {
+        if matches!(self.phase, Phase::Done(_)) {
+            return;
+        }
+        let outcome = format!("stage refused: {refusal}");
+        self.decide(now, format!("run ends: Failed: {outcome}"));
+        self.phase = Phase::Finishing;
+        self.row.status = RunStatus::Failed;
+        self.row.outcome = Some(outcome.clone());
+        self.row.updated_ms = now;
+        let ops = vec![PersistOp::UpdateRun(self.row.clone())];
+        let then = Then::Finished {
+            status: RunStatus::Failed,
+            outcome,
+        };
+        self.stage(ops, then, false, now, out);
+    }
+
+    fn log_op(&self, row: SessionLogRow) -> PersistOp {
+        PersistOp::AppendLog {
+            task: self.root.id,
+            row,
+        }
+    }
+
+    /// One stage in ticket order: sent now, or held behind a failed stage until the restage timer.
+    fn enqueue(
+        &mut self,
+        ops: Vec<PersistOp>,
+        then: Then,
+        checkpoint: bool,
+        now: Millis,
+        out: &mut Vec<Effect>,
+    ) {
         let ticket = self.next_ticket;
         self.next_ticket += 1;
         let held = self.pending.values().any(|p| !p.sent);
