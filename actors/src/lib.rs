@@ -22,7 +22,9 @@ pub mod specialist;
 pub mod supervisor;
 
 pub use checkpoint::{CheckpointConfig, CheckpointWriter};
-pub use coordinator::{Coordinator, CoordinatorConfig, Coverage, StepStatus, Synthesis};
+pub use coordinator::{
+    Coordinator, CoordinatorConfig, Coverage, CoverageStatus, StepStatus, Synthesis,
+};
 pub use effect::{Effect, Envelope, SpecialistEffect, TimerKey};
 pub use ids::{AttemptId, IdempotencyKey, ReplyTarget, ReplyTo};
 pub use machine::{Entropy, Machine, Millis, SplitMix64};

@@ -33,7 +33,7 @@ fn check(plan: Plan, script: Script, budget: Option<u64>, expect: Expect<'_>) ->
         let got: Vec<(String, String)> = synthesis
             .coverage
             .iter()
-            .map(|c| (c.step.clone(), c.status.clone()))
+            .map(|c| (c.step.clone(), c.status.to_string()))
             .collect();
         let want: Vec<(String, String)> = expect
             .coverage

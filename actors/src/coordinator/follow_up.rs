@@ -27,7 +27,7 @@ impl RunState {
         } = request;
         let known = parent == self.root.id || self.by_task.contains_key(&parent);
         let taken = task.is_some_and(|t| {
-            self.tasks.contains_key(&t) || self.steps.iter().any(|s| s.preset == Some(t))
+            self.tasks.contains_key(&t) || self.steps.iter().any(|s| s.requested_task == Some(t))
         });
         if !known || taken || self.phase != Phase::Running || self.steps.len() >= PLAN_STEPS_MAX {
             self.decide(
@@ -56,7 +56,7 @@ impl RunState {
             Vec::new(),
         );
         step.thread = Some(parent);
-        step.preset = task;
+        step.requested_task = task;
         self.steps.push(step);
         true
     }
@@ -70,7 +70,7 @@ pub(super) fn follow_up_parent(run: &RunState, index: usize) -> Option<TaskId> {
         .iter()
         .rev()
         .find(|s| s.thread == Some(thread))
-        .and_then(|s| s.tasks.last().copied());
+        .and_then(|s| s.task_history.last().copied());
     Some(previous.unwrap_or(thread))
 }
 

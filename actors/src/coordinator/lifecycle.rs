@@ -4,7 +4,7 @@ use super::follow_up::ready_follow_ups;
 use super::lead::Lead;
 use super::staging::Then;
 use super::step::Step;
-use super::synthesis::synthesize;
+use super::synthesis::{StepEnd, synthesize};
 use super::{CoordinatorConfig, LEAD_STEP_KEY, Phase, RunState, StepStatus};
 use crate::effect::Effect;
 use crate::ids::mint_task_id;
@@ -166,8 +166,8 @@ impl RunState {
                 };
                 let mut step = Step::new(spec, Vec::new());
                 // The lead works on the root task itself.
-                step.task = Some(root.id);
-                step.tasks.push(root.id);
+                step.current_task = Some(root.id);
+                step.task_history.push(root.id);
                 state.steps.push(step);
                 state.by_task.insert(root.id, 0);
                 state.batches = vec![vec![0]];
@@ -286,7 +286,7 @@ impl RunState {
         let mut stopped = Vec::new();
         for step in &mut self.steps {
             if step.status != StepStatus::Done
-                && let Some(task) = step.task
+                && let Some(task) = step.current_task
                 && let Some(t) = self.tasks.get_mut(&task)
                 && !t.status.is_terminal()
             {
@@ -322,7 +322,15 @@ impl RunState {
             return;
         }
         self.phase = Phase::Finishing;
-        let synthesis = synthesize(&self.steps);
+        let ends: Vec<StepEnd<'_>> = self
+            .steps
+            .iter()
+            .map(|s| StepEnd {
+                key: &s.spec.key,
+                outcome: s.outcome.as_ref(),
+            })
+            .collect();
+        let synthesis = synthesize(&ends);
         let usable = self.steps.iter().any(|s| s.usable_report().is_some());
         let status = if usable {
             RunStatus::Completed

@@ -21,8 +21,8 @@ mod synthesis;
 pub use snapshot::{Snapshot, StepSnapshot};
 pub use staging::{STAGE_OPS_MIN, StageRefusal};
 pub use synthesis::{
-    Conflict, Coverage, SYNTHESIS_CLAIM_BYTES_MAX, SYNTHESIS_CONFLICTS_MAX, SYNTHESIS_FINDINGS_MAX,
-    Synthesis, find_conflicts,
+    Conflict, Coverage, CoverageStatus, SYNTHESIS_CLAIM_BYTES_MAX, SYNTHESIS_CONFLICTS_MAX,
+    SYNTHESIS_FINDINGS_MAX, StepEnd, Synthesis, coverage_of, find_conflicts, synthesize,
 };
 
 use crate::effect::{Effect, Envelope, TimerKey};

@@ -61,7 +61,7 @@ impl RunState {
         out: &mut Vec<Effect>,
     ) {
         let key = self.steps[index].spec.key.clone();
-        let task = self.steps[index].task;
+        let task = self.steps[index].current_task;
         let attempts = self.steps[index].attempts_total;
         let outcome = StepOutcome::Failed(failure.clone());
         let mut ops = Vec::new();

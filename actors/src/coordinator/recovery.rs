@@ -200,13 +200,13 @@ impl RunState {
             let step = &mut self.steps[i];
             step.thread = snap.thread;
             step.call_id = snap.call_id.clone();
-            step.preset = snap.preset;
-            step.tasks = snap.tasks.clone();
-            step.task = snap.tasks.last().copied();
+            step.requested_task = snap.preset;
+            step.task_history = snap.tasks.clone();
+            step.current_task = snap.tasks.last().copied();
             step.attempts_total = snap.attempts_total;
             step.agent = snap.agent.clone();
             step.attempt = snap.attempt;
-            if let Some(task) = step.task {
+            if let Some(task) = step.current_task {
                 // The newest attempt anything durable knows of: the snapshot, the task row, or an
                 // idempotency record written before a session that the snapshot never saw.
                 let row_attempt = self.tasks.get(&task).map_or(0, |t| t.attempt);
@@ -225,7 +225,7 @@ impl RunState {
                 continue;
             }
             let durable = step
-                .task
+                .current_task
                 .and_then(|t| self.tasks.get(&t))
                 .filter(|t| t.status.is_terminal())
                 .and_then(|t| t.outcome.as_deref())
@@ -239,7 +239,7 @@ impl RunState {
                     step.status = StepStatus::Done;
                     done += 1;
                 }
-                None if step.task.is_some() => {
+                None if step.current_task.is_some() => {
                     // Dispatched but not acknowledged: run again as the next attempt, with a resume
                     // preamble; a late result of the old attempt is refused as stale.
                     step.status = StepStatus::Backoff;
@@ -269,8 +269,8 @@ impl RunState {
                 },
                 Vec::new(),
             );
-            step.task = Some(root);
-            step.tasks.push(root);
+            step.current_task = Some(root);
+            step.task_history.push(root);
             self.by_task.insert(root, 0);
             self.steps.push(step);
         }

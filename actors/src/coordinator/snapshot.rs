@@ -63,7 +63,7 @@ impl RunState {
                 .enumerate()
                 .map(|(i, s)| StepSnapshot {
                     spec: (i >= self.plan_len).then(|| s.spec.clone()),
-                    tasks: s.tasks.clone(),
+                    tasks: s.task_history.clone(),
                     attempt: s.attempt,
                     attempts_total: s.attempts_total,
                     agent: s.agent.clone(),
@@ -72,7 +72,7 @@ impl RunState {
                         _ => None,
                     },
                     thread: s.thread,
-                    preset: s.preset,
+                    preset: s.requested_task,
                     call_id: s.call_id.clone(),
                 })
                 .collect(),
@@ -84,13 +84,13 @@ impl RunState {
             .steps
             .iter()
             .filter(|s| s.status == StepStatus::Done)
-            .filter_map(|s| s.task)
+            .filter_map(|s| s.current_task)
             .collect();
         let pending = self
             .steps
             .iter()
             .filter(|s| s.status != StepStatus::Done)
-            .filter_map(|s| s.task)
+            .filter_map(|s| s.current_task)
             .collect();
         let last = self
             .steps

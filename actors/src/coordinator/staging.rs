@@ -231,7 +231,7 @@ impl RunState {
         match pending.then {
             Then::Nothing => {}
             Then::Admit { step, generation } => {
-                if self.steps[step].generation == generation
+                if self.steps[step].attempt_epoch == generation
                     && self.steps[step].status == StepStatus::Recording
                     && self.phase == Phase::Running
                 {

@@ -18,6 +18,7 @@ use keel_store::{
     IdempotencyRecord, ManifestEntry, ManifestOutcome, RunId, RunStatus, Task, TaskId, TaskKind,
     TaskStatus,
 };
+use std::mem::Discriminant;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) enum BackoffNext {
@@ -25,32 +26,53 @@ pub(super) enum BackoffNext {
     NewAttempt { reroute: Option<String> },
 }
 
+/// One step of the run in memory: its spec, its tasks and attempts, and where it stands. The durable
+/// truth is its task rows; this is the working copy.
 #[derive(Clone, Debug)]
 pub(super) struct Step {
+    /// The step as planned (or as delegated, or as asked for by a follow-up).
     pub(super) spec: PlanStep,
+    /// The indices of the steps it depends on.
     pub(super) deps: Vec<usize>,
-    pub(super) task: Option<TaskId>,
-    pub(super) tasks: Vec<TaskId>,
+    /// The task its current attempt runs as (`None` before its first attempt).
+    pub(super) current_task: Option<TaskId>,
+    /// Every task it ran as, oldest first (a re-dispatch adds one); the newest is `current_task`.
+    pub(super) task_history: Vec<TaskId>,
+    /// The attempt number within `current_task`.
     pub(super) attempt: u32,
+    /// Attempts across all its tasks (what the retry budget counts).
     pub(super) attempts_total: u32,
+    /// The agent the next attempt asks for (a reroute changes it).
     pub(super) agent: Option<String>,
+    /// How the current attempt's session gets its context.
     pub(super) continuity: Continuity,
-    pub(super) generation: u32,
+    /// Bumped at every new attempt: a backoff timer or a recorded-attempt stage carries the value it
+    /// was set for, and one that carries an older value is stale and ignored.
+    pub(super) attempt_epoch: u32,
+    /// Where it stands.
     pub(super) status: StepStatus,
+    /// What its backoff timer does when it fires.
     pub(super) backoff: BackoffNext,
+    /// Its durable outcome, once it is done.
     pub(super) outcome: Option<StepOutcome>,
+    /// The attempt whose report was accepted.
     pub(super) accepted: Option<AttemptId>,
+    /// The sequence number of the newest log row of the current attempt already staged.
     pub(super) log_seq: u32,
+    /// What the current attempt has spent, in micro-dollars.
     pub(super) spent_micros: u64,
+    /// Who runs the current attempt, once admitted.
     pub(super) assignment: Option<Assignment>,
+    /// For a lead's delegation: the lead's call id.
     pub(super) call_id: Option<String>,
+    /// The newest failure, for the verdict and the dead letter.
     pub(super) last_failure: Option<SubtaskFailure>,
     /// For a follow-up: the task whose thread it continues (its parent is that thread's newest task).
     pub(super) thread: Option<TaskId>,
-    /// For a follow-up: the id its task takes, when the host chose one.
-    pub(super) preset: Option<TaskId>,
+    /// For a follow-up: the task id the host chose for it, which its task takes.
+    pub(super) requested_task: Option<TaskId>,
     /// The kind of the last admission refusal logged for this step.
-    pub(super) last_refusal: Option<&'static str>,
+    pub(super) last_refusal: Option<Discriminant<Refusal>>,
 }
 
 impl Step {
@@ -59,12 +81,12 @@ impl Step {
             agent: spec.assignee.clone(),
             spec,
             deps,
-            task: None,
-            tasks: Vec::new(),
+            current_task: None,
+            task_history: Vec::new(),
             attempt: 0,
             attempts_total: 0,
             continuity: Continuity::Fresh,
-            generation: 0,
+            attempt_epoch: 0,
             status: StepStatus::Waiting,
             backoff: BackoffNext::Readmit,
             outcome: None,
@@ -75,13 +97,13 @@ impl Step {
             call_id: None,
             last_failure: None,
             thread: None,
-            preset: None,
+            requested_task: None,
             last_refusal: None,
         }
     }
 
     pub(super) fn current(&self, run: RunId) -> Option<AttemptId> {
-        self.task.map(|task| AttemptId {
+        self.current_task.map(|task| AttemptId {
             run,
             task,
             attempt: self.attempt,
@@ -147,7 +169,12 @@ impl RunState {
             output_schema: step.spec.output_schema.clone(),
             constraints: self.constraints.clone(),
             known_gaps: gaps,
-            aliases: step.tasks.iter().copied().filter(|t| *t != task).collect(),
+            aliases: step
+                .task_history
+                .iter()
+                .copied()
+                .filter(|t| *t != task)
+                .collect(),
         }
     }
 
@@ -194,7 +221,7 @@ impl RunState {
         let root_id = self.root.id;
         let depth = self.depth_of(index, root_depth);
         let is_lead = self.lead.is_some() && index == 0;
-        let previous = self.steps[index].task;
+        let previous = self.steps[index].current_task;
         let new_task = previous.is_none() || reroute.is_some();
         let (task_id, attempt, kind, parent, continuity) = match (previous, new_task) {
             (Some(prev), true) => (
@@ -224,7 +251,7 @@ impl RunState {
                 // session gets the standard preamble built from that parent and its ancestors.
                 Some(parent) => (
                     self.steps[index]
-                        .preset
+                        .requested_task
                         .filter(|t| !self.tasks.contains_key(t))
                         .unwrap_or_else(|| mint_task_id(now, rng)),
                     1,
@@ -281,7 +308,7 @@ impl RunState {
             ops.push(PersistOp::CreateTask(row.clone()));
             self.tasks.insert(task_id, row);
             self.by_task.insert(task_id, index);
-            self.steps[index].tasks.push(task_id);
+            self.steps[index].task_history.push(task_id);
         } else if let Some(row) = self.tasks.get_mut(&task_id) {
             row.attempt = attempt;
             row.status = TaskStatus::Pending;
@@ -298,16 +325,16 @@ impl RunState {
             result: None,
         }));
         let step = &mut self.steps[index];
-        step.task = Some(task_id);
+        step.current_task = Some(task_id);
         step.attempt = attempt;
         step.attempts_total += 1;
         step.continuity = continuity;
-        step.generation += 1;
+        step.attempt_epoch += 1;
         step.status = StepStatus::Recording;
         step.log_seq = 0;
         step.spent_micros = 0;
         step.assignment = None;
-        let generation = step.generation;
+        let generation = step.attempt_epoch;
         if step.attempts_total > 1 {
             ops.push(PersistOp::AppendManifest(ManifestEntry {
                 ts_ms: now,
@@ -355,7 +382,7 @@ impl RunState {
         let Some(s) = self.steps.get(index) else {
             return;
         };
-        if s.generation != generation
+        if s.attempt_epoch != generation
             || s.status != StepStatus::Backoff
             || self.phase != Phase::Running
         {
@@ -411,7 +438,7 @@ impl RunState {
         let step = &mut self.steps[index];
         step.status = StepStatus::Backoff;
         step.backoff = next;
-        let generation = step.generation;
+        let generation = step.attempt_epoch;
         self.timer(
             CoordinatorTimer::Redispatch {
                 step: u32::try_from(index).unwrap_or(u32::MAX),
@@ -420,17 +447,6 @@ impl RunState {
             now.saturating_add(after_ms),
             out,
         );
-    }
-}
-
-pub(super) fn refusal_kind(refusal: &Refusal) -> &'static str {
-    match refusal {
-        Refusal::Concurrency { .. } => "concurrency",
-        Refusal::Depth { .. } => "depth",
-        Refusal::Budget { .. } => "budget",
-        Refusal::Rate { .. } => "rate",
-        Refusal::UnknownRun => "unknown_run",
-        Refusal::NoAgent { .. } => "no_agent",
     }
 }
 
@@ -506,7 +522,7 @@ impl RunState {
             Err(refusal) => {
                 // A step waiting for a slot is asked about again every second or so: log a refusal
                 // when its kind changes, not every time, so waiting cannot flood the run's log.
-                let kind = refusal_kind(&refusal);
+                let kind = std::mem::discriminant(&refusal);
                 if self.steps[index].last_refusal != Some(kind) {
                     self.steps[index].last_refusal = Some(kind);
                     self.decide(
@@ -518,7 +534,7 @@ impl RunState {
                     let step = &mut self.steps[index];
                     step.status = StepStatus::Backoff;
                     step.backoff = BackoffNext::Readmit;
-                    let generation = step.generation;
+                    let generation = step.attempt_epoch;
                     self.timer(
                         CoordinatorTimer::Redispatch {
                             step: u32::try_from(index).unwrap_or(u32::MAX),

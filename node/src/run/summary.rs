@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use keel_actors::host::store::all_tasks;
 use keel_actors::runtime::{FollowUpOutcome, RunOutcome};
-use keel_actors::{StepOutcome, Synthesis};
+use keel_actors::{CoverageStatus, StepOutcome, Synthesis};
 use keel_store::{Run, RunId, Store, Task, TaskKind, TaskStatus};
 use serde_json::json;
 
@@ -189,7 +189,11 @@ pub(crate) fn print(
     writeln!(out, "\nrun {run}: {:?}", outcome.status)?;
     match &synthesis {
         Some(s) => {
-            let complete = s.coverage.iter().filter(|c| c.status == "complete").count();
+            let complete = s
+                .coverage
+                .iter()
+                .filter(|c| c.status == CoverageStatus::Complete)
+                .count();
             writeln!(
                 out,
                 "coverage: {complete} of {} steps complete{}",
