@@ -15,8 +15,8 @@ use serde_json::json;
 
 use keel_actors::context::ContextReport;
 
-use crate::Failed;
 use crate::config::Config;
+use crate::exit::Failed;
 use crate::home::{Created, Home};
 
 /// The longest brief shown in one table cell; `keel show` prints the whole brief.

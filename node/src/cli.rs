@@ -1,0 +1,218 @@
+//! The command line's grammar: the clap types of every `keel` command and its flags, and how the
+//! harness flags become a [`HarnessChoice`](crate::run::setup::HarnessChoice).
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+use keel_store::{RunId, TaskId};
+
+use crate::{config, run};
+
+/// keel: an orchestrator for coding-agent harnesses whose conversations live in its own store.
+#[derive(Parser, Debug)]
+#[command(name = "keel", version, about, long_about = None)]
+pub(crate) struct Cli {
+    /// The keel home (a folder with `keel.toml` and the store). Defaults to `$KEEL_HOME`, else `./.keel`.
+    #[arg(long, global = true, value_name = "DIR")]
+    pub(crate) home: Option<PathBuf>,
+
+    /// Print machine-readable JSON instead of tables.
+    #[arg(long, global = true)]
+    pub(crate) json: bool,
+
+    /// The format of log lines on stderr (over `[log] format` of keel.toml): `human`, or `json` for
+    /// one JSON object a line with the run and task spans.
+    #[arg(long, global = true, value_name = "FORMAT")]
+    pub(crate) log_format: Option<config::LogFormat>,
+
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum Command {
+    /// Create a keel home (`./.keel/` by default) with an empty store and a commented keel.toml.
+    Init,
+    /// Check keel.toml and print the configuration keel would use (defaults filled in).
+    Config,
+    /// List runs, oldest first.
+    Runs {
+        /// Show at most this many.
+        #[arg(long, default_value_t = 200)]
+        limit: u32,
+    },
+    /// List tasks, of one run or of all runs.
+    Tasks {
+        /// Only the tasks of this run.
+        #[arg(long, value_name = "RUN")]
+        run: Option<RunId>,
+        /// Show at most this many.
+        #[arg(long, default_value_t = 500)]
+        limit: u32,
+    },
+    /// Show every field of one task.
+    Show {
+        /// The task id (a ULID, as `keel tasks` prints it).
+        task: TaskId,
+    },
+    /// Print a task's session log, oldest row first.
+    Logs {
+        /// The task id.
+        task: TaskId,
+        /// Only the last N rows.
+        #[arg(long, default_value_t = 200)]
+        tail: u32,
+    },
+    /// Print exactly the first message a new session of a task would get: its preamble (placed into the
+    /// prompt), the preamble's size against its cap, and what was truncated or redacted.
+    Context {
+        /// The task id.
+        task: TaskId,
+        /// Build the resume variant (the original brief plus the task's own recent log), as a session
+        /// restarted after an interruption would get. Without it, keel picks what the task's next
+        /// session would get: a resume for a paused or re-dispatched task, a standard preamble otherwise.
+        #[arg(long)]
+        resume: bool,
+    },
+    /// Print a run's task tree.
+    Tree {
+        /// The run id.
+        run: RunId,
+        /// Read at most this many tasks.
+        #[arg(long, default_value_t = 2000)]
+        limit: u32,
+    },
+    /// Run one orchestrated job on this home's store (created on first use).
+    Run {
+        /// The brief.
+        brief: String,
+        /// A plan file (JSON, or TOML with a .toml extension) instead of the built-in decomposition.
+        #[arg(long, value_name = "FILE")]
+        plan: Option<PathBuf>,
+        #[command(flatten)]
+        harness: HarnessArgs,
+        /// Print only the summary.
+        #[arg(long)]
+        quiet: bool,
+        /// Run in the background: print the run id and return (output goes to a log in the home).
+        #[arg(long)]
+        detach: bool,
+    },
+    /// Continue a paused or interrupted run from its checkpoint.
+    Resume {
+        /// The run id.
+        run: RunId,
+        #[command(flatten)]
+        harness: HarnessArgs,
+        /// Print only the summary.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Ask a follow-up on a task's thread: a new task (kind FollowUp, its parent the thread's newest
+    /// task) served with keel's preamble of the parent's brief and outcome, never a native resume.
+    /// A finished run is reopened for it and ends again when it is done.
+    #[command(name = "follow-up")]
+    FollowUp {
+        /// The task id (a ULID, as `keel tasks` prints it).
+        task: TaskId,
+        /// The message.
+        message: String,
+        /// The agent profile to put it on (any harness); the supervisor picks when left out.
+        #[arg(long, value_name = "NAME")]
+        agent: Option<String>,
+        #[command(flatten)]
+        backend: BackendArgs,
+        /// Print only the summary.
+        #[arg(long)]
+        quiet: bool,
+        /// Run in the background: print the run and task ids and return.
+        #[arg(long)]
+        detach: bool,
+    },
+    /// Cancel a run (through the process running it, if one is).
+    Cancel {
+        /// The run id.
+        run: RunId,
+    },
+    /// Show open runs, or one run's state.
+    Status {
+        /// The run id.
+        run: Option<RunId>,
+    },
+    /// Serve the scripted model on 127.0.0.1 (for harness CLIs and `--model-server`).
+    ModelServer {
+        /// A script (JSON or TOML); without one the model answers by its prompt rules.
+        #[arg(long, value_name = "FILE")]
+        script: Option<PathBuf>,
+        /// The port (0 picks a free one; the address is printed).
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+        /// Write every request there as a JSON file.
+        #[arg(long, value_name = "DIR")]
+        record_dir: Option<PathBuf>,
+    },
+    /// A narrated scenario: a worker crash, recovery from the checkpoint, a harness switch.
+    Demo,
+    /// Measure the orchestration path with an instant harness on a temporary store.
+    Bench {
+        /// Specialists per run, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
+        fan_out: Vec<u32>,
+        /// Runs per measurement.
+        #[arg(long, default_value_t = 50)]
+        runs: u32,
+        /// Runs in flight for the concurrent measurement.
+        #[arg(long, default_value_t = 8)]
+        in_flight: u32,
+    },
+}
+
+/// Which agents and harnesses a run uses.
+#[derive(clap::Args, Debug, Clone)]
+pub(crate) struct HarnessArgs {
+    /// Only this agent profile of keel.toml.
+    #[arg(long, value_name = "NAME")]
+    agent: Option<String>,
+    #[command(flatten)]
+    backend: BackendArgs,
+}
+
+/// Where the node's sessions run, shared by every command that hosts runs (`--agent` means a
+/// different thing on each, so it is not here).
+#[derive(clap::Args, Debug, Clone)]
+pub(crate) struct BackendArgs {
+    /// Run every task on this harness (claude-code, codex, opencode, pi, messages-api, scripted).
+    #[arg(long, value_name = "KIND", value_parser = parse_harness)]
+    harness: Option<keel_harness::HarnessKind>,
+    /// The model for `--harness`.
+    #[arg(long, value_name = "NAME")]
+    model: Option<String>,
+    /// Use the scripted model served at this URL (`keel model-server`) instead of a built-in one.
+    #[arg(long, value_name = "URL")]
+    model_server: Option<String>,
+}
+
+fn parse_harness(name: &str) -> Result<keel_harness::HarnessKind, String> {
+    keel_harness::HarnessKind::parse(name).ok_or_else(|| {
+        format!(
+            "unknown harness {name:?}: claude-code, codex, opencode, pi, messages-api or scripted"
+        )
+    })
+}
+
+impl HarnessArgs {
+    pub(crate) fn choice(self) -> run::setup::HarnessChoice {
+        self.backend.choice(self.agent)
+    }
+}
+
+impl BackendArgs {
+    pub(crate) fn choice(self, agent: Option<String>) -> run::setup::HarnessChoice {
+        run::setup::HarnessChoice {
+            agent,
+            harness: self.harness,
+            model: self.model,
+            model_server: self.model_server,
+        }
+    }
+}

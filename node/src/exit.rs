@@ -1,0 +1,165 @@
+//! Exit codes and the mapping of errors to them: every failure leaves `keel` as a [`Failed`] that carries
+//! the code scripts branch on.
+
+use keel_store::ReadError;
+
+use crate::config;
+use crate::home::HomeError;
+use crate::run;
+
+/// Exit codes of `keel`. Stable: scripts depend on them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Exit {
+    /// The command did what was asked.
+    Ok = 0,
+    /// Something failed that is not covered below (IO, a corrupt row, a store from a newer keel).
+    Failure = 1,
+    /// The command line was wrong (clap prints the usage).
+    Usage = 2,
+    /// The run or task named does not exist in the store.
+    NotFound = 3,
+    /// There is no keel home here: run `keel init` first.
+    NoHome = 4,
+    /// The run ended without a usable synthesis (failed, cancelled, over budget); for `keel
+    /// follow-up`, the follow-up ended without a complete report.
+    RunNotCompleted = 5,
+    /// A signal paused the run; `keel resume RUN` continues it.
+    Paused = 6,
+}
+
+/// An error on its way out, with the exit code it maps to.
+pub(crate) struct Failed {
+    pub(crate) exit: Exit,
+    pub(crate) error: anyhow::Error,
+}
+
+impl From<HomeError> for Failed {
+    fn from(e: HomeError) -> Self {
+        let exit = match e {
+            HomeError::Missing { .. } => Exit::NoHome,
+            _ => Exit::Failure,
+        };
+        Failed {
+            exit,
+            error: e.into(),
+        }
+    }
+}
+
+impl From<config::ConfigError> for Failed {
+    fn from(e: config::ConfigError) -> Self {
+        Failed {
+            exit: Exit::Failure,
+            error: e.into(),
+        }
+    }
+}
+
+impl From<toml::ser::Error> for Failed {
+    fn from(e: toml::ser::Error) -> Self {
+        Failed {
+            exit: Exit::Failure,
+            error: e.into(),
+        }
+    }
+}
+
+impl From<keel_actors::context::ContextError> for Failed {
+    fn from(e: keel_actors::context::ContextError) -> Self {
+        use keel_actors::context::{ContextError, LoadError};
+        let exit = match e {
+            ContextError::Load(LoadError::TaskNotFound(_)) => Exit::NotFound,
+            _ => Exit::Failure,
+        };
+        Failed {
+            exit,
+            error: e.into(),
+        }
+    }
+}
+
+impl From<ReadError> for Failed {
+    fn from(e: ReadError) -> Self {
+        let exit = match e {
+            ReadError::NotFound { .. } => Exit::NotFound,
+            _ => Exit::Failure,
+        };
+        Failed {
+            exit,
+            error: e.into(),
+        }
+    }
+}
+
+impl From<std::io::Error> for Failed {
+    fn from(e: std::io::Error) -> Self {
+        Failed {
+            exit: Exit::Failure,
+            error: e.into(),
+        }
+    }
+}
+
+impl From<serde_json::Error> for Failed {
+    fn from(e: serde_json::Error) -> Self {
+        Failed {
+            exit: Exit::Failure,
+            error: e.into(),
+        }
+    }
+}
+
+pub(crate) fn ended(e: anyhow::Result<run::Ended>) -> Result<(), Failed> {
+    match e {
+        Ok(run::Ended::Completed) => Ok(()),
+        Ok(run::Ended::NotCompleted) => Err(Failed {
+            exit: Exit::RunNotCompleted,
+            error: anyhow::anyhow!("the run did not complete"),
+        }),
+        Ok(run::Ended::Paused) => Err(Failed {
+            exit: Exit::Paused,
+            error: anyhow::anyhow!("the run is paused"),
+        }),
+        Err(error) => Err(Failed {
+            exit: Exit::Failure,
+            error,
+        }),
+    }
+}
+
+/// The exit of `keel follow-up`: as [`ended`], with the refusals that have their own codes.
+pub(crate) fn followed(e: anyhow::Result<run::Ended>) -> Result<(), Failed> {
+    use keel_actors::runtime::RuntimeError;
+    match e {
+        Ok(run::Ended::NotCompleted) => Err(Failed {
+            exit: Exit::RunNotCompleted,
+            error: anyhow::anyhow!("the follow-up did not complete"),
+        }),
+        Err(error) => {
+            let exit = if let Some(r) = error.downcast_ref::<RuntimeError>() {
+                match r {
+                    RuntimeError::UnknownTask(_) => Exit::NotFound,
+                    RuntimeError::UnknownAgent { .. }
+                    | RuntimeError::EmptyMessage
+                    | RuntimeError::MessageTooLarge { .. } => Exit::Usage,
+                    _ => Exit::Failure,
+                }
+            } else if let Some(ReadError::NotFound { .. }) = error.downcast_ref::<ReadError>() {
+                Exit::NotFound
+            } else if let Some(HomeError::Missing { .. }) = error.downcast_ref::<HomeError>() {
+                Exit::NoHome
+            } else {
+                Exit::Failure
+            };
+            Err(Failed { exit, error })
+        }
+        other => ended(other),
+    }
+}
+
+pub(crate) fn failure(e: anyhow::Result<()>) -> Result<(), Failed> {
+    e.map_err(|error| Failed {
+        exit: Exit::Failure,
+        error,
+    })
+}
