@@ -74,10 +74,10 @@ pub(crate) enum Command {
         #[arg(long)]
         resume: bool,
     },
-    /// Print a run's task tree.
+    /// Print a run's task tree (the latest run's when no run is named).
     Tree {
-        /// The run id.
-        run: RunId,
+        /// The run id; the latest run when left out.
+        run: Option<RunId>,
         /// Read at most this many tasks.
         #[arg(long, default_value_t = 2000)]
         limit: u32,
@@ -134,9 +134,9 @@ pub(crate) enum Command {
         /// The run id.
         run: RunId,
     },
-    /// Show open runs, or one run's state.
+    /// Show one run's state (the latest run's when no run is named) and which other runs are open.
     Status {
-        /// The run id.
+        /// The run id; the latest run when left out.
         run: Option<RunId>,
     },
     /// Serve the scripted model on 127.0.0.1 (for harness CLIs and `--model-server`).

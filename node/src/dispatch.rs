@@ -3,7 +3,7 @@
 use keel_store::Store;
 
 use crate::cli::{Cli, Command};
-use crate::exit::{Failed, ended, failure, followed};
+use crate::exit::{self, Exit, Failed, ended, failure, followed};
 use crate::home::Home;
 use crate::{context, render, run};
 
@@ -45,7 +45,14 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failed> {
         Command::Tree { run, limit } => {
             let store = home.open_existing()?;
             let catalog = store.catalog();
-            let header = catalog.run(run)?;
+            let header = match run {
+                Some(run) => catalog.run(run)?,
+                None => catalog.latest_run()?.ok_or_else(|| Failed {
+                    exit: Exit::NotFound,
+                    error: run::summary::NoRuns.into(),
+                })?,
+            };
+            let run = header.id;
             out.tree(&header, &catalog.tree(run, limit)?)?;
         }
         Command::Run {
@@ -97,7 +104,7 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failed> {
             followed(run::follow_up::follow_up(&home, args, cli.json))?;
         }
         Command::Cancel { run: id } => failure(run::cancel(&home, id, cli.json))?,
-        Command::Status { run: id } => failure(run::summary::status(&home, id, cli.json))?,
+        Command::Status { run: id } => exit::status(run::summary::status(&home, id, cli.json))?,
         Command::ModelServer {
             script,
             port,

@@ -8,6 +8,10 @@ use crate::home::HomeError;
 use crate::run;
 
 /// Exit codes of `keel`. Stable: scripts depend on them.
+///
+/// A closed stdout (`keel runs | head -1`) is not a failure and has no code of its own: the rest of
+/// the output is dropped and the command ends with the code of what it did (0 for a read command,
+/// the run's code for a command that hosts one, 6 for a paused run). See [`crate::stdout`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Exit {
     /// The command did what was asked.
@@ -155,6 +159,23 @@ pub(crate) fn followed(e: anyhow::Result<run::Ended>) -> Result<(), Failed> {
         }
         other => ended(other),
     }
+}
+
+/// The exit of `keel status`: not found (3) for an unknown run or a store without runs, no home
+/// (4), failure (1) otherwise.
+pub(crate) fn status(e: anyhow::Result<()>) -> Result<(), Failed> {
+    e.map_err(|error| {
+        let exit = if error.downcast_ref::<run::summary::NoRuns>().is_some() {
+            Exit::NotFound
+        } else if let Some(ReadError::NotFound { .. }) = error.downcast_ref::<ReadError>() {
+            Exit::NotFound
+        } else if let Some(HomeError::Missing { .. }) = error.downcast_ref::<HomeError>() {
+            Exit::NoHome
+        } else {
+            Exit::Failure
+        };
+        Failed { exit, error }
+    })
 }
 
 pub(crate) fn failure(e: anyhow::Result<()>) -> Result<(), Failed> {

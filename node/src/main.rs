@@ -11,6 +11,7 @@ mod exit;
 mod home;
 mod render;
 mod run;
+mod stdout;
 
 use std::process::ExitCode;
 

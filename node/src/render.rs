@@ -36,13 +36,13 @@ impl Output {
     }
 
     fn print_json(&self, value: &impl Serialize) -> std::io::Result<()> {
-        let mut out = std::io::stdout().lock();
+        let mut out = crate::stdout::lock();
         serde_json::to_writer_pretty(&mut out, value)?;
         writeln!(out)
     }
 
     fn print(&self, text: &str) -> std::io::Result<()> {
-        let mut out = std::io::stdout().lock();
+        let mut out = crate::stdout::lock();
         writeln!(out, "{text}")
     }
 
@@ -82,7 +82,7 @@ impl Output {
         if self.json {
             return self.print_json(report);
         }
-        let mut out = std::io::stdout().lock();
+        let mut out = crate::stdout::lock();
         write!(out, "{report}")
     }
 

@@ -393,3 +393,107 @@ fn context_prints_the_preamble_a_new_session_gets_with_secrets_removed() {
     let missing = keel(&home, &["context", "01ARZ3NDEKTSV4RRFFQ69G5FAV"]);
     assert_eq!(missing.status.code(), Some(3));
 }
+
+/// Runs `keel` with its stdout a pipe whose reading end is already closed, as `keel ... | head -1`
+/// leaves it once `head` has its line: every write keel makes fails with EPIPE.
+fn keel_with_closed_stdout(home: &Path, args: &[&str]) -> Output {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    Command::new(env!("CARGO_BIN_EXE_keel"))
+        .arg("--home")
+        .arg(home)
+        .args(args)
+        .env_remove("KEEL_HOME")
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .expect("keel runs")
+}
+
+#[test]
+fn a_closed_stdout_ends_a_read_command_quietly_with_its_own_exit_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join(".keel");
+    assert_eq!(keel(&home, &["init"]).status.code(), Some(0));
+    let (run, root) = populate(&home.join("keel.redb"));
+    let (run, root) = (run.to_string(), root.to_string());
+    for args in [
+        vec!["runs"],
+        vec!["runs", "--json"],
+        vec!["tasks"],
+        vec!["status"],
+        vec!["status", &run],
+        vec!["status", &run, "--json"],
+        vec!["tree", &run],
+        vec!["show", &root],
+        vec!["logs", &root],
+        vec!["config"],
+    ] {
+        let out = keel_with_closed_stdout(&home, &args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "keel {args:?}: {err}");
+        assert!(err.is_empty(), "keel {args:?} wrote to stderr: {err}");
+    }
+    // The exit code is still the command's own: a run that does not exist is 3.
+    let missing = keel_with_closed_stdout(&home, &["status", "01M8RJ15G9E2NC6DPHK2J0X0KC"]);
+    assert_eq!(missing.status.code(), Some(3));
+}
+
+#[test]
+fn tree_and_status_without_a_run_id_show_the_latest_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join(".keel");
+    assert_eq!(keel(&home, &["init"]).status.code(), Some(0));
+    // A store without runs: nothing to show is "not found" (3), with what to do.
+    for args in [["tree"], ["status"]] {
+        let out = keel(&home, &args);
+        assert_eq!(out.status.code(), Some(3), "keel {args:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("no runs in this store yet"),
+            "{out:?}"
+        );
+    }
+    let (older, _) = populate(&home.join("keel.redb"));
+    // A newer run (a higher ULID), still running, with one task of its own.
+    let latest = RunId(older.0 + 1);
+    {
+        let store = Store::open(home.join("keel.redb")).unwrap();
+        let scope = store.run(latest);
+        let mut batch = WriteBatch::new();
+        batch.push(
+            scope
+                .stage_create_run(Run {
+                    id: latest,
+                    brief: "the newest run".into(),
+                    plan: None,
+                    status: RunStatus::Running,
+                    budget: Budget::default(),
+                    created_ms: 1_700_000_002_000,
+                    updated_ms: 1_700_000_002_000,
+                    config_snapshot: String::new(),
+                    outcome: None,
+                })
+                .unwrap(),
+        );
+        batch.push(
+            scope
+                .stage_create_task(task(latest, 0x0290, None, 0, "newest root"))
+                .unwrap(),
+        );
+        store.commit_group(batch, Durability::Immediate).unwrap();
+    }
+    let tree = keel(&home, &["tree", "--json"]);
+    assert_eq!(tree.status.code(), Some(0), "{tree:?}");
+    let v: serde_json::Value = serde_json::from_slice(&tree.stdout).unwrap();
+    assert_eq!(v["run"]["id"], latest.to_string(), "{v}");
+    let status = keel(&home, &["status", "--json"]);
+    assert_eq!(status.status.code(), Some(0), "{status:?}");
+    let v: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(v["run"], latest.to_string());
+    assert_eq!(v["status"], "Running");
+    assert_eq!(v["brief"], "the newest run");
+    // Naming a run still shows that run.
+    let named = keel(&home, &["status", &older.to_string(), "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&named.stdout).unwrap();
+    assert_eq!(v["run"], older.to_string());
+}

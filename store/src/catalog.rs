@@ -40,6 +40,16 @@ impl<'s> Catalog<'s> {
         read::runs(&txn, limit)
     }
 
+    /// The newest run (the highest id: run ids are ULIDs, which sort by creation time), or `None`
+    /// in a store without runs: what `keel status` and `keel tree` show when no run is named.
+    ///
+    /// # Errors
+    /// [`ReadError::Decode`].
+    pub fn latest_run(&self) -> Result<Option<Run>, ReadError> {
+        let txn = self.store.begin_read()?;
+        read::latest_run(&txn)
+    }
+
     /// One run's row.
     ///
     /// # Errors

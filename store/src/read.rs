@@ -164,6 +164,20 @@ pub(crate) fn runs(txn: &ReadTransaction, limit: usize) -> Result<Listing<Run>, 
     Ok(Listing { items, more })
 }
 
+/// The run with the highest id: the newest, as run ids are ULIDs that sort by creation time.
+pub(crate) fn latest_run(txn: &ReadTransaction) -> Result<Option<Run>, ReadError> {
+    let table = txn.open_table(tables::RUNS)?;
+    let Some(entry) = table.iter()?.next_back() else {
+        return Ok(None);
+    };
+    let (k, v) = entry?;
+    Ok(Some(codec::decode(
+        name::RUNS,
+        &RunId(k.value()),
+        v.value(),
+    )?))
+}
+
 pub(crate) fn children(
     txn: &ReadTransaction,
     run: RunId,

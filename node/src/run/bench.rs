@@ -9,6 +9,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::stdout::outln;
 use anyhow::{Context, anyhow};
 use keel_actors::runtime::{HarnessSet, Runtime, RuntimeConfig, SUBTASK_ID_ENV};
 use keel_actors::{Plan, PlanStep, RunMode};
@@ -180,9 +181,9 @@ pub(crate) fn bench(fan_outs: &[u32], runs: u32, in_flight: u32, json: bool) -> 
                 let (rps, us, commits) = measure(n, flight, runs).await?;
                 rows.push((n, flight, rps, us, commits));
                 if !json {
-                    println!(
+                    outln!(
                         "N={n:<3} in flight={flight:<2} runs={runs:<4} {rps:>9.1} runs/s {us:>9.1} µs/specialist {commits:>6.1} commits/run"
-                    );
+                    )?;
                 }
             }
         }
@@ -195,7 +196,7 @@ pub(crate) fn bench(fan_outs: &[u32], runs: u32, in_flight: u32, json: bool) -> 
                 serde_json::json!({"specialists": n, "in_flight": f, "runs_per_s": r, "us_per_specialist": u, "commits_per_run": c})
             })
             .collect();
-        println!("{}", serde_json::Value::Array(v));
+        outln!("{}", serde_json::Value::Array(v))?;
     }
     Ok(())
 }

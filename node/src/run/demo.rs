@@ -19,6 +19,7 @@ use keel_store::{AgentLimits, AgentProfile, RunStatus};
 use tokio::sync::mpsc;
 
 use crate::home::Home;
+use crate::stdout::outln;
 
 /// Longest the demo waits for any one thing before it gives up.
 const STEP_WAIT: Duration = Duration::from_secs(60);
@@ -36,8 +37,8 @@ fn agent(name: &str, harness: HarnessKind) -> AgentProfile {
     }
 }
 
-fn say(line: &str) {
-    println!("demo: {line}");
+fn say(line: &str) -> std::io::Result<()> {
+    outln!("demo: {line}")
 }
 
 async fn next(events: &mut mpsc::Receiver<RuntimeEvent>) -> anyhow::Result<RuntimeEvent> {
@@ -75,7 +76,7 @@ pub(crate) fn demo(home: &Home) -> anyhow::Result<()> {
         config.supervisor.restart_backoff_ms = 200;
         config.stop_grace_ms = 2_000;
 
-        say("node A starts with agent `alpha` on the in-process scripted harness");
+        say("node A starts with agent `alpha` on the in-process scripted harness")?;
         let mut first = config.clone();
         first.supervisor.agents = vec![agent("alpha", HarnessKind::Scripted)];
         let harnesses_a = HarnessSet::new().with(
@@ -93,7 +94,7 @@ pub(crate) fn demo(home: &Home) -> anyhow::Result<()> {
             )
             .await?;
         let run = handle.id();
-        say(&format!("run {run} accepted: 4 steps, dispatched in parallel"));
+        say(&format!("run {run} accepted: 4 steps, dispatched in parallel"))?;
         let mut killed = false;
         let mut reports = 0;
         while reports < 2 {
@@ -108,7 +109,7 @@ pub(crate) fn demo(home: &Home) -> anyhow::Result<()> {
                     say(&format!(
                         "{step}: attempt {} started as {agent} on {harness}",
                         attempt.attempt
-                    ));
+                    ))?;
                     if step == "part-001" && !killed {
                         tokio::time::timeout(STEP_WAIT, async {
                             while !marker.exists() {
@@ -117,33 +118,33 @@ pub(crate) fn demo(home: &Home) -> anyhow::Result<()> {
                         })
                         .await
                         .map_err(|_| anyhow!("part-001 never started its command"))?;
-                        say("part-001: killing its worker mid-session (SIGKILL of the actor)");
+                        say("part-001: killing its worker mid-session (SIGKILL of the actor)")?;
                         node_a.kill_attempt(attempt);
                         killed = true;
-                        say("part-001: the supervisor sees the link break and restarts the step");
+                        say("part-001: the supervisor sees the link break and restarts the step")?;
                     }
                 }
                 RuntimeEvent::TaskFailed { step, kind, .. } => {
-                    say(&format!("{step}: failed ({kind}); the supervisor decides"));
+                    say(&format!("{step}: failed ({kind}); the supervisor decides"))?;
                 }
                 RuntimeEvent::Report { step, report, .. } => {
                     reports += 1;
                     let claim = report.findings.first().map_or("", |f| f.claim.as_str());
-                    say(&format!("{step}: report durable and acknowledged: {claim}"));
+                    say(&format!("{step}: report durable and acknowledged: {claim}"))?;
                 }
                 _ => {}
             }
         }
-        say("node A stops gracefully: sessions cancelled, partial logs checkpointed, open tasks paused");
+        say("node A stops gracefully: sessions cancelled, partial logs checkpointed, open tasks paused")?;
         let paused = node_a.pause(Duration::from_secs(10)).await;
         say(&format!(
             "checkpoint written: {} tasks paused",
             paused.tasks_paused
-        ));
+        ))?;
         drop(handle);
         node_a.shutdown().await;
 
-        say("node B starts with agent `beta` on messages-api against a scripted model server on 127.0.0.1");
+        say("node B starts with agent `beta` on messages-api against a scripted model server on 127.0.0.1")?;
         let server = ModelServer::start(ModelServerConfig::new(Script::rules())).await?;
         let mut second = config;
         second.supervisor.agents = vec![agent("beta", HarnessKind::MessagesApi)];
@@ -160,7 +161,7 @@ pub(crate) fn demo(home: &Home) -> anyhow::Result<()> {
         let (node_b, mut events) =
             keel_actors::runtime::Runtime::start(Arc::clone(&store), harnesses_b, second).await?;
         let handle = node_b.resume(run).await?;
-        say("recovered from the checkpoint: acknowledged steps are kept, the rest run again");
+        say("recovered from the checkpoint: acknowledged steps are kept, the rest run again")?;
         let outcome = loop {
             match next(&mut events).await? {
                 RuntimeEvent::TaskStarted {
@@ -172,20 +173,20 @@ pub(crate) fn demo(home: &Home) -> anyhow::Result<()> {
                 } => say(&format!(
                     "{step}: attempt {} started as {agent} on {harness}, with a resume preamble",
                     attempt.attempt
-                )),
+                ))?,
                 RuntimeEvent::Report { step, report, .. } => {
                     let claim = report.findings.first().map_or("", |f| f.claim.as_str());
-                    say(&format!("{step}: report durable and acknowledged: {claim}"));
+                    say(&format!("{step}: report durable and acknowledged: {claim}"))?;
                 }
                 RuntimeEvent::Finished(o) => break o,
                 _ => {}
             }
         };
         drop(handle);
-        say(&format!("run {run} finished: {:?}", outcome.status));
+        say(&format!("run {run} finished: {:?}", outcome.status))?;
         say(&format!(
             "explore it: keel tree {run}   keel logs TASK   keel status {run}"
-        ));
+        ))?;
         node_b.shutdown().await;
         let _ = server.shutdown().await;
         if outcome.status == RunStatus::Completed {

@@ -8,6 +8,7 @@
 //! must be free: a run held by another keel process is refused (its store cannot be opened for
 //! writing), as is a cancelled or over-budget run.
 
+use crate::stdout::outln;
 use anyhow::Context;
 use keel_actors::runtime::{FollowUpOutcome, Runtime};
 use keel_store::TaskId;
@@ -99,11 +100,11 @@ pub(crate) fn follow_up(home: &Home, args: FollowUpArgs, json: bool) -> anyhow::
             } else {
                 "joined"
             };
-            println!(
+            outln!(
                 "follow-up {task} on the thread of {} ({how} run {run}) in {}",
                 args.task,
                 work.display()
-            );
+            )?;
         }
         let ended = match host_until(home, &rt, run, handle.finished()).await {
             Ok(Some(outcome)) => {

@@ -28,6 +28,7 @@ use keel_store::{RunId, RunStatus, Sharing, Store, StoreConfig};
 
 use crate::config::{LogFormat, LogSection};
 use crate::home::Home;
+use crate::stdout::outln;
 use setup::{HarnessChoice, node_setup, work_dir};
 use std::io::IsTerminal;
 
@@ -273,7 +274,7 @@ pub(crate) async fn pause(
     let summary = rt.pause(PAUSE_WAIT).await;
     view.abort();
     if json {
-        println!(
+        outln!(
             "{}",
             serde_json::json!({
                 "run": run.to_string(),
@@ -281,12 +282,12 @@ pub(crate) async fn pause(
                 "tasks_paused": summary.tasks_paused,
                 "specialists_killed": summary.specialists_killed,
             })
-        );
+        )?;
     } else {
-        println!(
+        outln!(
             "paused run {run}: {} open tasks marked paused; continue with `keel resume {run}`",
             summary.tasks_paused
-        );
+        )?;
     }
     Ok(Ended::Paused)
 }
@@ -359,20 +360,20 @@ fn detach(home: &Home, what: &str, json: bool) -> anyhow::Result<Ended> {
     let run = ids.next().unwrap_or_default().to_string();
     let task = ids.next().map(str::to_string);
     if json {
-        println!(
+        outln!(
             "{}",
             serde_json::json!({"run": run, "task": task, "pid": child.id(), "log": log_path})
-        );
+        )?;
     } else {
         let subject = match &task {
             Some(task) => format!("{what} {task} on run {run}"),
             None => format!("{what} {run}"),
         };
-        println!(
+        outln!(
             "{subject} started in the background (pid {}); log {}\nfollow with `keel status {run}`, stop with `keel cancel {run}`",
             child.id(),
             log_path.display()
-        );
+        )?;
     }
     Ok(Ended::Completed)
 }
@@ -420,7 +421,7 @@ pub(crate) fn run(home: &Home, args: RunArgs, json: bool) -> anyhow::Result<Ende
             .submit(args.brief.clone(), mode, budget, snapshot)
             .await?;
         if !json && !args.quiet {
-            println!("run {} started in {}", handle.id(), work.display());
+            outln!("run {} started in {}", handle.id(), work.display())?;
         }
         let ended = drive(home, &rt, handle, view, json).await;
         rt.shutdown().await;
@@ -447,7 +448,7 @@ pub(crate) fn resume(
         let view = tokio::spawn(progress::show(events, quiet || json));
         let handle = rt.resume(run).await?;
         if !json && !quiet {
-            println!("run {run} resumed in {}", work.display());
+            outln!("run {run} resumed in {}", work.display())?;
         }
         let ended = drive(home, &rt, handle, view, json).await;
         rt.shutdown().await;
@@ -471,12 +472,12 @@ pub(crate) fn cancel(home: &Home, run: RunId, json: bool) -> anyhow::Result<()> 
             node.shutdown().await;
             let tasks = result?;
             if json {
-                println!(
+                outln!(
                     "{}",
                     serde_json::json!({"run": run.to_string(), "status": "cancelled", "tasks_cancelled": tasks})
-                );
+                )?;
             } else {
-                println!("run {run} cancelled ({tasks} open tasks cancelled)");
+                outln!("run {run} cancelled ({tasks} open tasks cancelled)")?;
             }
             Ok(())
         }),
@@ -489,15 +490,15 @@ pub(crate) fn cancel(home: &Home, run: RunId, json: bool) -> anyhow::Result<()> 
             }
             std::fs::write(&path, reason).with_context(|| format!("writing {}", path.display()))?;
             if json {
-                println!(
+                outln!(
                     "{}",
                     serde_json::json!({"run": run.to_string(), "status": "cancel_requested", "control_file": path})
-                );
+                )?;
             } else {
-                println!(
+                outln!(
                     "run {run} is held by a running keel process ({e:#}); cancel requested through {}",
                     path.display()
-                );
+                )?;
             }
             Ok(())
         }
@@ -520,7 +521,7 @@ pub(crate) fn model_server(
         config.bind.set_port(port);
         config.record_dir = record_dir;
         let server = ModelServer::start(config).await?;
-        println!("listening on {}", server.base_url());
+        outln!("listening on {}", server.base_url())?;
         use std::io::Write;
         let _ = std::io::stdout().flush();
         let mut term = signal(SignalKind::terminate())?;

@@ -165,7 +165,7 @@ pub(crate) async fn show(mut events: mpsc::Receiver<RuntimeEvent>, quiet: bool) 
     let mut lines: BTreeMap<AttemptId, Line> = BTreeMap::new();
     let say = |line: String| {
         if !quiet {
-            let mut out = std::io::stdout().lock();
+            let mut out = crate::stdout::lock();
             let _ = writeln!(out, "{line}");
         }
     };

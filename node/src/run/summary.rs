@@ -14,6 +14,7 @@ use serde_json::json;
 
 use crate::home::Home;
 use crate::run::progress::{Totals, count, micros, usage_text};
+use crate::stdout::outln;
 
 /// Most characters of one line of the summary.
 const LINE_CHARS_MAX: usize = 160;
@@ -182,10 +183,10 @@ pub(crate) fn print(
             "usage": usage.json(),
             "outcome": if synthesis.is_some() { None } else { Some(&outcome.outcome) },
         });
-        println!("{value}");
+        outln!("{value}")?;
         return Ok(());
     }
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::stdout::lock();
     writeln!(out, "\nrun {run}: {:?}", outcome.status)?;
     match &synthesis {
         Some(s) => {
@@ -275,11 +276,11 @@ pub(crate) fn follow_up(
             "answer": answer,
             "usage": usage.json(),
         });
-        println!("{value}");
+        outln!("{value}")?;
         return Ok(());
     }
     print(home, store, outcome.run.run, &outcome.run, usage, false)?;
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::stdout::lock();
     let parent = outcome
         .task
         .parent
@@ -304,55 +305,60 @@ pub(crate) fn follow_up(
     Ok(())
 }
 
-/// `keel status [RUN]`.
+/// A command that shows the latest run when none is named found no run at all.
+#[derive(Debug, thiserror::Error)]
+#[error("no runs in this store yet: start one with `keel run \"BRIEF\"`")]
+pub(crate) struct NoRuns;
+
+/// `keel status [RUN]`: one run's state, the latest run's when none is named; without a run id it
+/// also lists the other runs that are not finished.
 pub(crate) fn status(home: &Home, run: Option<RunId>, json: bool) -> anyhow::Result<()> {
     let store = home.open_existing()?;
-    match run {
-        Some(run) => {
-            let row = store.catalog().run(run)?;
-            let tasks = all_tasks(&store.run(run))?;
-            let mut counts: BTreeMap<String, u32> = BTreeMap::new();
-            for t in tasks.iter().filter(|t| t.kind != TaskKind::Root) {
-                *counts.entry(format!("{:?}", t.status)).or_default() += 1;
-            }
-            if json {
-                println!(
-                    "{}",
-                    json!({"run": run.to_string(), "status": format!("{:?}", row.status), "tasks": counts, "brief": row.brief})
-                );
-            } else {
-                println!("run {run}: {:?}", row.status);
-                println!("brief: {}", short(&row.brief));
-                let line: Vec<String> = counts.iter().map(|(k, v)| format!("{v} {k}")).collect();
-                println!("tasks: {}", line.join(", "));
-                if row.status == keel_store::RunStatus::Paused {
-                    println!("continue with `keel resume {run}`");
-                }
-            }
-        }
-        None => {
-            let runs = store.catalog().runs(STATUS_RUNS_MAX)?;
-            let open: Vec<&Run> = runs
-                .items
+    let catalog = store.catalog();
+    let named = run.is_some();
+    let row = match run {
+        Some(run) => catalog.run(run)?,
+        None => catalog.latest_run()?.ok_or(NoRuns)?,
+    };
+    let run = row.id;
+    let tasks = all_tasks(&store.run(run))?;
+    let mut counts: BTreeMap<String, u32> = BTreeMap::new();
+    for t in tasks.iter().filter(|t| t.kind != TaskKind::Root) {
+        *counts.entry(format!("{:?}", t.status)).or_default() += 1;
+    }
+    let others: Vec<Run> = if named {
+        Vec::new()
+    } else {
+        catalog
+            .runs(STATUS_RUNS_MAX)?
+            .items
+            .into_iter()
+            .filter(|r| r.id != run && !r.status.is_terminal())
+            .collect()
+    };
+    if json {
+        let mut value = json!({"run": run.to_string(), "status": format!("{:?}", row.status), "tasks": counts, "brief": row.brief});
+        if !others.is_empty() {
+            value["other_open_runs"] = others
                 .iter()
-                .filter(|r| !r.status.is_terminal())
+                .map(|r| json!({"run": r.id.to_string(), "status": format!("{:?}", r.status), "brief": r.brief}))
                 .collect();
-            if json {
-                let list: Vec<_> = open
-                    .iter()
-                    .map(|r| json!({"run": r.id.to_string(), "status": format!("{:?}", r.status), "brief": r.brief}))
-                    .collect();
-                println!(
-                    "{}",
-                    json!({"open_runs": list, "runs_total": runs.items.len()})
-                );
-            } else if open.is_empty() {
-                println!("no open runs ({} runs in the store)", runs.items.len());
-            } else {
-                for r in open {
-                    println!("{}  {:?}  {}", r.id, r.status, short(&r.brief));
-                }
-            }
+        }
+        outln!("{value}")?;
+        return Ok(());
+    }
+    let mut out = crate::stdout::lock();
+    writeln!(out, "run {run}: {:?}", row.status)?;
+    writeln!(out, "brief: {}", short(&row.brief))?;
+    let line: Vec<String> = counts.iter().map(|(k, v)| format!("{v} {k}")).collect();
+    writeln!(out, "tasks: {}", line.join(", "))?;
+    if row.status == keel_store::RunStatus::Paused {
+        writeln!(out, "continue with `keel resume {run}`")?;
+    }
+    if !others.is_empty() {
+        writeln!(out, "other open runs:")?;
+        for r in others {
+            writeln!(out, "  {}  {:?}  {}", r.id, r.status, short(&r.brief))?;
         }
     }
     Ok(())
