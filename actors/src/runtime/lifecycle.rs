@@ -1,0 +1,301 @@
+//! A run's life in the runtime: starting the node's actors, submitting a run, resuming one from the
+//! store, hosting its coordinator in a run slot, and stopping the node.
+
+use super::node::{CheckpointRole, CoordinatorRole, Node, SupervisorRole, lock};
+use super::{
+    Deliver, HarnessSet, Host, HostState, OsEntropy, RunOutcome, Runtime, RuntimeConfig,
+    RuntimeError, RuntimeEvent, spans, wall_clock_ms,
+};
+use crate::checkpoint::CheckpointWriter;
+use crate::coordinator::Coordinator;
+use crate::host::decide::{self, Marks, Refusal};
+use crate::ids::mint_run_id;
+use crate::message::{CoordinatorInput, CoordinatorMsg, RecoveredRun, RunMode, RunSpec};
+use crate::persist::PersistOp;
+use crate::supervisor::Supervisor;
+use keel_store::{RunId, Store};
+use ractor::Actor;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+/// A submitted or resumed run: its id, and a way to wait for its end.
+#[derive(Debug)]
+pub struct RunHandle {
+    pub(super) run: RunId,
+    pub(super) done: oneshot::Receiver<RunOutcome>,
+    pub(super) _slot: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl RunHandle {
+    /// The run's id.
+    pub fn id(&self) -> RunId {
+        self.run
+    }
+
+    /// Wait for the run's terminal state.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Stopped`] if the runtime stopped (or paused) before the run ended.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: dropping the future drops the handle (the run goes on).
+    pub async fn finished(self) -> Result<RunOutcome, RuntimeError> {
+        self.done.await.map_err(|_| RuntimeError::Stopped(self.run))
+    }
+}
+
+impl Runtime {
+    /// Start the node's supervisor and checkpoint actors on `store`. The returned channel carries
+    /// [`RuntimeEvent`]s; drop it if nobody listens.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Entropy`] or [`RuntimeError::Spawn`].
+    pub async fn start(
+        store: Arc<Store>,
+        harnesses: HarnessSet,
+        config: RuntimeConfig,
+    ) -> Result<(Runtime, mpsc::Receiver<RuntimeEvent>), RuntimeError> {
+        let mut entropy = match config.seed {
+            Some(seed) => OsEntropy::from_seed(seed),
+            None => OsEntropy::from_os()?,
+        };
+        let (tx, rx) = mpsc::channel(config.events_capacity.max(1));
+        let slots = Arc::new(Semaphore::new(config.runs_in_flight_max.max(1) as usize));
+        let supervisor_rng = entropy.fork();
+        let checkpoint_rng = entropy.fork();
+        let node = Arc::new(Node {
+            store,
+            harnesses,
+            config: config.clone(),
+            coordinators: Mutex::new(BTreeMap::new()),
+            run_spans: Mutex::new(BTreeMap::new()),
+            specialists: Mutex::new(BTreeMap::new()),
+            by_actor: Mutex::new(BTreeMap::new()),
+            supervisor: OnceLock::new(),
+            checkpoint: OnceLock::new(),
+            waiters: Mutex::new(BTreeMap::new()),
+            host_acks: Mutex::new(BTreeMap::new()),
+            next_host_ticket: AtomicU64::new(0),
+            events: Some(tx),
+            events_dropped: AtomicU64::new(0),
+            pausing: AtomicBool::new(false),
+            frozen: AtomicBool::new(false),
+            commits_in_flight: AtomicU64::new(0),
+            commits_total: AtomicU64::new(0),
+            entropy: Mutex::new(entropy),
+            started_keys: Mutex::new(BTreeSet::new()),
+            sessions_started: AtomicU64::new(0),
+            writer: OnceLock::new(),
+        });
+        let (writes, batches) = std::sync::mpsc::channel();
+        let weak = Arc::downgrade(&node);
+        // redb's commit blocks on fsync: the node's one store writer is a thread of its own.
+        #[allow(clippy::disallowed_methods)]
+        let writer = std::thread::Builder::new()
+            .name("keel-store-writer".into())
+            .spawn(move || super::node::store_writer(weak, batches));
+        writer.map_err(|e| RuntimeError::Spawn {
+            what: "store writer",
+            detail: e.to_string(),
+        })?;
+        let _ = node.writer.set(writes);
+        let (checkpoint, _) = Actor::spawn(
+            None,
+            Host::new(CheckpointRole {
+                node: Arc::clone(&node),
+            }),
+            HostState::new(
+                CheckpointWriter::new(config.checkpoint.clone()),
+                checkpoint_rng,
+                (),
+            ),
+        )
+        .await
+        .map_err(|e| RuntimeError::Spawn {
+            what: "checkpoint",
+            detail: e.to_string(),
+        })?;
+        let _ = node.checkpoint.set(checkpoint);
+        let (supervisor, _) = Actor::spawn(
+            None,
+            Host::new(SupervisorRole {
+                node: Arc::clone(&node),
+            }),
+            HostState::new(
+                Supervisor::new(config.supervisor.clone()),
+                supervisor_rng,
+                (),
+            ),
+        )
+        .await
+        .map_err(|e| RuntimeError::Spawn {
+            what: "supervisor",
+            detail: e.to_string(),
+        })?;
+        let _ = node.supervisor.set(supervisor);
+        Ok((
+            Runtime {
+                node,
+                slots,
+                reopening: tokio::sync::Mutex::new(()),
+            },
+            rx,
+        ))
+    }
+
+    /// Submit a brief: mint its run id, start its coordinator and accept the run. Waits for a run
+    /// slot when [`RuntimeConfig::runs_in_flight_max`] runs are in flight.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Spawn`] if the coordinator actor cannot start.
+    pub async fn submit(
+        &self,
+        brief: String,
+        mode: RunMode,
+        budget_limit_micros: Option<u64>,
+        config_snapshot: String,
+    ) -> Result<RunHandle, RuntimeError> {
+        let slot = self.slot().await?;
+        let run = {
+            let mut rng = lock(&self.node.entropy);
+            mint_run_id(wall_clock_ms(), &mut *rng)
+        };
+        let spec = RunSpec {
+            run,
+            brief,
+            mode,
+            budget_limit_micros,
+            config_snapshot,
+        };
+        self.host(
+            run,
+            CoordinatorInput::Msg(CoordinatorMsg::Accept(spec)),
+            slot,
+        )
+        .await
+    }
+
+    /// Resume a run from the store after a crash or a pause: its coordinator is rebuilt from the
+    /// durable rows, acknowledged work is not run again, and interrupted attempts run again as new
+    /// attempts with resume preambles. A paused run is marked running again first
+    /// ([`decide::resume`]).
+    ///
+    /// # Errors
+    /// [`RuntimeError::Store`] (unknown run, unreadable rows), [`RuntimeError::Refused`] (terminal,
+    /// already running), [`RuntimeError::HostWrite`], [`RuntimeError::Spawn`].
+    pub async fn resume(&self, run: RunId) -> Result<RunHandle, RuntimeError> {
+        let _reopening = self.reopening.lock().await;
+        if lock(&self.node.coordinators).contains_key(&run) {
+            return Err(Refusal::AlreadyRunning(run).into());
+        }
+        let mut rows = self.recover_run(run).await?;
+        let hosted = lock(&self.node.coordinators).contains_key(&run);
+        let marks = decide::resume(hosted, &rows.run, wall_clock_ms())?;
+        let slot = self.slot().await?;
+        if let Some(marks) = marks {
+            self.write_marks(&mut rows.run, marks).await?;
+        }
+        self.host(run, CoordinatorInput::Recovered(Box::new(rows)), slot)
+            .await
+    }
+
+    /// The rows of `run` a coordinator rebuilds from, read on the blocking pool.
+    pub(super) async fn recover_run(&self, run: RunId) -> Result<RecoveredRun, RuntimeError> {
+        let store = Arc::clone(&self.node.store);
+        tokio::task::spawn_blocking(move || crate::host::store::recover_run(&store, run))
+            .await
+            .map_err(|e| RuntimeError::HostWrite(format!("recovery task failed: {e}")))?
+            .map_err(RuntimeError::from)
+    }
+
+    /// Write a decision's marks through the checkpoint actor (the only writer), and keep the run row
+    /// a coordinator is rebuilt from in step with what was written.
+    pub(super) async fn write_marks(
+        &self,
+        run: &mut keel_store::Run,
+        marks: Marks,
+    ) -> Result<(), RuntimeError> {
+        if let Some(PersistOp::UpdateRun(row)) = marks.ops.last() {
+            *run = row.clone();
+        }
+        self.node
+            .stage_host(run.id, marks.ops, Duration::from_secs(30))
+            .await
+            .map_err(RuntimeError::HostWrite)
+    }
+
+    pub(super) async fn slot(&self) -> Result<tokio::sync::OwnedSemaphorePermit, RuntimeError> {
+        Arc::clone(&self.slots)
+            .acquire_owned()
+            .await
+            .map_err(|e| RuntimeError::Spawn {
+                what: "coordinator",
+                detail: e.to_string(),
+            })
+    }
+
+    pub(super) async fn host(
+        &self,
+        run: RunId,
+        first: CoordinatorInput,
+        slot: tokio::sync::OwnedSemaphorePermit,
+    ) -> Result<RunHandle, RuntimeError> {
+        let (tx, rx) = oneshot::channel();
+        lock(&self.node.waiters).entry(run).or_default().push(tx);
+        let span = spans::run_span(run, &first);
+        lock(&self.node.run_spans).insert(run, span.clone());
+        let role = CoordinatorRole {
+            node: Arc::clone(&self.node),
+            run,
+            span,
+        };
+        let state = HostState::new(
+            Coordinator::new(self.node.config.coordinator.clone()),
+            self.node.fork_rng(),
+            (),
+        );
+        let (actor, _) = match Actor::spawn(None, Host::new(role), state).await {
+            Ok(spawned) => spawned,
+            Err(e) => {
+                lock(&self.node.run_spans).remove(&run);
+                return Err(RuntimeError::Spawn {
+                    what: "coordinator",
+                    detail: e.to_string(),
+                });
+            }
+        };
+        lock(&self.node.coordinators).insert(run, actor.clone());
+        let _ = actor.send_message(Deliver(first));
+        Ok(RunHandle {
+            run,
+            done: rx,
+            _slot: slot,
+        })
+    }
+
+    /// Stop every actor of the node (after [`Runtime::pause`], or when every run is done).
+    pub async fn shutdown(self) {
+        let coordinators: Vec<_> = lock(&self.node.coordinators).values().cloned().collect();
+        for c in coordinators {
+            c.stop(Some("node shutdown".into()));
+        }
+        let specialists: Vec<_> = lock(&self.node.specialists)
+            .values()
+            .map(|s| s.actor.clone())
+            .collect();
+        for s in specialists {
+            s.kill();
+        }
+        if let Some(s) = self.node.supervisor.get() {
+            s.stop(Some("node shutdown".into()));
+        }
+        if let Some(c) = self.node.checkpoint.get() {
+            let _ = c
+                .stop_and_wait(Some("node shutdown".into()), Some(Duration::from_secs(5)))
+                .await;
+        }
+    }
+}

@@ -1,0 +1,55 @@
+//! Hosting a run's coordinator.
+
+use super::{Node, lock};
+use crate::coordinator::Coordinator;
+use crate::effect::Effect;
+use crate::runtime::host::{Flow, HostRef, Role};
+use keel_store::RunId;
+use std::sync::Arc;
+use tracing::Span;
+
+/// Hosts a run's coordinator; stops the actor once the run is terminal.
+pub(crate) struct CoordinatorRole {
+    pub(crate) node: Arc<Node>,
+    pub(crate) run: RunId,
+    /// The run's span (see [`spans`]).
+    pub(crate) span: Span,
+}
+
+impl Role for CoordinatorRole {
+    type M = Coordinator;
+    type Local = ();
+
+    fn span(&self) -> Span {
+        self.span.clone()
+    }
+
+    async fn execute(
+        &self,
+        _me: &HostRef<Coordinator>,
+        _local: &mut (),
+        effects: Vec<Effect>,
+    ) -> Flow {
+        self.node.execute_node(effects).await;
+        Flow::Continue
+    }
+
+    fn after(&self, machine: &Coordinator, _local: &mut ()) -> Flow {
+        if machine.is_terminal() {
+            Flow::Stop("run finished".into())
+        } else {
+            Flow::Continue
+        }
+    }
+
+    fn stopped(&self, me: &HostRef<Coordinator>, _local: &mut ()) {
+        let mut map = lock(&self.node.coordinators);
+        if map
+            .get(&self.run)
+            .is_some_and(|c| c.get_id() == me.get_id())
+        {
+            map.remove(&self.run);
+            lock(&self.node.run_spans).remove(&self.run);
+        }
+    }
+}

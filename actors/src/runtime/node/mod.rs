@@ -1,0 +1,208 @@
+//! The coordinator node: the shared routing table, the effect executors, and the four roles that host
+//! the machines (coordinator per run, one supervisor, one checkpoint writer, one specialist per attempt).
+//!
+//! Files: `routing.rs` (delivering envelopes, host stages, lifecycle events), `store_writer.rs`
+//! (the thread that commits), one file per role (`coordinator_role.rs`, `supervisor_role.rs`,
+//! `checkpoint_role.rs`, `specialist_role.rs`).
+//!
+//! Rules these files keep:
+//! - Only the checkpoint role writes the store, and only through [`crate::host::store::commit`] of a batch its
+//!   machine emitted. Specialists read their context rows; nothing else touches redb.
+//! - Specialists never address anyone but their coordinator: their replies are routed by the
+//!   [`crate::ReplyTo`] the machine holds.
+//! - Every spawned task ends by itself: timers fire once, forwarders end at the session's terminal
+//!   event or when the specialist is gone, commits end with their transaction.
+
+mod checkpoint_role;
+mod coordinator_role;
+mod routing;
+mod specialist_role;
+mod store_writer;
+mod supervisor_role;
+
+pub(crate) use checkpoint_role::CheckpointRole;
+pub(crate) use coordinator_role::CoordinatorRole;
+pub(crate) use store_writer::store_writer;
+pub(crate) use supervisor_role::SupervisorRole;
+
+use crate::checkpoint::CheckpointWriter;
+use crate::coordinator::Coordinator;
+use crate::effect::{Effect, Envelope, TimerKey};
+use crate::ids::{AttemptId, IdempotencyKey};
+use crate::machine::Millis;
+use crate::message::{CheckpointInput, CoordinatorInput, SpecialistMsg, SupervisorInput};
+use crate::persist::CommitBatch;
+use crate::report::SubagentReport;
+use crate::runtime::clock::{OsEntropy, wall_clock_ms};
+use crate::runtime::host::HostRef;
+use crate::runtime::{HarnessSet, RunOutcome, RuntimeConfig, RuntimeEvent};
+use crate::specialist::Specialist;
+use crate::supervisor::Supervisor;
+use keel_harness::CancelToken;
+use keel_store::{RunId, Store};
+use ractor::ActorId;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+use tracing::Span;
+
+/// Tickets at or above this are the host's own stages (pause marks, resume marks), answered to the
+/// host instead of a coordinator. Coordinators count their tickets from 1.
+pub(crate) const HOST_TICKET_BASE: u64 = u64::MAX / 2;
+
+/// The exit reason of a specialist that ended normally (its machine emitted `Exit`); any other end is
+/// reported to the supervisor machine as `SpecialistDown`.
+pub(crate) const EXIT_REASON: &str = "exit";
+
+/// A poisoned lock only means another task panicked while holding plain data: keep going.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A live specialist as the routing table knows it.
+pub(crate) struct LiveSpecialist {
+    pub(crate) actor: HostRef<Specialist>,
+    pub(crate) step: String,
+    /// Its running session's cancel switch, so a killed actor's session is stopped too (a kill
+    /// skips the actor's own cleanup).
+    pub(crate) cancel: Option<CancelToken>,
+    /// The report of its finished session, waiting for the coordinator's acknowledgement: observers
+    /// get it when the `Ack` is routed, so it reaches the event channel before the run's `Finished`
+    /// (the coordinator routes the `Ack` before it can finish the run).
+    pub(crate) report: Option<SubagentReport>,
+}
+
+/// Everything the node's actors share.
+pub(crate) struct Node {
+    pub(crate) store: Arc<Store>,
+    pub(crate) harnesses: HarnessSet,
+    pub(crate) config: RuntimeConfig,
+    pub(crate) coordinators: Mutex<BTreeMap<RunId, HostRef<Coordinator>>>,
+    /// The span of each hosted run, the parent of its tasks' spans (removed with the coordinator).
+    pub(crate) run_spans: Mutex<BTreeMap<RunId, Span>>,
+    pub(crate) specialists: Mutex<BTreeMap<AttemptId, LiveSpecialist>>,
+    pub(crate) by_actor: Mutex<BTreeMap<ActorId, AttemptId>>,
+    pub(crate) supervisor: OnceLock<HostRef<Supervisor>>,
+    pub(crate) checkpoint: OnceLock<HostRef<CheckpointWriter>>,
+    pub(crate) waiters: Mutex<BTreeMap<RunId, Vec<oneshot::Sender<RunOutcome>>>>,
+    pub(crate) host_acks: Mutex<BTreeMap<u64, oneshot::Sender<Result<(), String>>>>,
+    pub(crate) next_host_ticket: AtomicU64,
+    pub(crate) events: Option<mpsc::Sender<RuntimeEvent>>,
+    pub(crate) events_dropped: AtomicU64,
+    /// Set by a graceful shutdown: no new specialists, results are held back (not acknowledged).
+    pub(crate) pausing: AtomicBool,
+    /// Set once the pause marks are being written: coordinators get nothing more.
+    pub(crate) frozen: AtomicBool,
+    pub(crate) commits_in_flight: AtomicU64,
+    /// Group commits handed to the store writer (failed ones included), for `Runtime::commits`.
+    pub(crate) commits_total: AtomicU64,
+    pub(crate) entropy: Mutex<OsEntropy>,
+    pub(crate) started_keys: Mutex<BTreeSet<IdempotencyKey>>,
+    pub(crate) sessions_started: AtomicU64,
+    /// The store writer thread's queue (see [`store_writer`]); set once at start.
+    pub(crate) writer: OnceLock<std::sync::mpsc::Sender<(CommitBatch, tracing::Span)>>,
+}
+
+impl Node {
+    pub(crate) fn fork_rng(&self) -> OsEntropy {
+        lock(&self.entropy).fork()
+    }
+
+    /// Tell observers; never blocks a machine (a full channel drops the event and counts it: the
+    /// store is the record, events are a view of it).
+    pub(crate) fn emit(&self, event: RuntimeEvent) {
+        if let Some(tx) = &self.events
+            && tx.try_send(event).is_err()
+        {
+            self.events_dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The span of a run hosted here (`Span::none()` for a run that is not).
+    pub(crate) fn run_span(&self, run: RunId) -> Span {
+        lock(&self.run_spans)
+            .get(&run)
+            .cloned()
+            .unwrap_or_else(Span::none)
+    }
+
+    pub(crate) fn coordinator(&self, run: RunId) -> Option<HostRef<Coordinator>> {
+        lock(&self.coordinators).get(&run).cloned()
+    }
+
+    /// Fire `deliver` at host time `at` (timers are never cancelled; machines ignore stale ones).
+    pub(crate) fn timer(at: Millis, deliver: impl FnOnce() + Send + 'static) {
+        let wait = Duration::from_millis(at.saturating_sub(wall_clock_ms()));
+        spawn(async move {
+            tokio::time::sleep(wait).await;
+            deliver();
+        });
+    }
+
+    /// Execute the effects of a coordinator-node machine (coordinator, supervisor, checkpoint).
+    pub(crate) async fn execute_node(self: &Arc<Self>, effects: Vec<Effect>) {
+        for effect in effects {
+            match effect {
+                Effect::Send(envelope) => self.route(envelope),
+                Effect::Persist(batch) => self.persist(batch),
+                Effect::SpawnSpecialist(start) => self.spawn_specialist(start).await,
+                Effect::StopSpecialist { attempt, reason } => {
+                    self.route(Envelope::Specialist {
+                        attempt,
+                        msg: SpecialistMsg::Cancel { reason },
+                    });
+                    // A cooperative cancel first; an attempt still alive after the grace period is
+                    // killed (its session's process tree goes with the dropped session).
+                    let node = Arc::clone(self);
+                    let at = wall_clock_ms().saturating_add(self.config.stop_grace_ms);
+                    Self::timer(at, move || {
+                        let live = lock(&node.specialists)
+                            .get(&attempt)
+                            .map(|s| s.actor.clone());
+                        if let Some(actor) = live {
+                            actor.kill();
+                        }
+                    });
+                }
+                Effect::SetTimer { key, at } => {
+                    let node = Arc::clone(self);
+                    Self::timer(at, move || match key {
+                        TimerKey::Coordinator(run, t) => {
+                            if let Some(c) = node.coordinator(run) {
+                                let _ = c.send_message(crate::runtime::Deliver(
+                                    CoordinatorInput::Timer(t),
+                                ));
+                            }
+                        }
+                        TimerKey::Supervisor(t) => {
+                            if let Some(s) = node.supervisor.get() {
+                                let _ = s.send_message(crate::runtime::Deliver(
+                                    SupervisorInput::Timer(t),
+                                ));
+                            }
+                        }
+                        TimerKey::Checkpoint(t) => {
+                            if let Some(c) = node.checkpoint.get() {
+                                let _ = c.send_message(crate::runtime::Deliver(
+                                    CheckpointInput::Timer(t),
+                                ));
+                            }
+                        }
+                    });
+                }
+                Effect::Emit(event) => self.lifecycle(event),
+            }
+        }
+    }
+}
+
+/// Spawn a task of the runtime (the one module allowed to).
+#[allow(clippy::disallowed_methods)] // The runtime executes effects concurrently; machines never spawn.
+pub(crate) fn spawn<F>(future: F)
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    tokio::spawn(future);
+}

@@ -1,0 +1,151 @@
+//! Delivering envelopes between the node's machines, the host's own stages through the checkpoint
+//! actor, and turning lifecycle events into runtime events and run waiters' answers.
+
+use super::{HOST_TICKET_BASE, Node, lock};
+use crate::effect::Envelope;
+use crate::message::{
+    CheckpointInput, CheckpointMsg, CoordinatorInput, CoordinatorMsg, LifecycleEvent,
+    SpecialistInput, SpecialistMsg, SupervisorInput,
+};
+use crate::persist::{PersistOp, Stage};
+use crate::runtime::{RunOutcome, RuntimeEvent};
+use keel_store::RunId;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+impl Node {
+    /// Deliver one envelope to its machine's mailbox. A message for an actor that is gone is dropped:
+    /// every message between machines is either resent by its sender or made moot by the store.
+    pub(crate) fn route(&self, envelope: Envelope) {
+        match envelope {
+            Envelope::Coordinator { run, msg } => {
+                if let CoordinatorMsg::Durable { ticket } = &msg
+                    && *ticket >= HOST_TICKET_BASE
+                {
+                    self.host_ack(*ticket, Ok(()));
+                    return;
+                }
+                if let CoordinatorMsg::PersistFailed { ticket, error } = &msg
+                    && *ticket >= HOST_TICKET_BASE
+                {
+                    self.host_ack(*ticket, Err(error.clone()));
+                    return;
+                }
+                if self.frozen.load(Ordering::Acquire) {
+                    return;
+                }
+                if let Some(c) = self.coordinator(run) {
+                    let _ = c.send_message(crate::runtime::Deliver(CoordinatorInput::Msg(msg)));
+                } else {
+                    tracing::debug!(%run, "message for a coordinator that is not running, dropped");
+                }
+            }
+            Envelope::Specialist { attempt, msg } => {
+                let (actor, report) = match lock(&self.specialists).get_mut(&attempt) {
+                    Some(s) => {
+                        // An Ack means the result is durable: that is when a report exists for
+                        // observers. Taken, so a re-ack of a duplicate reports nothing twice.
+                        let report = if matches!(msg, SpecialistMsg::Ack) {
+                            s.report.take().map(|r| (s.step.clone(), r))
+                        } else {
+                            None
+                        };
+                        (Some(s.actor.clone()), report)
+                    }
+                    None => (None, None),
+                };
+                if let Some((step, report)) = report {
+                    self.emit(RuntimeEvent::Report {
+                        attempt,
+                        step,
+                        report,
+                    });
+                }
+                if let Some(a) = actor {
+                    let _ = a.send_message(crate::runtime::Deliver(SpecialistInput::Msg(msg)));
+                }
+            }
+            Envelope::Supervisor(m) => {
+                if let Some(s) = self.supervisor.get() {
+                    let _ = s.send_message(crate::runtime::Deliver(SupervisorInput::Msg(m)));
+                }
+            }
+            Envelope::Checkpoint(m) => {
+                if let Some(c) = self.checkpoint.get() {
+                    let _ = c.send_message(crate::runtime::Deliver(CheckpointInput::Msg(m)));
+                }
+            }
+        }
+    }
+
+    fn host_ack(&self, ticket: u64, result: Result<(), String>) {
+        if let Some(tx) = lock(&self.host_acks).remove(&ticket) {
+            let _ = tx.send(result);
+        }
+    }
+
+    /// Make a stage of the host's own durable through the checkpoint actor (the only writer) and wait
+    /// for its answer, at most `wait`.
+    pub(crate) async fn stage_host(
+        &self,
+        run: RunId,
+        ops: Vec<PersistOp>,
+        wait: Duration,
+    ) -> Result<(), String> {
+        let ticket = HOST_TICKET_BASE + self.next_host_ticket.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        lock(&self.host_acks).insert(ticket, tx);
+        self.route(Envelope::Checkpoint(CheckpointMsg::Stage(Stage {
+            run,
+            ticket,
+            ops,
+        })));
+        match tokio::time::timeout(wait, rx).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err("the checkpoint actor is gone".into()),
+            Err(_) => {
+                lock(&self.host_acks).remove(&ticket);
+                Err(format!("no answer from the checkpoint actor in {wait:?}"))
+            }
+        }
+    }
+
+    pub(crate) fn lifecycle(&self, event: LifecycleEvent) {
+        match event {
+            LifecycleEvent::RunFinished {
+                run,
+                status,
+                outcome,
+            } => {
+                tracing::info!(?status, "run finished");
+                let done = RunOutcome {
+                    run,
+                    status,
+                    outcome,
+                };
+                // The event goes out before the waiters wake, so a caller that awaited the run's end
+                // finds `Finished` already in its event channel.
+                self.emit(RuntimeEvent::Finished(done.clone()));
+                let waiters = lock(&self.waiters).remove(&run).unwrap_or_default();
+                for w in waiters {
+                    let _ = w.send(done.clone());
+                }
+            }
+            LifecycleEvent::SubagentError { attempt, kind } => {
+                tracing::info!(failure = %kind, "attempt failed");
+                let step = lock(&self.specialists)
+                    .get(&attempt)
+                    .map(|s| s.step.clone())
+                    .unwrap_or_default();
+                self.emit(RuntimeEvent::TaskFailed {
+                    attempt,
+                    step,
+                    kind,
+                });
+            }
+            LifecycleEvent::SubagentStop { .. } => tracing::info!("attempt finished"),
+            LifecycleEvent::SubagentStart { .. } => {}
+        }
+    }
+}

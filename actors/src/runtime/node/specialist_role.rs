@@ -1,0 +1,322 @@
+//! Hosting one specialist attempt: spawning it under the supervisor, running its harness session
+//! and streaming the session's events into it.
+
+use super::{EXIT_REASON, LiveSpecialist, Node, lock, spawn};
+use crate::effect::{Envelope, SpecialistEffect};
+use crate::host;
+use crate::ids::{AttemptId, IdempotencyKey};
+use crate::message::{
+    CoordinatorMsg, SpecialistInput, SpecialistReply, SpecialistStart, SupervisorMsg,
+};
+use crate::report::AttemptResult;
+use crate::runtime::host::{Flow, Host, HostRef, HostState, Role};
+use crate::runtime::{RuntimeEvent, spans};
+use crate::specialist::Specialist;
+use keel_harness::{CancelToken, HarnessError, HarnessEvent, HarnessKind, UsageAccumulator};
+use ractor::Actor;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use tracing::{Instrument, Span};
+
+/// Most idempotency keys remembered by the in-process double-start guard.
+const STARTED_KEYS_MAX: usize = 1 << 20;
+
+impl Node {
+    pub(crate) async fn spawn_specialist(self: &Arc<Self>, start: SpecialistStart) {
+        if self.pausing.load(Ordering::Acquire) {
+            // Shutting down: the attempt is recorded but never started; recovery runs it again.
+            return;
+        }
+        let Some(supervisor) = self.supervisor.get() else {
+            return;
+        };
+        let attempt = start.attempt;
+        let step = start.brief.step.clone();
+        let span = spans::task_span(
+            &self.run_span(attempt.run),
+            attempt,
+            &start.assignment.agent,
+            start.assignment.harness,
+        );
+        span.in_scope(
+            || tracing::info!(%step, model = %start.assignment.model, "specialist started"),
+        );
+        self.emit(RuntimeEvent::TaskStarted {
+            attempt,
+            step: step.clone(),
+            agent: start.assignment.agent.clone(),
+            harness: start.assignment.harness,
+            model: start.assignment.model.clone(),
+        });
+        let role = SpecialistRole {
+            node: Arc::clone(self),
+            attempt,
+            harness: start.assignment.harness,
+            span,
+        };
+        let machine = Specialist::new(start, self.config.specialist.clone());
+        let state = HostState::new(machine, self.fork_rng(), SpecialistLocal::default());
+        match Actor::spawn_linked(None, Host::new(role), state, supervisor.get_cell()).await {
+            Ok((actor, _join)) => {
+                lock(&self.by_actor).insert(actor.get_id(), attempt);
+                lock(&self.specialists).insert(
+                    attempt,
+                    LiveSpecialist {
+                        actor: actor.clone(),
+                        step,
+                        cancel: None,
+                        report: None,
+                    },
+                );
+                let _ = actor.send_message(crate::runtime::Deliver(SpecialistInput::Begin));
+            }
+            Err(e) => {
+                tracing::error!(%attempt, error = %e, "could not spawn a specialist");
+                self.route(Envelope::Supervisor(SupervisorMsg::SpecialistDown {
+                    attempt,
+                    reason: format!("spawn failed: {e}"),
+                }));
+            }
+        }
+    }
+}
+
+/// Per-attempt host state of a specialist.
+#[derive(Default)]
+pub(crate) struct SpecialistLocal {
+    cancel: Option<CancelToken>,
+    result: Option<AttemptResult>,
+    /// The session's usage as observers see it (the machine folds its own copy for the budget).
+    usage: UsageAccumulator,
+    usage_sent: Option<keel_harness::TokenCounts>,
+}
+
+/// Hosts one specialist attempt: runs its harness session and streams the session's events into it.
+pub(crate) struct SpecialistRole {
+    node: Arc<Node>,
+    attempt: AttemptId,
+    harness: HarnessKind,
+    /// The attempt's span (see [`spans`]), a child of its run's.
+    span: Span,
+}
+
+impl SpecialistRole {
+    fn feed(me: &HostRef<Specialist>, input: SpecialistInput) {
+        let _ = me.send_message(crate::runtime::Deliver(input));
+    }
+
+    async fn start_harness(
+        &self,
+        me: &HostRef<Specialist>,
+        local: &mut SpecialistLocal,
+        key: IdempotencyKey,
+        spec: keel_harness::SessionSpec,
+    ) {
+        {
+            let mut started = lock(&self.node.started_keys);
+            if started.contains(&key) {
+                // DESIGN.md §12 invariant 2: never two sessions with one key.
+                Self::feed(
+                    me,
+                    SpecialistInput::Harness(HarnessEvent::Failed(HarnessError::system(format!(
+                        "a session was already started with key {key}"
+                    )))),
+                );
+                return;
+            }
+            if started.len() >= STARTED_KEYS_MAX {
+                started.clear();
+            }
+            started.insert(key);
+        }
+        let Some(harness) = self.node.harnesses.get(self.harness) else {
+            Self::feed(
+                me,
+                SpecialistInput::Harness(HarnessEvent::Failed(HarnessError::system(format!(
+                    "no {} harness is configured on this node",
+                    self.harness
+                )))),
+            );
+            return;
+        };
+        let spec = self.node.harnesses.prepare(spec, self.attempt);
+        self.node.sessions_started.fetch_add(1, Ordering::Relaxed);
+        match harness.start(spec).await {
+            Err(e) => Self::feed(
+                me,
+                SpecialistInput::Harness(HarnessEvent::Failed(HarnessError::system(format!(
+                    "the session could not start: {e}"
+                )))),
+            ),
+            Ok(mut session) => {
+                local.cancel = Some(session.cancel_token());
+                if let Some(live) = lock(&self.node.specialists).get_mut(&self.attempt) {
+                    live.cancel = Some(session.cancel_token());
+                }
+                let me = me.clone();
+                tracing::debug!("harness session started");
+                let forward = async move {
+                    loop {
+                        let Some(event) = session.next_event().await else {
+                            Self::feed(
+                                &me,
+                                SpecialistInput::Harness(HarnessEvent::Failed(
+                                    HarnessError::system(
+                                        "the session ended without a terminal event",
+                                    ),
+                                )),
+                            );
+                            return;
+                        };
+                        let terminal = event.is_terminal();
+                        if me
+                            .send_message(crate::runtime::Deliver(SpecialistInput::Harness(event)))
+                            .is_err()
+                        {
+                            // The specialist is gone: stop the session rather than run it unobserved.
+                            session.cancel();
+                            return;
+                        }
+                        if terminal {
+                            tracing::debug!("harness session ended");
+                            return;
+                        }
+                    }
+                };
+                spawn(forward.instrument(self.span.clone()));
+            }
+        }
+    }
+}
+
+impl Role for SpecialistRole {
+    type M = Specialist;
+    type Local = SpecialistLocal;
+
+    fn span(&self) -> Span {
+        self.span.clone()
+    }
+
+    fn before(&self, input: &SpecialistInput, local: &mut SpecialistLocal) {
+        if let SpecialistInput::Harness(HarnessEvent::Usage(report)) = input {
+            local.usage.record(report);
+            let tokens = local.usage.total();
+            if local.usage_sent != Some(tokens) {
+                local.usage_sent = Some(tokens);
+                self.node.emit(RuntimeEvent::Usage {
+                    attempt: self.attempt,
+                    tokens,
+                    spent_micros: crate::specialist::spend_micros(
+                        &tokens,
+                        self.node.config.specialist.micros_per_mtok,
+                    ),
+                });
+            }
+        }
+    }
+
+    async fn execute(
+        &self,
+        me: &HostRef<Specialist>,
+        local: &mut SpecialistLocal,
+        effects: Vec<SpecialistEffect>,
+    ) -> Flow {
+        let mut flow = Flow::Continue;
+        for effect in effects {
+            match effect {
+                SpecialistEffect::LoadContext(request) => {
+                    let store = Arc::clone(&self.node.store);
+                    let config = self.node.config.specialist.context;
+                    let run = self.attempt.run;
+                    let me = me.clone();
+                    let span = self.span.clone();
+                    let load = async move {
+                        let rows = tokio::task::spawn_blocking(move || {
+                            span.in_scope(|| {
+                                host::store::load_context(&store, run, &request, &config)
+                            })
+                        })
+                        .await
+                        .unwrap_or_else(|e| Err(format!("context load task failed: {e}")));
+                        Self::feed(&me, SpecialistInput::ContextLoaded(rows));
+                    };
+                    spawn(load.instrument(self.span.clone()));
+                }
+                SpecialistEffect::StartHarness { key, spec } => {
+                    self.start_harness(me, local, key, *spec).await;
+                }
+                SpecialistEffect::AnswerDelegation { turn, .. } => {
+                    // The MCP endpoint that would hold the lead's pending `delegate` call is not part
+                    // of this runtime yet; the lead's session sees no answer.
+                    tracing::warn!(attempt = %self.attempt, turn, "delegation answers need the MCP endpoint");
+                }
+                SpecialistEffect::CancelHarness => {
+                    if let Some(c) = &local.cancel {
+                        c.cancel();
+                    }
+                }
+                SpecialistEffect::Reply(to, reply) => {
+                    match &reply {
+                        SpecialistReply::Finished(result) => {
+                            local.result = Some(result.clone());
+                            if let Ok(report) = &result.outcome
+                                && let Some(live) =
+                                    lock(&self.node.specialists).get_mut(&self.attempt)
+                            {
+                                live.report = Some(report.clone());
+                            }
+                            if self.node.pausing.load(Ordering::Acquire) {
+                                // Held back during a pause: not acknowledged, so recovery re-runs
+                                // the attempt with a resume preamble. The actor ends here.
+                                flow = Flow::Stop("paused".into());
+                                continue;
+                            }
+                        }
+                        SpecialistReply::Logs { rows } => {
+                            if let Some((_, row)) = rows.last() {
+                                self.node.emit(RuntimeEvent::Progress {
+                                    attempt: self.attempt,
+                                    summary: row.summary.clone(),
+                                });
+                            }
+                        }
+                        SpecialistReply::Spend { spent_micros } => {
+                            self.node.emit(RuntimeEvent::Spend {
+                                attempt: self.attempt,
+                                spent_micros: *spent_micros,
+                            });
+                        }
+                        SpecialistReply::Delegate { .. } => {}
+                    }
+                    self.node.route(Envelope::Coordinator {
+                        run: to.run(),
+                        msg: CoordinatorMsg::Specialist {
+                            from: to.attempt(),
+                            reply,
+                        },
+                    });
+                }
+                SpecialistEffect::SetTimer { timer, at } => {
+                    let me = me.clone();
+                    Node::timer(at, move || Self::feed(&me, SpecialistInput::Timer(timer)));
+                }
+                SpecialistEffect::Emit(event) => self.node.lifecycle(event),
+                SpecialistEffect::Exit => flow = Flow::Stop(EXIT_REASON.into()),
+            }
+        }
+        flow
+    }
+
+    fn stopped(&self, me: &HostRef<Specialist>, local: &mut SpecialistLocal) {
+        if let Some(c) = local.cancel.take() {
+            c.cancel();
+        }
+        let mut live = lock(&self.node.specialists);
+        if live
+            .get(&self.attempt)
+            .is_some_and(|s| s.actor.get_id() == me.get_id())
+        {
+            live.remove(&self.attempt);
+        }
+    }
+}

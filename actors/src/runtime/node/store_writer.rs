@@ -1,0 +1,102 @@
+//! The store writer: the one thread that executes the checkpoint machine's group commits and
+//! answers the checkpoint actor.
+
+use super::Node;
+use crate::host;
+use crate::message::CheckpointInput;
+use crate::persist::{CommitBatch, PersistOp};
+use crate::runtime::{RuntimeEvent, spans};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+/// The store writer: one OS thread that executes the checkpoint machine's group commits, one at a
+/// time (the machine keeps at most one in flight), and answers the checkpoint actor. A thread of its
+/// own rather than a `spawn_blocking` per commit: redb's commit blocks on fsync, and handing each
+/// commit to tokio's blocking pool (a task, a pool wake-up, a join) costs more than the commit's own
+/// CPU. It holds the node weakly, so it ends when the node is gone (its queue's sender with it).
+pub(crate) fn store_writer(
+    node: std::sync::Weak<Node>,
+    batches: std::sync::mpsc::Receiver<(CommitBatch, tracing::Span)>,
+) {
+    while let Ok((batch, span)) = batches.recv() {
+        let Some(node) = node.upgrade() else {
+            return;
+        };
+        span.in_scope(|| node.commit_now(batch));
+    }
+}
+
+impl Node {
+    /// One group commit, handed to the store writer thread (redb's commit blocks on fsync); its
+    /// completion goes back to the checkpoint machine, which keeps at most one commit in flight.
+    pub(crate) fn persist(self: &Arc<Self>, batch: CommitBatch) {
+        self.commits_in_flight.fetch_add(1, Ordering::AcqRel);
+        self.commits_total.fetch_add(1, Ordering::Relaxed);
+        // One run's commit runs in that run's span; a commit shared by several runs in its own.
+        let first = batch.stages.first().map(|s| s.run);
+        let span = match first {
+            Some(run) if batch.stages.iter().all(|s| s.run == run) => self.run_span(run),
+            _ => spans::commit_span(batch.stages.len()),
+        };
+        let id = batch.id;
+        let sent = match self.writer.get() {
+            Some(tx) => tx.send((batch, span)).is_ok(),
+            None => false,
+        };
+        if !sent {
+            self.committed(
+                id,
+                Err("the store writer thread is gone".into()),
+                Vec::new(),
+            );
+        }
+    }
+
+    /// Execute one group commit on the calling thread (the store writer's) and answer the
+    /// checkpoint actor.
+    fn commit_now(&self, batch: CommitBatch) {
+        let escalations: Vec<RuntimeEvent> = batch
+            .ops()
+            .filter_map(|(run, op)| match op {
+                PersistOp::AppendEscalation(e) => Some(RuntimeEvent::Escalation {
+                    run,
+                    task: e.task_id,
+                    reason: e.diagnosis.clone(),
+                }),
+                _ => None,
+            })
+            .collect();
+        let id = batch.id;
+        let store = &self.store;
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            host::store::commit(store, &batch)
+        }))
+        .map_err(|_| "the commit panicked".to_string())
+        .and_then(|r| r.map_err(|e| e.to_string()));
+        self.committed(id, result, escalations);
+    }
+
+    fn committed(
+        &self,
+        id: crate::persist::CommitId,
+        result: Result<(), String>,
+        escalations: Vec<RuntimeEvent>,
+    ) {
+        let input = match result {
+            Ok(()) => {
+                for e in escalations {
+                    self.emit(e);
+                }
+                CheckpointInput::Committed(id)
+            }
+            Err(error) => {
+                tracing::warn!(%error, "group commit failed");
+                CheckpointInput::CommitFailed { id, error }
+            }
+        };
+        if let Some(c) = self.checkpoint.get() {
+            let _ = c.send_message(crate::runtime::Deliver(input));
+        }
+        self.commits_in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
