@@ -1,29 +1,42 @@
 //! keel's harness adapters: one interface over replaceable executors (DESIGN.md §7).
 //!
+//! The crate is two halves. The vocabulary is always built: what a session is asked to do, what it
+//! reports, its errors and usage, and the pure scripted model. The IO that runs sessions is the `io`
+//! feature (on by default): the pure machines of keel-actors and the simulator build without it, so
+//! without tokio, axum, reqwest, rustls or nix.
+//!
 //! - [`spec`], [`event`], [`error`], [`usage`]: plain data shared with the actor core and the
 //!   simulator (no tokio needed to build or read them).
-//! - [`session`]: the async [`session::Harness`] trait, running sessions and cancellation.
-//! - [`scripted`]: the deterministic scripted model (pure) and the in-process scripted harness.
-//! - [`server`]: the scripted model served over HTTP on 127.0.0.1 for the real CLIs.
-//! - [`messages_api`]: keel's own agent loop against an Anthropic-compatible endpoint.
-//! - [`tools`]: the tool registry and the confined built-in tools of keel's loop.
+//! - [`session`] (`io`): the async [`session::Harness`] trait, running sessions and cancellation.
+//! - [`scripted`]: the deterministic scripted model (pure) and the in-process scripted harness (`io`).
+//! - [`server`] (`io`): the scripted model served over HTTP on 127.0.0.1 for the real CLIs.
+//! - [`messages_api`] (`io`): keel's own agent loop against an Anthropic-compatible endpoint.
+//! - [`tools`] (`io`): the tool registry and the confined built-in tools of keel's loop.
 //! - [`rfc3339`]: the UTC timestamps rate-limit reset headers use.
+//! - [`cli`] (`io`), [`process`] (`io`): the four CLI adapters and their process trees.
 
+#[cfg(feature = "io")]
 pub mod cli;
 pub mod error;
 pub mod event;
+#[cfg(feature = "io")]
 pub mod messages_api;
+#[cfg(feature = "io")]
 pub mod process;
 pub mod rfc3339;
 pub mod scripted;
+#[cfg(feature = "io")]
 pub mod server;
+#[cfg(feature = "io")]
 pub mod session;
 pub mod spec;
+#[cfg(feature = "io")]
 pub mod tools;
 pub mod usage;
 
 pub use error::{ErrorCategory, HarnessError, StartError};
 pub use event::{BoundedText, BudgetKind, HarnessEvent, StopReason};
+#[cfg(feature = "io")]
 pub use session::{CancelToken, EventSink, Harness, RunningSession, session_channel};
 pub use spec::{
     Account, Credential, GateCommand, HarnessKind, McpEndpoint, PermissionMode, SessionLimits,
