@@ -1,8 +1,8 @@
 //! The supervisor: admission, limits, deadlines, restart, reroute and escalation (DESIGN.md §4).
 //!
 //! Governance, not execution: it admits or refuses each spawn against the concurrency limit, the depth
-//! limit, the run's spend ledger (reserve before, settle after) and a spawn-rate bucket (GCRA driven by
-//! the injected `now`); it picks the agent, harness and model; it enforces per-subtask deadlines; and
+//! limit, the run's spend ledger (reserve before, settle after) and a spawn-rate bucket (governor's GCRA on
+//! a clock driven by the injected `now`, in `spawn_rate`); it picks the agent, harness and model; it enforces per-subtask deadlines; and
 //! after a failure it decides restart (with backoff and a restart-intensity window), reroute (rate limit,
 //! a harness failing repeatedly, context overflow) or escalation. Every refusal is a typed answer.
 
@@ -16,7 +16,10 @@ use crate::message::{
 use crate::report::{FailureKind, SubtaskFailure};
 use keel_harness::{ErrorCategory, HarnessKind};
 use keel_store::{AgentProfile, Budget, RunId};
+use spawn_rate::SpawnRate;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+mod spawn_rate;
 
 /// How long a concurrency refusal asks the coordinator to wait before asking again.
 pub const CONCURRENCY_RETRY_MS: Millis = 1_000;
@@ -113,8 +116,8 @@ pub struct Supervisor {
     ledgers: BTreeMap<RunId, Ledger>,
     settled: BTreeSet<AttemptId>,
     settled_order: VecDeque<AttemptId>,
-    /// GCRA theoretical arrival time of the next spawn.
-    tat_ms: Millis,
+    /// The spawn-rate bucket.
+    spawn_rate: SpawnRate,
     restarts: BTreeMap<(RunId, String), VecDeque<Millis>>,
     health: BTreeMap<HarnessKind, HarnessHealth>,
 }
@@ -123,12 +126,12 @@ impl Supervisor {
     /// A supervisor with no runs and no live specialists.
     pub fn new(config: SupervisorConfig) -> Self {
         Self {
+            spawn_rate: SpawnRate::new(config.spawn_burst, config.spawn_interval_ms),
             config,
             live: BTreeMap::new(),
             ledgers: BTreeMap::new(),
             settled: BTreeSet::new(),
             settled_order: VecDeque::new(),
-            tat_ms: 0,
             restarts: BTreeMap::new(),
             health: BTreeMap::new(),
         }
@@ -299,16 +302,10 @@ impl Supervisor {
             });
         }
         let assignment = self.pick_agent(req.agent.as_deref(), now)?;
-        // GCRA: admit when now >= tat - tolerance; the token is taken only for an admitted spawn.
-        let interval = self.config.spawn_interval_ms.max(1);
-        let tolerance = interval.saturating_mul(u64::from(self.config.spawn_burst.max(1) - 1));
-        let earliest = self.tat_ms.saturating_sub(tolerance);
-        if now < earliest {
-            return Err(Refusal::Rate {
-                retry_after_ms: earliest - now,
-            });
-        }
-        self.tat_ms = self.tat_ms.max(now).saturating_add(interval);
+        // The token is taken only for a spawn that passed every other check.
+        self.spawn_rate
+            .take(now)
+            .map_err(|retry_after_ms| Refusal::Rate { retry_after_ms })?;
         Ok(assignment)
     }
 
