@@ -272,17 +272,7 @@ pub enum CoordinatorMsg {
     /// Local cast from the host (API, or a worker relaying a user's message). Not idempotent: each is a
     /// new follow-up. Refused (a logged decision) when `parent` is not a task of this run, when the run
     /// is no longer running, when `task` names a task that exists, or past the step bound.
-    FollowUp {
-        /// The task the thread started from.
-        parent: TaskId,
-        /// The follow-up message, verbatim (cut to [`FOLLOW_UP_BYTES_MAX`]).
-        brief: String,
-        /// The agent to ask for; `None` lets the supervisor pick.
-        agent: Option<String>,
-        /// The id the follow-up's task takes, chosen by the host so it can find the task afterwards;
-        /// `None` lets the coordinator mint one.
-        task: Option<TaskId>,
-    },
+    FollowUp(FollowUpRequest),
     /// An operator cancels the run.
     ///
     /// # Delivery
@@ -523,7 +513,8 @@ pub enum CoordinatorInput {
 /// constraints and the report instruction) must stay under the store's 64 KiB brief limit.
 pub const FOLLOW_UP_BYTES_MAX: usize = 32 * 1024;
 
-/// A follow-up as a host asks for it (the fields of [`CoordinatorMsg::FollowUp`]).
+/// A follow-up as a host asks for it: sent to a running coordinator as [`CoordinatorMsg::FollowUp`],
+/// or with a reopened run's rows as [`CoordinatorInput::Reopened`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FollowUpRequest {
     /// The task the thread started from.
@@ -532,7 +523,8 @@ pub struct FollowUpRequest {
     pub brief: String,
     /// The agent to ask for; `None` lets the supervisor pick.
     pub agent: Option<String>,
-    /// The id the follow-up's task takes; `None` lets the coordinator mint one.
+    /// The id the follow-up's task takes, chosen by the host so it can find the task afterwards;
+    /// `None` lets the coordinator mint one.
     pub task: Option<TaskId>,
 }
 
@@ -608,8 +600,8 @@ pub enum LifecycleEvent {
     SubagentError {
         /// The attempt.
         attempt: AttemptId,
-        /// The failure kind's stable name.
-        kind: String,
+        /// What kind of failure (its stable name is [`crate::report::FailureKind::name`]).
+        kind: crate::report::FailureKind,
     },
     /// A run reached a terminal state (its row is durable).
     RunFinished {

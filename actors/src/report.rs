@@ -220,6 +220,12 @@ impl FailureKind {
     }
 }
 
+impl std::fmt::Display for FailureKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// The typed failure a specialist (or its supervisor, on its behalf) returns (DESIGN.md §8).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SubtaskFailure {

@@ -224,7 +224,7 @@ impl Specialist {
             },
             Err(f) => LifecycleEvent::SubagentError {
                 attempt: self.attempt,
-                kind: f.kind.name().to_string(),
+                kind: f.kind,
             },
         };
         let summary = match &outcome {
@@ -589,7 +589,7 @@ impl Machine for Specialist {
                     self.phase = Phase::Done;
                     out.push(SpecialistEffect::Emit(LifecycleEvent::SubagentError {
                         attempt: self.attempt,
-                        kind: FailureKind::Cancelled.name().to_string(),
+                        kind: FailureKind::Cancelled,
                     }));
                     out.push(SpecialistEffect::Exit);
                 }

@@ -524,12 +524,14 @@ fn follow_ups_chain_on_their_thread_with_a_preamble_even_across_a_worker_restart
     let root = *w.store.tasks.keys().next().unwrap();
     for i in 0..8 {
         w.queue
-            .push_back(Ev::Coord(CoordinatorInput::Msg(CoordinatorMsg::FollowUp {
-                parent: root,
-                brief: format!("follow-up number {i}"),
-                agent: Some("beta".into()),
-                task: None,
-            })));
+            .push_back(Ev::Coord(CoordinatorInput::Msg(CoordinatorMsg::FollowUp(
+                FollowUpRequest {
+                    parent: root,
+                    brief: format!("follow-up number {i}"),
+                    agent: Some("beta".into()),
+                    task: None,
+                },
+            ))));
     }
     // Restart the worker of the fourth follow-up mid-session.
     let mut restarted = false;

@@ -5,7 +5,7 @@ use super::lead::Lead;
 use super::staging::Then;
 use super::step::Step;
 use super::synthesis::{StepEnd, synthesize};
-use super::{CoordinatorConfig, LEAD_STEP_KEY, Phase, RunState, StepStatus};
+use super::{CoordinatorConfig, LEAD_STEP_KEY, Phase, RunState, StepStatus, bytes_max};
 use crate::effect::Effect;
 use crate::ids::mint_task_id;
 use crate::machine::{Entropy, Millis};
@@ -27,7 +27,10 @@ impl RunState {
         out: &mut Vec<Effect>,
     ) -> RunState {
         let root_id = mint_task_id(now, rng);
-        let brief = bounded(spec.brief.clone(), 64 * 1024);
+        let brief = bounded(
+            spec.brief.clone(),
+            bytes_max(config.store_limits.brief_bytes_max),
+        );
         let plan_text = match &spec.mode {
             RunMode::Plan(plan) => serde_json::to_string(plan).ok(),
             RunMode::Lead { .. } => None,
@@ -44,7 +47,10 @@ impl RunState {
             },
             created_ms: now,
             updated_ms: now,
-            config_snapshot: bounded(spec.config_snapshot.clone(), 64 * 1024),
+            config_snapshot: bounded(
+                spec.config_snapshot.clone(),
+                bytes_max(config.store_limits.text_bytes_max),
+            ),
             outcome: None,
         };
         let root = Task {
@@ -296,7 +302,10 @@ impl RunState {
             }
         }
         self.row.status = status;
-        self.row.outcome = Some(bounded(outcome.clone(), 64 * 1024));
+        self.row.outcome = Some(bounded(
+            outcome.clone(),
+            bytes_max(self.config.store_limits.output_bytes_max),
+        ));
         self.row.updated_ms = now;
         let mut end = vec![PersistOp::UpdateRun(self.row.clone())];
         if self.lead.is_none() {

@@ -29,8 +29,7 @@ use crate::effect::{Effect, Envelope, TimerKey};
 use crate::ids::AttemptId;
 use crate::machine::{Entropy, Machine, Millis};
 use crate::message::{
-    CoordinatorInput, CoordinatorMsg, CoordinatorTimer, FollowUpRequest, SpecialistMsg,
-    SupervisorMsg,
+    CoordinatorInput, CoordinatorMsg, CoordinatorTimer, SpecialistMsg, SupervisorMsg,
 };
 use crate::report::{StepOutcome, bounded};
 use keel_store::{LogKind, Run, RunId, RunStatus, SessionLogRow, Task, TaskId};
@@ -71,6 +70,9 @@ pub struct CoordinatorConfig {
     /// a decision's writes never exceed it; a run's end that would is split (see
     /// [`StageRefusal`] for what is refused instead).
     pub stage_ops_max: usize,
+    /// The store's limits, which bound what the coordinator writes (a run's brief, its outcome, a
+    /// dead letter's payload) so a write is cut where the store would refuse it, never refused.
+    pub store_limits: keel_store::Limits,
 }
 
 impl Default for CoordinatorConfig {
@@ -84,6 +86,7 @@ impl Default for CoordinatorConfig {
             root_depth: 0,
             default_estimate_micros: 0,
             stage_ops_max: crate::persist::STAGE_OPS_MAX,
+            store_limits: keel_store::Limits::default(),
         }
     }
 }
@@ -237,6 +240,11 @@ impl RunState {
     }
 }
 
+/// A byte limit of the store as a length for [`bounded`].
+fn bytes_max(limit: u64) -> usize {
+    usize::try_from(limit).unwrap_or(usize::MAX)
+}
+
 fn one_line(text: &str) -> String {
     bounded(text.split_whitespace().collect::<Vec<_>>().join(" "), 200)
 }
@@ -342,18 +350,7 @@ impl RunState {
                 );
                 self.finish_with(RunStatus::BudgetExceeded, outcome, now, out);
             }
-            CoordinatorInput::Msg(CoordinatorMsg::FollowUp {
-                parent,
-                brief,
-                agent,
-                task,
-            }) => {
-                let request = FollowUpRequest {
-                    parent,
-                    brief,
-                    agent,
-                    task,
-                };
+            CoordinatorInput::Msg(CoordinatorMsg::FollowUp(request)) => {
                 self.on_follow_up(request, now, rng, out);
             }
             CoordinatorInput::Msg(CoordinatorMsg::Cancel { reason }) => {

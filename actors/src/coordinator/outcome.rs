@@ -3,7 +3,7 @@
 
 use super::staging::Then;
 use super::step::{BackoffNext, encode_outcome, outcome_status};
-use super::{Phase, RunState, STALE_LOGGED_MAX, StepStatus, one_line};
+use super::{Phase, RunState, STALE_LOGGED_MAX, StepStatus, bytes_max, one_line};
 use crate::effect::Effect;
 use crate::ids::AttemptId;
 use crate::machine::{Entropy, Millis};
@@ -77,7 +77,7 @@ impl RunState {
         }
         let payload = bounded(
             serde_json::to_string(&failure).unwrap_or_default(),
-            64 * 1024,
+            bytes_max(self.config.store_limits.output_bytes_max),
         );
         ops.push(PersistOp::AppendDeadLetter(DeadLetter {
             ts_ms: now,

@@ -74,8 +74,8 @@ pub enum RuntimeEvent {
         attempt: AttemptId,
         /// Its plan step (empty if the attempt was already gone).
         step: String,
-        /// The failure kind's stable name.
-        kind: String,
+        /// What kind of failure (displayed as its stable name).
+        kind: crate::report::FailureKind,
     },
     /// A run handed something to a human (durable).
     Escalation {

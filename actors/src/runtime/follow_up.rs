@@ -246,12 +246,7 @@ impl Runtime {
                 lock(&self.node.waiters).entry(run).or_default().push(tx);
                 // A coordinator that stopped meanwhile drops the message; the handle's wait notices.
                 let _ = coordinator.send_message(Deliver(CoordinatorInput::Msg(
-                    CoordinatorMsg::FollowUp {
-                        parent: request.parent,
-                        brief: request.brief,
-                        agent: request.agent,
-                        task: request.task,
-                    },
+                    CoordinatorMsg::FollowUp(request),
                 )));
                 return Ok(FollowUpHandle {
                     run,

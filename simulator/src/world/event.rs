@@ -161,7 +161,7 @@ fn coord_input_name(i: &CoordinatorInput) -> String {
             }
             CoordinatorMsg::BudgetTripped { .. } => "budget-tripped".into(),
             CoordinatorMsg::Cancel { .. } => "cancel".into(),
-            CoordinatorMsg::FollowUp { parent, .. } => format!("follow-up on {}", short(parent.0)),
+            CoordinatorMsg::FollowUp(f) => format!("follow-up on {}", short(f.parent.0)),
         },
         CoordinatorInput::Timer(t) => format!("timer {t:?}"),
         CoordinatorInput::Recovered(_) => "recovered".into(),

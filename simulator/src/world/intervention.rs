@@ -1,6 +1,6 @@
 //! The scripted interventions of a scenario.
 
-use keel_actors::{CoordinatorInput, CoordinatorMsg};
+use keel_actors::{CoordinatorInput, CoordinatorMsg, FollowUpRequest};
 
 use crate::config::Intervention;
 use crate::profile::FaultKind;
@@ -42,12 +42,12 @@ impl World {
                 match parent {
                     Some(parent) => self.deliver_coord(
                         run,
-                        CoordinatorInput::Msg(CoordinatorMsg::FollowUp {
+                        CoordinatorInput::Msg(CoordinatorMsg::FollowUp(FollowUpRequest {
                             parent,
                             brief,
                             agent,
                             task: None,
-                        }),
+                        })),
                     ),
                     None => self.checker.world_bound(
                         self.event_no,
