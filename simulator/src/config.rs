@@ -37,13 +37,16 @@ pub enum Intervention {
         /// When it heals.
         until_ms: SimMillis,
     },
-    /// A user's follow-up message on the thread a plan step started (delivered to the run's
-    /// coordinator as `CoordinatorMsg::FollowUp`, parent resolved from the step's first task).
+    /// A user's follow-up message on the thread a plan step started, routed by
+    /// `keel_actors::host::decide::follow_up`: joined to the run's coordinator
+    /// (`CoordinatorMsg::FollowUp`) while it runs here, or reopening the run when it has ended
+    /// (`CoordinatorInput::Reopened` to a fresh coordinator). The parent is the step's first task.
     FollowUp {
         /// The run.
         run: keel_store::RunId,
-        /// The plan step whose task starts the thread.
-        step: String,
+        /// The plan step whose task starts the thread; `None`: the run's first spawned task (and
+        /// nothing happens if none was spawned yet).
+        step: Option<String>,
         /// The message.
         brief: String,
         /// The agent to ask for.
@@ -58,6 +61,21 @@ pub enum Intervention {
     },
     /// Arm a disk fault for the next store commit.
     Disk(DiskFault),
+    /// A graceful shutdown (SIGTERM) of the coordinator node: its specialists are cancelled, every
+    /// run it hosts is marked paused (`host::decide::pause`), the node stops, and after `down_ms` it
+    /// starts again and resumes the paused runs (`host::decide::resume`, then recovery).
+    Pause {
+        /// How long the node stays down before the resume.
+        down_ms: u64,
+    },
+    /// An operator cancels a run (`keel cancel`): a hosted run gets `CoordinatorMsg::Cancel`; a run
+    /// no coordinator has is cancelled in the store (`host::decide::cancel_stored`).
+    Cancel {
+        /// The run.
+        run: keel_store::RunId,
+        /// Why.
+        reason: String,
+    },
 }
 
 /// Everything that decides a world. Two worlds with equal configs produce equal traces.
@@ -104,6 +122,9 @@ pub struct WorldConfig {
     pub specialist: SpecialistConfig,
     /// The checkpoint writer's limits.
     pub checkpoint: CheckpointConfig,
+    /// Chance (parts per million) that a seed draws one operator intervention (a pause, a cancel or
+    /// a follow-up that may reopen an ended run) from its own stream; 0 in scenarios.
+    pub operator_ppm: u32,
     /// A deliberate defect of the host, for the tests that show the checker catches it; `None`
     /// everywhere else.
     pub mutation: Option<Mutation>,
@@ -137,6 +158,7 @@ impl WorldConfig {
             supervisor,
             specialist: SpecialistConfig::default(),
             checkpoint: CheckpointConfig::default(),
+            operator_ppm: 250_000,
             mutation: None,
         }
     }
@@ -147,6 +169,7 @@ impl WorldConfig {
             runs: Some(runs),
             profile: Some(FaultProfile::calm()),
             stop_when_terminal: false,
+            operator_ppm: 0,
             ..Self::for_seed(seed)
         }
     }

@@ -41,6 +41,15 @@ pub enum Mutation {
     ReadAnotherRunsScope,
     /// Invariant 10: the host turns a failed attempt's result into an empty success.
     ReportEmptySuccess,
+    /// Invariant 13: the host's pause marks the run and its open tasks cancelled instead of paused,
+    /// so the restart does not resume it.
+    PauseCancelsRun,
+    /// Invariant 14: the host cancels a run it hosts as if no coordinator had it (in the store only),
+    /// and its coordinator goes on dispatching.
+    CancelAsIfNotHosted,
+    /// Invariant 15: the host reopens an ended run for a follow-up (marks it running) but rebuilds no
+    /// coordinator for it.
+    ReopenWithoutCoordinator,
     /// Invariant 11: the host keeps state across worlds in one process (a process-wide counter that
     /// shifts a timer), so the same seed gives another trace the second time.
     LeakProcessState,

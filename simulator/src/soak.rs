@@ -89,6 +89,57 @@ pub fn same_seed_same_trace(config: &WorldConfig) -> Result<RunReport, Violation
     })
 }
 
+/// Invariant 13 (a paused run resumes to the same outcome): runs `config` as it is and again with a
+/// pause of the coordinator node at `at_ms` for `down_ms`, and compares every run's final status and
+/// outcome (the synthesis). Meant for calm worlds, where the outcome does not depend on timing.
+///
+/// # Errors
+/// The first violation of either world, or a [`Violation`] of [`Invariant::PauseResumesSame`] when a
+/// run ends differently after the pause.
+pub fn pause_resumes_same(
+    config: &WorldConfig,
+    at_ms: crate::queue::SimMillis,
+    down_ms: u64,
+) -> Result<RunReport, Violation> {
+    let straight = run(config.clone());
+    if let Some(v) = straight.violation {
+        return Err(v);
+    }
+    let mut paused_config = config.clone();
+    paused_config
+        .interventions
+        .push((at_ms, crate::config::Intervention::Pause { down_ms }));
+    let paused = run(paused_config);
+    if let Some(v) = paused.violation {
+        return Err(v);
+    }
+    for (run_id, want) in &straight.runs_final {
+        let got = paused.runs_final.get(run_id);
+        if got != Some(want) {
+            return Err(Violation {
+                seed: config.seed,
+                event: paused.events,
+                invariant: Invariant::PauseResumesSame,
+                detail: format!(
+                    "run {run_id} paused at {at_ms} ms for {down_ms} ms ended {:?}, without the pause {:?}",
+                    got.map(|(s, o)| (
+                        s,
+                        o.as_deref()
+                            .map(|o| o.chars().take(120).collect::<String>())
+                    )),
+                    (
+                        want.0,
+                        want.1
+                            .as_deref()
+                            .map(|o| o.chars().take(120).collect::<String>())
+                    )
+                ),
+            });
+        }
+    }
+    Ok(paused)
+}
+
 /// Most trace lines [`explain`] returns (the tail up to the violation).
 pub const EXPLAIN_LINES_MAX: usize = 400;
 

@@ -28,6 +28,12 @@ pub enum Invariant {
     NoEmptySuccess,
     /// 11. Same seed, same trace.
     SameSeedSameTrace,
+    /// 13. A paused run resumes to the outcome it has without the pause (proposed, issue 10).
+    PauseResumesSame,
+    /// 14. A cancelled run starts no new session: its coordinator spawns nothing after the cancel.
+    CancelStartsNothing,
+    /// 15. A run reopened for a follow-up ends again, with exactly one new synthesis.
+    ReopenEndsOnce,
     /// The world itself broke a bound (agenda full, event budget spent): a runaway, reported as such.
     WorldBound,
 }
@@ -47,6 +53,9 @@ impl Invariant {
             Self::RunIsolation => 9,
             Self::NoEmptySuccess => 10,
             Self::SameSeedSameTrace => 11,
+            Self::PauseResumesSame => 13,
+            Self::CancelStartsNothing => 14,
+            Self::ReopenEndsOnce => 15,
             Self::WorldBound => 0,
         }
     }

@@ -65,7 +65,7 @@ fn follow_up_world(seed: u64, agent: Option<&str>, second_run: bool) -> WorldCon
         5_000,
         Intervention::FollowUp {
             run: rid(1),
-            step: "thread".into(),
+            step: Some("thread".into()),
             brief: "Follow-up: also check the edge case.".into(),
             agent: agent.map(Into::into),
         },
@@ -112,8 +112,9 @@ fn invariant_1_an_acknowledgement_before_the_result_is_durable_is_caught() {
 
 #[test]
 fn invariant_1_a_task_left_open_in_a_finished_run_is_caught() {
-    // Every session of "a" is malformed: the step fails for good and its task must end `Failed`.
-    let mut config = steps_world(102, &["a", "b"], HarnessBehaviour::Success);
+    // Every session of the one step is malformed: the step fails for good, the run fails, and its
+    // root task must end `Failed`.
+    let mut config = steps_world(102, &["a"], HarnessBehaviour::Malformed);
     for ordinal in 1..=64 {
         config
             .harness_script

@@ -67,7 +67,7 @@ fn scenario_1_follow_ups_while_the_worker_restarts() {
             1_000 + i * 2_000,
             Intervention::FollowUp {
                 run: run_id,
-                step: "thread".into(),
+                step: Some("thread".into()),
                 brief: format!("Follow-up {i}: also check case {i}."),
                 agent: None,
             },

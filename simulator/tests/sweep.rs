@@ -10,8 +10,12 @@ const SWEEP_SEEDS: u64 = 500;
 #[test]
 fn five_hundred_seeds_break_no_invariant() {
     let mut delegation_answers = 0usize;
+    let (mut pauses, mut cancels, mut reopens) = (0u32, 0usize, 0usize);
     let summary = sweep(0, SWEEP_SEEDS, |r| {
         delegation_answers += r.observed.delegation_answers.len();
+        pauses += r.observed.pauses;
+        cancels += r.observed.cancels.len();
+        reopens += r.observed.reopens.len();
         if let Some(v) = &r.violation {
             // The seed, the event, the reproduction command and the trace up to it.
             eprintln!("{}", explain(v.seed));
@@ -49,6 +53,9 @@ fn five_hundred_seeds_break_no_invariant() {
     eprintln!("sweep: {delegation_answers} delegation turns answered to leads");
     assert!(delegation_answers > 0);
     assert!(summary.events > SWEEP_SEEDS * 100);
+    // The operator's drawn interventions happened, each kind.
+    eprintln!("sweep: {pauses} pauses, {cancels} cancels, {reopens} reopens for a follow-up");
+    assert!(pauses > 0 && cancels > 0 && reopens > 0);
 }
 
 #[test]

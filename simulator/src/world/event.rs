@@ -63,6 +63,8 @@ pub(super) enum Ev {
     FaultTick,
     /// A scripted intervention of the scenario.
     Intervene(Intervention),
+    /// An operator's intervention the seed drew (the world does not end before it happened).
+    Operator(Intervention),
     /// A crashed node comes back.
     Restart(NodeId),
     /// The liveness phase begins: heal everything.
@@ -104,6 +106,7 @@ impl Ev {
             }
             Ev::FaultTick => write!(s, "fault-tick"),
             Ev::Intervene(i) => write!(s, "intervene {i:?}"),
+            Ev::Operator(i) => write!(s, "operator {i:?}"),
             Ev::Restart(node) => write!(s, "restart {node}"),
             Ev::Heal => write!(s, "heal"),
         };

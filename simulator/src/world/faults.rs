@@ -65,6 +65,7 @@ impl World {
             drop(c);
             self.coord_inc += 1;
             self.checker.coordinator_crashed();
+            self.withdraw_undurable_cancels();
             if let Err(e) = self.store.crash_and_reopen() {
                 self.checker.world_bound(
                     self.event_no,
@@ -115,6 +116,7 @@ impl World {
                 return;
             }
             self.coord = Some(self.fresh_coordinator_node());
+            self.resume_paused_runs();
             let recovered = match host::store::recover_open_runs(self.store.store()) {
                 Ok(r) => r,
                 Err(e) => {

@@ -1,6 +1,5 @@
-//! The scripted interventions of a scenario.
-
-use keel_actors::{CoordinatorInput, CoordinatorMsg, FollowUpRequest};
+//! The interventions of a scenario, and the operator's drawn ones: faults placed at a fixed time, and
+//! what an operator does to a run (pause, cancel, a follow-up).
 
 use crate::config::Intervention;
 use crate::profile::FaultKind;
@@ -30,31 +29,9 @@ impl World {
                 step,
                 brief,
                 agent,
-            } => {
-                // The thread starts at the first task the step was dispatched as.
-                let parent = self
-                    .checker
-                    .observed()
-                    .spawns
-                    .iter()
-                    .find(|(a, s)| a.run == run && s.step == step)
-                    .map(|(a, _)| a.task);
-                match parent {
-                    Some(parent) => self.deliver_coord(
-                        run,
-                        CoordinatorInput::Msg(CoordinatorMsg::FollowUp(FollowUpRequest {
-                            parent,
-                            brief,
-                            agent,
-                            task: None,
-                        })),
-                    ),
-                    None => self.checker.world_bound(
-                        self.event_no,
-                        format!("no task of step {step} to follow up"),
-                    ),
-                }
-            }
+            } => self.follow_up(run, step, brief, agent),
+            Intervention::Pause { down_ms } => self.pause(down_ms),
+            Intervention::Cancel { run, reason } => self.cancel(run, reason),
         }
     }
 }

@@ -15,6 +15,7 @@ mod event;
 mod faults;
 mod intervention;
 mod mutate;
+mod operator;
 mod worker;
 
 use std::collections::BTreeMap;
@@ -23,7 +24,7 @@ use keel_actors::{CoordinatorInput, CoordinatorMsg, Effect, Entropy, RunSpec, Sp
 use keel_store::RunId;
 
 use crate::check::Checker;
-use crate::config::WorldConfig;
+use crate::config::{Intervention, WorldConfig};
 use crate::net::{NodeId, Route};
 use crate::profile::{FaultCounts, FaultKind, FaultProfile};
 use crate::queue::{EventQueue, SimMillis};
@@ -42,6 +43,14 @@ impl Entropy for SimRng {
         SimRng::next_u64(self)
     }
 }
+
+/// Mixed into the seed for the stream that draws operator interventions.
+pub const OPERATOR_STREAM: u64 = 0x6f70_6572_6174_6f72;
+/// How long after the fault phase a drawn operator intervention may come (late ones find the runs
+/// ended: a follow-up then reopens).
+pub const OPERATOR_LATE_MS: u64 = 60_000;
+/// Longest pause a seed draws.
+pub const OPERATOR_PAUSE_MS_MAX: u64 = 5_000;
 
 /// Most events one agenda holds at once.
 pub const QUEUE_LEN_MAX: usize = 200_000;
@@ -109,6 +118,10 @@ pub struct World {
     stale_spawns_refused: u64,
     coord_effects: Vec<Effect>,
     spec_effects: Vec<SpecialistEffect>,
+    /// Host stages committed so far (the operator's marks).
+    host_stages: u64,
+    /// Drawn operator interventions still on the agenda.
+    operator_pending: u32,
 }
 
 impl std::fmt::Debug for World {
@@ -206,6 +219,8 @@ impl World {
             stale_spawns_refused: 0,
             coord_effects: Vec::new(),
             spec_effects: Vec::new(),
+            host_stages: 0,
+            operator_pending: 0,
             config,
         };
         world.coord = Some(world.fresh_coordinator_node());
@@ -224,8 +239,37 @@ impl World {
         for (at, i) in world.config.interventions.clone() {
             world.schedule(at, Ev::Intervene(i));
         }
+        world.draw_operator();
         world.schedule(world.config.fault_phase_ms, Ev::Heal);
         Ok(world)
+    }
+
+    /// Draws at most one operator intervention for this seed, from a stream of its own (so a seed that
+    /// draws none runs exactly as before): a pause, a cancel, or a follow-up that joins or reopens.
+    fn draw_operator(&mut self) {
+        let mut draw = SimRng::new(self.config.seed ^ OPERATOR_STREAM);
+        if self.submitted.is_empty() || !draw.chance(self.config.operator_ppm) {
+            return;
+        }
+        let at = draw.range(1_000, self.config.fault_phase_ms + OPERATOR_LATE_MS);
+        let run = self.submitted[draw.index(self.submitted.len())].run;
+        let intervention = match draw.index(3) {
+            0 => Intervention::Pause {
+                down_ms: draw.range(1, OPERATOR_PAUSE_MS_MAX),
+            },
+            1 => Intervention::Cancel {
+                run,
+                reason: "the operator cancelled it".into(),
+            },
+            _ => Intervention::FollowUp {
+                run,
+                step: None,
+                brief: "Follow-up: check the result once more.".into(),
+                agent: None,
+            },
+        };
+        self.operator_pending += 1;
+        self.schedule(at, Ev::Operator(intervention));
     }
 
     fn has_random_faults(&self) -> bool {
@@ -261,7 +305,10 @@ impl World {
             }
             // Every run is terminal and durable: liveness holds, and what is left on the agenda (fault
             // ticks, resends to exited specialists) cannot change an outcome.
-            if (self.healed || self.config.stop_when_terminal) && self.all_runs_terminal() {
+            if (self.healed || self.config.stop_when_terminal)
+                && self.operator_pending == 0
+                && self.all_runs_terminal()
+            {
                 break;
             }
             if self.now > self.config.fault_phase_ms + self.config.liveness_ms_max {
@@ -325,17 +372,37 @@ impl World {
             let scope = self.store.store().run(*run);
             match keel_actors::host::store::all_tasks(&scope) {
                 Ok(tasks) => {
-                    // Known gap (coordinator): a task that a re-dispatch replaced with a new task is
-                    // left `Running` in the store. Until the coordinator closes it, such a task is not
-                    // counted here; every other task of a terminal run must be terminal.
+                    // Known gap (coordinator): a task whose attempt failed is marked `Failed` in the
+                    // coordinator's memory but not in the store, so a task that a re-dispatch
+                    // replaced, or whose retry was still waiting when the run ended, stays `Running`
+                    // there. Until the coordinator writes it, such a task is not counted here; every
+                    // other task of a terminal run must be terminal.
                     let superseded: std::collections::BTreeSet<keel_store::TaskId> = tasks
                         .iter()
                         .filter(|t| t.kind == keel_store::TaskKind::Redispatch)
                         .filter_map(|t| t.parent)
                         .collect();
+                    let results = &self.checker.observed().results;
+                    let last_failed = |task: keel_store::TaskId| {
+                        results
+                            .range(
+                                keel_actors::AttemptId {
+                                    run: *run,
+                                    task,
+                                    attempt: 0,
+                                }..,
+                            )
+                            .take_while(|(a, _)| a.task == task && a.run == *run)
+                            .last()
+                            .is_some_and(|(_, ok)| !ok)
+                    };
                     let open: Vec<_> = tasks
                         .into_iter()
-                        .filter(|t| !t.status.is_terminal() && !superseded.contains(&t.id))
+                        .filter(|t| {
+                            !t.status.is_terminal()
+                                && !superseded.contains(&t.id)
+                                && !last_failed(t.id)
+                        })
                         .map(|t| (t.id, t.status, t.kind))
                         .collect();
                     if !open.is_empty() {
@@ -417,6 +484,10 @@ impl World {
             } => self.harness_next(node, inc, attempt, session),
             Ev::FaultTick => self.fault_tick(),
             Ev::Intervene(i) => self.intervene(i),
+            Ev::Operator(i) => {
+                self.operator_pending = self.operator_pending.saturating_sub(1);
+                self.intervene(i);
+            }
             Ev::Restart(node) => self.restart(node),
             Ev::Heal => self.heal(),
         }

@@ -5,15 +5,21 @@
 //! Checks are made at the moment a rule could break (an effect about to run), plus after every event
 //! (limits) and at the end (liveness). The first violation stops the run.
 
+mod observed;
+mod operator;
+mod tool_pairing;
+
+pub use observed::{DelegationAnswer, Observed, SessionObs, SpawnObs};
+use tool_pairing::tool_pairing;
+
 use std::collections::{BTreeMap, BTreeSet};
 
 use keel_actors::context::is_slash_skill_line;
 use keel_actors::{
     AttemptId, Continuity, CoordinatorInput, CoordinatorMsg, Effect, Envelope, LifecycleEvent,
-    Refusal, SpecialistEffect, SpecialistMsg, SpecialistReply, SpecialistStart, SubagentReport,
-    Supervisor, SupervisorMsg, Verdict,
+    SpecialistEffect, SpecialistMsg, SpecialistReply, SpecialistStart, Supervisor, SupervisorMsg,
 };
-use keel_store::{LogKind, RunId, RunStatus, SessionLogRow, TaskId, TaskKind, TaskStatus};
+use keel_store::{RunId, RunStatus, SessionLogRow, TaskId, TaskKind, TaskStatus};
 
 use crate::config::WorldConfig;
 use crate::harness::PLANTED_SECRET;
@@ -34,132 +40,6 @@ pub const NATIVE_RESUME_MARKERS: [&str; 5] = [
 /// instruction); the cap itself is the builders' to keep, this only catches growth.
 pub const PREAMBLE_FRAMING_CHARS_MAX: usize = 512;
 
-/// What was admitted for one attempt.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SpawnObs {
-    /// The run.
-    pub run: RunId,
-    /// The plan step.
-    pub step: String,
-    /// Why the task exists.
-    pub kind: TaskKind,
-    /// How its session gets continuity.
-    pub continuity: Continuity,
-    /// The agent it runs as.
-    pub agent: String,
-    /// The harness that runs it.
-    pub harness: String,
-    /// The model the supervisor resolved.
-    pub model: String,
-    /// The brief text as the coordinator gave it.
-    pub brief: String,
-}
-
-/// One harness session start, as the world saw it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SessionObs {
-    /// The attempt.
-    pub attempt: AttemptId,
-    /// Its spawn record, if the checker saw it (it always does: a specialist exists only by a spawn).
-    pub step: String,
-    /// The model the spec carries.
-    pub model: String,
-    /// The preamble kind found in the prompt (`standard`, `resume`), if any.
-    pub preamble: Option<String>,
-    /// Characters of the preamble.
-    pub preamble_chars: usize,
-    /// Characters of the whole prompt.
-    pub prompt_chars: usize,
-    /// Whether the preamble says something was cut to fit.
-    pub preamble_truncated: bool,
-    /// Lines of the preamble.
-    pub preamble_lines: usize,
-}
-
-impl Observed {
-    /// The accepted report of every step, with the task id blanked (ids are minted from the stream, so
-    /// a crashed-and-recovered run names its tasks differently): what two runs compare.
-    pub fn accepted_report_contents(&self) -> BTreeMap<(RunId, String), Vec<SubagentReport>> {
-        let mut out = BTreeMap::new();
-        for (key, attempts) in &self.accepted_reports {
-            let reports = attempts
-                .iter()
-                .filter_map(|a| self.reports.get(a))
-                .map(|r| SubagentReport {
-                    subtask_id: TaskId(0),
-                    ..r.clone()
-                })
-                .collect();
-            out.insert(key.clone(), reports);
-        }
-        out
-    }
-
-    /// The sessions of one plan step, in start order.
-    pub fn sessions_of(&self, step: &str) -> Vec<&SessionObs> {
-        self.sessions.iter().filter(|s| s.step == step).collect()
-    }
-}
-
-/// One delegation turn's answer as a lead's session got it: (call id, whether a report) per call.
-pub type DelegationAnswer = Vec<(String, bool)>;
-
-/// Everything the checker saw, for the scenario tests.
-#[derive(Debug, Clone, Default)]
-pub struct Observed {
-    /// Spawns that reached a worker, by attempt.
-    pub spawns: BTreeMap<AttemptId, SpawnObs>,
-    /// Every harness session start, in order.
-    pub sessions: Vec<SessionObs>,
-    /// The scripted behaviour of each attempt's session.
-    pub behaviours: BTreeMap<AttemptId, HarnessBehaviour>,
-    /// What each attempt reported last: `true` for a report, `false` for a failure.
-    pub results: BTreeMap<AttemptId, bool>,
-    /// Reports sent by attempts, by attempt.
-    pub reports: BTreeMap<AttemptId, SubagentReport>,
-    /// Attempts a coordinator acknowledged.
-    pub acked: BTreeSet<AttemptId>,
-    /// Per (run, plan step), the attempts whose *report* (not failure) was acknowledged. A re-dispatch
-    /// is a new task of the same step, so "accepted once" is counted per step.
-    pub accepted_reports: BTreeMap<(RunId, String), BTreeSet<AttemptId>>,
-    /// Results delivered to a coordinator from an attempt that was not the accepted one of its task,
-    /// after another attempt's report had been accepted (late duplicates).
-    pub late_results: Vec<AttemptId>,
-    /// Run-finished events, by run (last one wins).
-    pub run_finished: BTreeMap<RunId, (RunStatus, String)>,
-    /// Admissions that were refused, with the reason.
-    pub refusals: Vec<(AttemptId, Refusal)>,
-    /// Admissions granted.
-    pub admissions: u64,
-    /// Specialists the coordinator node asked to stop.
-    pub stops: Vec<AttemptId>,
-    /// Verdicts about failed attempts (from `Verdict` and `AttemptLost`).
-    pub verdicts: Vec<(AttemptId, Verdict)>,
-    /// Attempts the supervisor gave up on (deadline or node down).
-    pub lost: Vec<AttemptId>,
-    /// Runs whose budget tripped.
-    pub budget_trips: Vec<RunId>,
-    /// Specs that carried a native resume marker (must stay 0).
-    pub native_resume_calls: u64,
-    /// Idempotency keys of started sessions.
-    pub keys_started: BTreeMap<String, AttemptId>,
-    /// How often the coordinator node crashed.
-    pub coordinator_crashes: u32,
-    /// Session log rows each attempt sent, by its own sequence number.
-    pub logs: BTreeMap<AttemptId, BTreeMap<u32, SessionLogRow>>,
-    /// Admissions granted while a run's budget had tripped.
-    pub admissions_after_trip: u64,
-    /// Every task row a checkpoint commit created: (kind, parent), by task.
-    pub tasks_created: BTreeMap<TaskId, (TaskKind, Option<TaskId>)>,
-    /// Commits made on a full disk: (event, whether the store answered `DiskFull`, whether the disk
-    /// synced during the commit).
-    pub full_disk_commits: Vec<(u64, bool, bool)>,
-    /// Delegation turns leads asked: (attempt, turn, call ids), in order.
-    pub delegations: Vec<(AttemptId, u32, Vec<String>)>,
-    /// Delegation answers handed to leads' sessions: (attempt, turn, (call id, whether a report)).
-    pub delegation_answers: Vec<(AttemptId, u32, DelegationAnswer)>,
-}
-
 /// The checker of one seed.
 #[derive(Debug)]
 pub struct Checker {
@@ -177,6 +57,10 @@ pub struct Checker {
     spawn_burst: u32,
     spawn_interval_ms: u64,
     admitted_at: std::collections::VecDeque<SimMillis>,
+    /// Runs whose cancel took effect (invariant 14).
+    cancelled: BTreeSet<RunId>,
+    /// Runs reopened for a follow-up, with the run-finished events seen since (invariant 15).
+    reopened: BTreeMap<RunId, u32>,
 }
 
 /// The window over which the spawn rate is checked: a GCRA bucket admits at most its burst plus one
@@ -201,6 +85,8 @@ impl Checker {
             spawn_burst: config.supervisor.spawn_burst,
             spawn_interval_ms: config.supervisor.spawn_interval_ms.max(1),
             admitted_at: std::collections::VecDeque::new(),
+            cancelled: BTreeSet::new(),
+            reopened: BTreeMap::new(),
         }
     }
 
@@ -260,6 +146,11 @@ impl Checker {
     /// The coordinator node went down.
     pub fn coordinator_crashed(&mut self) {
         self.observed.coordinator_crashes += 1;
+    }
+
+    /// The coordinator node was paused (a graceful shutdown).
+    pub fn coordinator_paused(&mut self) {
+        self.observed.pauses += 1;
     }
 
     /// A session's scripted behaviour was chosen.
@@ -428,6 +319,11 @@ impl Checker {
                 }
             }
             Effect::SpawnSpecialist(start) => {
+                self.spawn_after_cancel(
+                    event,
+                    start.attempt.run,
+                    &format!("its coordinator spawned {}", start.attempt),
+                );
                 let profile_model = crate::setup::model_of(&start.assignment.agent);
                 if profile_model.as_deref() != Some(start.assignment.model.as_str()) {
                     self.fail(
@@ -452,6 +348,7 @@ impl Checker {
                 self.observed
                     .run_finished
                     .insert(*run, (*status, outcome.clone()));
+                self.run_finished_after_reopen(event, *run);
             }
             _ => {}
         }
@@ -880,6 +777,7 @@ impl Checker {
         if self.violation.is_some() || !healed {
             return;
         }
+        self.reopened_runs_ended(event, |run| runs_final.get(&run).map(|(s, _)| *s));
         for run in self.runs.clone() {
             match runs_final.get(&run) {
                 Some((status, _)) if status.is_terminal() => {}
@@ -905,65 +803,6 @@ impl Checker {
             }
         }
     }
-}
-
-/// The id a tool row carries: the specialist writes a tool_use's and a tool_result's detail as
-/// `"{id}: {text}"`.
-fn tool_id(row: &SessionLogRow) -> &str {
-    row.detail
-        .split_once(": ")
-        .map_or(&row.detail, |(id, _)| id)
-}
-
-/// Tool pairing over the gapless prefix of one attempt's log: the ids of the tool_uses still open at
-/// its end, or what broke the pairing.
-fn tool_pairing(
-    attempt: AttemptId,
-    log: &BTreeMap<u32, SessionLogRow>,
-) -> Result<BTreeSet<String>, String> {
-    let mut open: BTreeSet<String> = BTreeSet::new();
-    let mut answered: BTreeSet<String> = BTreeSet::new();
-    let first_seq = log.keys().next().copied().unwrap_or(1);
-    for (expected, (seq, row)) in (first_seq..).zip(log.iter()) {
-        if *seq != expected {
-            break;
-        }
-        match row.kind {
-            LogKind::ToolUse => {
-                let id = tool_id(row);
-                if open.contains(id) || answered.contains(id) {
-                    return Err(format!(
-                        "attempt {attempt}: tool_use row {seq} reuses the id {id}"
-                    ));
-                }
-                open.insert(id.to_string());
-            }
-            LogKind::ToolResult => {
-                let id = tool_id(row);
-                if !open.remove(id) {
-                    return Err(if answered.contains(id) {
-                        format!(
-                            "attempt {attempt}: tool_result row {seq} answers tool_use {id} a second time"
-                        )
-                    } else {
-                        format!(
-                            "attempt {attempt}: tool_result row {seq} ({id}) answers no open tool_use"
-                        )
-                    });
-                }
-                answered.insert(id.to_string());
-            }
-            LogKind::Text if !open.is_empty() => {
-                let ids: Vec<&str> = open.iter().map(String::as_str).collect();
-                return Err(format!(
-                    "attempt {attempt}: text row {seq} before the results of {}",
-                    ids.join(", ")
-                ));
-            }
-            _ => {}
-        }
-    }
-    Ok(open)
 }
 
 /// The run a persisted row names, when it names one.
