@@ -8,6 +8,7 @@
 //!
 //! Each case is one short real session (about 0.3 s for Codex to 3 s for opencode); the cases run
 //! in parallel.
+#![cfg(feature = "io")] // Sessions, servers and processes: the IO half of the crate.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::path::Path;

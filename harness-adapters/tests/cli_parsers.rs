@@ -1,5 +1,6 @@
 //! Every captured output of the four CLIs parses into the expected normalized events; malformed,
 //! truncated and arbitrary input gives typed errors, never a panic.
+#![cfg(feature = "io")] // Sessions, servers and processes: the IO half of the crate.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;

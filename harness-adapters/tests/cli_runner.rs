@@ -1,6 +1,7 @@
 //! The shared CLI runner's IO behaviour (limits, cancel, exit without a terminal event, missing
 //! binaries), with a shell script standing in for the CLI so these run on any machine. The real CLIs
 //! are exercised by `cli_conformance.rs`.
+#![cfg(feature = "io")] // Sessions, servers and processes: the IO half of the crate.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::path::{Path, PathBuf};

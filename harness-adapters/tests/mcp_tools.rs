@@ -1,6 +1,8 @@
 //! keel's loop calling tools of an MCP endpoint (streamable HTTP) on 127.0.0.1: initialize with a
 //! session id, paginated tools/list, tools/call answered as JSON and as SSE, tool errors as
 //! structured results, and a typed start error when the endpoint is down.
+#![cfg(feature = "io")]
+// Sessions, servers and processes: the IO half of the crate.
 
 // Test helpers panic on setup failure by design: a broken fixture must fail the test loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

@@ -1,6 +1,8 @@
 //! keel's native agent loop end to end over real HTTP against the scripted model server on
 //! 127.0.0.1: tool round trips with pairing, stop reasons, retries, rate limits, runaway guards,
 //! budgets, the pre-tool gate and cancellation.
+#![cfg(feature = "io")]
+// Sessions, servers and processes: the IO half of the crate.
 
 // Test helpers panic on setup failure by design: a broken fixture must fail the test loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

@@ -1,5 +1,7 @@
 //! The scripted harness: keel's loop with the model in process (no socket), as `keel run` uses it
 //! offline.
+#![cfg(feature = "io")]
+// Sessions, servers and processes: the IO half of the crate.
 
 // Test helpers panic on setup failure by design: a broken fixture must fail the test loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

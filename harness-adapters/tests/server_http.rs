@@ -1,5 +1,7 @@
 //! The scripted model server over real HTTP on 127.0.0.1: each wire API, streaming and JSON,
 //! recording, failure injection and a bounded shutdown.
+#![cfg(feature = "io")]
+// Sessions, servers and processes: the IO half of the crate.
 
 // Test helpers panic on setup failure by design: a broken fixture must fail the test loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

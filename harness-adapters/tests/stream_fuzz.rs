@@ -1,5 +1,7 @@
 //! Property tests over arbitrary input: the SSE parser, the stream assembler and the scripted
 //! model's request reduction never panic, and SSE framing does not depend on how bytes are chunked.
+#![cfg(feature = "io")]
+// Sessions, servers and processes: the IO half of the crate.
 
 // Test helpers panic on setup failure by design: a broken fixture must fail the test loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

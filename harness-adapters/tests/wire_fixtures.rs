@@ -2,6 +2,8 @@
 //! reduced by the scripted model: the rules must pick each CLI's own shell tool with the argument
 //! shape its schema asks for, call custom and namespaced tools, and echo tool results with the
 //! CLI's call id, on all three wire APIs. Each body is also replayed over HTTP.
+#![cfg(feature = "io")]
+// Sessions, servers and processes: the IO half of the crate.
 
 // Test helpers panic on setup failure by design: a broken fixture must fail the test loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
