@@ -10,7 +10,7 @@
 use crate::effect::{Effect, Envelope, TimerKey};
 use crate::machine::{Entropy, Machine, Millis};
 use crate::message::{CheckpointInput, CheckpointMsg, CheckpointTimer, CoordinatorMsg};
-use crate::persist::{CommitBatch, CommitId, STAGE_OPS_MAX, Stage};
+use crate::persist::{CommitBatch, CommitId, STAGE_OPS_MAX, Stage, StageOwner};
 use std::collections::VecDeque;
 
 /// Bounds of the checkpoint writer.
@@ -81,25 +81,37 @@ impl CheckpointWriter {
         self.commits_count
     }
 
-    fn answer(stage: &Stage, msg: CoordinatorMsg, out: &mut Vec<Effect>) {
-        out.push(Effect::Send(Envelope::Coordinator {
-            run: stage.run,
-            msg,
-        }));
+    /// Answer a stage's owner: its coordinator, or the host for the host's own stages.
+    fn answer(stage: &Stage, result: Result<(), String>, out: &mut Vec<Effect>) {
+        let (run, ticket) = (stage.run, stage.ticket);
+        let envelope = match stage.owner {
+            StageOwner::Coordinator => Envelope::Coordinator {
+                run,
+                msg: match result {
+                    Ok(()) => CoordinatorMsg::Durable { ticket },
+                    Err(error) => CoordinatorMsg::PersistFailed { ticket, error },
+                },
+            },
+            StageOwner::Host => Envelope::Host {
+                run,
+                ticket,
+                result,
+            },
+        };
+        out.push(Effect::Send(envelope));
     }
 
     /// Queue one stage for the next commit, or refuse it (too many ops, queue full) with
     /// `PersistFailed`.
     fn enqueue(&mut self, stage: Stage, out: &mut Vec<Effect>) {
-        let ticket = stage.ticket;
         if stage.ops.len() > STAGE_OPS_MAX || stage.ops.len() > self.config.batch_ops_max as usize {
             let error = format!("a stage of {} ops exceeds the limit", stage.ops.len());
-            Self::answer(&stage, CoordinatorMsg::PersistFailed { ticket, error }, out);
+            Self::answer(&stage, Err(error), out);
             return;
         }
         if self.queue.len() >= self.config.queued_stages_max as usize {
             let error = "the checkpoint queue is full; stage again later".to_string();
-            Self::answer(&stage, CoordinatorMsg::PersistFailed { ticket, error }, out);
+            Self::answer(&stage, Err(error), out);
             return;
         }
         self.queue.push_back(stage);
@@ -169,8 +181,7 @@ impl Machine for CheckpointWriter {
                 };
                 self.commits_count += 1;
                 for stage in &flight.stages {
-                    let ticket = stage.ticket;
-                    Self::answer(stage, CoordinatorMsg::Durable { ticket }, out);
+                    Self::answer(stage, Ok(()), out);
                 }
                 self.flush(out);
             }
@@ -194,9 +205,8 @@ impl Machine for CheckpointWriter {
                 if let Some(flight) = self.in_flight.take() {
                     let error = format!("commit failed after {} retries: {error}", flight.retries);
                     for stage in &flight.stages {
-                        let ticket = stage.ticket;
                         let error = error.clone();
-                        Self::answer(stage, CoordinatorMsg::PersistFailed { ticket, error }, out);
+                        Self::answer(stage, Err(error), out);
                     }
                     // Later stages of the same runs depend on the failed ones: fail them too, so a
                     // run's writes only ever commit as a prefix of what its coordinator decided.
@@ -208,9 +218,8 @@ impl Machine for CheckpointWriter {
                             .partition(|s| runs.contains(&s.run));
                     self.queue = rest;
                     for stage in &dependent {
-                        let ticket = stage.ticket;
                         let error = format!("an earlier write of this run failed: {error}");
-                        Self::answer(stage, CoordinatorMsg::PersistFailed { ticket, error }, out);
+                        Self::answer(stage, Err(error), out);
                     }
                 }
                 self.flush(out);

@@ -33,6 +33,16 @@ pub enum Envelope {
     Supervisor(SupervisorMsg),
     /// To the checkpoint actor.
     Checkpoint(CheckpointMsg),
+    /// To the host: the answer to a stage it owns ([`crate::StageOwner::Host`]), exactly once per
+    /// ticket, as a coordinator hears `Durable` or `PersistFailed`.
+    Host {
+        /// The run the stage wrote.
+        run: RunId,
+        /// The host's ticket of the stage.
+        ticket: u64,
+        /// `Ok` once durable, else why it was not written.
+        result: Result<(), String>,
+    },
 }
 
 /// Which machine a timer belongs to, so a host can route its firing back.

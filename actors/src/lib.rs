@@ -29,7 +29,7 @@ pub use effect::{Effect, Envelope, SpecialistEffect, TimerKey};
 pub use ids::{AttemptId, IdempotencyKey, ReplyTarget, ReplyTo};
 pub use machine::{Entropy, Machine, Millis, SplitMix64};
 pub use message::*;
-pub use persist::{CommitBatch, CommitId, PersistOp, Stage};
+pub use persist::{CommitBatch, CommitId, PersistOp, Stage, StageOwner};
 pub use plan::{Plan, PlanError, PlanStep, ValidatedPlan};
 pub use report::*;
 pub use specialist::{Specialist, SpecialistConfig};

@@ -88,14 +88,27 @@ impl PersistOp {
 /// Most ops in one stage; a coordinator decision that needs more is a bug, not a bigger transaction.
 pub const STAGE_OPS_MAX: usize = 512;
 
+/// Who staged a [`Stage`], and so who hears that it is durable: the checkpoint machine answers a
+/// coordinator's stage with `CoordinatorMsg::Durable` / `PersistFailed` to that run's coordinator,
+/// and the host's own stage (pause, cancel, resume marks) with [`crate::Envelope::Host`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum StageOwner {
+    /// The run's coordinator: the ticket is its sequence number, counted from 1.
+    Coordinator,
+    /// The host (the runtime or the simulator): the ticket is the host's own.
+    Host,
+}
+
 /// The writes of one decision of one run, committed atomically (never split across transactions) and
-/// acknowledged to the run's coordinator by `ticket` once durable.
+/// acknowledged to its `owner` by `ticket` once durable.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Stage {
     /// The run whose rows every op touches (DESIGN.md §12, invariant 9: the host stages them through
     /// this run's scope only).
     pub run: RunId,
-    /// The coordinator's sequence number for this stage; acks carry it back.
+    /// Who staged it and hears the answer.
+    pub owner: StageOwner,
+    /// The owner's sequence number for this stage; acks carry it back.
     pub ticket: u64,
     /// The writes, in order.
     pub ops: Vec<PersistOp>,

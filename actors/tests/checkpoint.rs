@@ -7,6 +7,7 @@ use keel_store::{ManifestEntry, ManifestOutcome, RunId};
 fn stage(run: u128, ticket: u64, ops: usize) -> CheckpointInput {
     CheckpointInput::Msg(CheckpointMsg::Stage(Stage {
         run: RunId(run),
+        owner: StageOwner::Coordinator,
         ticket,
         ops: (0..ops)
             .map(|i| {
@@ -333,16 +334,19 @@ fn a_row_replaced_again_later_in_a_commit_is_written_once() {
         stages: vec![
             Stage {
                 run,
+                owner: StageOwner::Coordinator,
                 ticket: 1,
                 ops: vec![update(1), manifest.clone(), checkpoint(1)],
             },
             Stage {
                 run: other,
+                owner: StageOwner::Coordinator,
                 ticket: 1,
                 ops: vec![other_checkpoint.clone()],
             },
             Stage {
                 run,
+                owner: StageOwner::Coordinator,
                 ticket: 2,
                 ops: vec![manifest.clone(), checkpoint(2), update(2)],
             },
@@ -360,4 +364,53 @@ fn a_row_replaced_again_later_in_a_commit_is_written_once() {
         ]
     );
     assert_eq!(batch.all_ops().count(), 7);
+}
+
+/// A stage the host owns is answered to the host, never as a coordinator message: the owner is a
+/// type, not a range of tickets, so a coordinator ticket of any size cannot be taken for the host's.
+#[test]
+fn a_host_stage_is_answered_to_the_host_and_a_coordinator_stage_to_its_coordinator() {
+    let mut w = CheckpointWriter::new(CheckpointConfig::default());
+    let mut rng = SplitMix64(0);
+    let mut out = Vec::new();
+    let host = Stage {
+        run: RunId(1),
+        owner: StageOwner::Host,
+        ticket: u64::MAX,
+        ops: vec![PersistOp::AppendManifest(ManifestEntry {
+            ts_ms: 0,
+            item: "host".into(),
+            task_id: None,
+            outcome: ManifestOutcome::Processed,
+        })],
+    };
+    let coordinator = Stage {
+        owner: StageOwner::Coordinator,
+        ticket: u64::MAX,
+        ..host.clone()
+    };
+    w.handle(
+        CheckpointInput::Msg(CheckpointMsg::Stages(vec![host, coordinator])),
+        0,
+        &mut rng,
+        &mut out,
+    );
+    let Some(Effect::Persist(batch)) = out.pop() else {
+        panic!("expected one commit, got {out:?}");
+    };
+    w.handle(CheckpointInput::Committed(batch.id), 0, &mut rng, &mut out);
+    assert_eq!(
+        out,
+        vec![
+            Effect::Send(Envelope::Host {
+                run: RunId(1),
+                ticket: u64::MAX,
+                result: Ok(()),
+            }),
+            Effect::Send(Envelope::Coordinator {
+                run: RunId(1),
+                msg: CoordinatorMsg::Durable { ticket: u64::MAX },
+            }),
+        ]
+    );
 }

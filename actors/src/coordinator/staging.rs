@@ -8,7 +8,7 @@ use crate::machine::{Entropy, Millis};
 use crate::message::{
     CheckpointMsg, CoordinatorTimer, LifecycleEvent, SpecialistMsg, SupervisorMsg,
 };
-use crate::persist::{PersistOp, STAGE_OPS_MAX, Stage};
+use crate::persist::{PersistOp, STAGE_OPS_MAX, Stage, StageOwner};
 use crate::report::StepOutcome;
 use keel_store::{RunStatus, SessionLogRow};
 
@@ -210,6 +210,7 @@ impl RunState {
         out.push(Effect::Send(Envelope::Checkpoint(CheckpointMsg::Stage(
             Stage {
                 run: self.id,
+                owner: StageOwner::Coordinator,
                 ticket,
                 ops,
             },

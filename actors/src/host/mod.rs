@@ -9,13 +9,17 @@
 //!   [`store::open_runs`], [`store::recover_open_runs`]), and a specialist's context rows
 //!   ([`store::load_context`]), with one error type, [`HostError`];
 //! - [`decide`]: what a pause (SIGTERM), a cancel, a resume and a follow-up do to a run, as pure
-//!   functions over its rows, answering the rows to write or a typed [`Refusal`].
+//!   functions over its rows, answering the rows to write or a typed [`Refusal`];
+//! - [`started`]: the in-process guard against two sessions with one key, which refuses rather
+//!   than forgets when full.
 //!
 //! Nothing here awaits: an async host calls these on a blocking thread (the runtime's store writer,
 //! `spawn_blocking`), the simulator calls them inline.
 
 pub mod decide;
+pub mod started;
 pub mod store;
 
 pub use decide::{FollowUpRoute, Marks, Refusal};
+pub use started::{StartRefusal, StartedKeys};
 pub use store::HostError;

@@ -15,7 +15,7 @@ use crate::persist::PersistOp;
 use crate::supervisor::Supervisor;
 use keel_store::{RunId, Store};
 use ractor::Actor;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -86,7 +86,7 @@ impl Runtime {
             commits_in_flight: AtomicU64::new(0),
             commits_total: AtomicU64::new(0),
             entropy: Mutex::new(entropy),
-            started_keys: Mutex::new(BTreeSet::new()),
+            started_keys: Mutex::new(crate::host::StartedKeys::default()),
             sessions_started: AtomicU64::new(0),
             writer: OnceLock::new(),
         });

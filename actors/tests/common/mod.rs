@@ -268,6 +268,9 @@ impl World {
                 Effect::Send(Envelope::Checkpoint(m)) => {
                     self.queue.push_back(Ev::Ck(CheckpointInput::Msg(m)));
                 }
+                Effect::Send(Envelope::Host { .. }) => {
+                    panic!("this host stages nothing of its own, so nothing answers it");
+                }
                 Effect::Persist(batch) => {
                     if self.fail_commits > 0 {
                         self.fail_commits -= 1;

@@ -146,6 +146,8 @@ impl World {
                     },
                 ),
                 Envelope::Specialist { attempt, msg } => self.send_to_specialist(attempt, msg),
+                // The answer to a stage the host owns: this world stages none of its own yet.
+                Envelope::Host { .. } => {}
             },
             Effect::Persist(batch) => {
                 let outcome = if self.config.mutation == Some(Mutation::AckBeforeDurable) {

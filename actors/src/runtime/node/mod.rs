@@ -28,7 +28,7 @@ pub(crate) use supervisor_role::SupervisorRole;
 use crate::checkpoint::CheckpointWriter;
 use crate::coordinator::Coordinator;
 use crate::effect::{Effect, Envelope, TimerKey};
-use crate::ids::{AttemptId, IdempotencyKey};
+use crate::ids::AttemptId;
 use crate::machine::Millis;
 use crate::message::{CheckpointInput, CoordinatorInput, SpecialistMsg, SupervisorInput};
 use crate::persist::CommitBatch;
@@ -41,16 +41,12 @@ use crate::supervisor::Supervisor;
 use keel_harness::CancelToken;
 use keel_store::{RunId, Store};
 use ractor::ActorId;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tracing::Span;
-
-/// Tickets at or above this are the host's own stages (pause marks, resume marks), answered to the
-/// host instead of a coordinator. Coordinators count their tickets from 1.
-pub(crate) const HOST_TICKET_BASE: u64 = u64::MAX / 2;
 
 /// The exit reason of a specialist that ended normally (its machine emitted `Exit`); any other end is
 /// reported to the supervisor machine as `SpecialistDown`.
@@ -87,6 +83,7 @@ pub(crate) struct Node {
     pub(crate) supervisor: OnceLock<HostRef<Supervisor>>,
     pub(crate) checkpoint: OnceLock<HostRef<CheckpointWriter>>,
     pub(crate) waiters: Mutex<BTreeMap<RunId, Vec<oneshot::Sender<RunOutcome>>>>,
+    /// Waiters of the host's own stages ([`crate::StageOwner::Host`]), by the host's ticket.
     pub(crate) host_acks: Mutex<BTreeMap<u64, oneshot::Sender<Result<(), String>>>>,
     pub(crate) next_host_ticket: AtomicU64,
     pub(crate) events: Option<mpsc::Sender<RuntimeEvent>>,
@@ -99,7 +96,7 @@ pub(crate) struct Node {
     /// Group commits handed to the store writer (failed ones included), for `Runtime::commits`.
     pub(crate) commits_total: AtomicU64,
     pub(crate) entropy: Mutex<OsEntropy>,
-    pub(crate) started_keys: Mutex<BTreeSet<IdempotencyKey>>,
+    pub(crate) started_keys: Mutex<crate::host::StartedKeys>,
     pub(crate) sessions_started: AtomicU64,
     /// The store writer thread's queue (see [`store_writer`]); set once at start.
     pub(crate) writer: OnceLock<std::sync::mpsc::Sender<(CommitBatch, tracing::Span)>>,

@@ -1,13 +1,13 @@
 //! Delivering envelopes between the node's machines, the host's own stages through the checkpoint
 //! actor, and turning lifecycle events into runtime events and run waiters' answers.
 
-use super::{HOST_TICKET_BASE, Node, lock};
+use super::{Node, lock};
 use crate::effect::Envelope;
 use crate::message::{
-    CheckpointInput, CheckpointMsg, CoordinatorInput, CoordinatorMsg, LifecycleEvent,
-    SpecialistInput, SpecialistMsg, SupervisorInput,
+    CheckpointInput, CheckpointMsg, CoordinatorInput, LifecycleEvent, SpecialistInput,
+    SpecialistMsg, SupervisorInput,
 };
-use crate::persist::{PersistOp, Stage};
+use crate::persist::{PersistOp, Stage, StageOwner};
 use crate::runtime::{RunOutcome, RuntimeEvent};
 use keel_store::RunId;
 use std::sync::atomic::Ordering;
@@ -19,19 +19,8 @@ impl Node {
     /// every message between machines is either resent by its sender or made moot by the store.
     pub(crate) fn route(&self, envelope: Envelope) {
         match envelope {
+            Envelope::Host { ticket, result, .. } => self.host_ack(ticket, result),
             Envelope::Coordinator { run, msg } => {
-                if let CoordinatorMsg::Durable { ticket } = &msg
-                    && *ticket >= HOST_TICKET_BASE
-                {
-                    self.host_ack(*ticket, Ok(()));
-                    return;
-                }
-                if let CoordinatorMsg::PersistFailed { ticket, error } = &msg
-                    && *ticket >= HOST_TICKET_BASE
-                {
-                    self.host_ack(*ticket, Err(error.clone()));
-                    return;
-                }
                 if self.frozen.load(Ordering::Acquire) {
                     return;
                 }
@@ -93,11 +82,12 @@ impl Node {
         ops: Vec<PersistOp>,
         wait: Duration,
     ) -> Result<(), String> {
-        let ticket = HOST_TICKET_BASE + self.next_host_ticket.fetch_add(1, Ordering::Relaxed);
+        let ticket = self.next_host_ticket.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         lock(&self.host_acks).insert(ticket, tx);
         self.route(Envelope::Checkpoint(CheckpointMsg::Stage(Stage {
             run,
+            owner: StageOwner::Host,
             ticket,
             ops,
         })));

@@ -18,9 +18,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use tracing::{Instrument, Span};
 
-/// Most idempotency keys remembered by the in-process double-start guard.
-const STARTED_KEYS_MAX: usize = 1 << 20;
-
 impl Node {
     pub(crate) async fn spawn_specialist(self: &Arc<Self>, start: SpecialistStart) {
         if self.pausing.load(Ordering::Acquire) {
@@ -113,21 +110,18 @@ impl SpecialistRole {
         spec: keel_harness::SessionSpec,
     ) {
         {
-            let mut started = lock(&self.node.started_keys);
-            if started.contains(&key) {
-                // DESIGN.md §12 invariant 2: never two sessions with one key.
+            let admitted = lock(&self.node.started_keys).admit(key);
+            if let Err(refusal) = admitted {
+                // DESIGN.md §12 invariant 2: never two sessions with one key; and a full guard
+                // refuses rather than forgets.
                 Self::feed(
                     me,
-                    SpecialistInput::Harness(HarnessEvent::Failed(HarnessError::system(format!(
-                        "a session was already started with key {key}"
-                    )))),
+                    SpecialistInput::Harness(HarnessEvent::Failed(HarnessError::system(
+                        refusal.to_string(),
+                    ))),
                 );
                 return;
             }
-            if started.len() >= STARTED_KEYS_MAX {
-                started.clear();
-            }
-            started.insert(key);
         }
         let Some(harness) = self.node.harnesses.get(self.harness) else {
             Self::feed(
