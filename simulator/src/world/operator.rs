@@ -7,7 +7,7 @@ use keel_actors::host::decide::{self, FollowUpRoute, Marks};
 use keel_actors::host::{self};
 use keel_actors::{
     CommitBatch, CommitId, Coordinator, CoordinatorInput, CoordinatorMsg, Effect, FollowUpRequest,
-    PersistOp, SpecialistMsg, Stage,
+    PersistOp, SpecialistMsg, Stage, StageOwner,
 };
 use keel_store::{RunId, RunStatus, TaskStatus};
 
@@ -34,6 +34,7 @@ impl World {
             id: CommitId(n),
             stages: vec![Stage {
                 run,
+                owner: StageOwner::Host,
                 ticket: n,
                 ops: marks.ops,
             }],
