@@ -13,12 +13,7 @@ use std::collections::BTreeSet;
 impl RunState {
     /// Queue a follow-up step on the thread of `request.parent` (it starts when the thread is free:
     /// see [`ready_follow_ups`]). Returns whether it was queued; a refusal is a logged decision.
-    pub(super) fn queue_follow_up(
-        &mut self,
-        request: FollowUpRequest,
-        estimate: u64,
-        now: Millis,
-    ) -> bool {
+    pub(super) fn queue_follow_up(&mut self, request: FollowUpRequest, now: Millis) -> bool {
         let FollowUpRequest {
             parent,
             brief,
@@ -51,7 +46,7 @@ impl RunState {
                 output_schema: None,
                 assignee: agent,
                 depends_on: Vec::new(),
-                estimate_micros: estimate,
+                estimate_micros: self.config.default_estimate_micros,
             },
             Vec::new(),
         );
@@ -108,8 +103,7 @@ impl RunState {
         rng: &mut dyn Entropy,
         out: &mut Vec<Effect>,
     ) {
-        let estimate = self.config.default_estimate_micros;
-        if self.queue_follow_up(request, estimate, now) {
+        if self.queue_follow_up(request, now) {
             self.advance(now, rng, out);
         }
     }

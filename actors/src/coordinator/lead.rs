@@ -10,12 +10,43 @@ use crate::plan::{PLAN_STEPS_MAX, PlanStep};
 use crate::report::StepOutcome;
 use std::collections::{BTreeMap, VecDeque};
 
+/// The delegation state of a lead run.
 #[derive(Clone, Debug, Default)]
 pub(super) struct Lead {
-    pub(super) turns_seen: u32,
+    /// Which turns are already taken: a turn at or below it is a duplicate.
+    pub(super) turns_seen: TurnsSeen,
+    /// Turns waiting for the active one to be answered: (turn, the indices of its steps).
     pub(super) queue: VecDeque<(u32, Vec<usize>)>,
+    /// The turn whose steps are running.
     pub(super) active: Option<(u32, Vec<usize>)>,
+    /// The answers given, by turn, so a duplicate turn is answered again.
     pub(super) answered: BTreeMap<u32, Vec<(String, StepOutcome)>>,
+}
+
+/// Which delegation turns of a lead are taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum TurnsSeen {
+    /// Every turn up to this one (0: none yet).
+    UpTo(u32),
+    /// A recovered lead: the turns it asked before the restart are not in the rows (their steps
+    /// are), so no turn number is taken as new and nothing is delegated twice.
+    Recovered,
+}
+
+impl Default for TurnsSeen {
+    fn default() -> Self {
+        TurnsSeen::UpTo(0)
+    }
+}
+
+impl TurnsSeen {
+    /// Whether `turn` was taken already.
+    fn covers(self, turn: u32) -> bool {
+        match self {
+            TurnsSeen::UpTo(seen) => turn <= seen,
+            TurnsSeen::Recovered => true,
+        }
+    }
 }
 
 impl RunState {
@@ -110,7 +141,7 @@ impl RunState {
         let Some(lead) = self.lead.as_mut() else {
             return;
         };
-        if turn <= lead.turns_seen {
+        if lead.turns_seen.covers(turn) {
             // A duplicate turn: answer again if it was answered (the answer may have been lost).
             if let Some(results) = lead.answered.get(&turn).cloned() {
                 self.to_specialist(from, SpecialistMsg::Delegated { turn, results }, out);
@@ -136,7 +167,7 @@ impl RunState {
             self.to_specialist(from, SpecialistMsg::Delegated { turn, results }, out);
             return;
         }
-        lead.turns_seen = turn;
+        lead.turns_seen = TurnsSeen::UpTo(turn);
         let mut indices = Vec::new();
         for (i, call) in calls.into_iter().take(calls_max).enumerate() {
             let spec = PlanStep {

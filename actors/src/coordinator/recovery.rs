@@ -9,7 +9,7 @@
 //! the old attempt is refused as stale), or not started yet. Nothing is guessed: a run without a root
 //! task ends as failed, and a finished run stays finished.
 
-use super::lead::Lead;
+use super::lead::{Lead, TurnsSeen};
 use super::snapshot::{Snapshot, StepSnapshot};
 use super::staging::Then;
 use super::step::{BackoffNext, Step};
@@ -98,8 +98,7 @@ impl RunState {
         if let Some(f) = follow_up {
             // Queued before anything moves: a run whose steps are all done would otherwise end
             // again at once, before the follow-up is part of it.
-            let estimate = state.config.default_estimate_micros;
-            state.queue_follow_up(f, estimate, now);
+            state.queue_follow_up(f, now);
         }
         // Steps that were dispatched run again; a recovered lead's delegations that never started start
         // now (their turn is already active).
@@ -278,7 +277,7 @@ impl RunState {
             .filter(|&i| self.steps[i].status != StepStatus::Done && self.steps[i].thread.is_none())
             .collect();
         if let Some(l) = self.lead.as_mut() {
-            l.turns_seen = u32::MAX / 2;
+            l.turns_seen = TurnsSeen::Recovered;
             if !open.is_empty() {
                 l.active = Some((0, open));
             }
