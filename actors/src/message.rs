@@ -604,14 +604,20 @@ pub enum LifecycleEvent {
         kind: crate::report::FailureKind,
     },
     /// A run reached a terminal state (its row is durable).
-    RunFinished {
-        /// The run.
-        run: RunId,
-        /// Its terminal status.
-        status: keel_store::RunStatus,
-        /// The outcome text.
-        outcome: String,
-    },
+    RunFinished(RunOutcome),
+}
+
+/// How a run ended: what its coordinator emits once the run's terminal row is durable, and what a
+/// host hands to whoever waits for the run (the runtime's `RunHandle::finished`, its `Finished`
+/// event, the simulator's checker).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunOutcome {
+    /// The run.
+    pub run: RunId,
+    /// Its terminal status (durable).
+    pub status: keel_store::RunStatus,
+    /// The outcome text (the synthesis as JSON for a completed run, else the reason).
+    pub outcome: String,
 }
 
 /// When the supervisor spawns a specialist, everything the host needs to create and begin it.

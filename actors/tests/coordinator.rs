@@ -339,10 +339,10 @@ fn a_budget_trip_refuses_spawns_and_ends_the_run_with_a_budget_outcome() {
     );
     assert!(w.events.iter().any(|e| matches!(
         e,
-        LifecycleEvent::RunFinished {
+        LifecycleEvent::RunFinished(RunOutcome {
             status: RunStatus::BudgetExceeded,
             ..
-        }
+        })
     )));
 }
 

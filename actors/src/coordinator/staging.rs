@@ -6,7 +6,7 @@ use crate::effect::{Effect, Envelope};
 use crate::ids::AttemptId;
 use crate::machine::{Entropy, Millis};
 use crate::message::{
-    CheckpointMsg, CoordinatorTimer, LifecycleEvent, SpecialistMsg, SupervisorMsg,
+    CheckpointMsg, CoordinatorTimer, LifecycleEvent, RunOutcome, SpecialistMsg, SupervisorMsg,
 };
 use crate::persist::{PersistOp, STAGE_OPS_MAX, Stage, StageOwner};
 use crate::report::StepOutcome;
@@ -267,11 +267,11 @@ impl RunState {
             }
             Then::Finished { status, outcome } => {
                 self.phase = Phase::Done(status);
-                out.push(Effect::Emit(LifecycleEvent::RunFinished {
+                out.push(Effect::Emit(LifecycleEvent::RunFinished(RunOutcome {
                     run: self.id,
                     status,
                     outcome,
-                }));
+                })));
                 self.send(SupervisorMsg::CloseRun { run: self.id }, out);
             }
         }
@@ -308,11 +308,11 @@ impl RunState {
         self.pending.remove(&ticket);
         let outcome = format!("the store refused a write {restages_max} times: {error}");
         self.phase = Phase::Done(RunStatus::Failed);
-        out.push(Effect::Emit(LifecycleEvent::RunFinished {
+        out.push(Effect::Emit(LifecycleEvent::RunFinished(RunOutcome {
             run: self.id,
             status: RunStatus::Failed,
             outcome,
-        }));
+        })));
         self.send(SupervisorMsg::CloseRun { run: self.id }, out);
     }
 }

@@ -3,18 +3,9 @@
 use crate::ids::AttemptId;
 use crate::report::SubagentReport;
 use keel_harness::{HarnessKind, TokenCounts};
-use keel_store::{RunId, RunStatus, TaskId};
+use keel_store::{RunId, TaskId};
 
-/// How a run ended.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RunOutcome {
-    /// The run.
-    pub run: RunId,
-    /// Its terminal status (durable).
-    pub status: RunStatus,
-    /// The outcome text (the synthesis as JSON for a completed run, else the reason).
-    pub outcome: String,
-}
+pub use crate::message::RunOutcome;
 
 /// What an embedding host or a progress view hears about, as it happens. The store is the record;
 /// these are a view of it, and a full channel drops them rather than stall a run.

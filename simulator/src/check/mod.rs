@@ -340,11 +340,11 @@ impl Checker {
                 }
             }
             Effect::StopSpecialist { attempt, .. } => self.observed.stops.push(*attempt),
-            Effect::Emit(LifecycleEvent::RunFinished {
+            Effect::Emit(LifecycleEvent::RunFinished(keel_actors::RunOutcome {
                 run,
                 status,
                 outcome,
-            }) => {
+            })) => {
                 self.observed
                     .run_finished
                     .insert(*run, (*status, outcome.clone()));

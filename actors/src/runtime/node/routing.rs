@@ -8,7 +8,7 @@ use crate::message::{
     SpecialistMsg, SupervisorInput,
 };
 use crate::persist::{PersistOp, Stage, StageOwner};
-use crate::runtime::{RunOutcome, RuntimeEvent};
+use crate::runtime::RuntimeEvent;
 use keel_store::RunId;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -103,17 +103,9 @@ impl Node {
 
     pub(crate) fn lifecycle(&self, event: LifecycleEvent) {
         match event {
-            LifecycleEvent::RunFinished {
-                run,
-                status,
-                outcome,
-            } => {
-                tracing::info!(?status, "run finished");
-                let done = RunOutcome {
-                    run,
-                    status,
-                    outcome,
-                };
+            LifecycleEvent::RunFinished(done) => {
+                tracing::info!(status = ?done.status, "run finished");
+                let run = done.run;
                 // The event goes out before the waiters wake, so a caller that awaited the run's end
                 // finds `Finished` already in its event channel.
                 self.emit(RuntimeEvent::Finished(done.clone()));
