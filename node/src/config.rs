@@ -7,6 +7,7 @@
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 
+use keel_harness::HarnessKind;
 use serde::{Deserialize, Deserializer, Serialize};
 
 /// The longest keel.toml read. A configuration is a few kilobytes; a larger file is a mistake.
@@ -142,24 +143,6 @@ fn dollars<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
     Ok(Some(v))
 }
 
-/// The harnesses an agent profile can name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub(crate) enum HarnessName {
-    /// Claude Code (`claude -p`).
-    ClaudeCode,
-    /// Codex (`codex exec`).
-    Codex,
-    /// OpenCode (`opencode run`).
-    Opencode,
-    /// pi (`pi --mode json`).
-    Pi,
-    /// keel's own agent loop on the Anthropic Messages API.
-    MessagesApi,
-    /// The built-in deterministic scripted model.
-    Scripted,
-}
-
 /// `[[agents]]`: who can be assigned a task. A derived task takes its model from its assignee's profile.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -169,8 +152,10 @@ pub(crate) struct AgentSection {
     /// What the agent is for (shown to a lead agent choosing whom to delegate to).
     #[serde(default)]
     pub(crate) description: String,
-    /// Which harness runs its sessions.
-    pub(crate) harness: HarnessName,
+    /// Which harness runs its sessions, by its stable name (`claude-code`, `codex`, ...): the
+    /// harness crate's own [`HarnessKind`], so configuration, the store and the adapters share one
+    /// vocabulary.
+    pub(crate) harness: HarnessKind,
     /// The model its sessions use.
     pub(crate) model: String,
     /// Which credentials to use.
@@ -351,7 +336,7 @@ max_turns = 8
         assert_eq!(c.log.level, "info,keel_actors=debug");
         assert_eq!(c.supervisor.max_depth, 2);
         assert_eq!(c.supervisor.run_budget_usd, Some(1.5));
-        assert_eq!(c.agents[0].harness, HarnessName::ClaudeCode);
+        assert_eq!(c.agents[0].harness, HarnessKind::ClaudeCode);
         assert_eq!(c.agents[0].max_turns.map(NonZeroU32::get), Some(8));
     }
 

@@ -14,7 +14,7 @@ use keel_harness::server::{ModelServer, ModelServerConfig};
 use keel_harness::{Account, Credential, HarnessKind};
 use keel_store::{AgentLimits, AgentProfile};
 
-use crate::config::{AgentSection, Config, HarnessName};
+use crate::config::{AgentSection, Config};
 
 /// The agent profile of the built-in scripted model.
 pub(crate) const SCRIPTED_AGENT: &str = "scripted";
@@ -46,17 +46,6 @@ pub(crate) struct NodeSetup {
     pub(crate) _server: Option<ModelServer>,
 }
 
-fn kind_of(name: HarnessName) -> HarnessKind {
-    match name {
-        HarnessName::ClaudeCode => HarnessKind::ClaudeCode,
-        HarnessName::Codex => HarnessKind::Codex,
-        HarnessName::Opencode => HarnessKind::Opencode,
-        HarnessName::Pi => HarnessKind::Pi,
-        HarnessName::MessagesApi => HarnessKind::MessagesApi,
-        HarnessName::Scripted => HarnessKind::Scripted,
-    }
-}
-
 fn profile(a: &AgentSection) -> AgentProfile {
     let mut limits = AgentLimits::default();
     if let Some(t) = a.max_turns {
@@ -65,7 +54,7 @@ fn profile(a: &AgentSection) -> AgentProfile {
     AgentProfile {
         name: a.name.clone(),
         description: a.description.clone(),
-        harness: kind_of(a.harness).as_str().into(),
+        harness: a.harness.as_str().into(),
         model: a.model.clone(),
         account: a.account.clone(),
         tools: a.tools.clone(),
@@ -182,7 +171,7 @@ pub(crate) async fn node_setup(
             if choice.agent.as_ref().is_some_and(|n| n != &a.name) {
                 continue;
             }
-            let kind = kind_of(a.harness);
+            let kind = a.harness;
             agents.push(profile(a));
             if harnesses.get(kind).is_none() {
                 harnesses = harnesses.with(kind, harness_for(kind)?);
