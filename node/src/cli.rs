@@ -153,6 +153,11 @@ pub(crate) enum Command {
     },
     /// A narrated scenario: a worker crash, recovery from the checkpoint, a harness switch.
     Demo,
+    /// Look after the store file: check it, back it up, compact it.
+    Store {
+        #[command(subcommand)]
+        action: StoreAction,
+    },
     /// Measure the orchestration path with an instant harness on a temporary store.
     Bench {
         /// Specialists per run, comma-separated.
@@ -165,6 +170,21 @@ pub(crate) enum Command {
         #[arg(long, default_value_t = 8)]
         in_flight: u32,
     },
+}
+
+/// `keel store ...`: upkeep of the store file.
+#[derive(Subcommand, Debug)]
+pub(crate) enum StoreAction {
+    /// Run redb's integrity check over every page (needs the store alone: no keel process running
+    /// on this home).
+    Check,
+    /// Write a consistent copy of the store to a new file (works while a node runs).
+    Backup {
+        /// The backup file to create; an existing file is never overwritten.
+        path: PathBuf,
+    },
+    /// Release the free space inside the file (needs the store alone).
+    Compact,
 }
 
 /// Which agents and harnesses a run uses.

@@ -5,7 +5,7 @@ use keel_store::Store;
 use crate::cli::{Cli, Command};
 use crate::exit::{self, Exit, Failed, ended, failure, followed};
 use crate::home::Home;
-use crate::{context, render, run};
+use crate::{context, render, run, store_file};
 
 /// Carries out one parsed command line.
 pub(crate) fn run(cli: Cli) -> Result<(), Failed> {
@@ -110,6 +110,7 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failed> {
             port,
             record_dir,
         } => failure(run::model_server(script, port, record_dir))?,
+        Command::Store { action } => store_file::run(&home, action, &out)?,
         Command::Demo => failure(run::demo::demo(&home))?,
         Command::Bench {
             fan_out,

@@ -34,14 +34,30 @@ pub(crate) enum HomeError {
     /// keel.toml is invalid.
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// The store exists but does not open (locked by a running keel, not a redb file, newer format).
-    #[error("cannot open the store at {}: {source}", path.display())]
+    /// The store exists but does not open: held by another keel process, damaged, not a store,
+    /// not permitted, a newer format. The message names the file and what to do.
+    #[error("cannot open the store at {}: {reason}{}", path.display(), open_hint(reason))]
     Open {
         /// The store file.
         path: PathBuf,
-        /// Why.
-        source: OpenError,
+        /// Why (in the message, not a separate source, so the hint follows it and it is not
+        /// printed twice).
+        reason: OpenError,
     },
+}
+
+/// What the operator can do about an open error, after its message.
+fn open_hint(e: &OpenError) -> &'static str {
+    match e {
+        OpenError::Locked => {
+            "; another keel process has it open for writing (a `keel run`, `keel resume` or `keel follow-up` on this home?): wait for it, or stop its run with `keel cancel RUN`"
+        }
+        OpenError::Corrupt(_) => {
+            "; check it with `keel store check`, or restore a backup made with `keel store backup`"
+        }
+        OpenError::PermissionDenied(_) => "; check the file's owner and permissions",
+        _ => "",
+    }
 }
 
 /// A located keel home.
@@ -124,9 +140,9 @@ impl Home {
         // A kept keel.toml is checked now, so a bad one is reported at init rather than at first use.
         let store_path = self.store_path()?;
         let store = !store_path.exists();
-        Store::open(&store_path).map_err(|source| HomeError::Open {
+        Store::open(&store_path).map_err(|reason| HomeError::Open {
             path: store_path,
-            source,
+            reason,
         })?;
         Ok(Created { config, store })
     }
@@ -143,10 +159,10 @@ impl Home {
         // fails cleanly if another process holds the file).
         match Store::open_read_only(&path, StoreConfig::default()) {
             Ok(store) => Ok(store),
-            Err(OpenError::Database(_)) => {
-                Store::open(&path).map_err(|source| HomeError::Open { path, source })
+            Err(OpenError::NeedsRecovery) => {
+                Store::open(&path).map_err(|reason| HomeError::Open { path, reason })
             }
-            Err(source) => Err(HomeError::Open { path, source }),
+            Err(reason) => Err(HomeError::Open { path, reason }),
         }
     }
 }

@@ -12,6 +12,7 @@ mod home;
 mod render;
 mod run;
 mod stdout;
+mod store_file;
 
 use std::process::ExitCode;
 
@@ -21,6 +22,7 @@ use crate::cli::Cli;
 use crate::exit::Exit;
 
 fn main() -> ExitCode {
+    quiet_storage_panics();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -41,4 +43,17 @@ fn main() -> ExitCode {
             ExitCode::from(e.exit as u8)
         }
     }
+}
+
+/// redb panics on some damaged pages; keel-store catches those panics at its boundary and answers a
+/// typed corruption error naming the file, which `keel` prints. The default panic hook would print
+/// the panic and a stack trace first, as if keel had crashed: this hook leaves those panics out and
+/// passes every other panic on to the default hook.
+fn quiet_storage_panics() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if !keel_store::is_storage_panic(info) {
+            default(info);
+        }
+    }));
 }

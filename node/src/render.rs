@@ -35,6 +35,11 @@ impl Output {
         Self { json }
     }
 
+    /// Whether `--json` was asked for.
+    pub(crate) fn json(&self) -> bool {
+        self.json
+    }
+
     fn print_json(&self, value: &impl Serialize) -> std::io::Result<()> {
         let mut out = crate::stdout::lock();
         serde_json::to_writer_pretty(&mut out, value)?;

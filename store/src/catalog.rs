@@ -36,8 +36,7 @@ impl<'s> Catalog<'s> {
     /// [`ReadError::TooManyRows`] if `limit` is over the read limit; [`ReadError::Decode`].
     pub fn runs(&self, limit: u32) -> Result<Listing<Run>, ReadError> {
         let limit = self.limit(limit)?;
-        let txn = self.store.begin_read()?;
-        read::runs(&txn, limit)
+        self.store.read(|txn| read::runs(txn, limit))
     }
 
     /// The newest run (the highest id: run ids are ULIDs, which sort by creation time), or `None`
@@ -46,8 +45,7 @@ impl<'s> Catalog<'s> {
     /// # Errors
     /// [`ReadError::Decode`].
     pub fn latest_run(&self) -> Result<Option<Run>, ReadError> {
-        let txn = self.store.begin_read()?;
-        read::latest_run(&txn)
+        self.store.read(read::latest_run)
     }
 
     /// One run's row.
@@ -55,8 +53,7 @@ impl<'s> Catalog<'s> {
     /// # Errors
     /// [`ReadError::NotFound`].
     pub fn run(&self, run: RunId) -> Result<Run, ReadError> {
-        let txn = self.store.begin_read()?;
-        read::get_run(&txn, run)
+        self.store.read(|txn| read::get_run(txn, run))
     }
 
     /// Tasks of one run, or of all runs (by run, then task id), at most `limit`.
@@ -65,11 +62,10 @@ impl<'s> Catalog<'s> {
     /// [`ReadError::TooManyRows`], [`ReadError::Decode`].
     pub fn tasks(&self, run: Option<RunId>, limit: u32) -> Result<Listing<Task>, ReadError> {
         let limit = self.limit(limit)?;
-        let txn = self.store.begin_read()?;
-        match run {
-            Some(run) => read::tasks_of_run(&txn, run, None, limit),
-            None => read::all_tasks(&txn, limit),
-        }
+        self.store.read(|txn| match run {
+            Some(run) => read::tasks_of_run(txn, run, None, limit),
+            None => read::all_tasks(txn, limit),
+        })
     }
 
     /// Which run a task belongs to.
@@ -77,8 +73,7 @@ impl<'s> Catalog<'s> {
     /// # Errors
     /// [`ReadError::NotFound`] if no run has the task.
     pub fn locate_task(&self, task: TaskId) -> Result<RunId, ReadError> {
-        let txn = self.store.begin_read()?;
-        read::locate_task(&txn, task)
+        self.store.read(|txn| read::locate_task(txn, task))
     }
 
     /// A task by id alone.
@@ -86,9 +81,10 @@ impl<'s> Catalog<'s> {
     /// # Errors
     /// [`ReadError::NotFound`], [`ReadError::Decode`].
     pub fn task(&self, task: TaskId) -> Result<Task, ReadError> {
-        let txn = self.store.begin_read()?;
-        let run = read::locate_task(&txn, task)?;
-        read::get_task(&txn, run, task)
+        self.store.read(|txn| {
+            let run = read::locate_task(txn, task)?;
+            read::get_task(txn, run, task)
+        })
     }
 
     /// A task's direct children, in id order.
@@ -97,9 +93,10 @@ impl<'s> Catalog<'s> {
     /// [`ReadError::NotFound`] if the task does not exist.
     pub fn children(&self, task: TaskId, limit: u32) -> Result<Listing<Task>, ReadError> {
         let limit = self.limit(limit)?;
-        let txn = self.store.begin_read()?;
-        let run = read::locate_task(&txn, task)?;
-        read::children(&txn, run, task, limit)
+        self.store.read(|txn| {
+            let run = read::locate_task(txn, task)?;
+            read::children(txn, run, task, limit)
+        })
     }
 
     /// A run's tasks as a tree, depth first (children in id order), reading at most `limit` tasks.
@@ -109,8 +106,7 @@ impl<'s> Catalog<'s> {
     /// [`ReadError::NotFound`] if the run does not exist.
     pub fn tree(&self, run: RunId, limit: u32) -> Result<Listing<TreeNode>, ReadError> {
         let limit = self.limit(limit)?;
-        let txn = self.store.begin_read()?;
-        read::tree(&txn, run, limit)
+        self.store.read(|txn| read::tree(txn, run, limit))
     }
 
     /// The last `n` session log rows of a task, oldest first.
@@ -123,9 +119,10 @@ impl<'s> Catalog<'s> {
         n: u32,
     ) -> Result<Vec<Sequenced<SessionLogRow>>, ReadError> {
         let n = self.limit(n)?;
-        let txn = self.store.begin_read()?;
-        let run = read::locate_task(&txn, task)?;
-        read::last_log_rows(&txn, run, task, n)
+        self.store.read(|txn| {
+            let run = read::locate_task(txn, task)?;
+            read::last_log_rows(txn, run, task, n)
+        })
     }
 
     /// An agent profile by name.
@@ -133,15 +130,16 @@ impl<'s> Catalog<'s> {
     /// # Errors
     /// [`ReadError::NotFound`], [`ReadError::Decode`].
     pub fn agent(&self, agent: &str) -> Result<AgentProfile, ReadError> {
-        let txn = self.store.begin_read()?;
-        let table = txn.open_table(tables::AGENTS)?;
-        match table.get(agent)? {
-            None => Err(ReadError::NotFound {
-                what: "agent profile",
-                key: agent.to_string(),
-            }),
-            Some(g) => Ok(codec::decode(name::AGENTS, &agent, g.value())?),
-        }
+        self.store.read(|txn| {
+            let table = txn.open_table(tables::AGENTS)?;
+            match table.get(agent)? {
+                None => Err(ReadError::NotFound {
+                    what: "agent profile",
+                    key: agent.to_string(),
+                }),
+                Some(g) => Ok(codec::decode(name::AGENTS, &agent, g.value())?),
+            }
+        })
     }
 
     /// Agent profiles in name order, at most `limit`.
@@ -150,18 +148,19 @@ impl<'s> Catalog<'s> {
     /// [`ReadError::TooManyRows`], [`ReadError::Decode`].
     pub fn agents(&self, limit: u32) -> Result<Listing<AgentProfile>, ReadError> {
         let limit = self.limit(limit)?;
-        let txn = self.store.begin_read()?;
-        let table = txn.open_table(tables::AGENTS)?;
-        let mut items = Vec::new();
-        let mut more = false;
-        for entry in table.iter()? {
-            let (k, v) = entry?;
-            if items.len() == limit {
-                more = true;
-                break;
+        self.store.read(|txn| {
+            let table = txn.open_table(tables::AGENTS)?;
+            let mut items = Vec::new();
+            let mut more = false;
+            for entry in table.iter()? {
+                let (k, v) = entry?;
+                if items.len() == limit {
+                    more = true;
+                    break;
+                }
+                items.push(codec::decode(name::AGENTS, &k.value(), v.value())?);
             }
-            items.push(codec::decode(name::AGENTS, &k.value(), v.value())?);
-        }
-        Ok(Listing { items, more })
+            Ok(Listing { items, more })
+        })
     }
 }

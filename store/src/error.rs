@@ -8,17 +8,41 @@
 //! before the failure is lost; the failed transaction leaves no trace.
 
 use crate::codec::{DecodeError, EncodeError};
+use crate::guard::{CarriesCorruption, Corruption, storage_corrupted};
 use crate::limits::LimitError;
 use crate::model::{RunId, TaskId};
 
-/// Opening (or creating) a store failed.
+/// Opening (or creating) a store failed. The variants tell apart what an operator does next: wait
+/// for (or stop) the other process, fix a permission, restore a backup, free space.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum OpenError {
-    /// redb could not open the file or backend: it is locked by another process, it is not a redb
-    /// database, it needs an upgrade, or the IO failed.
+    /// Another process has the file open in a way that excludes this open: a writer (a running keel
+    /// node) excludes a second writer, and an exclusive writer excludes readers too.
+    #[error("the store is held by another process")]
+    Locked,
+    /// The file was left by a crash and needs the recovery a writable open does; a read-only open
+    /// cannot repair it.
+    #[error("the store needs recovery after a crash, which a read-only open cannot do")]
+    NeedsRecovery,
+    /// The file or its folder may not be read or written by this user.
+    #[error("permission denied: {0}")]
+    PermissionDenied(std::io::Error),
+    /// There is no store file (a read-only open never creates one).
+    #[error("no such file: {0}")]
+    NotFound(std::io::Error),
+    /// The file is not a redb database at all.
+    #[error("the file is not a redb database")]
+    NotADatabase,
+    /// The file is a redb database, but its pages are damaged.
+    #[error(transparent)]
+    Corrupt(#[from] Corruption),
+    /// Any other IO failure while opening (a full disk when creating, a failing device).
+    #[error("IO failed while opening: {0}")]
+    Io(std::io::Error),
+    /// redb refused the file for another reason (an old file format that needs an upgrade).
     #[error("cannot open the database: {0}")]
-    Database(#[from] redb::DatabaseError),
+    Database(redb::DatabaseError),
     /// The store's own format marker is newer than this build: upgrade keel to open it.
     #[error(
         "the store was written by a newer keel (store format {found}, this build reads up to {supported})"
@@ -47,6 +71,40 @@ pub enum OpenError {
     /// The set-up transaction's durability could not be set.
     #[error("cannot set durability: {0}")]
     Durability(#[from] redb::SetDurabilityError),
+}
+
+impl From<redb::DatabaseError> for OpenError {
+    fn from(e: redb::DatabaseError) -> Self {
+        use redb::DatabaseError as D;
+        match e {
+            D::DatabaseAlreadyOpen | D::LockProtocolMismatch => Self::Locked,
+            D::RepairAborted => Self::NeedsRecovery,
+            D::Storage(redb::StorageError::Io(io)) => match io.kind() {
+                std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem => {
+                    Self::PermissionDenied(io)
+                }
+                std::io::ErrorKind::NotFound => Self::NotFound(io),
+                // redb reports a file that holds no redb header as InvalidData.
+                std::io::ErrorKind::InvalidData => Self::NotADatabase,
+                _ => Self::Io(io),
+            },
+            D::Storage(s) => Self::Storage(s),
+            other => Self::Database(other),
+        }
+    }
+}
+
+impl CarriesCorruption for OpenError {
+    fn corrupted_detail(&self) -> Option<String> {
+        match self {
+            Self::Storage(e) => storage_corrupted(e),
+            Self::Transaction(redb::TransactionError::Storage(e))
+            | Self::Table(redb::TableError::Storage(e))
+            | Self::Commit(redb::CommitError::Storage(e))
+            | Self::Database(redb::DatabaseError::Storage(e)) => storage_corrupted(e),
+            _ => None,
+        }
+    }
 }
 
 /// A read failed. Reads never change the store.
@@ -80,6 +138,20 @@ pub enum ReadError {
     /// The backend failed earlier and redb refuses further IO: drop the store and open it again.
     #[error("the storage failed earlier; reopen the store")]
     NeedsReopen,
+    /// The store file's pages are damaged (redb reported them corrupt, or panicked on them).
+    #[error(transparent)]
+    Corrupt(#[from] Corruption),
+}
+
+impl CarriesCorruption for ReadError {
+    fn corrupted_detail(&self) -> Option<String> {
+        match self {
+            Self::Storage(e)
+            | Self::Transaction(redb::TransactionError::Storage(e))
+            | Self::Table(redb::TableError::Storage(e)) => storage_corrupted(e),
+            _ => None,
+        }
+    }
 }
 
 impl From<redb::TransactionError> for ReadError {
@@ -215,6 +287,22 @@ pub enum CommitError {
     /// The commit itself failed (the final write or sync).
     #[error("commit failed: {0}")]
     Commit(redb::CommitError),
+    /// The store file's pages are damaged (redb reported them corrupt, or panicked on them).
+    /// Nothing of this group was committed.
+    #[error(transparent)]
+    Corrupt(#[from] Corruption),
+}
+
+impl CarriesCorruption for CommitError {
+    fn corrupted_detail(&self) -> Option<String> {
+        match self {
+            Self::Storage(e)
+            | Self::Begin(redb::TransactionError::Storage(e))
+            | Self::Table(redb::TableError::Storage(e))
+            | Self::Commit(redb::CommitError::Storage(e)) => storage_corrupted(e),
+            _ => None,
+        }
+    }
 }
 
 fn is_disk_full(e: &redb::StorageError) -> bool {

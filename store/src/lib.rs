@@ -14,6 +14,9 @@
 //! - Values go through [`codec`]: serde + bincode 2 behind a schema version byte.
 //! - [`Limits`] bound every field; oversize input is refused with a typed error or, for attachments,
 //!   stored by reference in the blob table. Nothing is truncated silently.
+//! - A damaged file is a typed error naming it ([`Corruption`]), never a panic: redb's panics on a
+//!   corrupt page are caught at the store's boundary (see the `guard` module).
+//! - [`Store::check_integrity`], [`Store::compact`] and [`Store::backup_to`] look after the file.
 //! - [`SimDisk`] is a redb storage backend that crashes and fails like a disk, for the simulator.
 //!
 //! ```
@@ -39,7 +42,9 @@ pub mod model;
 mod batch;
 mod catalog;
 mod error;
+mod guard;
 mod limits;
+mod maintenance;
 mod read;
 mod scope;
 mod sim_disk;
@@ -50,7 +55,9 @@ pub use batch::{Applied, StagedWrite, WriteBatch};
 pub use catalog::Catalog;
 pub use codec::{DecodeError, EncodeError, SCHEMA_VERSION};
 pub use error::{CommitError, Error, ItemError, OpenError, ReadError, StageError};
+pub use guard::{Corruption, is_storage_panic};
 pub use limits::{LimitError, Limits};
+pub use maintenance::{Backup, COMPACTION_PASSES_MAX, Compaction, Integrity, MaintenanceError};
 pub use model::*;
 pub use read::{Listing, Sequenced, TreeNode};
 pub use scope::RunScope;

@@ -54,8 +54,7 @@ impl<'s> RunScope<'s> {
     /// # Errors
     /// [`ReadError::NotFound`] if the run was never created.
     pub fn get(&self) -> Result<Run, ReadError> {
-        let txn = self.store.begin_read()?;
-        read::get_run(&txn, self.run)
+        self.store.read(|txn| read::get_run(txn, self.run))
     }
 
     /// A task of this run. A task of another run is `NotFound`, exactly as a task that never existed.
@@ -63,8 +62,7 @@ impl<'s> RunScope<'s> {
     /// # Errors
     /// [`ReadError::NotFound`], [`ReadError::Decode`].
     pub fn task(&self, task: TaskId) -> Result<Task, ReadError> {
-        let txn = self.store.begin_read()?;
-        read::get_task(&txn, self.run, task)
+        self.store.read(|txn| read::get_task(txn, self.run, task))
     }
 
     /// This run's tasks in id order (creation order for ULIDs), at most `limit`, starting after
@@ -74,8 +72,8 @@ impl<'s> RunScope<'s> {
     /// [`ReadError::TooManyRows`] if `limit` is over the read limit.
     pub fn tasks(&self, after: Option<TaskId>, limit: u32) -> Result<Listing<Task>, ReadError> {
         let limit = self.limit(limit)?;
-        let txn = self.store.begin_read()?;
-        read::tasks_of_run(&txn, self.run, after, limit)
+        self.store
+            .read(|txn| read::tasks_of_run(txn, self.run, after, limit))
     }
 
     /// The direct children of a task of this run, in id order.
@@ -84,8 +82,8 @@ impl<'s> RunScope<'s> {
     /// [`ReadError::NotFound`] if the parent is not a task of this run.
     pub fn children(&self, parent: TaskId, limit: u32) -> Result<Listing<Task>, ReadError> {
         let limit = self.limit(limit)?;
-        let txn = self.store.begin_read()?;
-        read::children(&txn, self.run, parent, limit)
+        self.store
+            .read(|txn| read::children(txn, self.run, parent, limit))
     }
 
     /// The task's ancestors, nearest first (parent, grandparent, ...), at most `max` of them: what the
@@ -95,8 +93,8 @@ impl<'s> RunScope<'s> {
     /// [`ReadError::NotFound`] if the task is not a task of this run.
     pub fn ancestors(&self, task: TaskId, max: u32) -> Result<Vec<Task>, ReadError> {
         let max = self.limit(max)?;
-        let txn = self.store.begin_read()?;
-        read::ancestors(&txn, self.run, task, max)
+        self.store
+            .read(|txn| read::ancestors(txn, self.run, task, max))
     }
 
     /// The last `n` session log rows of a task, oldest first: what the resume preamble summarises.
@@ -109,8 +107,8 @@ impl<'s> RunScope<'s> {
         n: u32,
     ) -> Result<Vec<Sequenced<SessionLogRow>>, ReadError> {
         let n = self.limit(n)?;
-        let txn = self.store.begin_read()?;
-        read::last_log_rows(&txn, self.run, task, n)
+        self.store
+            .read(|txn| read::last_log_rows(txn, self.run, task, n))
     }
 
     /// A task's session log rows with a sequence number above `after_seq`, oldest first.
@@ -124,8 +122,8 @@ impl<'s> RunScope<'s> {
         limit: u32,
     ) -> Result<Listing<Sequenced<SessionLogRow>>, ReadError> {
         let limit = self.limit(limit)?;
-        let txn = self.store.begin_read()?;
-        read::log_rows_after(&txn, self.run, task, after_seq, limit)
+        self.store
+            .read(|txn| read::log_rows_after(txn, self.run, task, after_seq, limit))
     }
 
     /// The run's latest checkpoint, if one was written.
@@ -133,16 +131,17 @@ impl<'s> RunScope<'s> {
     /// # Errors
     /// [`ReadError::Decode`] if the row is corrupt.
     pub fn checkpoint(&self) -> Result<Option<Checkpoint>, ReadError> {
-        let txn = self.store.begin_read()?;
-        let table = txn.open_table(tables::CHECKPOINTS)?;
-        match table.get(self.run.0)? {
-            None => Ok(None),
-            Some(g) => Ok(Some(codec::decode(
-                name::CHECKPOINTS,
-                &self.run,
-                g.value(),
-            )?)),
-        }
+        self.store.read(|txn| {
+            let table = txn.open_table(tables::CHECKPOINTS)?;
+            match table.get(self.run.0)? {
+                None => Ok(None),
+                Some(g) => Ok(Some(codec::decode(
+                    name::CHECKPOINTS,
+                    &self.run,
+                    g.value(),
+                )?)),
+            }
+        })
     }
 
     /// Manifest entries with a sequence number above `after_seq`, in order.
@@ -155,15 +154,16 @@ impl<'s> RunScope<'s> {
         limit: u32,
     ) -> Result<Listing<Sequenced<ManifestEntry>>, ReadError> {
         let limit = self.limit(limit)?;
-        let txn = self.store.begin_read()?;
-        read::seq_rows(
-            &txn,
-            tables::MANIFEST,
-            name::MANIFEST,
-            self.run,
-            after_seq,
-            limit,
-        )
+        self.store.read(|txn| {
+            read::seq_rows(
+                txn,
+                tables::MANIFEST,
+                name::MANIFEST,
+                self.run,
+                after_seq,
+                limit,
+            )
+        })
     }
 
     /// Dead letters with a sequence number above `after_seq`, in order.
@@ -176,15 +176,16 @@ impl<'s> RunScope<'s> {
         limit: u32,
     ) -> Result<Listing<Sequenced<DeadLetter>>, ReadError> {
         let limit = self.limit(limit)?;
-        let txn = self.store.begin_read()?;
-        read::seq_rows(
-            &txn,
-            tables::DEAD_LETTERS,
-            name::DEAD_LETTERS,
-            self.run,
-            after_seq,
-            limit,
-        )
+        self.store.read(|txn| {
+            read::seq_rows(
+                txn,
+                tables::DEAD_LETTERS,
+                name::DEAD_LETTERS,
+                self.run,
+                after_seq,
+                limit,
+            )
+        })
     }
 
     /// Audit entries with a sequence number above `after_seq`, in order.
@@ -197,8 +198,8 @@ impl<'s> RunScope<'s> {
         limit: u32,
     ) -> Result<Listing<Sequenced<AuditEntry>>, ReadError> {
         let limit = self.limit(limit)?;
-        let txn = self.store.begin_read()?;
-        read::seq_rows(&txn, tables::AUDIT, name::AUDIT, self.run, after_seq, limit)
+        self.store
+            .read(|txn| read::seq_rows(txn, tables::AUDIT, name::AUDIT, self.run, after_seq, limit))
     }
 
     /// Escalations with a sequence number above `after_seq`, in order.
@@ -211,15 +212,16 @@ impl<'s> RunScope<'s> {
         limit: u32,
     ) -> Result<Listing<Sequenced<Escalation>>, ReadError> {
         let limit = self.limit(limit)?;
-        let txn = self.store.begin_read()?;
-        read::seq_rows(
-            &txn,
-            tables::ESCALATIONS,
-            name::ESCALATIONS,
-            self.run,
-            after_seq,
-            limit,
-        )
+        self.store.read(|txn| {
+            read::seq_rows(
+                txn,
+                tables::ESCALATIONS,
+                name::ESCALATIONS,
+                self.run,
+                after_seq,
+                limit,
+            )
+        })
     }
 
     /// The idempotency record under `key` in this run, if the key was recorded.
@@ -227,16 +229,17 @@ impl<'s> RunScope<'s> {
     /// # Errors
     /// [`ReadError::Decode`] if the row is corrupt.
     pub fn idempotency(&self, key: &str) -> Result<Option<IdempotencyRecord>, ReadError> {
-        let txn = self.store.begin_read()?;
-        let table = txn.open_table(tables::IDEMPOTENCY)?;
-        match table.get((self.run.0, key))? {
-            None => Ok(None),
-            Some(g) => Ok(Some(codec::decode(
-                name::IDEMPOTENCY,
-                &format_args!("{}/{key}", self.run),
-                g.value(),
-            )?)),
-        }
+        self.store.read(|txn| {
+            let table = txn.open_table(tables::IDEMPOTENCY)?;
+            match table.get((self.run.0, key))? {
+                None => Ok(None),
+                Some(g) => Ok(Some(codec::decode(
+                    name::IDEMPOTENCY,
+                    &format_args!("{}/{key}", self.run),
+                    g.value(),
+                )?)),
+            }
+        })
     }
 
     /// This run's idempotency records in key order, starting after `after_key` when paging: what a
@@ -250,33 +253,34 @@ impl<'s> RunScope<'s> {
         limit: u32,
     ) -> Result<Listing<IdempotencyRecord>, ReadError> {
         let limit = self.limit(limit)?;
-        let txn = self.store.begin_read()?;
-        let table = txn.open_table(tables::IDEMPOTENCY)?;
-        let start = (self.run.0, after_key.unwrap_or(""));
-        let mut items = Vec::new();
-        let mut more = false;
-        // Keys of this run only: the range ends at the next run id (or the table's end for the last).
-        let range = match self.run.0.checked_add(1) {
-            Some(next) => table.range::<(u128, &str)>(start..(next, ""))?,
-            None => table.range::<(u128, &str)>(start..)?,
-        };
-        for entry in range {
-            let (k, v) = entry?;
-            let (_, key) = k.value();
-            if after_key == Some(key) {
-                continue;
+        self.store.read(|txn| {
+            let table = txn.open_table(tables::IDEMPOTENCY)?;
+            let start = (self.run.0, after_key.unwrap_or(""));
+            let mut items = Vec::new();
+            let mut more = false;
+            // Keys of this run only: the range ends at the next run id (or the table's end for the last).
+            let range = match self.run.0.checked_add(1) {
+                Some(next) => table.range::<(u128, &str)>(start..(next, ""))?,
+                None => table.range::<(u128, &str)>(start..)?,
+            };
+            for entry in range {
+                let (k, v) = entry?;
+                let (_, key) = k.value();
+                if after_key == Some(key) {
+                    continue;
+                }
+                if items.len() == limit {
+                    more = true;
+                    break;
+                }
+                items.push(codec::decode(
+                    name::IDEMPOTENCY,
+                    &format_args!("{}/{key}", self.run),
+                    v.value(),
+                )?);
             }
-            if items.len() == limit {
-                more = true;
-                break;
-            }
-            items.push(codec::decode(
-                name::IDEMPOTENCY,
-                &format_args!("{}/{key}", self.run),
-                v.value(),
-            )?);
-        }
-        Ok(Listing { items, more })
+            Ok(Listing { items, more })
+        })
     }
 
     /// The bytes of a blob of this run (an attachment or output stored by reference).
@@ -284,15 +288,16 @@ impl<'s> RunScope<'s> {
     /// # Errors
     /// [`ReadError::NotFound`] if this run has no blob under `key`.
     pub fn blob(&self, key: u128) -> Result<Vec<u8>, ReadError> {
-        let txn = self.store.begin_read()?;
-        let table = txn.open_table(tables::BLOBS)?;
-        match table.get((self.run.0, key))? {
-            None => Err(ReadError::NotFound {
-                what: "blob",
-                key: key.to_string(),
-            }),
-            Some(g) => Ok(g.value().to_vec()),
-        }
+        self.store.read(|txn| {
+            let table = txn.open_table(tables::BLOBS)?;
+            match table.get((self.run.0, key))? {
+                None => Err(ReadError::NotFound {
+                    what: "blob",
+                    key: key.to_string(),
+                }),
+                Some(g) => Ok(g.value().to_vec()),
+            }
+        })
     }
 
     // ----- staged writes -----

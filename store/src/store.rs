@@ -2,7 +2,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use redb::{
     ConcurrencyMode, Database, Durability, ReadOnlyDatabase, ReadableDatabase, ReadableTable,
@@ -13,6 +13,7 @@ use crate::batch::{Applied, RunOp, Staged, StagedWrite, WriteBatch};
 use crate::catalog::Catalog;
 use crate::codec::{self, DecodeError};
 use crate::error::{CommitError, ItemError, OpenError, ReadError, StageError};
+use crate::guard::guarded;
 use crate::limits::{LimitError, Limits};
 use crate::model::{AgentProfile, AttachmentBody, IdempotencyRecord, Run, RunId, Task, TaskId};
 use crate::scope::RunScope;
@@ -63,12 +64,14 @@ impl Sharing {
 ///
 /// `Store` is `Send + Sync`; redb serializes write transactions, so concurrent committers queue.
 pub struct Store {
-    db: Db,
+    pub(crate) db: Db,
     limits: Limits,
+    /// The file, for errors that name it (`None` on a custom backend).
+    file: Option<PathBuf>,
 }
 
 /// The open database: a writer, or a read-only handle that follows a writer in another process.
-enum Db {
+pub(crate) enum Db {
     Writer(Database),
     Reader(ReadOnlyDatabase),
 }
@@ -98,10 +101,13 @@ impl Store {
     /// # Errors
     /// As [`Store::open`].
     pub fn open_with(path: impl AsRef<Path>, config: StoreConfig) -> Result<Self, OpenError> {
-        let db = Database::builder()
-            .set_concurrency_mode(config.sharing.mode())
-            .create(path)?;
-        Self::init(db, config)
+        let file = path.as_ref().to_path_buf();
+        guarded(Some(&file), || {
+            let db = Database::builder()
+                .set_concurrency_mode(config.sharing.mode())
+                .create(&file)?;
+            Self::init(db, config, Some(file.clone()))
+        })
     }
 
     /// Opens an existing store file read-only, alongside the process that writes it if that one opened
@@ -115,22 +121,26 @@ impl Store {
     /// read-only handle cannot repair it: open it once with [`Store::open`]);
     /// [`OpenError::StoreFromFuture`]; [`OpenError::NotAStore`] if the file holds no keel tables.
     pub fn open_read_only(path: impl AsRef<Path>, config: StoreConfig) -> Result<Self, OpenError> {
-        let db = Database::builder()
-            .set_concurrency_mode(Sharing::WithReaders.mode())
-            .open_read_only(path)?;
-        let txn = db.begin_read()?;
-        let meta = match txn.open_table(tables::META) {
-            Ok(meta) => meta,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Err(OpenError::NotAStore),
-            Err(e) => return Err(e.into()),
-        };
-        let found = meta.get("store_format")?.map(|g| g.value());
-        check_format(found)?;
-        drop(meta);
-        drop(txn);
-        Ok(Self {
-            db: Db::Reader(db),
-            limits: config.limits,
+        let file = path.as_ref().to_path_buf();
+        guarded(Some(&file), || {
+            let db = Database::builder()
+                .set_concurrency_mode(Sharing::WithReaders.mode())
+                .open_read_only(&file)?;
+            let txn = db.begin_read()?;
+            let meta = match txn.open_table(tables::META) {
+                Ok(meta) => meta,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Err(OpenError::NotAStore),
+                Err(e) => return Err(e.into()),
+            };
+            let found = meta.get("store_format")?.map(|g| g.value());
+            check_format(found)?;
+            drop(meta);
+            drop(txn);
+            Ok(Self {
+                db: Db::Reader(db),
+                limits: config.limits,
+                file: Some(file.clone()),
+            })
         })
     }
 
@@ -144,11 +154,13 @@ impl Store {
         backend: impl StorageBackend,
         config: StoreConfig,
     ) -> Result<Self, OpenError> {
-        let db = Database::builder().create_with_backend(backend)?;
-        Self::init(db, config)
+        guarded(None, || {
+            let db = Database::builder().create_with_backend(backend)?;
+            Self::init(db, config, None)
+        })
     }
 
-    fn init(db: Database, config: StoreConfig) -> Result<Self, OpenError> {
+    fn init(db: Database, config: StoreConfig, file: Option<PathBuf>) -> Result<Self, OpenError> {
         let mut txn = db.begin_write()?;
         txn.set_durability(Durability::Immediate)?;
         {
@@ -176,7 +188,13 @@ impl Store {
         Ok(Self {
             db: Db::Writer(db),
             limits: config.limits,
+            file,
         })
+    }
+
+    /// The store file (`None` on a custom backend): what errors about the file name.
+    pub fn file(&self) -> Option<&PathBuf> {
+        self.file.as_ref()
     }
 
     /// The limits this store enforces.
@@ -294,21 +312,33 @@ impl Store {
         let Db::Writer(db) = &self.db else {
             return Err(CommitError::ReadOnly);
         };
-        let mut txn = db.begin_write()?;
-        txn.set_durability(durability)?;
-        let outcome = work(&mut Writer::open(&txn, &self.limits));
-        match outcome {
-            Ok(result) => {
-                txn.commit()?;
-                Ok(result)
+        guarded(self.file(), || {
+            let mut txn = db.begin_write()?;
+            txn.set_durability(durability)?;
+            let outcome = work(&mut Writer::open(&txn, &self.limits));
+            match outcome {
+                Ok(result) => {
+                    txn.commit()?;
+                    Ok(result)
+                }
+                Err(e) => {
+                    // The first failure is the one worth reporting; an abort that also fails leaves
+                    // the transaction uncommitted all the same.
+                    let _ = txn.abort();
+                    Err(e)
+                }
             }
-            Err(e) => {
-                // The first failure is the one worth reporting; an abort that also fails leaves the
-                // transaction uncommitted all the same.
-                let _ = txn.abort();
-                Err(e)
-            }
-        }
+        })
+    }
+
+    /// Runs `work` in one read transaction, guarded: a damaged page (redb's `Corrupted`, or a panic
+    /// inside redb) comes back as [`ReadError::Corrupt`] naming the file. Every read of the
+    /// catalog and of a run's scope goes through here.
+    pub(crate) fn read<T>(
+        &self,
+        work: impl FnOnce(&redb::ReadTransaction) -> Result<T, ReadError>,
+    ) -> Result<T, ReadError> {
+        guarded(self.file(), || work(&self.begin_read()?))
     }
 
     pub(crate) fn begin_read(&self) -> Result<redb::ReadTransaction, ReadError> {

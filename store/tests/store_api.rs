@@ -73,7 +73,7 @@ fn a_read_only_handle_shares_the_file_with_the_writer_and_follows_its_commits() 
     let path = dir.path().join("keel.redb");
     assert!(matches!(
         Store::open_read_only(&path, StoreConfig::default()),
-        Err(OpenError::Database(_))
+        Err(OpenError::NotFound(_))
     ));
     let writer = Store::open_with(
         &path,
@@ -100,12 +100,7 @@ fn a_read_only_handle_shares_the_file_with_the_writer_and_follows_its_commits() 
     );
     assert!(matches!(refused, Err(CommitError::ReadOnly)));
     // A second writer is refused while the first holds the file.
-    assert!(matches!(
-        Store::open(&path),
-        Err(OpenError::Database(
-            redb::DatabaseError::DatabaseAlreadyOpen
-        ))
-    ));
+    assert!(matches!(Store::open(&path), Err(OpenError::Locked)));
 }
 
 #[test]

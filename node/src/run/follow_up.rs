@@ -69,10 +69,7 @@ pub(crate) fn follow_up(home: &Home, args: FollowUpArgs, json: bool) -> anyhow::
     let config = home.config()?;
     init_logs(&config.log, args.log_format);
     super::tokio_runtime()?.block_on(async {
-        let store = open_writer(home).map_err(|e| FollowUpError::StoreHeld {
-            run,
-            detail: format!("{e:#}"),
-        })?;
+        let store = open_writer(home).map_err(|e| held_or(e, run))?;
         let work = work_dir()?;
         let choice = HarnessChoice {
             agent: None,
@@ -119,6 +116,27 @@ pub(crate) fn follow_up(home: &Home, args: FollowUpArgs, json: bool) -> anyhow::
         rt.shutdown().await;
         ended
     })
+}
+
+/// A store held by another keel process is [`FollowUpError::StoreHeld`] (what to do about it
+/// names the run); any other open failure (damaged, not permitted) stays itself.
+fn held_or(e: anyhow::Error, run: keel_store::RunId) -> anyhow::Error {
+    let held = matches!(
+        e.downcast_ref::<crate::home::HomeError>(),
+        Some(crate::home::HomeError::Open {
+            reason: keel_store::OpenError::Locked,
+            ..
+        })
+    );
+    if held {
+        FollowUpError::StoreHeld {
+            run,
+            detail: format!("{e:#}"),
+        }
+        .into()
+    } else {
+        e
+    }
 }
 
 fn ended_of(outcome: &FollowUpOutcome) -> Ended {

@@ -151,12 +151,7 @@ pub(crate) fn open_writer(home: &Home) -> anyhow::Result<Arc<Store>> {
             ..StoreConfig::default()
         },
     )
-    .with_context(|| {
-        format!(
-            "opening {} for writing (is another keel process running on this home?)",
-            path.display()
-        )
-    })?;
+    .map_err(|reason| crate::home::HomeError::Open { path, reason })?;
     Ok(Arc::new(store))
 }
 
