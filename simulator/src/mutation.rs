@@ -26,6 +26,10 @@ pub enum Mutation {
     LeaveToolUseUnanswered,
     /// Invariant 4: the host puts the planted secret into a session's prompt.
     LeakSecretIntoPrompt,
+    /// Invariant 4: the host drops a line of the brief from a session's prompt.
+    CutBriefLine,
+    /// Invariant 4: the host pads a session's preamble far past its cap.
+    InflatePreamble,
     /// Invariant 5: the host passes a native resume flag in a session's environment.
     PassResumeFlag,
     /// Invariant 6: a derived task (follow-up, review, re-dispatch) runs on its parent's model
@@ -35,6 +39,9 @@ pub enum Mutation {
     ReplyAsSibling,
     /// Invariant 8: the host builds the supervisor with ten times the configured concurrency limit.
     ExceedConcurrency,
+    /// Invariant 8: the host builds the supervisor with a spawn rate a hundred times the configured
+    /// one.
+    LooseSpawnRate,
     /// Invariant 9: the host writes a task row under another run's id.
     WriteAnotherRunsRow,
     /// Invariant 9: the host's context read hands a specialist a task row of another run.

@@ -169,6 +169,27 @@ fn invariant_4_a_secret_in_a_prompt_is_caught() {
 }
 
 #[test]
+fn invariant_4_a_brief_line_missing_from_a_prompt_is_caught() {
+    caught(
+        steps_world(115, &["a"], HarnessBehaviour::Success),
+        Mutation::CutBriefLine,
+        Invariant::PreambleBounds,
+        "is not intact",
+    );
+}
+
+#[test]
+fn invariant_4_a_preamble_over_its_cap_is_caught() {
+    // The follow-up's session gets a standard preamble (its thread's context).
+    caught(
+        follow_up_world(116, None, false),
+        Mutation::InflatePreamble,
+        Invariant::PreambleBounds,
+        "preamble of",
+    );
+}
+
+#[test]
 fn invariant_5_a_native_resume_flag_is_caught() {
     caught(
         steps_world(107, &["a"], HarnessBehaviour::Success),
@@ -211,6 +232,23 @@ fn invariant_8_more_live_specialists_than_the_limit_is_caught() {
         Mutation::ExceedConcurrency,
         Invariant::LimitsHold,
         "live specialists",
+    );
+}
+
+#[test]
+fn invariant_8_spawns_faster_than_the_rate_are_caught() {
+    let mut config = steps_world(
+        117,
+        &["a", "b", "c", "d", "e", "f", "g", "h"],
+        HarnessBehaviour::Success,
+    );
+    config.supervisor.spawn_burst = 2;
+    config.supervisor.spawn_interval_ms = 1_000;
+    caught(
+        config,
+        Mutation::LooseSpawnRate,
+        Invariant::LimitsHold,
+        "spawns admitted within",
     );
 }
 

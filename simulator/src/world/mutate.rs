@@ -85,6 +85,26 @@ impl World {
                 spec.prompt.push_str(crate::harness::PLANTED_SECRET);
                 SpecialistEffect::StartHarness { key, spec }
             }
+            (Mutation::CutBriefLine, SpecialistEffect::StartHarness { key, mut spec }) => {
+                let brief = self
+                    .checker
+                    .observed()
+                    .spawns
+                    .get(&attempt)
+                    .map(|s| s.brief.clone())
+                    .unwrap_or_default();
+                if let Some(line) = brief.lines().find(|l| !l.trim().is_empty()) {
+                    spec.prompt = spec.prompt.replace(line, "");
+                }
+                SpecialistEffect::StartHarness { key, spec }
+            }
+            (Mutation::InflatePreamble, SpecialistEffect::StartHarness { key, mut spec }) => {
+                if let Some(end) = spec.prompt.find("</keel-context>") {
+                    let padding = "padding line of an oversized preamble\n".repeat(2_000);
+                    spec.prompt.insert_str(end, &padding);
+                }
+                SpecialistEffect::StartHarness { key, spec }
+            }
             (Mutation::PassResumeFlag, SpecialistEffect::StartHarness { key, mut spec }) => {
                 spec.env
                     .insert("KEEL_HARNESS_ARGS".into(), "--resume native-1".into());
