@@ -1,4 +1,4 @@
-//! How long building a preamble takes, reading from a real redb store (DESIGN.md §6).
+//! How long building a preamble takes, reading from a real redb store (docs/DESIGN.md §6).
 //!
 //! Targets on a 2-core machine: under 50 µs median for a standard preamble with 5 ancestors, under
 //! 200 µs for a resume preamble over 50 session log rows. Each benchmark measures the whole path a new

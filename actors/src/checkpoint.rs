@@ -1,4 +1,4 @@
-//! The checkpoint writer: the only writer of progress (DESIGN.md §4).
+//! The checkpoint writer: the only writer of progress (docs/DESIGN.md §4).
 //!
 //! Coordinators send it [`Stage`]s (the writes of one decision); it batches whatever arrived while the
 //! previous commit was in flight into the next one (group commit: one transaction, one fsync for many

@@ -94,7 +94,7 @@ pub enum Effect {
 }
 
 /// An effect of a specialist. It has no variant that names another specialist: its only outbound
-/// address is its [`ReplyTo<Coordinator>`] (DESIGN.md §12, invariant 7).
+/// address is its [`ReplyTo<Coordinator>`] (docs/DESIGN.md §12, invariant 7).
 ///
 /// ```compile_fail,E0599
 /// use keel_actors::{SpecialistEffect, Envelope};

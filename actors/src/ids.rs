@@ -3,7 +3,7 @@
 //! Addresses are values, not handles: the runtime maps them to `ActorRef`s (ractor cannot send an
 //! `ActorRef` across nodes), the simulator to its mailboxes. Who may hold which address is part of the
 //! design: a specialist holds only a [`ReplyTo<Coordinator>`], which only this crate can mint, so it
-//! cannot address a sibling (DESIGN.md §12, invariant 7).
+//! cannot address a sibling (docs/DESIGN.md §12, invariant 7).
 
 use crate::machine::{Entropy, Millis};
 use keel_store::{RunId, TaskId};
@@ -33,7 +33,7 @@ pub fn mint_task_id(now: Millis, rng: &mut dyn Entropy) -> TaskId {
 /// (with an idempotency record) before the attempt starts, so a recovered coordinator never reuses one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct AttemptId {
-    /// The run the task belongs to (every message is run-scoped, DESIGN.md §12 invariant 9).
+    /// The run the task belongs to (every message is run-scoped, docs/DESIGN.md §12 invariant 9).
     pub run: RunId,
     /// The task being attempted.
     pub task: TaskId,
@@ -55,7 +55,7 @@ impl fmt::Display for AttemptId {
     }
 }
 
-/// The key that makes a side effect happen at most once across crashes and replays (DESIGN.md §12,
+/// The key that makes a side effect happen at most once across crashes and replays (docs/DESIGN.md §12,
 /// invariant 2).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct IdempotencyKey(pub String);

@@ -1,4 +1,4 @@
-//! keel's actors as pure state machines, their context builders, and their runtime (DESIGN.md §3, §4, §6).
+//! keel's actors as pure state machines, their context builders, and their runtime (docs/DESIGN.md §3, §4, §6).
 //!
 //! Start at [`Machine`]: every actor (the [`Coordinator`], each [`Specialist`], the [`Supervisor`], the
 //! [`CheckpointWriter`]) is a value that takes inputs and pushes effects, with time and randomness

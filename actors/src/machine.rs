@@ -1,5 +1,5 @@
 //! The one trait every actor's behaviour implements, and the two things the world injects: time and
-//! randomness (DESIGN.md §3).
+//! randomness (docs/DESIGN.md §3).
 //!
 //! A machine is quinn-proto's sans-IO split applied to actors: `(state, input, now, rng) -> (state, effects)`.
 //! It never reads a clock, a random source, a socket or a file; it never awaits. The ractor runtime and the
@@ -46,7 +46,7 @@
 //! come in through `now` and [`Entropy`].
 //!
 //! **A specialist can only address its coordinator**: its effect type has no other destination, and
-//! [`crate::ReplyTo`] can only be minted by this crate (DESIGN.md §12, invariant 7).
+//! [`crate::ReplyTo`] can only be minted by this crate (docs/DESIGN.md §12, invariant 7).
 //!
 //! **Only the checkpoint writer persists, and a result is acknowledged only after its commit.**
 //!
@@ -104,7 +104,7 @@ pub trait Machine {
     /// Everything that can happen to this machine: its messages, its timers, completions of its effects.
     type Input;
     /// What this machine can ask its host to do. A specialist's effect type cannot name a sibling
-    /// (DESIGN.md §12, invariant 7); see [`crate::SpecialistEffect`].
+    /// (docs/DESIGN.md §12, invariant 7); see [`crate::SpecialistEffect`].
     type Effect;
 
     /// Handle one input at time `now`, drawing randomness only from `rng`, pushing effects into `out`.

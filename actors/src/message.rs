@@ -80,7 +80,7 @@ pub struct Assignment {
     pub account: String,
 }
 
-/// Why a spawn was refused: a typed answer, never a hang (DESIGN.md §4).
+/// Why a spawn was refused: a typed answer, never a hang (docs/DESIGN.md §4).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Refusal {
     /// Max concurrent specialists reached; retry after `retry_after_ms`.
@@ -583,7 +583,7 @@ pub enum SpecialistInput {
     Timer(SpecialistTimer),
 }
 
-/// Something a run did that an operator or embedding host may want to hear about (DESIGN.md §8).
+/// Something a run did that an operator or embedding host may want to hear about (docs/DESIGN.md §8).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LifecycleEvent {
     /// A specialist invocation started (once per attempt).

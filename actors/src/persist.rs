@@ -103,7 +103,7 @@ pub enum StageOwner {
 /// acknowledged to its `owner` by `ticket` once durable.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Stage {
-    /// The run whose rows every op touches (DESIGN.md §12, invariant 9: the host stages them through
+    /// The run whose rows every op touches (docs/DESIGN.md §12, invariant 9: the host stages them through
     /// this run's scope only).
     pub run: RunId,
     /// Who staged it and hears the answer.

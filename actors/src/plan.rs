@@ -1,4 +1,4 @@
-//! Fixed decompositions and their validation (DESIGN.md §8): a plan is checked before it runs, cycles are
+//! Fixed decompositions and their validation (docs/DESIGN.md §8): a plan is checked before it runs, cycles are
 //! rejected, and independent steps are batched in topological order.
 
 use serde::{Deserialize, Serialize};

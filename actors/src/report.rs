@@ -1,5 +1,5 @@
 //! What flows along the spokes: the brief a specialist gets and the typed report or failure it returns
-//! (DESIGN.md §8). These are wire types (they cross nodes), so every field is fixed-width or bounded.
+//! (docs/DESIGN.md §8). These are wire types (they cross nodes), so every field is fixed-width or bounded.
 
 use crate::ids::AttemptId;
 use crate::machine::Millis;
@@ -29,7 +29,7 @@ pub fn bounded(mut text: String, bytes_max: usize) -> String {
 }
 
 /// How a subtask ended when it produced a report. A failure is not a status here: it is a
-/// [`SubtaskFailure`], so an empty "success" cannot be expressed (DESIGN.md §12, invariant 10).
+/// [`SubtaskFailure`], so an empty "success" cannot be expressed (docs/DESIGN.md §12, invariant 10).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ReportStatus {
@@ -65,7 +65,7 @@ pub struct Finding {
     pub retrieved_at_ms: Millis,
 }
 
-/// The typed report a specialist returns on success (DESIGN.md §8).
+/// The typed report a specialist returns on success (docs/DESIGN.md §8).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SubagentReport {
     /// The task the report is about (must match the attempt that sends it). Written as the task's ULID
@@ -226,7 +226,7 @@ impl std::fmt::Display for FailureKind {
     }
 }
 
-/// The typed failure a specialist (or its supervisor, on its behalf) returns (DESIGN.md §8).
+/// The typed failure a specialist (or its supervisor, on its behalf) returns (docs/DESIGN.md §8).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SubtaskFailure {
     /// What kind of failure.
@@ -244,7 +244,7 @@ pub struct SubtaskFailure {
 }
 
 /// How the session of a derived or resumed task gets its continuity: always from keel's store, never
-/// from a native resume (DESIGN.md §6).
+/// from a native resume (docs/DESIGN.md §6).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Continuity {
     /// A fresh subtask: the brief is the whole context.
@@ -272,7 +272,7 @@ pub struct PriorFinding {
 }
 
 /// Everything a specialist is given, and nothing else: goal, quality criteria, the relevant prior
-/// findings, the output schema and every constraint restated (DESIGN.md §8: nothing propagates by
+/// findings, the output schema and every constraint restated (docs/DESIGN.md §8: nothing propagates by
 /// itself).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SubtaskBrief {

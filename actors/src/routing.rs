@@ -1,5 +1,5 @@
 //! Model routing: a task's model comes from its assignee's profile, never from its parent
-//! (DESIGN.md §6, §12 invariant 6).
+//! (docs/DESIGN.md §6, §12 invariant 6).
 //!
 //! The public anchor copied a parent's model into follow-ups, so a thread moved to another agent kept
 //! running on the wrong model. Here the only input that can decide a model is the assignee's

@@ -1,4 +1,4 @@
-//! The specialist: one subtask attempt, one harness session (DESIGN.md §4).
+//! The specialist: one subtask attempt, one harness session (docs/DESIGN.md §4).
 //!
 //! It starts its session through an effect (after loading the rows its preamble needs, when it needs
 //! one), turns each harness event into a session_log row sent to its coordinator, and ends with a

@@ -1,4 +1,4 @@
-//! The supervisor: admission, limits, deadlines, restart, reroute and escalation (DESIGN.md §4).
+//! The supervisor: admission, limits, deadlines, restart, reroute and escalation (docs/DESIGN.md §4).
 //!
 //! Governance, not execution: it admits or refuses each spawn against the concurrency limit, the depth
 //! limit, the run's spend ledger (reserve before, settle after) and a spawn-rate bucket (governor's GCRA on
@@ -617,7 +617,7 @@ fn admission(attempt: AttemptId, answer: Result<Assignment, Refusal>) -> Effect 
 }
 
 /// The assignment of a profile: the model always comes from the assignee's own profile
-/// (DESIGN.md §12, invariant 6); nothing about a parent task is an input here.
+/// (docs/DESIGN.md §12, invariant 6); nothing about a parent task is an input here.
 pub fn resolve_assignment(profile: &AgentProfile, harness: HarnessKind) -> Assignment {
     Assignment {
         agent: profile.name.clone(),

@@ -1,4 +1,4 @@
-//! Property tests of invariant 4 (DESIGN.md §12): for any store content (arbitrary unicode, huge
+//! Property tests of invariant 4 (docs/DESIGN.md §12): for any store content (arbitrary unicode, huge
 //! fields, deep chains, cycles and dangling links in corrupt data) a preamble stays within its cap, the
 //! resume preamble carries the brief intact, no registered secret gets through, a slash skill stays on
 //! line one, and building terminates.

@@ -1,6 +1,6 @@
 //! Typed failures of a harness session, shared by every adapter.
 //!
-//! The supervisor decides restart, reroute or escalation from these fields alone (DESIGN.md §4), so
+//! The supervisor decides restart, reroute or escalation from these fields alone (docs/DESIGN.md §4), so
 //! every adapter maps its harness's failure into the same categories instead of passing text along.
 
 use std::fmt;

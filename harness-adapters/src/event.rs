@@ -12,14 +12,14 @@ use crate::error::{HarnessError, truncate_to};
 use crate::usage::UsageReport;
 
 /// Bound on the tool-result content kept in an event. The harness saw the full result; keel keeps a
-/// bounded copy for logs and preambles (DESIGN.md §5: bounded detail).
+/// bounded copy for logs and preambles (docs/DESIGN.md §5: bounded detail).
 pub const TOOL_RESULT_BYTES_MAX: usize = 16 * 1024;
 
 /// Bound on the tool input JSON kept in an event, for the same reason.
 pub const TOOL_INPUT_BYTES_MAX: usize = 64 * 1024;
 
 /// Why a model turn or a whole session stopped. Only [`StopReason::EndTurn`] is success
-/// (DESIGN.md §7); everything else has its own handling and is never read as "done".
+/// (docs/DESIGN.md §7); everything else has its own handling and is never read as "done".
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StopReason {
@@ -131,7 +131,7 @@ impl BoundedText {
 #[serde(rename_all = "snake_case")]
 pub enum HarnessEvent {
     /// The session is running. The harness's own session id is kept for the record only: keel never
-    /// resumes through it (DESIGN.md §6).
+    /// resumes through it (docs/DESIGN.md §6).
     Started {
         /// The harness's session/thread id, if it reports one.
         native_session_id: Option<String>,

@@ -1,4 +1,4 @@
-//! keel's harness adapters: one interface over replaceable executors (DESIGN.md §7).
+//! keel's harness adapters: one interface over replaceable executors (docs/DESIGN.md §7).
 //!
 //! The crate is two halves. The vocabulary is always built: what a session is asked to do, what it
 //! reports, its errors and usage, and the pure scripted model. The IO that runs sessions is the `io`

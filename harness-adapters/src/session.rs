@@ -21,7 +21,7 @@ pub const EVENT_CHANNEL_CAPACITY: usize = 256;
 /// A boxed, sendable future; lets `Harness` be used as `dyn Harness` without a macro crate.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// A replaceable executor of coding sessions (DESIGN.md §7). Implementations: the four CLI adapters,
+/// A replaceable executor of coding sessions (docs/DESIGN.md §7). Implementations: the four CLI adapters,
 /// the native Messages-API loop and the scripted model.
 pub trait Harness: Send + Sync {
     /// Which executor this is, for logs and the store.

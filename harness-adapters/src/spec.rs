@@ -3,7 +3,7 @@
 //! A `SessionSpec` is plain data (serde, no tokio) so the actor core can build it in a pure state
 //! machine, persist it, and send it to a worker node. It deliberately has no field for a native
 //! session id or resume handle: continuity comes from keel's own store through the preamble already
-//! placed in `prompt` (DESIGN.md §6), never from a harness transcript.
+//! placed in `prompt` (docs/DESIGN.md §6), never from a harness transcript.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::StartError;
 
 /// Upper bound on the prompt a spec may carry, so a runaway preamble builder cannot hand a harness a
-/// prompt no model accepts (1 MiB is far above the preamble caps of DESIGN.md §6).
+/// prompt no model accepts (1 MiB is far above the preamble caps of docs/DESIGN.md §6).
 pub const PROMPT_BYTES_MAX: usize = 1 << 20;
 
 /// Which executor runs a session. The supervisor picks one per attempt and may pick a different one
@@ -85,7 +85,7 @@ pub enum PermissionMode {
     Bypass,
 }
 
-/// Ceilings for one session. A stop at a ceiling is a checkpoint, not a failure (DESIGN.md §7), so
+/// Ceilings for one session. A stop at a ceiling is a checkpoint, not a failure (docs/DESIGN.md §7), so
 /// the limits are always finite: a spec cannot ask for an unbounded session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct SessionLimits {
@@ -107,7 +107,7 @@ impl Default for SessionLimits {
     }
 }
 
-/// A command run before each tool call to allow or deny it (DESIGN.md §9). The adapter installs it
+/// A command run before each tool call to allow or deny it (docs/DESIGN.md §9). The adapter installs it
 /// the way its harness supports (settings hook, plugin, extension, or in-loop for messages-api).
 /// Contract: the tool call is described as JSON on stdin; exit 0 allows, exit 2 denies with stderr as
 /// the reason; any other outcome denies (a mandatory gate fails closed).
@@ -121,7 +121,7 @@ pub struct GateCommand {
     pub timeout_ms: u64,
 }
 
-/// The MCP endpoint on the coordinator node that harness sessions call back into (DESIGN.md §10).
+/// The MCP endpoint on the coordinator node that harness sessions call back into (docs/DESIGN.md §10).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct McpEndpoint {
     /// Name the tools appear under (e.g. `keel` gives `mcp__keel__report_progress` in Claude Code).

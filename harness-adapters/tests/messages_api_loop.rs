@@ -77,7 +77,7 @@ impl Run {
             .collect()
     }
 
-    /// Every ToolUse has exactly one ToolResult, after it (DESIGN.md §12, invariant 3).
+    /// Every ToolUse has exactly one ToolResult, after it (docs/DESIGN.md §12, invariant 3).
     fn assert_paired(&self) {
         let uses: Vec<&String> = self
             .events

@@ -87,7 +87,7 @@ pub(crate) enum LogFormat {
     Json,
 }
 
-/// `[supervisor]`: the limits every spawn is admitted against (DESIGN.md §4).
+/// `[supervisor]`: the limits every spawn is admitted against (docs/DESIGN.md §4).
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct SupervisorSection {

@@ -14,7 +14,7 @@ use keel_store::TaskId;
 use crate::profile::HarnessBehaviour;
 
 /// A secret planted in what harnesses print (session text, tool results) so the checker can see that
-/// no preamble ever carries it onward (DESIGN.md §12, invariant 4). Shaped like an Anthropic API key so
+/// no preamble ever carries it onward (docs/DESIGN.md §12, invariant 4). Shaped like an Anthropic API key so
 /// the scrubber's pattern, not a registration, has to catch it.
 pub const PLANTED_SECRET: &str = "sk-ant-api03-Zq7vN1xR9tLm4Kp2Wc8Yh6Jd3Fs5Gb0AeUiOo7PqRsTuVwXyZ12";
 

@@ -6,7 +6,7 @@
 use crate::rng::{PPM_ONE, PartsPerMillion, SimRng};
 
 /// What a scripted harness session does, chosen per session from the profile's weights
-/// (DESIGN.md §11). The names follow the failures real harnesses show (the captured harness outputs under `harness-adapters/tests/fixtures`).
+/// (docs/DESIGN.md §11). The names follow the failures real harnesses show (the captured harness outputs under `harness-adapters/tests/fixtures`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum HarnessBehaviour {
     /// Text, then `end_turn`: a complete report.
@@ -163,7 +163,7 @@ impl FaultProfile {
     }
 
     /// The profile of the liveness phase: everything healed, nothing new goes wrong, so every run must
-    /// reach a terminal state (DESIGN.md §12, invariant 1).
+    /// reach a terminal state (docs/DESIGN.md §12, invariant 1).
     pub fn healed(&self) -> Self {
         Self {
             latency_ms_min: self.latency_ms_min,

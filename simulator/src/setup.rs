@@ -15,7 +15,7 @@ pub const LEAD_RUN_PPM: u32 = 250_000;
 pub const RANDOM_RUNS_MAX: u64 = 3;
 
 /// The agent profiles every world knows: one per harness kind with a distinct model each, so a
-/// harness switch is visible in the model a session gets (DESIGN.md §12, invariant 6).
+/// harness switch is visible in the model a session gets (docs/DESIGN.md §12, invariant 6).
 pub fn agents() -> Vec<AgentProfile> {
     let agent = |name: &str, harness: &str, model: &str, account: &str| AgentProfile {
         name: name.into(),

@@ -1,5 +1,5 @@
 //! The run's trace: one line per event, folded into a hash as it is written. Two runs of one seed must
-//! produce the same hash (DESIGN.md §12, invariant 11); the lines themselves are kept only when asked
+//! produce the same hash (docs/DESIGN.md §12, invariant 11); the lines themselves are kept only when asked
 //! (a replay), because formatting is the sweep's main cost after the machines themselves.
 
 use std::fmt::Write as _;

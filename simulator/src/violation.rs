@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-/// DESIGN.md §12's invariants, by their number there, as far as the simulator can observe them.
+/// docs/DESIGN.md §12's invariants, by their number there, as far as the simulator can observe them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Invariant {
     /// 1. No task is lost: after the liveness phase every run is terminal.
@@ -39,7 +39,7 @@ pub enum Invariant {
 }
 
 impl Invariant {
-    /// The number in DESIGN.md §12 (0 for the world's own bounds).
+    /// The number in docs/DESIGN.md §12 (0 for the world's own bounds).
     pub fn number(self) -> u8 {
         match self {
             Self::NoTaskLost => 1,

@@ -1,4 +1,4 @@
-//! keel's durable model on redb (DESIGN.md §5): runs, tasks, session logs, checkpoints, the manifest,
+//! keel's durable model on redb (docs/DESIGN.md §5): runs, tasks, session logs, checkpoints, the manifest,
 //! dead letters, idempotency records, the audit log, escalations, agent profiles and blobs.
 //!
 //! # Shape

@@ -1,4 +1,4 @@
-//! The durable domain model (DESIGN.md §5): the values keel keeps for every run and task.
+//! The durable domain model (docs/DESIGN.md §5): the values keel keeps for every run and task.
 //!
 //! These are the store's public record types. They are plain data: no IO, no clock. Time is a field the
 //! caller fills in (`*_ms`, milliseconds since the Unix epoch) so a simulator can replay a run byte for byte.
@@ -124,7 +124,7 @@ pub struct Run {
 }
 
 /// Why a task exists. Derived kinds (`FollowUp`, `Review`, `Redispatch`) resolve their model from their
-/// own assignee, never from their parent (DESIGN.md §12, invariant 6).
+/// own assignee, never from their parent (docs/DESIGN.md §12, invariant 6).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TaskKind {
     /// The run's top task (the lead or the plan's root).
@@ -180,7 +180,7 @@ impl TaskStatus {
 }
 
 /// What a harness said about the session it ran, kept together as one observed value for the record only.
-/// keel never resumes a native session (DESIGN.md §6): this is for explaining a run afterwards.
+/// keel never resumes a native session (docs/DESIGN.md §6): this is for explaining a run afterwards.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObservedSession {
     /// The harness kind (`claude-code`, `codex`, `opencode`, `pi`, `messages-api`, `scripted`).
@@ -362,7 +362,7 @@ pub struct DeadLetter {
 }
 
 /// A record that a side effect with this key was started, written before the side effect so that a
-/// replay after a crash finds it and skips the effect (DESIGN.md §12, invariant 2).
+/// replay after a crash finds it and skips the effect (docs/DESIGN.md §12, invariant 2).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdempotencyRecord {
     /// The idempotency key (unique within a run).
@@ -377,7 +377,7 @@ pub struct IdempotencyRecord {
     pub result: Option<String>,
 }
 
-/// What a policy hook decided about a tool call (DESIGN.md §9). `Error` is kept apart from `Deny`
+/// What a policy hook decided about a tool call (docs/DESIGN.md §9). `Error` is kept apart from `Deny`
 /// so an audit can tell a refusal from a hook that failed (and failed closed).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum HookDecision {
@@ -414,7 +414,7 @@ pub struct AuditEntry {
     pub rewritten: bool,
 }
 
-/// Why a task was handed to a human. Exactly three triggers exist (DESIGN.md §9).
+/// Why a task was handed to a human. Exactly three triggers exist (docs/DESIGN.md §9).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum EscalationTrigger {
     /// The agent or user explicitly asked for a human.

@@ -11,7 +11,7 @@ use crate::read::{self, Listing, Sequenced};
 use crate::store::Store;
 use crate::tables::{self, name};
 
-/// One run's view of the store (DESIGN.md §12, invariant 9: one run never reads or writes another
+/// One run's view of the store (docs/DESIGN.md §12, invariant 9: one run never reads or writes another
 /// run's state).
 ///
 /// Every key this handle builds starts with its own run id, which it never lets a caller change: a

@@ -1,4 +1,4 @@
-//! Run isolation at the storage layer (DESIGN.md §12, invariant 9): through run A's scope, nothing of
+//! Run isolation at the storage layer (docs/DESIGN.md §12, invariant 9): through run A's scope, nothing of
 //! run B can be read or written, whatever the interleaving of writes.
 
 mod common;

@@ -1,4 +1,4 @@
-//! Context continuity: bounded, secret-scrubbed preambles built from store rows (DESIGN.md §6).
+//! Context continuity: bounded, secret-scrubbed preambles built from store rows (docs/DESIGN.md §6).
 //!
 //! keel never resumes a harness's own session. A new session continues a thread from what keel stored,
 //! through one of two builders, both pure functions over rows that were already loaded:

@@ -1,4 +1,4 @@
-//! The resume preamble: an interrupted task's brief and where it stopped, under a hard cap (DESIGN.md §6).
+//! The resume preamble: an interrupted task's brief and where it stopped, under a hard cap (docs/DESIGN.md §6).
 //!
 //! Layout:
 //!

@@ -1,4 +1,4 @@
-//! Secret scrubbing for everything that goes into a preamble (DESIGN.md §6, invariant 4).
+//! Secret scrubbing for everything that goes into a preamble (docs/DESIGN.md §6, invariant 4).
 //!
 //! A preamble is sent to a model provider and often logged; a key that slipped into a brief, a tool
 //! summary or an attachment must not travel with it. The [`Scrubber`] finds secrets in three ways, each a

@@ -1,4 +1,4 @@
-//! The old native-resume resolver, kept as an observability shim (DESIGN.md §6, invariant 5).
+//! The old native-resume resolver, kept as an observability shim (docs/DESIGN.md §6, invariant 5).
 //!
 //! Before keel, a resume meant handing the harness its own session id (`--resume ID`, `resumeThread`).
 //! keel never does: the transcript may be gone (a container restart), belong to another harness or account,

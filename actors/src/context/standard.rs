@@ -1,4 +1,4 @@
-//! The standard preamble: the thread above a task, under a hard cap (DESIGN.md §6).
+//! The standard preamble: the thread above a task, under a hard cap (docs/DESIGN.md §6).
 //!
 //! Layout (each part on its own line):
 //!

@@ -1,4 +1,4 @@
-//! The coordinator: one per run, the hub (DESIGN.md §4, §8).
+//! The coordinator: one per run, the hub (docs/DESIGN.md §4, §8).
 //!
 //! It owns the plan and every decision: it validates a fixed plan (or hosts a lead agent's delegation
 //! turns), dispatches independent steps together and dependent ones in order, gives each specialist only

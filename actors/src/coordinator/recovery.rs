@@ -1,5 +1,5 @@
 //! Recovery: a run's state rebuilt from the rows the store returns after a crash or a restart
-//! (DESIGN.md §8).
+//! (docs/DESIGN.md §8).
 //!
 //! The durable truth is the rows, never memory: the run row (status, plan, budget), the task rows
 //! (each step's outcome and done-marker land in one transaction), the idempotency records (which

@@ -142,7 +142,7 @@ pub fn all_tasks(scope: &RunScope<'_>) -> Result<Vec<Task>, HostError> {
 /// keys derived from each task's attempt counter (`AttemptId::idempotency_key` for attempts
 /// `1..=task.attempt`) finds only the keys a host can guess: a record whose key is not derived that
 /// way (a task's own `idempotency_key`, keys minted by a later kind of session) would be missed, and
-/// a restarted coordinator would then start that session a second time (DESIGN.md §12, invariant 2).
+/// a restarted coordinator would then start that session a second time (docs/DESIGN.md §12, invariant 2).
 /// The listing is also one range scan per page instead of one read transaction per attempt.
 fn idempotency_records(scope: &RunScope<'_>) -> Result<Vec<IdempotencyRecord>, HostError> {
     let mut out: Vec<IdempotencyRecord> = Vec::new();

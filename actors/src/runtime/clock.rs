@@ -1,5 +1,5 @@
 //! The two things the runtime injects into every machine: the wall clock and an OS-seeded ChaCha8
-//! stream (DESIGN.md §3). This is the only place in the crate that reads either.
+//! stream (docs/DESIGN.md §3). This is the only place in the crate that reads either.
 
 use crate::machine::{Entropy, Millis};
 use rand_chacha::ChaCha8Rng;

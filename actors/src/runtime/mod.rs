@@ -1,5 +1,5 @@
 //! The ractor runtime: the machines of this crate hosted as ractor actors on tokio, with their effects
-//! executed for real (DESIGN.md §3, §4). It is the real-IO twin of the simulator's world loop and the
+//! executed for real (docs/DESIGN.md §3, §4). It is the real-IO twin of the simulator's world loop and the
 //! only module of the crate that awaits, spawns, reads the wall clock or draws OS entropy.
 //!
 //! - One actor per machine: a coordinator per run, one supervisor, one checkpoint writer, one

@@ -2,7 +2,7 @@
 //!
 //! governor's `RateLimiter` reads time only through its `Clock` (`fn now(&self) -> Instant`), so the
 //! limiter here owns a [`MachineClock`] that the supervisor sets to the injected `now` before each
-//! check: no wall clock, no randomness, and the same inputs give the same admissions (DESIGN.md §3).
+//! check: no wall clock, no randomness, and the same inputs give the same admissions (docs/DESIGN.md §3).
 //! The limiter is "direct" (one state, no keys: governor's keyed limiters are hash maps) and its state
 //! is governor's `InMemoryState`, an atomic theoretical arrival time in nanoseconds since the limiter
 //! was made, which is Millis 0 of the machine's clock.

@@ -37,7 +37,7 @@ pub fn install_gate_wrapper(
 /// A shell script that runs the spec's gate with a timeout and fails closed: exit 0 allows, exit 2
 /// denies with stderr as the reason, and anything else (a crash, a timeout, a missing program)
 /// becomes exit 2. Claude Code and Codex treat other exit codes as a non-blocking hook error and
-/// would run the tool, which a mandatory gate must never allow (DESIGN.md §9).
+/// would run the tool, which a mandatory gate must never allow (docs/DESIGN.md §9).
 pub fn gate_wrapper_script(gate: &GateCommand) -> String {
     let mut cmd = shell_quote(&gate.program);
     for a in &gate.args {

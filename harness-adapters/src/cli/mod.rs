@@ -10,7 +10,7 @@
 //! CLI through [`crate::process`] with stdin closed, reads stdout and stderr line by line, enforces
 //! the spec's limits, honours cancellation, and always ends with exactly one terminal event.
 //!
-//! **Architecture invariant:** no adapter ever passes a native resume or continue flag (DESIGN.md §6,
+//! **Architecture invariant:** no adapter ever passes a native resume or continue flag (docs/DESIGN.md §6,
 //! invariant 5). [`check_no_resume_flag`] refuses such an argv before anything is spawned.
 //!
 //! Files: this one holds what every adapter implements ([`CliFlavor`], [`EventParser`]) and the

@@ -1,10 +1,10 @@
-//! The architecture invariant that no adapter resumes a native session (DESIGN.md §6, invariant 5):
+//! The architecture invariant that no adapter resumes a native session (docs/DESIGN.md §6, invariant 5):
 //! the flags that would, and the check that refuses an argv holding one before anything is spawned.
 
 use crate::error::StartError;
 use crate::spec::HarnessKind;
 
-/// Flags that would make a CLI resume a native session; never allowed (DESIGN.md §6).
+/// Flags that would make a CLI resume a native session; never allowed (docs/DESIGN.md §6).
 pub const RESUME_FLAGS: [&str; 8] = [
     "--resume",
     "-r",

@@ -1,4 +1,4 @@
-//! The agent loop: send, inspect `stop_reason`, execute, append (DESIGN.md §7).
+//! The agent loop: send, inspect `stop_reason`, execute, append (docs/DESIGN.md §7).
 //!
 //! - `end_turn` is the only success. `tool_use` runs every call (concurrently) and appends one user
 //!   message with exactly one `tool_result` per `tool_use` id, in call order, before any text.
@@ -279,7 +279,7 @@ impl AgentLoop {
             }
             let mut reply: Vec<ContentBlock> = Vec::new();
             // Every tool call of this turn must get exactly one result event, even when the turn
-            // ends the session (DESIGN.md §12, invariant 3): `answered` tracks whether it did.
+            // ends the session (docs/DESIGN.md §12, invariant 3): `answered` tracks whether it did.
             let mut answered = calls.is_empty();
             let terminal: Option<HarnessEvent> = 'turn: {
                 match StopReason::from_wire(&stop_raw) {
@@ -530,7 +530,7 @@ impl AgentLoop {
 }
 
 /// Sends an error result for each call that will not run, so every `ToolUse` event is paired with
-/// exactly one `ToolResult` even when the session ends right after it (DESIGN.md §12, invariant 3).
+/// exactly one `ToolResult` even when the session ends right after it (docs/DESIGN.md §12, invariant 3).
 async fn refuse_all(sink: &EventSink, calls: &[(String, String, Value)], reason: &str) {
     let payload = ToolError::input(reason).to_payload();
     for (id, _, _) in calls {

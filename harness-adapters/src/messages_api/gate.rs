@@ -1,6 +1,6 @@
 //! The pre-tool gate for keel's own loop: the spec's gate command checks each tool call before it
 //! runs, with the same contract as a Claude Code `PreToolUse` command hook, so one gate program
-//! serves every harness (DESIGN.md §9).
+//! serves every harness (docs/DESIGN.md §9).
 //!
 //! Contract: a JSON payload on stdin (`hook_event_name`, `tool_name`, `tool_input`, `tool_use_id`,
 //! `cwd`); exit 0 allows unless stdout holds a Claude-style JSON `deny` decision; exit 2 denies with

@@ -1,4 +1,4 @@
-//! keel's own agent loop against an Anthropic-compatible Messages endpoint (DESIGN.md §7).
+//! keel's own agent loop against an Anthropic-compatible Messages endpoint (docs/DESIGN.md §7).
 //!
 //! - [`agent`]: the loop (stop reasons, pairing, parallel tools, retries, runaway guards).
 //! - [`client`]: the [`client::ModelTransport`] seam and the HTTP transport with SSE streaming.

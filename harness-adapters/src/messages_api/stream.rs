@@ -1,7 +1,7 @@
 //! Assembles an Anthropic Messages SSE stream into one [`AssistantMessage`].
 //!
 //! Tool input arrives as `input_json_delta` fragments; they are concatenated per block and parsed
-//! only when the stream has ended, so no tool ever runs on half an input (DESIGN.md §7). Pure.
+//! only when the stream has ended, so no tool ever runs on half an input (docs/DESIGN.md §7). Pure.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;

@@ -1,5 +1,5 @@
 //! The scripted model: a deterministic stand-in for a real model, so every adapter can be tested on
-//! a machine with no model access (DESIGN.md §7, §11).
+//! a machine with no model access (docs/DESIGN.md §7, §11).
 //!
 //! - [`script`]: the serde script format (JSON or TOML).
 //! - [`request`]: a wire-independent view of a request.

@@ -1,6 +1,6 @@
 //! Tools from an MCP endpoint (streamable HTTP), so keel's own loop can call the coordinator's
 //! `get_task_details`, `report_progress`, `report_findings`, `delegate` and `escalate` the way the CLI
-//! harnesses do through their MCP configuration (DESIGN.md §10).
+//! harnesses do through their MCP configuration (docs/DESIGN.md §10).
 //!
 //! A minimal client: `initialize` (+ `notifications/initialized`), `tools/list` (paginated, bounded)
 //! and `tools/call`, each a JSON-RPC POST answered with JSON or an SSE stream. The session id the

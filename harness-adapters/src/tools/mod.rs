@@ -2,7 +2,7 @@
 //! edit, list, grep, bash) confined to the session's working directory.
 //!
 //! A tool never panics and never hangs: it returns text, or a [`ToolError`] whose category and
-//! retryability go back to the model as a structured `is_error` result (DESIGN.md §7), and every
+//! retryability go back to the model as a structured `is_error` result (docs/DESIGN.md §7), and every
 //! call runs under a timeout with an output cap.
 
 pub mod builtin;

@@ -27,7 +27,7 @@ use crate::profile::HarnessBehaviour;
 use crate::queue::SimMillis;
 use crate::violation::{Invariant, Violation};
 
-/// Flags and words that would make a harness resume its own session (DESIGN.md §6).
+/// Flags and words that would make a harness resume its own session (docs/DESIGN.md §6).
 pub const NATIVE_RESUME_MARKERS: [&str; 5] = [
     "--resume",
     "--continue",
@@ -168,7 +168,7 @@ impl Checker {
     }
 
     /// A coordinator acknowledges an attempt's result, which lets the specialist exit: the result must
-    /// be durable by then (DESIGN.md §12, invariant 1), so the attempt's task row must already be
+    /// be durable by then (docs/DESIGN.md §12, invariant 1), so the attempt's task row must already be
     /// terminal in the store. `stored` is its status there (`None`: no row).
     pub fn ack_durability(&mut self, event: u64, attempt: AttemptId, stored: Option<TaskStatus>) {
         if !stored.is_some_and(TaskStatus::is_terminal) {
@@ -183,7 +183,7 @@ impl Checker {
     }
 
     /// Context rows are handed to a specialist: every task row must be of the attempt's own run
-    /// (DESIGN.md §12, invariant 9).
+    /// (docs/DESIGN.md §12, invariant 9).
     pub fn context_loaded(
         &mut self,
         event: u64,
@@ -221,7 +221,7 @@ impl Checker {
         }
     }
 
-    /// Limits that must hold after every event (DESIGN.md §12, invariant 8).
+    /// Limits that must hold after every event (docs/DESIGN.md §12, invariant 8).
     pub fn after_event(&mut self, event: u64, supervisor: &Supervisor) {
         let live = supervisor.live_count();
         if live > self.specialists_max as usize {
@@ -580,7 +580,7 @@ impl Checker {
         for (seq, row) in rows {
             log.insert(*seq, row.clone());
         }
-        // Tool pairing as far as the rows show it (DESIGN.md §12, invariant 3): in sequence order, each
+        // Tool pairing as far as the rows show it (docs/DESIGN.md §12, invariant 3): in sequence order, each
         // tool_use is answered by exactly one tool_result with its id, before any text row of the
         // model. Only a gapless prefix is checked, since rows may still be in flight.
         if let Err(detail) = tool_pairing(attempt, log) {

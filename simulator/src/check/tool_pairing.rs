@@ -1,4 +1,4 @@
-//! Tool pairing (DESIGN.md §12, invariant 3) over one attempt's log rows, matched by tool id.
+//! Tool pairing (docs/DESIGN.md §12, invariant 3) over one attempt's log rows, matched by tool id.
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -1,7 +1,7 @@
 //! The world: nodes, machines, network, disk and harness sessions, driven one event at a time from a
 //! single agenda and a single seeded stream.
 //!
-//! Topology (DESIGN.md §1, §10): node 0 is the coordinator node and owns the store (a real keel-store
+//! Topology (docs/DESIGN.md §1, §10): node 0 is the coordinator node and owns the store (a real keel-store
 //! on a [`keel_store::SimDisk`]) plus the coordinator of every run, the supervisor and the checkpoint
 //! writer; nodes 1.. are stateless workers that host specialists and their harness sessions. Messages
 //! between machines on the coordinator node are local (FIFO, never dropped while the node is up);

@@ -112,7 +112,7 @@ impl SpecialistRole {
         {
             let admitted = lock(&self.node.started_keys).admit(key);
             if let Err(refusal) = admitted {
-                // DESIGN.md §12 invariant 2: never two sessions with one key; and a full guard
+                // docs/DESIGN.md §12 invariant 2: never two sessions with one key; and a full guard
                 // refuses rather than forgets.
                 Self::feed(
                     me,
