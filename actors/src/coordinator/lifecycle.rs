@@ -13,7 +13,7 @@ use crate::message::{RunMode, RunSpec, SupervisorMsg};
 use crate::persist::PersistOp;
 use crate::plan::{PLAN_STEPS_MAX, PlanStep, validate};
 use crate::report::{TEXT_BYTES_MAX, bounded};
-use keel_store::{Budget, Run, RunStatus, Task, TaskKind, TaskStatus};
+use keel_store::{Budget, Run, RunId, RunStatus, Task, TaskId, TaskKind, TaskStatus};
 use std::collections::{BTreeMap, BTreeSet};
 
 impl RunState {
@@ -53,28 +53,14 @@ impl RunState {
             ),
             outcome: None,
         };
-        let root = Task {
-            id: root_id,
-            run_id: spec.run,
-            parent: None,
-            depth: config.root_depth,
-            kind: TaskKind::Root,
-            brief: brief.clone(),
-            goal: bounded(spec.brief.clone(), TEXT_BYTES_MAX),
-            quality_criteria: Vec::new(),
-            output_schema: None,
-            assignee: None,
-            model: None,
-            observed: None,
-            status: TaskStatus::Running,
-            attempt: 0,
-            idempotency_key: None,
-            outcome: None,
-            attachments: Vec::new(),
-            progress_notes: Vec::new(),
-            created_ms: now,
-            updated_ms: now,
-        };
+        let root = root_task(
+            root_id,
+            spec.run,
+            config.root_depth,
+            brief.clone(),
+            bounded(spec.brief.clone(), TEXT_BYTES_MAX),
+            now,
+        );
         let mut state = RunState {
             config,
             id: spec.run,
@@ -378,5 +364,39 @@ impl RunState {
             PersistOp::UpdateRun(self.row.clone()),
         ];
         self.stage(ops, Then::Finished { status, outcome }, true, now, out);
+    }
+}
+
+/// A run's root task as the coordinator first holds it: running, attempt 0, with no assignee, model or
+/// outcome yet. One constructor for a new run and for a recovery's placeholder, so the two cannot drift.
+pub(super) fn root_task(
+    id: TaskId,
+    run: RunId,
+    depth: u8,
+    brief: String,
+    goal: String,
+    now: Millis,
+) -> Task {
+    Task {
+        id,
+        run_id: run,
+        parent: None,
+        depth,
+        kind: TaskKind::Root,
+        brief,
+        goal,
+        quality_criteria: Vec::new(),
+        output_schema: None,
+        assignee: None,
+        model: None,
+        observed: None,
+        status: TaskStatus::Running,
+        attempt: 0,
+        idempotency_key: None,
+        outcome: None,
+        attachments: Vec::new(),
+        progress_notes: Vec::new(),
+        created_ms: now,
+        updated_ms: now,
     }
 }

@@ -20,7 +20,7 @@ use crate::message::{FollowUpRequest, RecoveredRun, SupervisorMsg};
 use crate::persist::PersistOp;
 use crate::plan::{Plan, PlanStep, validate};
 use crate::report::{StepOutcome, TEXT_BYTES_MAX, bounded};
-use keel_store::{IdempotencyRecord, Run, RunStatus, Task, TaskId, TaskKind, TaskStatus};
+use keel_store::{IdempotencyRecord, Run, RunStatus, Task, TaskId, TaskKind};
 use std::collections::{BTreeMap, BTreeSet};
 
 impl RunState {
@@ -301,28 +301,14 @@ impl RunState {
     /// A state with the run row and nothing else yet (a placeholder root task until the real one is
     /// found).
     pub(super) fn empty(config: CoordinatorConfig, row: Run, now: Millis) -> RunState {
-        let root = Task {
-            id: TaskId(0),
-            run_id: row.id,
-            parent: None,
-            depth: 0,
-            kind: TaskKind::Root,
-            brief: row.brief.clone(),
-            goal: String::new(),
-            quality_criteria: Vec::new(),
-            output_schema: None,
-            assignee: None,
-            model: None,
-            observed: None,
-            status: TaskStatus::Running,
-            attempt: 0,
-            idempotency_key: None,
-            outcome: None,
-            attachments: Vec::new(),
-            progress_notes: Vec::new(),
-            created_ms: now,
-            updated_ms: now,
-        };
+        let root = super::lifecycle::root_task(
+            TaskId(0),
+            row.id,
+            0,
+            row.brief.clone(),
+            String::new(),
+            now,
+        );
         RunState {
             config,
             id: row.id,
