@@ -224,6 +224,16 @@ impl Machine for CheckpointWriter {
                 }
                 self.flush(out);
             }
+            CheckpointInput::Abandon { reason } => {
+                if let Some(flight) = self.in_flight.take() {
+                    for stage in &flight.stages {
+                        Self::answer(stage, Err(reason.clone()), out);
+                    }
+                }
+                for stage in std::mem::take(&mut self.queue) {
+                    Self::answer(&stage, Err(reason.clone()), out);
+                }
+            }
             CheckpointInput::Timer(CheckpointTimer::RetryCommit(id)) => {
                 let next = CommitId(self.next_commit);
                 let Some(flight) = self

@@ -553,6 +553,17 @@ pub enum CheckpointInput {
     },
     /// A timer it set fired.
     Timer(CheckpointTimer),
+    /// The host stopped every run (the node paused by itself: a full disk): answer every stage
+    /// waiting for a commit or in flight with `reason` as a failure and go idle, so nothing decided
+    /// before the pause is written after the runs are taken up again.
+    ///
+    /// # Delivery
+    /// Local, from the host, at most once per pause. A completion of the abandoned commit that
+    /// arrives later is ignored (its id is no longer waited for).
+    Abandon {
+        /// Why, one line.
+        reason: String,
+    },
 }
 
 /// What a specialist asks its host to load before it starts its session: the rows its preamble is built

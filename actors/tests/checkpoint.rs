@@ -414,3 +414,31 @@ fn a_host_stage_is_answered_to_the_host_and_a_coordinator_stage_to_its_coordinat
         ]
     );
 }
+
+#[test]
+fn an_abandon_answers_every_waiting_stage_and_ignores_the_late_completion() {
+    let abandon = CheckpointInput::Abandon {
+        reason: "the node paused".into(),
+    };
+    check(
+        CheckpointConfig::default(),
+        vec![
+            (stage(1, 1, 1), commit(1, &[1])),
+            (stage(1, 2, 1), Seen::default()),
+            (
+                abandon,
+                Seen {
+                    failed: vec![1, 2],
+                    ..Seen::default()
+                },
+            ),
+            // The abandoned commit's completion is not taken for anything.
+            (
+                CheckpointInput::Committed(CommitId(base() + 1)),
+                Seen::default(),
+            ),
+            // Idle again: the next stage commits at once.
+            (stage(1, 3, 1), commit(2, &[3])),
+        ],
+    );
+}

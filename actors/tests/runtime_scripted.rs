@@ -405,7 +405,7 @@ async fn a_follow_up_joins_a_run_this_runtime_hosts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follow_ups_that_cannot_be_served_are_refused_with_typed_errors() {
-    use keel_actors::runtime::RuntimeError;
+    use keel_actors::runtime::FollowUpError;
     let (_dir, work, store) = workspace();
     let gate = work.join("gate");
     let (rt, _events) = start(&store, config(&work)).await;
@@ -419,20 +419,20 @@ async fn follow_ups_that_cannot_be_served_are_refused_with_typed_errors() {
         .follow_up(keel_store::TaskId(42), &message, None)
         .await
         .unwrap_err();
-    assert!(matches!(e, RuntimeError::UnknownTask(_)), "{e}");
+    assert!(matches!(e, FollowUpError::UnknownTask(_)), "{e}");
     let e = rt
         .follow_up(root, &message, Some("nobody"))
         .await
         .unwrap_err();
     assert!(
-        matches!(&e, RuntimeError::UnknownAgent { name, known } if name == "nobody" && known == &["scripted".to_string()]),
+        matches!(&e, FollowUpError::UnknownAgent { name, known } if name == "nobody" && known == &["scripted".to_string()]),
         "{e}"
     );
     let e = rt.follow_up(root, " \n\t", None).await.unwrap_err();
-    assert!(matches!(e, RuntimeError::EmptyMessage), "{e}");
+    assert!(matches!(e, FollowUpError::EmptyMessage), "{e}");
     let big = "x".repeat(keel_actors::FOLLOW_UP_BYTES_MAX + 1);
     let e = rt.follow_up(root, &big, None).await.unwrap_err();
-    assert!(matches!(e, RuntimeError::MessageTooLarge { .. }), "{e}");
+    assert!(matches!(e, FollowUpError::MessageTooLarge { .. }), "{e}");
 
     // Another runtime on the same store does not host the run, which is still running.
     let (other, _e) = start(&store, config(&work)).await;
@@ -440,7 +440,7 @@ async fn follow_ups_that_cannot_be_served_are_refused_with_typed_errors() {
     assert!(
         matches!(
             e,
-            RuntimeError::Refused(Refusal::NotHostedHere {
+            FollowUpError::Refused(Refusal::NotHostedHere {
                 status: RunStatus::Running,
                 ..
             })
@@ -457,7 +457,7 @@ async fn follow_ups_that_cannot_be_served_are_refused_with_typed_errors() {
     assert!(
         matches!(
             e,
-            RuntimeError::Refused(Refusal::NotReopenable {
+            FollowUpError::Refused(Refusal::NotReopenable {
                 status: RunStatus::Cancelled,
                 ..
             })
@@ -486,4 +486,94 @@ async fn keel_tests_wait_root(store: &Store, run: keel_store::RunId) -> keel_sto
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("no root task for {run}");
+}
+
+/// A runtime on a store over a simulated disk, opened again from that disk after a failed write.
+async fn start_on_disk(
+    disk: &keel_store::SimDisk,
+    cfg: RuntimeConfig,
+) -> (Runtime, mpsc::Receiver<RuntimeEvent>) {
+    let store = Store::open_backend(disk.clone(), StoreConfig::default()).unwrap();
+    let again = disk.clone();
+    let store = keel_actors::runtime::NodeStore::reopenable(Arc::new(store), move || {
+        Store::open_backend(again.clone(), StoreConfig::default())
+    });
+    Runtime::start(store, harnesses(), cfg).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_pauses_the_run_at_once_and_it_resumes_once_space_is_free() {
+    use keel_actors::runtime::{PauseReason, WaitError};
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().to_path_buf();
+    let gate = work.join("gate");
+    let disk = keel_store::SimDisk::new();
+    let (rt, mut events) = start_on_disk(&disk, config(&work)).await;
+    let plan = scripted::fan_out_plan(2, |i| {
+        if i == 0 {
+            "echo quick".to_string()
+        } else {
+            after_gate(&gate, 600, "slow")
+        }
+    })
+    .unwrap();
+    let handle = submit(&rt, "fill the disk", plan).await;
+    let run = handle.id();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(30), events.recv()).await {
+            Ok(Some(RuntimeEvent::Report { .. })) => break,
+            Ok(Some(_)) => {}
+            other => panic!("no report: {other:?}"),
+        }
+    }
+    // The disk is full from here on: the slow step's next rows cannot be written.
+    disk.set_write_budget(Some(0));
+    std::fs::write(&gate, "open").unwrap();
+    let e = tokio::time::timeout(Duration::from_secs(60), handle.finished())
+        .await
+        .expect("the run's waiter hears of it")
+        .unwrap_err();
+    assert!(
+        matches!(&e, WaitError::Paused { run: r, reason: PauseReason::DiskFull { .. } } if *r == run),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("disk holding the store is full"),
+        "{e}"
+    );
+    let mut paused = false;
+    while let Ok(event) = events.try_recv() {
+        paused |= matches!(event, RuntimeEvent::Paused { run: r, .. } if r == run);
+    }
+    assert!(paused, "observers hear that the run paused");
+
+    // Space is free again: the store is opened again for the next use, and the same runtime resumes
+    // the run; the quick step's acknowledged report is not run again.
+    disk.set_write_budget(None);
+    assert_eq!(rt.open_runs().await.unwrap(), vec![run]);
+    let sessions = rt.sessions_started();
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(60),
+        rt.resume(run).await.unwrap().finished(),
+    )
+    .await
+    .expect("the resumed run finishes")
+    .unwrap();
+    assert_eq!(outcome.status, RunStatus::Completed, "{}", outcome.outcome);
+    assert_eq!(
+        rt.sessions_started(),
+        sessions + 1,
+        "only the slow step runs again"
+    );
+    let store = rt.store().unwrap();
+    let tasks = store.run(run).tasks(None, 100).unwrap().items;
+    assert!(
+        tasks
+            .iter()
+            .filter(|t| t.kind != TaskKind::Root)
+            .all(|t| t.status == TaskStatus::Complete),
+        "{tasks:?}"
+    );
+    drop(store);
+    rt.shutdown().await;
 }

@@ -133,19 +133,19 @@ pub(crate) fn ended(e: anyhow::Result<run::Ended>) -> Result<(), Failed> {
 
 /// The exit of `keel follow-up`: as [`ended`], with the refusals that have their own codes.
 pub(crate) fn followed(e: anyhow::Result<run::Ended>) -> Result<(), Failed> {
-    use keel_actors::runtime::RuntimeError;
+    use keel_actors::runtime::FollowUpError;
     match e {
         Ok(run::Ended::NotCompleted) => Err(Failed {
             exit: Exit::RunNotCompleted,
             error: anyhow::anyhow!("the follow-up did not complete"),
         }),
         Err(error) => {
-            let exit = if let Some(r) = error.downcast_ref::<RuntimeError>() {
+            let exit = if let Some(r) = error.downcast_ref::<FollowUpError>() {
                 match r {
-                    RuntimeError::UnknownTask(_) => Exit::NotFound,
-                    RuntimeError::UnknownAgent { .. }
-                    | RuntimeError::EmptyMessage
-                    | RuntimeError::MessageTooLarge { .. } => Exit::Usage,
+                    FollowUpError::UnknownTask(_) => Exit::NotFound,
+                    FollowUpError::UnknownAgent { .. }
+                    | FollowUpError::EmptyMessage
+                    | FollowUpError::MessageTooLarge { .. } => Exit::Usage,
                     _ => Exit::Failure,
                 }
             } else if let Some(ReadError::NotFound { .. }) = error.downcast_ref::<ReadError>() {

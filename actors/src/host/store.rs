@@ -46,6 +46,10 @@ pub enum HostError {
     /// A read failed.
     #[error("read failed: {0}")]
     Read(#[from] ReadError),
+    /// The store handle was closed after a failed write (redb refuses every later IO on it) and is
+    /// not open again yet.
+    #[error("the store is closed: {0}")]
+    Closed(String),
     /// A run has more tasks (or idempotency records) than a recovery reads.
     #[error("run {0} has more than {RECOVERY_TASKS_MAX} tasks")]
     TooManyTasks(RunId),

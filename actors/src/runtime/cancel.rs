@@ -2,7 +2,7 @@
 //! store), and killing one attempt the hard way.
 
 use super::node::lock;
-use super::{Deliver, Runtime, RuntimeError, wall_clock_ms};
+use super::{CancelError, Deliver, Runtime, wall_clock_ms};
 use crate::host::decide::{self, Refusal};
 use crate::ids::AttemptId;
 use crate::message::{CoordinatorInput, CoordinatorMsg};
@@ -39,9 +39,9 @@ impl Runtime {
     /// checkpoint actor.
     ///
     /// # Errors
-    /// [`RuntimeError::Store`], [`RuntimeError::Refused`] (terminal, already running),
-    /// [`RuntimeError::HostWrite`].
-    pub async fn cancel_stored(&self, run: RunId, reason: &str) -> Result<u32, RuntimeError> {
+    /// [`CancelError::Read`], [`CancelError::Refused`] (terminal, already running),
+    /// [`CancelError::Write`].
+    pub async fn cancel_stored(&self, run: RunId, reason: &str) -> Result<u32, CancelError> {
         if lock(&self.node.coordinators).contains_key(&run) {
             return Err(Refusal::AlreadyRunning(run).into());
         }

@@ -79,4 +79,28 @@ pub enum RuntimeEvent {
     },
     /// A run reached a terminal state (durable).
     Finished(RunOutcome),
+    /// The runtime paused a run by itself (its waiters hear [`super::WaitError::Paused`]): the run
+    /// is not terminal and resumes later.
+    Paused {
+        /// The run.
+        run: RunId,
+        /// Why, and what to do.
+        reason: PauseReason,
+    },
+}
+
+/// Why the runtime paused a run by itself, rather than on its host's request ([`super::Runtime::pause`]).
+/// Its text says what happened and what to do.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PauseReason {
+    /// The disk holding the store is full: nothing more can be made durable, so every run of the
+    /// node stops at once (its sessions cancelled, its unacknowledged results held back) instead of
+    /// retrying writes that cannot succeed. Free space, then resume the run from a new runtime
+    /// (`keel resume RUN`); the store is opened again then.
+    #[error("the disk holding the store is full ({detail}); free space on it, then resume the run")]
+    DiskFull {
+        /// The store's error.
+        detail: String,
+    },
 }

@@ -1,8 +1,11 @@
 //! Follow-ups: a new task on a thread of a run, joining the run when this runtime hosts it or
 //! reopening it from the store when it has ended, and waiting for its outcome.
 
-use super::node::{Node, lock};
-use super::{Deliver, RunHandle, RunOutcome, Runtime, RuntimeError, wall_clock_ms};
+use super::node::{Node, RunEnd, lock};
+use super::{
+    Deliver, FollowUpError, RunHandle, RunOutcome, Runtime, StoreReadError, WaitError,
+    wall_clock_ms,
+};
 use crate::host::decide::{self, FollowUpRoute, Refusal};
 use crate::ids::mint_task_id;
 use crate::message::{CoordinatorInput, CoordinatorMsg, FOLLOW_UP_BYTES_MAX, FollowUpRequest};
@@ -17,7 +20,7 @@ pub struct FollowUpHandle {
     task: TaskId,
     parent: TaskId,
     reopened: bool,
-    done: oneshot::Receiver<RunOutcome>,
+    done: oneshot::Receiver<RunEnd>,
     node: Arc<Node>,
     _slot: Option<tokio::sync::OwnedSemaphorePermit>,
 }
@@ -62,12 +65,12 @@ impl FollowUpHandle {
     /// already hosted ends when all of its work is done) and read the follow-up's rows.
     ///
     /// # Errors
-    /// [`RuntimeError::FollowUpRefused`] when the run ended without creating the follow-up's task;
-    /// [`RuntimeError::Stopped`] when the runtime stopped or paused first; [`RuntimeError::Store`].
+    /// [`WaitError::FollowUpRefused`] when the run ended without creating the follow-up's task;
+    /// [`WaitError::Stopped`] when the runtime stopped or paused first; [`WaitError::Read`].
     ///
     /// # Cancel safety
     /// Not cancel safe: dropping the future drops the handle (the follow-up goes on).
-    pub async fn finished(self) -> Result<FollowUpOutcome, RuntimeError> {
+    pub async fn finished(self) -> Result<FollowUpOutcome, WaitError> {
         let FollowUpHandle {
             run,
             task,
@@ -80,18 +83,20 @@ impl FollowUpHandle {
         // reached a coordinator as it was stopping (its waiters already answered).
         let outcome = loop {
             tokio::select! {
-                r = &mut done => break r.map_err(|_| RuntimeError::Stopped(run))?,
+                r = &mut done => match r {
+                    Ok(RunEnd::Finished(outcome)) => break outcome,
+                    Ok(RunEnd::Paused(reason)) => return Err(WaitError::Paused { run, reason }),
+                    Err(_) => return Err(WaitError::Stopped(run)),
+                },
                 () = tokio::time::sleep(FOLLOW_UP_POLL) => {
                     if lock(&node.coordinators).contains_key(&run) {
                         continue;
                     }
-                    let store = Arc::clone(&node.store);
-                    let row = tokio::task::spawn_blocking(move || store.catalog().run(run))
-                        .await
-                        .map_err(|e| RuntimeError::HostWrite(format!("read task failed: {e}")))?
-                        .map_err(|e| RuntimeError::Store(crate::host::HostError::Read(e)))?;
+                    let row = node
+                        .read(move |store| Ok(store.catalog().run(run)?))
+                        .await?;
                     if !row.status.is_terminal() {
-                        return Err(RuntimeError::Stopped(run));
+                        return Err(WaitError::Stopped(run));
                     }
                     break RunOutcome {
                         run,
@@ -101,13 +106,11 @@ impl FollowUpHandle {
                 }
             }
         };
-        let store = Arc::clone(&node.store);
-        let tasks =
-            tokio::task::spawn_blocking(move || crate::host::store::all_tasks(&store.run(run)))
-                .await
-                .map_err(|e| RuntimeError::HostWrite(format!("read task failed: {e}")))??;
+        let tasks = node
+            .read(move |store| crate::host::store::all_tasks(&store.run(run)))
+            .await?;
         let Some(first) = tasks.iter().find(|t| t.id == task).cloned() else {
-            return Err(RuntimeError::FollowUpRefused { run, parent });
+            return Err(WaitError::FollowUpRefused { run, parent });
         };
         Ok(FollowUpOutcome {
             last: chain_end(&tasks, &first),
@@ -159,13 +162,13 @@ impl FollowUpOutcome {
 /// (`keel follow-up --detach`) can refuse bad input at once.
 ///
 /// # Errors
-/// [`RuntimeError::EmptyMessage`] or [`RuntimeError::MessageTooLarge`].
-pub fn check_follow_up_message(message: &str) -> Result<(), RuntimeError> {
+/// [`FollowUpError::EmptyMessage`] or [`FollowUpError::MessageTooLarge`].
+pub fn check_follow_up_message(message: &str) -> Result<(), FollowUpError> {
     if message.trim().is_empty() {
-        return Err(RuntimeError::EmptyMessage);
+        return Err(FollowUpError::EmptyMessage);
     }
     if message.len() > FOLLOW_UP_BYTES_MAX {
-        return Err(RuntimeError::MessageTooLarge {
+        return Err(FollowUpError::MessageTooLarge {
             bytes: message.len(),
             max: FOLLOW_UP_BYTES_MAX,
         });
@@ -190,38 +193,39 @@ impl Runtime {
     /// - open but not hosted here, cancelled, or over budget: refused.
     ///
     /// A follow-up that reaches a hosted run while the run's end is being made durable is refused
-    /// by its coordinator (the handle then says [`RuntimeError::FollowUpRefused`]); asked again,
+    /// by its coordinator (the handle then says [`WaitError::FollowUpRefused`]); asked again,
     /// it reopens the run.
     ///
     /// # Errors
-    /// [`RuntimeError::EmptyMessage`], [`RuntimeError::MessageTooLarge`],
-    /// [`RuntimeError::UnknownAgent`], [`RuntimeError::UnknownTask`],
-    /// [`RuntimeError::Refused`] (not hosted here, not reopenable), [`RuntimeError::Store`],
-    /// [`RuntimeError::HostWrite`], [`RuntimeError::Spawn`].
+    /// [`FollowUpError::EmptyMessage`], [`FollowUpError::MessageTooLarge`],
+    /// [`FollowUpError::UnknownAgent`], [`FollowUpError::UnknownTask`],
+    /// [`FollowUpError::Refused`] (not hosted here, not reopenable), [`FollowUpError::Read`],
+    /// [`FollowUpError::Write`], [`FollowUpError::Spawn`].
     pub async fn follow_up(
         &self,
         task: TaskId,
         message: &str,
         agent: Option<&str>,
-    ) -> Result<FollowUpHandle, RuntimeError> {
+    ) -> Result<FollowUpHandle, FollowUpError> {
         check_follow_up_message(message)?;
+        self.node.lift_halt();
         let agents = &self.node.config.supervisor.agents;
         if let Some(name) = agent
             && !agents.iter().any(|a| a.name == name)
         {
-            return Err(RuntimeError::UnknownAgent {
+            return Err(FollowUpError::UnknownAgent {
                 name: name.to_owned(),
                 known: agents.iter().map(|a| a.name.clone()).collect(),
             });
         }
-        let store = Arc::clone(&self.node.store);
-        let row = tokio::task::spawn_blocking(move || store.catalog().task(task))
-            .await
-            .map_err(|e| RuntimeError::HostWrite(format!("read task failed: {e}")))?;
+        let row = self
+            .node
+            .read(move |store| Ok(store.catalog().task(task)))
+            .await?;
         let run = match row {
             Ok(t) => t.run_id,
-            Err(ReadError::NotFound { .. }) => return Err(RuntimeError::UnknownTask(task)),
-            Err(e) => return Err(RuntimeError::Store(crate::host::HostError::Read(e))),
+            Err(ReadError::NotFound { .. }) => return Err(FollowUpError::UnknownTask(task)),
+            Err(e) => return Err(StoreReadError::Store(e.into()).into()),
         };
         let preset = {
             let mut rng = lock(&self.node.entropy);

@@ -1,10 +1,13 @@
 //! A run's life in the runtime: starting the node's actors, submitting a run, resuming one from the
 //! store, hosting its coordinator in a run slot, and stopping the node.
 
-use super::node::{CheckpointRole, CoordinatorRole, Node, SupervisorRole, lock};
+use super::NodeStore;
+use super::node::{CheckpointRole, CoordinatorRole, Node, RunEnd, SupervisorRole, lock};
+use super::pause::Halt;
 use super::{
-    Deliver, HarnessSet, Host, HostState, OsEntropy, RunOutcome, Runtime, RuntimeConfig,
-    RuntimeError, RuntimeEvent, spans, wall_clock_ms,
+    Deliver, HarnessSet, HostWriteError, MachineActor, MachineActorState, OsEntropy, ResumeError,
+    RunOutcome, Runtime, RuntimeConfig, RuntimeEvent, SpawnError, StartError, StoreReadError,
+    SubmitError, WaitError, spans, wall_clock_ms,
 };
 use crate::checkpoint::CheckpointWriter;
 use crate::coordinator::Coordinator;
@@ -13,7 +16,7 @@ use crate::ids::mint_run_id;
 use crate::message::{CoordinatorInput, CoordinatorMsg, RecoveredRun, RunMode, RunSpec};
 use crate::persist::PersistOp;
 use crate::supervisor::Supervisor;
-use keel_store::{RunId, Store};
+use keel_store::RunId;
 use ractor::Actor;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -25,7 +28,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 #[derive(Debug)]
 pub struct RunHandle {
     pub(super) run: RunId,
-    pub(super) done: oneshot::Receiver<RunOutcome>,
+    pub(super) done: oneshot::Receiver<RunEnd>,
     pub(super) _slot: tokio::sync::OwnedSemaphorePermit,
 }
 
@@ -38,12 +41,20 @@ impl RunHandle {
     /// Wait for the run's terminal state.
     ///
     /// # Errors
-    /// [`RuntimeError::Stopped`] if the runtime stopped (or paused) before the run ended.
+    /// [`WaitError::Stopped`] if the runtime stopped (or its host paused it) before the run ended;
+    /// [`WaitError::Paused`] if the node paused it by itself (a full disk).
     ///
     /// # Cancel safety
     /// Not cancel safe: dropping the future drops the handle (the run goes on).
-    pub async fn finished(self) -> Result<RunOutcome, RuntimeError> {
-        self.done.await.map_err(|_| RuntimeError::Stopped(self.run))
+    pub async fn finished(self) -> Result<RunOutcome, WaitError> {
+        match self.done.await {
+            Ok(RunEnd::Finished(outcome)) => Ok(outcome),
+            Ok(RunEnd::Paused(reason)) => Err(WaitError::Paused {
+                run: self.run,
+                reason,
+            }),
+            Err(_) => Err(WaitError::Stopped(self.run)),
+        }
     }
 }
 
@@ -52,12 +63,12 @@ impl Runtime {
     /// [`RuntimeEvent`]s; drop it if nobody listens.
     ///
     /// # Errors
-    /// [`RuntimeError::Entropy`] or [`RuntimeError::Spawn`].
+    /// [`StartError::Entropy`] or [`StartError::Spawn`].
     pub async fn start(
-        store: Arc<Store>,
+        store: impl Into<NodeStore>,
         harnesses: HarnessSet,
         config: RuntimeConfig,
-    ) -> Result<(Runtime, mpsc::Receiver<RuntimeEvent>), RuntimeError> {
+    ) -> Result<(Runtime, mpsc::Receiver<RuntimeEvent>), StartError> {
         let mut entropy = match config.seed {
             Some(seed) => OsEntropy::from_seed(seed),
             None => OsEntropy::from_os()?,
@@ -67,7 +78,7 @@ impl Runtime {
         let supervisor_rng = entropy.fork();
         let checkpoint_rng = entropy.fork();
         let node = Arc::new(Node {
-            store,
+            store: store.into(),
             harnesses,
             config: config.clone(),
             coordinators: Mutex::new(BTreeMap::new()),
@@ -83,6 +94,9 @@ impl Runtime {
             events_dropped: AtomicU64::new(0),
             pausing: AtomicBool::new(false),
             frozen: AtomicBool::new(false),
+            shut: AtomicBool::new(false),
+            halt: Mutex::new(Halt::default()),
+            tokio: tokio::runtime::Handle::current(),
             commits_in_flight: AtomicU64::new(0),
             commits_total: AtomicU64::new(0),
             entropy: Mutex::new(entropy),
@@ -97,41 +111,41 @@ impl Runtime {
         let writer = std::thread::Builder::new()
             .name("keel-store-writer".into())
             .spawn(move || super::node::store_writer(weak, batches));
-        writer.map_err(|e| RuntimeError::Spawn {
+        writer.map_err(|e| SpawnError {
             what: "store writer",
             detail: e.to_string(),
         })?;
         let _ = node.writer.set(writes);
         let (checkpoint, _) = Actor::spawn(
             None,
-            Host::new(CheckpointRole {
+            MachineActor::new(CheckpointRole {
                 node: Arc::clone(&node),
             }),
-            HostState::new(
+            MachineActorState::new(
                 CheckpointWriter::new(config.checkpoint.clone()),
                 checkpoint_rng,
                 (),
             ),
         )
         .await
-        .map_err(|e| RuntimeError::Spawn {
+        .map_err(|e| SpawnError {
             what: "checkpoint",
             detail: e.to_string(),
         })?;
         let _ = node.checkpoint.set(checkpoint);
         let (supervisor, _) = Actor::spawn(
             None,
-            Host::new(SupervisorRole {
+            MachineActor::new(SupervisorRole {
                 node: Arc::clone(&node),
             }),
-            HostState::new(
+            MachineActorState::new(
                 Supervisor::new(config.supervisor.clone()),
                 supervisor_rng,
                 (),
             ),
         )
         .await
-        .map_err(|e| RuntimeError::Spawn {
+        .map_err(|e| SpawnError {
             what: "supervisor",
             detail: e.to_string(),
         })?;
@@ -150,15 +164,16 @@ impl Runtime {
     /// slot when [`RuntimeConfig::runs_in_flight_max`] runs are in flight.
     ///
     /// # Errors
-    /// [`RuntimeError::Spawn`] if the coordinator actor cannot start.
+    /// [`SubmitError::Spawn`] if the coordinator actor cannot start.
     pub async fn submit(
         &self,
         brief: String,
         mode: RunMode,
         budget_limit_micros: Option<u64>,
         config_snapshot: String,
-    ) -> Result<RunHandle, RuntimeError> {
+    ) -> Result<RunHandle, SubmitError> {
         let slot = self.slot().await?;
+        self.node.lift_halt();
         let run = {
             let mut rng = lock(&self.node.entropy);
             mint_run_id(wall_clock_ms(), &mut *rng)
@@ -170,12 +185,13 @@ impl Runtime {
             budget_limit_micros,
             config_snapshot,
         };
-        self.host(
-            run,
-            CoordinatorInput::Msg(CoordinatorMsg::Accept(spec)),
-            slot,
-        )
-        .await
+        Ok(self
+            .host(
+                run,
+                CoordinatorInput::Msg(CoordinatorMsg::Accept(spec)),
+                slot,
+            )
+            .await?)
     }
 
     /// Resume a run from the store after a crash or a pause: its coordinator is rebuilt from the
@@ -184,9 +200,10 @@ impl Runtime {
     /// ([`decide::resume`]).
     ///
     /// # Errors
-    /// [`RuntimeError::Store`] (unknown run, unreadable rows), [`RuntimeError::Refused`] (terminal,
-    /// already running), [`RuntimeError::HostWrite`], [`RuntimeError::Spawn`].
-    pub async fn resume(&self, run: RunId) -> Result<RunHandle, RuntimeError> {
+    /// [`ResumeError::Read`] (unknown run, unreadable rows), [`ResumeError::Refused`] (terminal,
+    /// already running), [`ResumeError::Write`], [`ResumeError::Spawn`].
+    pub async fn resume(&self, run: RunId) -> Result<RunHandle, ResumeError> {
+        self.node.lift_halt();
         let _reopening = self.reopening.lock().await;
         if lock(&self.node.coordinators).contains_key(&run) {
             return Err(Refusal::AlreadyRunning(run).into());
@@ -198,17 +215,14 @@ impl Runtime {
         if let Some(marks) = marks {
             self.write_marks(&mut rows.run, marks).await?;
         }
-        self.host(run, CoordinatorInput::Recovered(Box::new(rows)), slot)
-            .await
+        Ok(self
+            .host(run, CoordinatorInput::Recovered(Box::new(rows)), slot)
+            .await?)
     }
 
     /// The rows of `run` a coordinator rebuilds from, read on the blocking pool.
-    pub(super) async fn recover_run(&self, run: RunId) -> Result<RecoveredRun, RuntimeError> {
-        let store = Arc::clone(&self.node.store);
-        tokio::task::spawn_blocking(move || crate::host::store::recover_run(&store, run))
-            .await
-            .map_err(|e| RuntimeError::HostWrite(format!("recovery task failed: {e}")))?
-            .map_err(RuntimeError::from)
+    pub(super) async fn recover_run(&self, run: RunId) -> Result<RecoveredRun, StoreReadError> {
+        self.node.recover_run(run).await
     }
 
     /// Write a decision's marks through the checkpoint actor (the only writer), and keep the run row
@@ -217,21 +231,21 @@ impl Runtime {
         &self,
         run: &mut keel_store::Run,
         marks: Marks,
-    ) -> Result<(), RuntimeError> {
+    ) -> Result<(), HostWriteError> {
         if let Some(PersistOp::UpdateRun(row)) = marks.ops.last() {
             *run = row.clone();
         }
         self.node
             .stage_host(run.id, marks.ops, Duration::from_secs(30))
             .await
-            .map_err(RuntimeError::HostWrite)
+            .map_err(HostWriteError)
     }
 
-    pub(super) async fn slot(&self) -> Result<tokio::sync::OwnedSemaphorePermit, RuntimeError> {
+    pub(super) async fn slot(&self) -> Result<tokio::sync::OwnedSemaphorePermit, SpawnError> {
         Arc::clone(&self.slots)
             .acquire_owned()
             .await
-            .map_err(|e| RuntimeError::Spawn {
+            .map_err(|e| SpawnError {
                 what: "coordinator",
                 detail: e.to_string(),
             })
@@ -242,7 +256,7 @@ impl Runtime {
         run: RunId,
         first: CoordinatorInput,
         slot: tokio::sync::OwnedSemaphorePermit,
-    ) -> Result<RunHandle, RuntimeError> {
+    ) -> Result<RunHandle, SpawnError> {
         let (tx, rx) = oneshot::channel();
         lock(&self.node.waiters).entry(run).or_default().push(tx);
         let span = spans::run_span(run, &first);
@@ -252,16 +266,16 @@ impl Runtime {
             run,
             span,
         };
-        let state = HostState::new(
+        let state = MachineActorState::new(
             Coordinator::new(self.node.config.coordinator.clone()),
             self.node.fork_rng(),
             (),
         );
-        let (actor, _) = match Actor::spawn(None, Host::new(role), state).await {
+        let (actor, _) = match Actor::spawn(None, MachineActor::new(role), state).await {
             Ok(spawned) => spawned,
             Err(e) => {
                 lock(&self.node.run_spans).remove(&run);
-                return Err(RuntimeError::Spawn {
+                return Err(SpawnError {
                     what: "coordinator",
                     detail: e.to_string(),
                 });

@@ -11,14 +11,15 @@
 //!   specialist's mailbox and its replies go to the coordinator as messages.
 //! - Timers are tokio sleeps that deliver the machine's timer input.
 //!
-//! Embedding: build a [`HarnessSet`], open a [`keel_store::Store`], call [`Runtime::start`] inside
-//! your tokio runtime, [`Runtime::submit`] briefs, and read [`RuntimeEvent`]s from the channel it
+//! Embedding: build a [`HarnessSet`], open a [`keel_store::Store`] (wrapped in a [`NodeStore`] that
+//! knows how to open it again after a failed write), call [`Runtime::start`] inside your tokio
+//! runtime, [`Runtime::submit`] briefs, and read [`RuntimeEvent`]s from the channel it
 //! returns. `examples/embed.rs` shows it end to end.
 //!
 //! Files: `lifecycle.rs` (start, submit, resume, hosting a run, shutdown), `follow_up.rs`,
 //! `pause.rs` (graceful shutdown), `cancel.rs`, `config.rs`, `event.rs` (what observers hear),
-//! `error.rs`, `node/` (the actors' shared routing table, the store writer, one file per role),
-//! `host.rs` (any machine as a ractor actor). The decisions of pause, cancel, resume and reopen are
+//! `error.rs` (one error type per operation), `node/` (the actors' shared routing table, the store writer, one file per role),
+//! `machine_actor.rs` (any machine as a ractor actor). The decisions of pause, cancel, resume and reopen are
 //! [`crate::host::decide`]'s, and the store IO is [`crate::host::store`]'s, shared with the simulator.
 //!
 //! Bounds: runs in flight are capped by a semaphore ([`RuntimeConfig::runs_in_flight_max`],
@@ -33,21 +34,26 @@ mod error;
 mod event;
 mod follow_up;
 mod harnesses;
-pub mod host;
 mod lifecycle;
+pub mod machine_actor;
 mod node;
+mod node_store;
 mod pause;
 pub mod scripted;
 pub mod spans;
 
 pub use clock::{EntropyError, OsEntropy, wall_clock_ms};
 pub use config::RuntimeConfig;
-pub use error::RuntimeError;
-pub use event::{RunOutcome, RuntimeEvent};
+pub use error::{
+    CancelError, FollowUpError, HostWriteError, ResumeError, SpawnError, StartError,
+    StoreReadError, SubmitError, WaitError,
+};
+pub use event::{PauseReason, RunOutcome, RuntimeEvent};
 pub use follow_up::{FollowUpHandle, FollowUpOutcome, check_follow_up_message};
 pub use harnesses::{ATTEMPT_ENV, HarnessSet, RUN_ID_ENV, SUBTASK_ID_ENV};
-pub use host::{Deliver, Flow, Host, HostRef, HostState, Role};
 pub use lifecycle::RunHandle;
+pub use machine_actor::{Deliver, Flow, MachineActor, MachineActorState, MachineRef, Role};
+pub use node_store::{NodeStore, StoreOpener};
 pub use pause::PauseSummary;
 pub use spans::SPAN_TARGET;
 
@@ -76,9 +82,9 @@ impl Runtime {
     /// Every run of the store that is not terminal (running when the node died, or paused).
     ///
     /// # Errors
-    /// [`RuntimeError::Store`].
-    pub fn open_runs(&self) -> Result<Vec<RunId>, RuntimeError> {
-        Ok(crate::host::store::open_runs(&self.node.store)?)
+    /// [`StoreReadError`].
+    pub async fn open_runs(&self) -> Result<Vec<RunId>, StoreReadError> {
+        self.node.read(crate::host::store::open_runs).await
     }
 
     /// Events dropped because the channel was full.
@@ -97,8 +103,11 @@ impl Runtime {
         self.node.commits_total.load(Ordering::Relaxed)
     }
 
-    /// The store the node writes.
-    pub fn store(&self) -> &Arc<Store> {
-        &self.node.store
+    /// The store the node writes (its current handle: after a failed write, the one opened again).
+    ///
+    /// # Errors
+    /// [`crate::host::HostError::Closed`] while a write failed and the store is not open again.
+    pub fn store(&self) -> Result<Arc<Store>, crate::host::HostError> {
+        self.node.store.current()
     }
 }

@@ -1,11 +1,14 @@
-//! A graceful shutdown (SIGTERM): stop admitting, let sessions end, and mark the open runs paused.
+//! Pausing: a graceful shutdown asked by the host (SIGTERM: stop admitting, let sessions end, mark
+//! the open runs paused), and the pause the node starts by itself when the disk holding its store
+//! is full (every run stops at once; its waiters hear why).
 
-use super::node::lock;
-use super::{Deliver, HostRef, Runtime, wall_clock_ms};
-use crate::host::decide::{self};
+use super::node::{Node, RunEnd, lock};
+use super::{Deliver, MachineRef, PauseReason, Runtime, RuntimeEvent, wall_clock_ms};
+use crate::host::decide;
 use crate::ids::AttemptId;
-use crate::message::SpecialistMsg;
+use crate::message::{CheckpointInput, SpecialistMsg};
 use keel_store::RunId;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -20,35 +23,38 @@ pub struct PauseSummary {
     pub specialists_killed: u32,
 }
 
+/// How long a pause the node started by itself waits for a run's pause marks: with the disk full
+/// they most likely fail too, and the run then stays `Running` in the store, which a resume takes
+/// up as it would after a crash.
+const HALT_MARKS_WAIT: Duration = Duration::from_secs(5);
+
+/// Where the node stands with a pause it started by itself ([`Node::halt`]).
+#[derive(Debug, Default)]
+pub(crate) enum Halt {
+    /// Not paused by itself.
+    #[default]
+    Running,
+    /// Stopping its runs.
+    Halting,
+    /// Its runs are stopped; the next resume, submit or follow-up takes the node up again.
+    Halted,
+}
+
 impl Runtime {
     /// Graceful shutdown: stop admitting, cancel every running session cooperatively (their log rows
     /// still reach the store), hold back unacknowledged results, then mark the open tasks and their
     /// runs paused through the checkpoint actor. Waits at most `wait` for sessions to end; the ones
-    /// still running then are killed (they run again on resume all the same).
+    /// still running then are killed (they run again on resume all the same). The runtime hosts
+    /// nothing more afterwards: shut it down.
     pub async fn pause(&self, wait: Duration) -> PauseSummary {
         let node = &self.node;
+        node.shut.store(true, Ordering::Release);
         node.pausing.store(true, Ordering::Release);
-        let live: Vec<(AttemptId, HostRef<crate::specialist::Specialist>)> =
-            lock(&node.specialists)
-                .iter()
-                .map(|(a, s)| (*a, s.actor.clone()))
-                .collect();
-        for (_, actor) in &live {
-            let _ = actor.send_message(Deliver(crate::message::SpecialistInput::Msg(
-                SpecialistMsg::Cancel {
-                    reason: "the node is shutting down".into(),
-                },
-            )));
-        }
         let deadline = tokio::time::Instant::now() + wait;
-        while !lock(&node.specialists).is_empty() && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let mut summary = PauseSummary::default();
-        for (_, s) in lock(&node.specialists).iter() {
-            s.actor.kill();
-            summary.specialists_killed += 1;
-        }
+        let mut summary = PauseSummary {
+            specialists_killed: node.stop_sessions(wait).await,
+            ..PauseSummary::default()
+        };
         // Let the last log rows and their commits land before the coordinators are frozen.
         let mut quiet_polls = 0;
         while quiet_polls < 3 && tokio::time::Instant::now() < deadline + Duration::from_secs(2) {
@@ -62,24 +68,143 @@ impl Runtime {
         node.frozen.store(true, Ordering::Release);
         let runs: Vec<RunId> = lock(&node.coordinators).keys().copied().collect();
         for run in runs {
-            let Ok(rows) = self.recover_run(run).await else {
-                continue;
-            };
-            let Some(marks) = decide::pause(&rows.run, &rows.tasks, wall_clock_ms()) else {
-                continue;
-            };
-            let paused = marks.tasks;
-            match node
-                .stage_host(run, marks.ops, Duration::from_secs(30))
-                .await
-            {
-                Ok(()) => {
-                    summary.runs.push(run);
-                    summary.tasks_paused += paused;
-                }
-                Err(e) => tracing::error!(%run, error = %e, "could not mark the run paused"),
+            if let Some(paused) = node.mark_paused(run, Duration::from_secs(30)).await {
+                summary.runs.push(run);
+                summary.tasks_paused += paused;
             }
         }
         summary
+    }
+}
+
+impl Node {
+    /// Cancel every running session cooperatively, wait at most `wait` for the specialists to end,
+    /// and kill the ones still alive (returning how many).
+    async fn stop_sessions(&self, wait: Duration) -> u32 {
+        let live: Vec<(AttemptId, MachineRef<crate::specialist::Specialist>)> =
+            lock(&self.specialists)
+                .iter()
+                .map(|(a, s)| (*a, s.actor.clone()))
+                .collect();
+        for (_, actor) in &live {
+            let _ = actor.send_message(Deliver(crate::message::SpecialistInput::Msg(
+                SpecialistMsg::Cancel {
+                    reason: "the node is shutting down".into(),
+                },
+            )));
+        }
+        let deadline = tokio::time::Instant::now() + wait;
+        while !lock(&self.specialists).is_empty() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let mut killed = 0;
+        for (_, s) in lock(&self.specialists).iter() {
+            s.actor.kill();
+            killed += 1;
+        }
+        killed
+    }
+
+    /// Mark `run`'s open tasks and the run paused through the checkpoint actor ([`decide::pause`]),
+    /// waiting at most `wait`; the number of tasks marked, or `None` when nothing was written.
+    async fn mark_paused(self: &Arc<Self>, run: RunId, wait: Duration) -> Option<u32> {
+        let rows = match self.recover_run(run).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::error!(%run, error = %e, "could not read the run to mark it paused");
+                return None;
+            }
+        };
+        let marks = decide::pause(&rows.run, &rows.tasks, wall_clock_ms())?;
+        let paused = marks.tasks;
+        match self.stage_host(run, marks.ops, wait).await {
+            Ok(()) => Some(paused),
+            Err(e) => {
+                tracing::error!(%run, error = %e, "could not mark the run paused");
+                None
+            }
+        }
+    }
+
+    /// Pause every run of the node at once, by the node's own decision (a commit found the disk
+    /// full): no new specialists, no more input to the coordinators, every session cancelled, the
+    /// pause marks tried, and each run's waiters answered with `reason`
+    /// ([`super::WaitError::Paused`]). Called from the store writer thread; the work runs on the
+    /// tokio runtime the node started on. A second call while one is under way does nothing.
+    pub(crate) fn halt(self: &Arc<Self>, reason: PauseReason) {
+        {
+            let mut halt = lock(&self.halt);
+            if !matches!(*halt, Halt::Running) {
+                return;
+            }
+            *halt = Halt::Halting;
+        }
+        tracing::error!(%reason, "pausing every run of the node");
+        self.pausing.store(true, Ordering::Release);
+        self.frozen.store(true, Ordering::Release);
+        let node = Arc::clone(self);
+        self.tokio
+            .spawn(async move { node.halt_runs(reason).await });
+    }
+
+    async fn halt_runs(self: Arc<Self>, reason: PauseReason) {
+        let wait = Duration::from_millis(self.config.stop_grace_ms);
+        self.stop_sessions(wait).await;
+        let hosted: Vec<(RunId, MachineRef<crate::coordinator::Coordinator>)> =
+            lock(&self.coordinators)
+                .iter()
+                .map(|(run, c)| (*run, c.clone()))
+                .collect();
+        let mut ends = Vec::new();
+        for (run, coordinator) in hosted {
+            self.mark_paused(run, HALT_MARKS_WAIT).await;
+            {
+                let mut map = lock(&self.coordinators);
+                if map
+                    .get(&run)
+                    .is_some_and(|c| c.get_id() == coordinator.get_id())
+                {
+                    map.remove(&run);
+                    lock(&self.run_spans).remove(&run);
+                }
+            }
+            coordinator.stop(Some(format!("paused: {reason}")));
+            ends.push((run, lock(&self.waiters).remove(&run).unwrap_or_default()));
+        }
+        // Nothing decided before the pause may be written after the runs are taken up again.
+        if let Some(checkpoint) = self.checkpoint.get() {
+            let _ = checkpoint.send_message(Deliver(CheckpointInput::Abandon {
+                reason: format!("the node paused: {reason}"),
+            }));
+        }
+        let deadline = tokio::time::Instant::now() + HALT_MARKS_WAIT;
+        while self.commits_in_flight.load(Ordering::Acquire) > 0
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Halted before anyone hears of it, so a waiter that resumes at once finds the node ready.
+        *lock(&self.halt) = Halt::Halted;
+        for (run, waiters) in ends {
+            self.emit(RuntimeEvent::Paused {
+                run,
+                reason: reason.clone(),
+            });
+            for w in waiters {
+                let _ = w.send(RunEnd::Paused(reason.clone()));
+            }
+        }
+    }
+
+    /// Take the node up again after a pause it started by itself (every run of it stopped), so a
+    /// resume, submit or follow-up runs normally; a pause the host asked for ([`Runtime::pause`])
+    /// stays.
+    pub(crate) fn lift_halt(&self) {
+        let mut halt = lock(&self.halt);
+        if matches!(*halt, Halt::Halted) && !self.shut.load(Ordering::Acquire) {
+            *halt = Halt::Running;
+            self.frozen.store(false, Ordering::Release);
+            self.pausing.store(false, Ordering::Release);
+        }
     }
 }

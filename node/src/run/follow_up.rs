@@ -14,7 +14,7 @@ use keel_actors::runtime::{FollowUpOutcome, Runtime};
 use keel_store::TaskId;
 
 use super::setup::{HarnessChoice, node_setup, work_dir};
-use super::{Ended, detach, host_until, init_logs, open_writer, pause, progress, summary};
+use super::{Ended, Hosted, detach, host_until, init_logs, node_store, pause, progress, summary};
 use crate::home::Home;
 
 /// `keel follow-up`'s arguments.
@@ -69,7 +69,7 @@ pub(crate) fn follow_up(home: &Home, args: FollowUpArgs, json: bool) -> anyhow::
     let config = home.config()?;
     init_logs(&config.log, args.log_format);
     super::tokio_runtime()?.block_on(async {
-        let store = open_writer(home).map_err(|e| held_or(e, run))?;
+        let store = node_store(home).map_err(|e| held_or(e, run))?;
         let work = work_dir()?;
         let choice = HarnessChoice {
             agent: None,
@@ -104,13 +104,14 @@ pub(crate) fn follow_up(home: &Home, args: FollowUpArgs, json: bool) -> anyhow::
             )?;
         }
         let ended = match host_until(home, &rt, run, handle.finished()).await {
-            Ok(Some(outcome)) => {
+            Ok(Hosted::Ended(outcome)) => {
                 let usage = super::view_usage(&rt, view).await;
-                summary::follow_up(home, rt.store(), &outcome, &usage, json)
+                summary::follow_up(home, &*rt.store()?, &outcome, &usage, json)
                     .context("printing the summary")
                     .map(|()| ended_of(&outcome))
             }
-            Ok(None) => pause(&rt, run, view, json).await,
+            Ok(Hosted::Signal) => pause(&rt, run, view, json).await,
+            Ok(Hosted::Paused(reason)) => super::paused(run, view, &reason, json),
             Err(e) => Err(e),
         };
         rt.shutdown().await;

@@ -20,7 +20,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
-use keel_actors::runtime::{RunHandle, Runtime, SPAN_TARGET, scripted};
+use keel_actors::runtime::{
+    NodeStore, PauseReason, RunHandle, Runtime, SPAN_TARGET, WaitError, scripted,
+};
 use keel_actors::{Plan, PlanStep, RunMode};
 use keel_harness::scripted::Script;
 use keel_harness::server::{ModelServer, ModelServerConfig};
@@ -137,6 +139,14 @@ fn init_logs(section: &LogSection, format: Option<LogFormat>) {
     };
 }
 
+/// How the node opens the home's store as its writer: the only writer, sharing it with readers.
+fn writer_config() -> StoreConfig {
+    StoreConfig {
+        sharing: Sharing::WithReaders,
+        ..StoreConfig::default()
+    }
+}
+
 /// Open the home's store as its only writer, sharing it with readers.
 pub(crate) fn open_writer(home: &Home) -> anyhow::Result<Arc<Store>> {
     let path = home.store_path()?;
@@ -144,15 +154,19 @@ pub(crate) fn open_writer(home: &Home) -> anyhow::Result<Arc<Store>> {
         // First use: create the home (keel.toml and an empty store).
         home.init()?;
     }
-    let store = Store::open_with(
-        &path,
-        StoreConfig {
-            sharing: Sharing::WithReaders,
-            ..StoreConfig::default()
-        },
-    )
-    .map_err(|reason| crate::home::HomeError::Open { path, reason })?;
+    let store = Store::open_with(&path, writer_config())
+        .map_err(|reason| crate::home::HomeError::Open { path, reason })?;
     Ok(Arc::new(store))
+}
+
+/// The store a node hosting runs writes: [`open_writer`]'s, opened again from the same file after
+/// a write fails on it (redb refuses a handle after one failed write).
+pub(crate) fn node_store(home: &Home) -> anyhow::Result<NodeStore> {
+    let store = open_writer(home)?;
+    let path = home.store_path()?;
+    Ok(NodeStore::reopenable(store, move || {
+        Store::open_with(&path, writer_config())
+    }))
 }
 
 fn read_plan(path: &Path) -> anyhow::Result<Plan> {
@@ -189,14 +203,24 @@ pub(crate) fn announce(run: RunId, task: Option<keel_store::TaskId>) -> anyhow::
     Ok(())
 }
 
+/// How hosting a run ended.
+pub(crate) enum Hosted<T> {
+    /// What was waited for (the run's end, a follow-up's outcome).
+    Ended(T),
+    /// SIGINT or SIGTERM: the caller pauses the node.
+    Signal,
+    /// The runtime paused the run by itself (a full disk): nothing more to do but say so.
+    Paused(PauseReason),
+}
+
 /// Wait for `finished` while hosting `run`: a `keel cancel` request (its control file) is passed to
-/// the run; SIGINT or SIGTERM ends the wait with `None` (the caller pauses the node).
+/// the run; SIGINT or SIGTERM ends the wait with [`Hosted::Signal`] (the caller pauses the node).
 pub(crate) async fn host_until<T>(
     home: &Home,
     rt: &Runtime,
     run: RunId,
-    finished: impl std::future::Future<Output = Result<T, keel_actors::runtime::RuntimeError>>,
-) -> anyhow::Result<Option<T>> {
+    finished: impl std::future::Future<Output = Result<T, WaitError>>,
+) -> anyhow::Result<Hosted<T>> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
@@ -205,9 +229,13 @@ pub(crate) async fn host_until<T>(
     let mut cancel_sent = false;
     loop {
         tokio::select! {
-            r = &mut finished => return Ok(Some(r?)),
-            _ = term.recv() => return Ok(None),
-            _ = int.recv() => return Ok(None),
+            r = &mut finished => return match r {
+                Ok(done) => Ok(Hosted::Ended(done)),
+                Err(WaitError::Paused { reason, .. }) => Ok(Hosted::Paused(reason)),
+                Err(e) => Err(e.into()),
+            },
+            _ = term.recv() => return Ok(Hosted::Signal),
+            _ = int.recv() => return Ok(Hosted::Signal),
             () = tokio::time::sleep(CONTROL_POLL), if !cancel_sent => {
                 if control.exists() {
                     let reason = std::fs::read_to_string(&control).unwrap_or_default();
@@ -246,11 +274,13 @@ async fn drive(
 ) -> anyhow::Result<Ended> {
     let run = handle.id();
     announce(run, None)?;
-    let Some(outcome) = host_until(home, rt, run, handle.finished()).await? else {
-        return pause(rt, run, view, json).await;
+    let outcome = match host_until(home, rt, run, handle.finished()).await? {
+        Hosted::Ended(outcome) => outcome,
+        Hosted::Signal => return pause(rt, run, view, json).await,
+        Hosted::Paused(reason) => return paused(run, view, &reason, json),
     };
     let usage = view_usage(rt, view).await;
-    summary::print(home, rt.store(), run, &outcome, &usage, json)?;
+    summary::print(home, &*rt.store()?, run, &outcome, &usage, json)?;
     Ok(if outcome.status == RunStatus::Completed {
         Ended::Completed
     } else {
@@ -283,6 +313,30 @@ pub(crate) async fn pause(
             "paused run {run}: {} open tasks marked paused; continue with `keel resume {run}`",
             summary.tasks_paused
         )?;
+    }
+    Ok(Ended::Paused)
+}
+
+/// The runtime paused the run by itself (a full disk): say why and how to go on, and end as a
+/// paused run (exit 6).
+pub(crate) fn paused(
+    run: RunId,
+    view: tokio::task::JoinHandle<progress::Totals>,
+    reason: &PauseReason,
+    json: bool,
+) -> anyhow::Result<Ended> {
+    view.abort();
+    if json {
+        outln!(
+            "{}",
+            serde_json::json!({
+                "run": run.to_string(),
+                "status": "paused",
+                "reason": reason.to_string(),
+            })
+        )?;
+    } else {
+        outln!("paused run {run}: {reason}; continue with `keel resume {run}`")?;
     }
     Ok(Ended::Paused)
 }
@@ -381,7 +435,7 @@ pub(crate) fn run(home: &Home, args: RunArgs, json: bool) -> anyhow::Result<Ende
     let config = home.config()?;
     init_logs(&config.log, args.log_format);
     tokio_runtime()?.block_on(async {
-        let store = open_writer(home)?;
+        let store = node_store(home)?;
         let work = work_dir()?;
         let setup = node_setup(&config, &args.choice, &work).await?;
         let mode = match &args.plan {
@@ -436,7 +490,7 @@ pub(crate) fn resume(
     let config = home.config()?;
     init_logs(&config.log, log_format);
     tokio_runtime()?.block_on(async {
-        let store = open_writer(home)?;
+        let store = node_store(home)?;
         let work = work_dir()?;
         let setup = node_setup(&config, &choice, &work).await?;
         let (rt, events) = Runtime::start(store, setup.harnesses, setup.config).await?;

@@ -3,7 +3,7 @@
 use super::Node;
 use crate::checkpoint::CheckpointWriter;
 use crate::effect::Effect;
-use crate::runtime::host::{Flow, HostRef, Role};
+use crate::runtime::machine_actor::{Flow, MachineRef, Role};
 use std::sync::Arc;
 
 /// Hosts the checkpoint writer: the only writer of the store.
@@ -17,7 +17,7 @@ impl Role for CheckpointRole {
 
     async fn execute(
         &self,
-        _me: &HostRef<CheckpointWriter>,
+        _me: &MachineRef<CheckpointWriter>,
         _local: &mut (),
         effects: Vec<Effect>,
     ) -> Flow {

@@ -3,7 +3,7 @@
 use super::{Node, lock};
 use crate::coordinator::Coordinator;
 use crate::effect::Effect;
-use crate::runtime::host::{Flow, HostRef, Role};
+use crate::runtime::machine_actor::{Flow, MachineRef, Role};
 use keel_store::RunId;
 use std::sync::Arc;
 use tracing::Span;
@@ -26,7 +26,7 @@ impl Role for CoordinatorRole {
 
     async fn execute(
         &self,
-        _me: &HostRef<Coordinator>,
+        _me: &MachineRef<Coordinator>,
         _local: &mut (),
         effects: Vec<Effect>,
     ) -> Flow {
@@ -42,7 +42,7 @@ impl Role for CoordinatorRole {
         }
     }
 
-    fn stopped(&self, me: &HostRef<Coordinator>, _local: &mut ()) {
+    fn stopped(&self, me: &MachineRef<Coordinator>, _local: &mut ()) {
         let mut map = lock(&self.node.coordinators);
         if map
             .get(&self.run)

@@ -28,14 +28,19 @@ pub(crate) use supervisor_role::SupervisorRole;
 use crate::checkpoint::CheckpointWriter;
 use crate::coordinator::Coordinator;
 use crate::effect::{Effect, Envelope, TimerKey};
+use crate::host::HostError;
 use crate::ids::AttemptId;
 use crate::machine::Millis;
+use crate::message::RecoveredRun;
 use crate::message::{CheckpointInput, CoordinatorInput, SpecialistMsg, SupervisorInput};
 use crate::persist::CommitBatch;
 use crate::report::SubagentReport;
 use crate::runtime::clock::{OsEntropy, wall_clock_ms};
-use crate::runtime::host::HostRef;
-use crate::runtime::{HarnessSet, RunOutcome, RuntimeConfig, RuntimeEvent};
+use crate::runtime::machine_actor::MachineRef;
+use crate::runtime::pause::Halt;
+use crate::runtime::{
+    HarnessSet, NodeStore, PauseReason, RunOutcome, RuntimeConfig, RuntimeEvent, StoreReadError,
+};
 use crate::specialist::Specialist;
 use crate::supervisor::Supervisor;
 use keel_harness::CancelToken;
@@ -57,9 +62,18 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// How a run hosted here ended, as its waiters hear it.
+#[derive(Debug)]
+pub(crate) enum RunEnd {
+    /// It reached a terminal state (durable).
+    Finished(RunOutcome),
+    /// The node paused it by itself.
+    Paused(PauseReason),
+}
+
 /// A live specialist as the routing table knows it.
 pub(crate) struct LiveSpecialist {
-    pub(crate) actor: HostRef<Specialist>,
+    pub(crate) actor: MachineRef<Specialist>,
     pub(crate) step: String,
     /// Its running session's cancel switch, so a killed actor's session is stopped too (a kill
     /// skips the actor's own cleanup).
@@ -72,17 +86,17 @@ pub(crate) struct LiveSpecialist {
 
 /// Everything the node's actors share.
 pub(crate) struct Node {
-    pub(crate) store: Arc<Store>,
+    pub(crate) store: NodeStore,
     pub(crate) harnesses: HarnessSet,
     pub(crate) config: RuntimeConfig,
-    pub(crate) coordinators: Mutex<BTreeMap<RunId, HostRef<Coordinator>>>,
+    pub(crate) coordinators: Mutex<BTreeMap<RunId, MachineRef<Coordinator>>>,
     /// The span of each hosted run, the parent of its tasks' spans (removed with the coordinator).
     pub(crate) run_spans: Mutex<BTreeMap<RunId, Span>>,
     pub(crate) specialists: Mutex<BTreeMap<AttemptId, LiveSpecialist>>,
     pub(crate) by_actor: Mutex<BTreeMap<ActorId, AttemptId>>,
-    pub(crate) supervisor: OnceLock<HostRef<Supervisor>>,
-    pub(crate) checkpoint: OnceLock<HostRef<CheckpointWriter>>,
-    pub(crate) waiters: Mutex<BTreeMap<RunId, Vec<oneshot::Sender<RunOutcome>>>>,
+    pub(crate) supervisor: OnceLock<MachineRef<Supervisor>>,
+    pub(crate) checkpoint: OnceLock<MachineRef<CheckpointWriter>>,
+    pub(crate) waiters: Mutex<BTreeMap<RunId, Vec<oneshot::Sender<RunEnd>>>>,
     /// Waiters of the host's own stages ([`crate::StageOwner::Host`]), by the host's ticket.
     pub(crate) host_acks: Mutex<BTreeMap<u64, oneshot::Sender<Result<(), String>>>>,
     pub(crate) next_host_ticket: AtomicU64,
@@ -92,6 +106,13 @@ pub(crate) struct Node {
     pub(crate) pausing: AtomicBool,
     /// Set once the pause marks are being written: coordinators get nothing more.
     pub(crate) frozen: AtomicBool,
+    /// Set by [`crate::runtime::Runtime::pause`]: the host is shutting the node down for good.
+    pub(crate) shut: AtomicBool,
+    /// A pause the node started by itself (a full disk), see [`Node::halt`].
+    pub(crate) halt: Mutex<Halt>,
+    /// The tokio runtime the node was started on, for work started off it (the store writer's
+    /// pause on a full disk).
+    pub(crate) tokio: tokio::runtime::Handle,
     pub(crate) commits_in_flight: AtomicU64,
     /// Group commits handed to the store writer (failed ones included), for `Runtime::commits`.
     pub(crate) commits_total: AtomicU64,
@@ -103,6 +124,38 @@ pub(crate) struct Node {
 }
 
 impl Node {
+    /// Read the store on tokio's blocking pool (a redb read may wait on the disk). A read task that
+    /// panicked is a failed read ([`StoreReadError::Task`]), never mistaken for a failed write.
+    ///
+    /// The store is opened again first if a write failed on it; a read that finds the handle
+    /// refused (a write failed meanwhile) marks it for the same.
+    pub(crate) async fn read<T, F>(self: &Arc<Self>, read: F) -> Result<T, StoreReadError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Store) -> Result<T, HostError> + Send + 'static,
+    {
+        let node = Arc::clone(self);
+        tokio::task::spawn_blocking(move || {
+            let result = read(&*node.store.get()?);
+            if let Err(HostError::Read(keel_store::ReadError::NeedsReopen)) = &result {
+                node.store.poison();
+            }
+            result
+        })
+        .await
+        .map_err(|e| StoreReadError::Task(e.to_string()))?
+        .map_err(StoreReadError::from)
+    }
+
+    /// The rows of `run` a coordinator rebuilds from, read on the blocking pool.
+    pub(crate) async fn recover_run(
+        self: &Arc<Self>,
+        run: RunId,
+    ) -> Result<RecoveredRun, StoreReadError> {
+        self.read(move |store| crate::host::store::recover_run(store, run))
+            .await
+    }
+
     pub(crate) fn fork_rng(&self) -> OsEntropy {
         lock(&self.entropy).fork()
     }
@@ -125,7 +178,7 @@ impl Node {
             .unwrap_or_else(Span::none)
     }
 
-    pub(crate) fn coordinator(&self, run: RunId) -> Option<HostRef<Coordinator>> {
+    pub(crate) fn coordinator(&self, run: RunId) -> Option<MachineRef<Coordinator>> {
         lock(&self.coordinators).get(&run).cloned()
     }
 

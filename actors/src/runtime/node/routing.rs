@@ -111,7 +111,7 @@ impl Node {
                 self.emit(RuntimeEvent::Finished(done.clone()));
                 let waiters = lock(&self.waiters).remove(&run).unwrap_or_default();
                 for w in waiters {
-                    let _ = w.send(done.clone());
+                    let _ = w.send(super::RunEnd::Finished(done.clone()));
                 }
             }
             LifecycleEvent::SubagentError { attempt, kind } => {

@@ -9,7 +9,7 @@ use crate::message::{
     CoordinatorMsg, SpecialistInput, SpecialistReply, SpecialistStart, SupervisorMsg,
 };
 use crate::report::AttemptResult;
-use crate::runtime::host::{Flow, Host, HostRef, HostState, Role};
+use crate::runtime::machine_actor::{Flow, MachineActor, MachineActorState, MachineRef, Role};
 use crate::runtime::{RuntimeEvent, spans};
 use crate::specialist::Specialist;
 use keel_harness::{CancelToken, HarnessError, HarnessEvent, HarnessKind, UsageAccumulator};
@@ -52,8 +52,9 @@ impl Node {
             span,
         };
         let machine = Specialist::new(start, self.config.specialist.clone());
-        let state = HostState::new(machine, self.fork_rng(), SpecialistLocal::default());
-        match Actor::spawn_linked(None, Host::new(role), state, supervisor.get_cell()).await {
+        let state = MachineActorState::new(machine, self.fork_rng(), SpecialistLocal::default());
+        match Actor::spawn_linked(None, MachineActor::new(role), state, supervisor.get_cell()).await
+        {
             Ok((actor, _join)) => {
                 lock(&self.by_actor).insert(actor.get_id(), attempt);
                 lock(&self.specialists).insert(
@@ -98,13 +99,13 @@ pub(crate) struct SpecialistRole {
 }
 
 impl SpecialistRole {
-    fn feed(me: &HostRef<Specialist>, input: SpecialistInput) {
+    fn feed(me: &MachineRef<Specialist>, input: SpecialistInput) {
         let _ = me.send_message(crate::runtime::Deliver(input));
     }
 
     async fn start_harness(
         &self,
-        me: &HostRef<Specialist>,
+        me: &MachineRef<Specialist>,
         local: &mut SpecialistLocal,
         key: IdempotencyKey,
         spec: keel_harness::SessionSpec,
@@ -211,7 +212,7 @@ impl Role for SpecialistRole {
 
     async fn execute(
         &self,
-        me: &HostRef<Specialist>,
+        me: &MachineRef<Specialist>,
         local: &mut SpecialistLocal,
         effects: Vec<SpecialistEffect>,
     ) -> Flow {
@@ -219,7 +220,7 @@ impl Role for SpecialistRole {
         for effect in effects {
             match effect {
                 SpecialistEffect::LoadContext(request) => {
-                    let store = Arc::clone(&self.node.store);
+                    let node = Arc::clone(&self.node);
                     let config = self.node.config.specialist.context;
                     let run = self.attempt.run;
                     let me = me.clone();
@@ -227,6 +228,7 @@ impl Role for SpecialistRole {
                     let load = async move {
                         let rows = tokio::task::spawn_blocking(move || {
                             span.in_scope(|| {
+                                let store = node.store.get().map_err(|e| e.to_string())?;
                                 host::store::load_context(&store, run, &request, &config)
                             })
                         })
@@ -301,7 +303,7 @@ impl Role for SpecialistRole {
         flow
     }
 
-    fn stopped(&self, me: &HostRef<Specialist>, local: &mut SpecialistLocal) {
+    fn stopped(&self, me: &MachineRef<Specialist>, local: &mut SpecialistLocal) {
         if let Some(c) = local.cancel.take() {
             c.cancel();
         }

@@ -1,11 +1,15 @@
 //! The store writer: the one thread that executes the checkpoint machine's group commits and
-//! answers the checkpoint actor.
+//! answers the checkpoint actor. A failed commit poisons the store handle (redb refuses it from
+//! then on), so the next commit opens the store again first; a full disk pauses the node's runs
+//! at once (see [`Node::halt`]) instead of retrying writes that cannot succeed.
 
 use super::Node;
-use crate::host;
+use crate::host::{self, HostError};
 use crate::message::CheckpointInput;
 use crate::persist::{CommitBatch, PersistOp};
+use crate::runtime::PauseReason;
 use crate::runtime::{RuntimeEvent, spans};
+use keel_store::CommitError;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -54,7 +58,7 @@ impl Node {
 
     /// Execute one group commit on the calling thread (the store writer's) and answer the
     /// checkpoint actor.
-    fn commit_now(&self, batch: CommitBatch) {
+    fn commit_now(self: &Arc<Self>, batch: CommitBatch) {
         let escalations: Vec<RuntimeEvent> = batch
             .ops()
             .filter_map(|(run, op)| match op {
@@ -67,12 +71,21 @@ impl Node {
             })
             .collect();
         let id = batch.id;
-        let store = &self.store;
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            host::store::commit(store, &batch)
+            host::store::commit(&*self.store.get()?, &batch)
         }))
-        .map_err(|_| "the commit panicked".to_string())
-        .and_then(|r| r.map_err(|e| e.to_string()));
+        .unwrap_or_else(|_| Err(HostError::Closed("the commit panicked".into())));
+        let result = result.map_err(|e| {
+            if poisons(&e) {
+                self.store.poison();
+            }
+            if let HostError::Commit(CommitError::DiskFull(detail)) = &e {
+                self.halt(PauseReason::DiskFull {
+                    detail: detail.to_string(),
+                });
+            }
+            e.to_string()
+        });
         self.committed(id, result, escalations);
     }
 
@@ -98,5 +111,19 @@ impl Node {
             let _ = c.send_message(crate::runtime::Deliver(input));
         }
         self.commits_in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Whether a failed commit leaves the store handle refused by redb (an IO failure, latched), so
+/// the next use must open it again. A refused batch (a limit, a bad item, a staging error) does
+/// not: nothing reached the disk.
+fn poisons(e: &HostError) -> bool {
+    match e {
+        HostError::Commit(c) => !matches!(
+            c,
+            CommitError::BatchTooLarge(_) | CommitError::Item { .. } | CommitError::ReadOnly
+        ),
+        HostError::Stage { .. } | HostError::TooManyTasks(_) => false,
+        _ => true,
     }
 }

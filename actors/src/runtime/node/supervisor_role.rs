@@ -3,7 +3,7 @@
 use super::{EXIT_REASON, Node, lock};
 use crate::effect::Effect;
 use crate::message::{SupervisorInput, SupervisorMsg};
-use crate::runtime::host::{Flow, HostRef, Role};
+use crate::runtime::machine_actor::{Flow, MachineRef, Role};
 use crate::supervisor::Supervisor;
 use ractor::SupervisionEvent;
 use std::sync::Arc;
@@ -21,7 +21,7 @@ impl Role for SupervisorRole {
 
     async fn execute(
         &self,
-        _me: &HostRef<Supervisor>,
+        _me: &MachineRef<Supervisor>,
         _local: &mut (),
         effects: Vec<Effect>,
     ) -> Flow {

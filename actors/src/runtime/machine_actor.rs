@@ -1,4 +1,5 @@
-//! The generic host: any [`Machine`] as a ractor actor.
+//! Any [`Machine`] as a ractor actor (the async half of hosting; the synchronous half, shared with
+//! the simulator, is [`crate::host`]).
 //!
 //! One actor per machine instance. Its mailbox carries the machine's inputs ([`Deliver`]); for each it
 //! reads the wall clock (never backwards), lets the machine decide with its own ChaCha8 stream, and
@@ -25,7 +26,7 @@ pub struct Deliver<I>(pub I);
 impl<I: Send + 'static> ractor::Message for Deliver<I> {}
 
 /// The mailbox address of a hosted machine.
-pub type HostRef<M> = ActorRef<Deliver<<M as Machine>::Input>>;
+pub type MachineRef<M> = ActorRef<Deliver<<M as Machine>::Input>>;
 
 /// What the actor does after executing one input's effects.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,7 +57,7 @@ pub trait Role: Send + Sync + Sized + 'static {
     /// Execute the effects of one input, in order.
     fn execute(
         &self,
-        me: &HostRef<Self::M>,
+        me: &MachineRef<Self::M>,
         local: &mut Self::Local,
         effects: Vec<<Self::M as Machine>::Effect>,
     ) -> impl Future<Output = Flow> + Send;
@@ -77,15 +78,15 @@ pub trait Role: Send + Sync + Sized + 'static {
     }
 
     /// The actor stopped (cleanly or not): release what `local` holds.
-    fn stopped(&self, _me: &HostRef<Self::M>, _local: &mut Self::Local) {}
+    fn stopped(&self, _me: &MachineRef<Self::M>, _local: &mut Self::Local) {}
 }
 
 /// The ractor actor hosting one machine under a [`Role`].
-pub struct Host<R: Role> {
+pub struct MachineActor<R: Role> {
     role: R,
 }
 
-impl<R: Role> Host<R> {
+impl<R: Role> MachineActor<R> {
     /// A host for one machine instance.
     pub fn new(role: R) -> Self {
         Self { role }
@@ -94,14 +95,14 @@ impl<R: Role> Host<R> {
 
 /// The state of a hosted machine's actor: the machine itself, its injected clock and stream, and the
 /// role's local state.
-pub struct HostState<R: Role> {
+pub struct MachineActorState<R: Role> {
     machine: R::M,
     clock: MonotonicMillis,
     rng: OsEntropy,
     local: R::Local,
 }
 
-impl<R: Role> HostState<R> {
+impl<R: Role> MachineActorState<R> {
     /// The starting state.
     pub fn new(machine: R::M, rng: OsEntropy, local: R::Local) -> Self {
         Self {
@@ -113,14 +114,14 @@ impl<R: Role> HostState<R> {
     }
 }
 
-impl<R: Role> Actor for Host<R>
+impl<R: Role> Actor for MachineActor<R>
 where
     <R::M as Machine>::Input: Send + 'static,
     <R::M as Machine>::Effect: Send + 'static,
 {
     type Msg = Deliver<<R::M as Machine>::Input>;
-    type State = HostState<R>;
-    type Arguments = HostState<R>;
+    type State = MachineActorState<R>;
+    type Arguments = MachineActorState<R>;
 
     async fn pre_start(
         &self,
