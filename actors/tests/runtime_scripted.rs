@@ -81,6 +81,18 @@ fn after_gate(gate: &Path, tries: u32, then: &str) -> String {
     )
 }
 
+/// Two parallel steps: one that echoes at once, one that waits for `gate` (see [`after_gate`]).
+fn quick_and_gated(gate: &Path, tries: u32) -> Plan {
+    scripted::fan_out_plan(2, |i| {
+        if i == 0 {
+            "echo quick".to_string()
+        } else {
+            after_gate(gate, tries, "slow")
+        }
+    })
+    .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fan_out_runs_real_tools_and_completes_with_a_synthesis() {
     let (_dir, work, store) = workspace();
@@ -366,14 +378,7 @@ async fn a_finished_run_takes_follow_ups_on_a_thread_and_ends_again() {
 async fn a_follow_up_joins_a_run_this_runtime_hosts() {
     let (_dir, work, store) = workspace();
     let gate = work.join("gate");
-    let plan = scripted::fan_out_plan(2, |i| {
-        if i == 0 {
-            "echo quick".to_string()
-        } else {
-            after_gate(&gate, 300, "slow")
-        }
-    })
-    .unwrap();
+    let plan = quick_and_gated(&gate, 300);
     let (rt, mut events) = start(&store, config(&work)).await;
     let handle = submit(&rt, "hosted", plan).await;
     let quick = loop {
@@ -509,14 +514,7 @@ async fn a_full_disk_pauses_the_run_at_once_and_it_resumes_once_space_is_free() 
     let gate = work.join("gate");
     let disk = keel_store::SimDisk::new();
     let (rt, mut events) = start_on_disk(&disk, config(&work)).await;
-    let plan = scripted::fan_out_plan(2, |i| {
-        if i == 0 {
-            "echo quick".to_string()
-        } else {
-            after_gate(&gate, 600, "slow")
-        }
-    })
-    .unwrap();
+    let plan = quick_and_gated(&gate, 600);
     let handle = submit(&rt, "fill the disk", plan).await;
     let run = handle.id();
     loop {
