@@ -25,6 +25,16 @@ pub(crate) struct Cli {
     #[arg(long, global = true, value_name = "FORMAT")]
     pub(crate) log_format: Option<config::LogFormat>,
 
+    /// Talk to the keel server at this URL (`keel serve`) instead of this home's store: `run`,
+    /// `resume`, `follow-up`, `cancel`, `status`, `tree`, `logs`, `runs`, `tasks`, `show`.
+    #[arg(long, global = true, value_name = "URL")]
+    pub(crate) server: Option<String>,
+
+    /// The file holding the server's bearer token (else `$KEEL_API_TOKEN`, else
+    /// `$KEEL_API_TOKEN_FILE`, else the token file named in this home's keel.toml).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub(crate) token_file: Option<PathBuf>,
+
     #[command(subcommand)]
     pub(crate) command: Command,
 }
@@ -38,7 +48,7 @@ pub(crate) enum Command {
     /// List runs, oldest first.
     Runs {
         /// Show at most this many.
-        #[arg(long, default_value_t = 200)]
+        #[arg(long, default_value_t = crate::read::RUNS_LIMIT_DEFAULT)]
         limit: u32,
     },
     /// List tasks, of one run or of all runs.
@@ -47,7 +57,7 @@ pub(crate) enum Command {
         #[arg(long, value_name = "RUN")]
         run: Option<RunId>,
         /// Show at most this many.
-        #[arg(long, default_value_t = 500)]
+        #[arg(long, default_value_t = crate::read::TASKS_LIMIT_DEFAULT)]
         limit: u32,
     },
     /// Show every field of one task.
@@ -60,7 +70,7 @@ pub(crate) enum Command {
         /// The task id.
         task: TaskId,
         /// Only the last N rows.
-        #[arg(long, default_value_t = 200)]
+        #[arg(long, default_value_t = crate::read::LOGS_TAIL_DEFAULT)]
         tail: u32,
     },
     /// Print exactly the first message a new session of a task would get: its preamble (placed into the
@@ -79,7 +89,7 @@ pub(crate) enum Command {
         /// The run id; the latest run when left out.
         run: Option<RunId>,
         /// Read at most this many tasks.
-        #[arg(long, default_value_t = 2000)]
+        #[arg(long, default_value_t = crate::read::TREE_LIMIT_DEFAULT)]
         limit: u32,
     },
     /// Run one orchestrated job on this home's store (created on first use).
@@ -138,6 +148,15 @@ pub(crate) enum Command {
     Status {
         /// The run id; the latest run when left out.
         run: Option<RunId>,
+    },
+    /// Host runs on this home and answer the HTTP API (docs/API.md) until SIGINT or SIGTERM; local
+    /// `keel run`, `resume`, `follow-up` and `cancel` on this home then go to it.
+    Serve {
+        /// The address to bind (over `[server] listen`; port 0 picks a free one).
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<std::net::SocketAddr>,
+        #[command(flatten)]
+        harness: HarnessArgs,
     },
     /// Serve the scripted model on 127.0.0.1 (for harness CLIs and `--model-server`).
     ModelServer {

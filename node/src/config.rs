@@ -25,6 +25,51 @@ pub(crate) struct Config {
     pub(crate) supervisor: SupervisorSection,
     /// Agent profiles.
     pub(crate) agents: Vec<AgentSection>,
+    /// The HTTP API of `keel serve`.
+    pub(crate) server: ServerSection,
+}
+
+/// `[server]`: the HTTP API `keel serve` answers on (docs/API.md).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct ServerSection {
+    /// The address to bind, `IP:PORT` (an explicit interface: never every interface unless told).
+    pub(crate) listen: std::net::SocketAddr,
+    /// The file of accepted bearer tokens (one a line), relative to the keel home unless absolute.
+    /// It must not be readable or writable by group or others.
+    pub(crate) token_file: PathBuf,
+    /// The largest request body accepted, in bytes.
+    #[serde(deserialize_with = "body_bytes")]
+    pub(crate) body_bytes_max: u32,
+}
+
+/// The port `keel serve` listens on when keel.toml names none.
+pub(crate) const SERVER_PORT_DEFAULT: u16 = 7777;
+/// The token file's name in the home when keel.toml names none.
+pub(crate) const TOKEN_FILE_DEFAULT: &str = "api-token";
+/// The largest request body accepted by default: a brief (64 KiB) and a plan fit many times over.
+const BODY_BYTES_DEFAULT: u32 = 1024 * 1024;
+/// The largest `body_bytes_max` allowed: a request bigger than this is a mistake or an attack.
+const BODY_BYTES_LIMIT: u32 = 64 * 1024 * 1024;
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        Self {
+            listen: std::net::SocketAddr::from(([127, 0, 0, 1], SERVER_PORT_DEFAULT)),
+            token_file: PathBuf::from(TOKEN_FILE_DEFAULT),
+            body_bytes_max: BODY_BYTES_DEFAULT,
+        }
+    }
+}
+
+fn body_bytes<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    let v = u32::deserialize(d)?;
+    if !(1024..=BODY_BYTES_LIMIT).contains(&v) {
+        return Err(serde::de::Error::custom(format!(
+            "body_bytes_max must be between 1024 and {BODY_BYTES_LIMIT}, not {v}"
+        )));
+    }
+    Ok(v)
 }
 
 /// `[store]`.
@@ -328,6 +373,10 @@ account = "team"
 tools = ["Read"]
 system_prompt = "be terse"
 max_turns = 8
+[server]
+listen = "127.0.0.1:9000"
+token_file = "/etc/keel/token"
+body_bytes_max = 65536
 "#,
             Path::new("keel.toml"),
         )
@@ -338,6 +387,9 @@ max_turns = 8
         assert_eq!(c.supervisor.run_budget_usd, Some(1.5));
         assert_eq!(c.agents[0].harness, HarnessKind::ClaudeCode);
         assert_eq!(c.agents[0].max_turns.map(NonZeroU32::get), Some(8));
+        assert_eq!(c.server.listen.port(), 9000);
+        assert_eq!(c.server.token_file, Path::new("/etc/keel/token"));
+        assert_eq!(c.server.body_bytes_max, 65_536);
     }
 
     #[test]
@@ -360,6 +412,8 @@ max_turns = 8
         check_err("[supervisor]\nmax_depth = 40\n", 2, "between 1 and 16");
         check_err("[supervisor]\nrun_budget_usd = -1.0\n", 2, "non-negative");
         check_err("[log]\nformat = \"yaml\"\n", 2, "yaml");
+        check_err("[server]\nbody_bytes_max = 10\n", 2, "between 1024");
+        check_err("[server]\nlisten = \"localhost\"\n", 2, "");
         check_err("[log]\nlevel = \"keel=loud\"\n", 2, "not a log filter");
         check_err(
             "[[agents]]\nname = \"a\"\nharness = \"gpt\"\nmodel = \"m\"\n",

@@ -1,16 +1,19 @@
 //! Dispatch: each parsed command to the code that carries it out, with its errors mapped to exit codes.
 
-use keel_store::Store;
-
 use crate::cli::{Cli, Command};
-use crate::exit::{self, Exit, Failed, ended, failure, followed};
+use crate::exit::{Failed, ended, failure, followed};
 use crate::home::Home;
-use crate::{context, render, run, store_file};
+use crate::read::Read;
+use crate::{context, remote, render, run, serve, store_file};
 
 /// Carries out one parsed command line.
 pub(crate) fn run(cli: Cli) -> Result<(), Failed> {
     let home = Home::locate(cli.home)?;
     let out = render::Output::new(cli.json);
+    let cli_remote = RemoteFlags {
+        server: cli.server,
+        token_file: cli.token_file,
+    };
     match cli.command {
         Command::Init => {
             let created = home.init()?;
@@ -20,41 +23,17 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failed> {
             let config = home.config()?;
             out.config(&home, &config)?;
         }
-        Command::Runs { limit } => {
-            let store = home.open_existing()?;
-            out.runs(&store.catalog().runs(limit)?)?;
-        }
+        Command::Runs { limit } => read(&home, &cli_remote, &out, Read::Runs { limit })?,
         Command::Tasks { run, limit } => {
-            let store = home.open_existing()?;
-            out.tasks(&store.catalog().tasks(run, limit)?)?;
+            read(&home, &cli_remote, &out, Read::Tasks { run, limit })?
         }
-        Command::Show { task } => {
-            let store = home.open_existing()?;
-            let task = store.catalog().task(task)?;
-            let children = store.catalog().children(task.id, 200)?;
-            out.show(&task, &children)?;
-        }
-        Command::Logs { task, tail } => {
-            let store: Store = home.open_existing()?;
-            out.logs(task, &store.catalog().session_log(task, tail)?)?;
-        }
+        Command::Show { task } => read(&home, &cli_remote, &out, Read::Show { task })?,
+        Command::Logs { task, tail } => read(&home, &cli_remote, &out, Read::Logs { task, tail })?,
         Command::Context { task, resume } => {
             let store = home.open_existing()?;
             out.context(&context::build(&store, task, resume)?)?;
         }
-        Command::Tree { run, limit } => {
-            let store = home.open_existing()?;
-            let catalog = store.catalog();
-            let header = match run {
-                Some(run) => catalog.run(run)?,
-                None => catalog.latest_run()?.ok_or_else(|| Failed {
-                    exit: Exit::NotFound,
-                    error: run::summary::NoRuns.into(),
-                })?,
-            };
-            let run = header.id;
-            out.tree(&header, &catalog.tree(run, limit)?)?;
-        }
+        Command::Tree { run, limit } => read(&home, &cli_remote, &out, Read::Tree { run, limit })?,
         Command::Run {
             brief,
             plan,
@@ -70,20 +49,29 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failed> {
                 detach,
                 log_format: cli.log_format,
             };
-            ended(run::run(&home, args, cli.json))?;
+            match cli_remote.hosting(&home)? {
+                Some(server) => remote::ended(remote::run(&server, args, cli.json), false)?,
+                None => ended(run::run(&home, args, cli.json))?,
+            }
         }
         Command::Resume {
             run: id,
             harness,
             quiet,
-        } => ended(run::resume(
-            &home,
-            id,
-            harness.choice(),
-            quiet,
-            cli.log_format,
-            cli.json,
-        ))?,
+        } => match cli_remote.hosting(&home)? {
+            Some(server) => remote::ended(
+                remote::resume(&server, id, &harness.choice(), quiet, cli.json),
+                false,
+            )?,
+            None => ended(run::resume(
+                &home,
+                id,
+                harness.choice(),
+                quiet,
+                cli.log_format,
+                cli.json,
+            ))?,
+        },
         Command::FollowUp {
             task,
             message,
@@ -101,10 +89,27 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failed> {
                 detach,
                 log_format: cli.log_format,
             };
-            followed(run::follow_up::follow_up(&home, args, cli.json))?;
+            match cli_remote.hosting(&home)? {
+                Some(server) => remote::ended(remote::follow_up(&server, args, cli.json), true)?,
+                None => followed(run::follow_up::follow_up(&home, args, cli.json))?,
+            }
         }
-        Command::Cancel { run: id } => failure(run::cancel(&home, id, cli.json))?,
-        Command::Status { run: id } => exit::status(run::summary::status(&home, id, cli.json))?,
+        Command::Cancel { run: id } => match cli_remote.hosting(&home)? {
+            Some(server) => {
+                remote::cancel(&server, id, cli.json).map_err(|e| remote::exit_of(e, false))?
+            }
+            None => failure(run::cancel(&home, id, cli.json))?,
+        },
+        Command::Status { run: id } => read(&home, &cli_remote, &out, Read::Status { run: id })?,
+        Command::Serve { listen, harness } => failure(serve::serve(
+            &home,
+            serve::ServeArgs {
+                listen,
+                choice: harness.choice(),
+                log_format: cli.log_format,
+            },
+            cli.json,
+        ))?,
         Command::ModelServer {
             script,
             port,
@@ -119,4 +124,47 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failed> {
         } => failure(run::bench::bench(&fan_out, runs, in_flight, cli.json))?,
     }
     Ok(())
+}
+
+/// `--server` and `--token-file`, as given.
+struct RemoteFlags {
+    server: Option<String>,
+    token_file: Option<std::path::PathBuf>,
+}
+
+impl RemoteFlags {
+    /// The server a command that hosts runs goes to: `--server`, else the server holding the
+    /// home (its `server.json`), else none (the command hosts the run itself).
+    fn hosting(&self, home: &Home) -> Result<Option<remote::client::Client>, Failed> {
+        remote::target(
+            home,
+            self.server.as_deref(),
+            self.token_file.as_deref(),
+            true,
+        )
+        .map_err(|e| remote::exit_of(e, false))
+    }
+}
+
+/// A read command: on the server `--server` names, else on the home's store opened read-only
+/// (which works beside a server holding it).
+fn read(
+    home: &Home,
+    flags: &RemoteFlags,
+    out: &render::Output,
+    command: Read,
+) -> Result<(), Failed> {
+    let server = remote::target(
+        home,
+        flags.server.as_deref(),
+        flags.token_file.as_deref(),
+        false,
+    )
+    .map_err(|e| remote::exit_of(e, false))?;
+    match server {
+        Some(server) => {
+            remote::read(&server, command, out.json()).map_err(|e| remote::exit_of(e, false))
+        }
+        None => command.print(&home.open_existing()?, out),
+    }
 }

@@ -9,8 +9,11 @@ mod context;
 mod dispatch;
 mod exit;
 mod home;
+mod read;
+mod remote;
 mod render;
 mod run;
+mod serve;
 mod stdout;
 mod store_file;
 

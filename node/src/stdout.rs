@@ -9,22 +9,41 @@
 //! run keeps its run's code (0, 5, or 6 for a paused run). Any other write error (a full disk under
 //! `> file`) is still an error (exit 1).
 
+use std::cell::RefCell;
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Set once a write found stdout closed; later writes are dropped without trying.
 static CLOSED: AtomicBool = AtomicBool::new(false);
 
-/// The locked standard output, with a closed pipe read as "the reader left".
+thread_local! {
+    /// Set while [`capture`] runs on this thread: what the command prints is kept here instead.
+    static CAPTURED: RefCell<Option<Vec<u8>>> = const { RefCell::new(None) };
+}
+
+/// The locked standard output, with a closed pipe read as "the reader left"; or, inside
+/// [`capture`], the capture buffer of this thread.
 pub(crate) struct Stdout {
-    inner: io::StdoutLock<'static>,
+    inner: Option<io::StdoutLock<'static>>,
 }
 
 /// Locks standard output for a few lines.
 pub(crate) fn lock() -> Stdout {
+    let capturing = CAPTURED.with(|c| c.borrow().is_some());
     Stdout {
-        inner: io::stdout().lock(),
+        inner: (!capturing).then(|| io::stdout().lock()),
     }
+}
+
+/// Run `f` with everything it prints through [`lock`] or [`outln!`] kept instead of written: the
+/// HTTP API (`keel serve`) answers a read with exactly the text the command prints, so a client
+/// with `--server` prints the same as a local command. Per thread: call it on the thread that
+/// prints (a blocking task).
+pub(crate) fn capture<T>(f: impl FnOnce() -> T) -> (T, Vec<u8>) {
+    let outer = CAPTURED.with(|c| c.borrow_mut().replace(Vec::new()));
+    let value = f();
+    let text = CAPTURED.with(|c| std::mem::replace(&mut *c.borrow_mut(), outer));
+    (value, text.unwrap_or_default())
 }
 
 /// Whether a write has found stdout closed (the reader left).
@@ -45,17 +64,28 @@ fn reader_left<T>(result: io::Result<T>, done: T) -> io::Result<T> {
 
 impl Write for Stdout {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let Some(inner) = self.inner.as_mut() else {
+            CAPTURED.with(|c| {
+                if let Some(text) = c.borrow_mut().as_mut() {
+                    text.extend_from_slice(buf);
+                }
+            });
+            return Ok(buf.len());
+        };
         if closed() {
             return Ok(buf.len());
         }
-        reader_left(self.inner.write(buf), buf.len())
+        reader_left(inner.write(buf), buf.len())
     }
 
     fn flush(&mut self) -> io::Result<()> {
+        let Some(inner) = self.inner.as_mut() else {
+            return Ok(());
+        };
         if closed() {
             return Ok(());
         }
-        reader_left(self.inner.flush(), ())
+        reader_left(inner.flush(), ())
     }
 }
 
@@ -72,6 +102,19 @@ pub(crate) use outln;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn capture_keeps_what_is_printed_on_this_thread_and_nests() {
+        let ((), outer) = capture(|| {
+            let _ = outln!("one");
+            let ((), inner) = capture(|| {
+                let _ = outln!("two");
+            });
+            assert_eq!(inner, b"two\n");
+            let _ = outln!("three");
+        });
+        assert_eq!(outer, b"one\nthree\n");
+    }
 
     #[test]
     fn a_broken_pipe_is_the_reader_leaving_and_other_errors_stay_errors() {

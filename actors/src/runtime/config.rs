@@ -24,6 +24,8 @@ pub struct RuntimeConfig {
     pub events_capacity: usize,
     /// Seed of the node's ChaCha8 stream; `None` seeds it from the OS (the normal case).
     pub seed: Option<u64>,
+    /// Where the runtime's measurements go (commit latency, spawn refusals); `None` for nowhere.
+    pub observer: Option<std::sync::Arc<dyn super::RuntimeObserver>>,
 }
 
 impl Default for RuntimeConfig {
@@ -37,6 +39,7 @@ impl Default for RuntimeConfig {
             stop_grace_ms: 10_000,
             events_capacity: 4_096,
             seed: None,
+            observer: None,
         }
     }
 }

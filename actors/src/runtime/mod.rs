@@ -18,7 +18,7 @@
 //!
 //! Files: `lifecycle.rs` (start, submit, resume, hosting a run, shutdown), `follow_up.rs`,
 //! `pause.rs` (graceful shutdown), `cancel.rs`, `config.rs`, `event.rs` (what observers hear),
-//! `error.rs` (one error type per operation), `node/` (the actors' shared routing table, the store writer, one file per role),
+//! `error.rs` (one error type per operation), `observe.rs` (the metrics hook), `node/` (the actors' shared routing table, the store writer, one file per role),
 //! `machine_actor.rs` (any machine as a ractor actor). The decisions of pause, cancel, resume and reopen are
 //! [`crate::host::decide`]'s, and the store IO is [`crate::host::store`]'s, shared with the simulator.
 //!
@@ -38,6 +38,7 @@ mod lifecycle;
 pub mod machine_actor;
 mod node;
 mod node_store;
+mod observe;
 mod pause;
 pub mod scripted;
 pub mod spans;
@@ -54,6 +55,7 @@ pub use harnesses::{ATTEMPT_ENV, HarnessSet, RUN_ID_ENV, SUBTASK_ID_ENV};
 pub use lifecycle::RunHandle;
 pub use machine_actor::{Deliver, Flow, MachineActor, MachineActorState, MachineRef, Role};
 pub use node_store::{NodeStore, StoreOpener};
+pub use observe::{RuntimeObserver, refusal_reason};
 pub use pause::PauseSummary;
 pub use spans::SPAN_TARGET;
 

@@ -35,7 +35,7 @@ use setup::{HarnessChoice, node_setup, work_dir};
 use std::io::IsTerminal;
 
 /// How long a graceful shutdown waits for sessions to end before killing them.
-const PAUSE_WAIT: Duration = Duration::from_secs(10);
+pub(crate) const PAUSE_WAIT: Duration = Duration::from_secs(10);
 /// How often a running node looks for a cancel request from `keel cancel`.
 const CONTROL_POLL: Duration = Duration::from_millis(200);
 /// Most bytes of a plan file.
@@ -72,7 +72,7 @@ pub(crate) struct RunArgs {
     pub(crate) log_format: Option<LogFormat>,
 }
 
-fn tokio_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+pub(crate) fn tokio_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -88,7 +88,7 @@ const LOG_FILTER_ENV: [&str; 2] = ["KEEL_LOG", "RUST_LOG"];
 /// `format` when `--log-format` gave one, else in `[log] format`; filtered by `KEEL_LOG`, else
 /// `RUST_LOG`, else `[log] level`. The runtime's run and task spans are always enabled (they cost one
 /// allocation per run and per attempt), so any line that passes the filter names its run and task.
-fn init_logs(section: &LogSection, format: Option<LogFormat>) {
+pub(crate) fn init_logs(section: &LogSection, format: Option<LogFormat>) {
     use tracing_subscriber::Layer;
     use tracing_subscriber::filter::{EnvFilter, FilterExt, filter_fn};
     use tracing_subscriber::layer::SubscriberExt;
@@ -169,7 +169,7 @@ pub(crate) fn node_store(home: &Home) -> anyhow::Result<NodeStore> {
     }))
 }
 
-fn read_plan(path: &Path) -> anyhow::Result<Plan> {
+pub(crate) fn read_plan(path: &Path) -> anyhow::Result<Plan> {
     let meta = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
     if meta.len() > PLAN_BYTES_MAX {
         bail!("{} is larger than {PLAN_BYTES_MAX} bytes", path.display());
@@ -427,6 +427,49 @@ fn detach(home: &Home, what: &str, json: bool) -> anyhow::Result<Ended> {
     Ok(Ended::Completed)
 }
 
+/// What runs for a brief (`keel run` and the HTTP API's submit): the plan given, else the
+/// scripted survey plan on the built-in scripted model, else the brief as one step on `agent`.
+///
+/// # Errors
+/// When the built-in plan cannot be made for the brief.
+pub(crate) fn run_mode(
+    brief: &str,
+    plan: Option<Plan>,
+    scripted: bool,
+    agent: Option<String>,
+) -> anyhow::Result<RunMode> {
+    Ok(match plan {
+        Some(plan) => RunMode::Plan(plan),
+        None if scripted => {
+            RunMode::Plan(scripted::survey_plan(brief).map_err(|e| anyhow!("built-in plan: {e}"))?)
+        }
+        // A real harness without a plan: the brief is one step. (A lead agent that delegates
+        // needs the MCP endpoint, which this node does not serve yet.)
+        None => RunMode::Plan(Plan {
+            steps: vec![PlanStep {
+                key: "brief".into(),
+                brief: brief.to_owned(),
+                goal: brief.to_owned(),
+                quality_criteria: Vec::new(),
+                output_schema: None,
+                assignee: agent,
+                depends_on: Vec::new(),
+                estimate_micros: 0,
+            }],
+            constraints: Vec::new(),
+        }),
+    })
+}
+
+/// A run's budget in micro-dollars and the configuration snapshot it is submitted with.
+pub(crate) fn submission(config: &crate::config::Config) -> (Option<u64>, String) {
+    let budget = config
+        .supervisor
+        .run_budget_usd
+        .map(|d| (d * 1_000_000.0).round() as u64);
+    (budget, toml::to_string(config).unwrap_or_default())
+}
+
 /// `keel run "BRIEF"`.
 pub(crate) fn run(home: &Home, args: RunArgs, json: bool) -> anyhow::Result<Ended> {
     if args.detach {
@@ -438,32 +481,9 @@ pub(crate) fn run(home: &Home, args: RunArgs, json: bool) -> anyhow::Result<Ende
         let store = node_store(home)?;
         let work = work_dir()?;
         let setup = node_setup(&config, &args.choice, &work).await?;
-        let mode = match &args.plan {
-            Some(path) => RunMode::Plan(read_plan(path)?),
-            None if setup.scripted => RunMode::Plan(
-                scripted::survey_plan(&args.brief).map_err(|e| anyhow!("built-in plan: {e}"))?,
-            ),
-            // A real harness without a plan: the brief is one step. (A lead agent that delegates
-            // needs the MCP endpoint, which this node does not serve yet.)
-            None => RunMode::Plan(Plan {
-                steps: vec![PlanStep {
-                    key: "brief".into(),
-                    brief: args.brief.clone(),
-                    goal: args.brief.clone(),
-                    quality_criteria: Vec::new(),
-                    output_schema: None,
-                    assignee: args.choice.agent.clone(),
-                    depends_on: Vec::new(),
-                    estimate_micros: 0,
-                }],
-                constraints: Vec::new(),
-            }),
-        };
-        let budget = config
-            .supervisor
-            .run_budget_usd
-            .map(|d| (d * 1_000_000.0).round() as u64);
-        let snapshot = toml::to_string(&config).unwrap_or_default();
+        let plan = args.plan.as_deref().map(read_plan).transpose()?;
+        let mode = run_mode(&args.brief, plan, setup.scripted, args.choice.agent.clone())?;
+        let (budget, snapshot) = submission(&config);
         let (rt, events) = Runtime::start(store, setup.harnesses, setup.config).await?;
         let view = tokio::spawn(progress::show(events, args.quiet || json));
         let handle = rt

@@ -124,7 +124,8 @@ pub(crate) struct Totals {
 }
 
 impl Totals {
-    fn add(&mut self, tokens: &TokenCounts, spent_micros: u64) {
+    /// Add one attempt's usage (saturating).
+    pub(crate) fn add(&mut self, tokens: &TokenCounts, spent_micros: u64) {
         let t = &mut self.tokens;
         t.input_tokens = t.input_tokens.saturating_add(tokens.input_tokens);
         t.output_tokens = t.output_tokens.saturating_add(tokens.output_tokens);

@@ -312,8 +312,7 @@ pub(crate) struct NoRuns;
 
 /// `keel status [RUN]`: one run's state, the latest run's when none is named; without a run id it
 /// also lists the other runs that are not finished.
-pub(crate) fn status(home: &Home, run: Option<RunId>, json: bool) -> anyhow::Result<()> {
-    let store = home.open_existing()?;
+pub(crate) fn status(store: &Store, run: Option<RunId>, json: bool) -> anyhow::Result<()> {
     let catalog = store.catalog();
     let named = run.is_some();
     let row = match run {

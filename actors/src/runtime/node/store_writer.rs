@@ -71,6 +71,9 @@ impl Node {
             })
             .collect();
         let id = batch.id;
+        // The observer's commit latency is wall-clock time by nature.
+        #[allow(clippy::disallowed_methods)]
+        let began = std::time::Instant::now();
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             host::store::commit(&*self.store.get()?, &batch)
         }))
@@ -86,6 +89,9 @@ impl Node {
             }
             e.to_string()
         });
+        if let Some(observer) = &self.config.observer {
+            observer.commit_ended(began.elapsed(), result.is_ok());
+        }
         self.committed(id, result, escalations);
     }
 

@@ -1,8 +1,8 @@
 //! Hosting the supervisor, whose linked children are the specialists.
 
 use super::{EXIT_REASON, Node, lock};
-use crate::effect::Effect;
-use crate::message::{SupervisorInput, SupervisorMsg};
+use crate::effect::{Effect, Envelope};
+use crate::message::{CoordinatorMsg, SupervisorInput, SupervisorMsg};
 use crate::runtime::machine_actor::{Flow, MachineRef, Role};
 use crate::supervisor::Supervisor;
 use ractor::SupervisionEvent;
@@ -25,6 +25,21 @@ impl Role for SupervisorRole {
         _local: &mut (),
         effects: Vec<Effect>,
     ) -> Flow {
+        if let Some(observer) = &self.node.config.observer {
+            for effect in &effects {
+                if let Effect::Send(Envelope::Coordinator {
+                    msg:
+                        CoordinatorMsg::Admission {
+                            answer: Err(refusal),
+                            ..
+                        },
+                    ..
+                }) = effect
+                {
+                    observer.spawn_refused(crate::runtime::refusal_reason(refusal));
+                }
+            }
+        }
         self.node.execute_node(effects).await;
         Flow::Continue
     }

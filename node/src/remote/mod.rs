@@ -1,0 +1,297 @@
+//! The `keel` commands against a keel server (`keel serve`) instead of a local store: with
+//! `--server URL`, or, for the commands that host runs (`run`, `resume`, `follow-up`, `cancel`),
+//! when a server holds this home (its `server.json`). They print what the local commands print
+//! and exit with the same codes: the live view is the same code fed with the server's event
+//! stream, and reads and summaries are the text the server's copy of the same code printed.
+
+pub(crate) mod client;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::bail;
+use keel_store::{RunId, TaskId};
+use reqwest::StatusCode;
+use tokio::sync::mpsc;
+
+use crate::exit::{self, Exit, Failed};
+use crate::home::Home;
+use crate::read::Read;
+use crate::run::follow_up::FollowUpArgs;
+use crate::run::{Ended, RunArgs, progress, tokio_runtime};
+use crate::serve::wire::{AskFollowUp, CancelRun, FollowUpStarted, Printed, SubmitRun, Submitted};
+use crate::serve::{auth, discovery};
+use crate::stdout::outln;
+use client::{Client, ClientError};
+
+/// The environment variable holding a server's token itself.
+pub(crate) const TOKEN_ENV: &str = "KEEL_API_TOKEN";
+/// The environment variable naming a file with a server's token.
+pub(crate) const TOKEN_FILE_ENV: &str = "KEEL_API_TOKEN_FILE";
+/// Capacity of the channel between the event stream and the live view.
+const VIEW_EVENTS_MAX: usize = 1_024;
+
+/// The server a command goes to: the one `--server` names, else (when `discover` is set, for
+/// the commands that host runs) the one that announces itself in the home, if any.
+///
+/// # Errors
+/// When a server is named but no token is found, or the token file is unusable.
+pub(crate) fn target(
+    home: &Home,
+    server: Option<&str>,
+    token_file: Option<&Path>,
+    discover: bool,
+) -> anyhow::Result<Option<Client>> {
+    let url = match server {
+        Some(url) => url.to_owned(),
+        None if discover => match discovery::read(home) {
+            Some(announced) => announced.url,
+            None => return Ok(None),
+        },
+        None => return Ok(None),
+    };
+    let token = token(home, token_file)?;
+    Ok(Some(Client::new(&url, token)?))
+}
+
+/// The token: `--token-file`, else `$KEEL_API_TOKEN`, else `$KEEL_API_TOKEN_FILE`, else the
+/// token file of the home's keel.toml.
+fn token(home: &Home, token_file: Option<&Path>) -> anyhow::Result<String> {
+    if let Some(path) = token_file {
+        return Ok(auth::client_token(path)?);
+    }
+    if let Ok(token) = std::env::var(TOKEN_ENV)
+        && !token.trim().is_empty()
+    {
+        return Ok(token.trim().to_owned());
+    }
+    if let Some(path) = std::env::var_os(TOKEN_FILE_ENV) {
+        return Ok(auth::client_token(Path::new(&path))?);
+    }
+    let config = home.config()?;
+    let path: PathBuf = home.dir().join(&config.server.token_file);
+    if path.is_file() {
+        return Ok(auth::client_token(&path)?);
+    }
+    bail!(
+        "no token for the keel server: pass --token-file FILE, or set {TOKEN_ENV} or {TOKEN_FILE_ENV}"
+    )
+}
+
+/// The exit of a command that talked to a server: as the local command's, with the server's
+/// refusals mapped to the codes a local refusal has (404 is 3; a bad follow-up message is 2).
+pub(crate) fn exit_of(e: anyhow::Error, bad_request_is_usage: bool) -> Failed {
+    let exit = match e
+        .downcast_ref::<ClientError>()
+        .and_then(ClientError::status)
+    {
+        Some(StatusCode::NOT_FOUND) => Exit::NotFound,
+        Some(StatusCode::BAD_REQUEST) if bad_request_is_usage => Exit::Usage,
+        _ => Exit::Failure,
+    };
+    Failed { exit, error: e }
+}
+
+/// A command that hosts a run, carried out by a server: its end as the local command's.
+pub(crate) fn ended(e: anyhow::Result<Ended>, follow_up: bool) -> Result<(), Failed> {
+    match e {
+        Ok(ended) if follow_up => exit::followed(Ok(ended)),
+        Ok(ended) => exit::ended(Ok(ended)),
+        Err(e) => Err(exit_of(e, follow_up)),
+    }
+}
+
+fn print_raw(text: &str) -> std::io::Result<()> {
+    let mut out = crate::stdout::lock();
+    out.write_all(text.as_bytes())?;
+    out.flush()
+}
+
+/// A read command (`runs`, `tasks`, `show`, `logs`, `tree`, `status`) answered by the server.
+pub(crate) fn read(client: &Client, command: Read, json: bool) -> anyhow::Result<()> {
+    let format = if json { "json" } else { "text" };
+    let latest = |run: Option<RunId>| run.map_or_else(|| "latest".to_owned(), |r| r.to_string());
+    let path = match command {
+        Read::Runs { limit } => format!("/v1/runs?limit={limit}"),
+        Read::Tasks {
+            run: Some(run),
+            limit,
+        } => format!("/v1/runs/{run}/tasks?limit={limit}"),
+        Read::Tasks { run: None, limit } => format!("/v1/tasks?limit={limit}"),
+        Read::Show { task } => format!("/v1/tasks/{task}?"),
+        Read::Logs { task, tail } => format!("/v1/tasks/{task}/logs?tail={tail}"),
+        Read::Tree { run, limit } => format!("/v1/runs/{}/tree?limit={limit}", latest(run)),
+        Read::Status { run } => format!("/v1/runs/{}?", latest(run)),
+    };
+    let sep = if path.ends_with('?') { "" } else { "&" };
+    let path = format!("{path}{sep}format={format}");
+    let text = tokio_runtime()?.block_on(client.get_text(&path))?;
+    print_raw(&text)?;
+    Ok(())
+}
+
+fn refuse_node_flags(choice: &crate::run::setup::HarnessChoice) -> anyhow::Result<()> {
+    if choice.harness.is_some() || choice.model.is_some() || choice.model_server.is_some() {
+        bail!(
+            "--harness, --model and --model-server choose how a node runs sessions: the server decides (its keel.toml and the flags it was started with)"
+        );
+    }
+    Ok(())
+}
+
+/// Show a run's events from `from` on in the live view until the run ends.
+async fn watch(client: &Client, run: RunId, from: u64, quiet: bool) -> anyhow::Result<()> {
+    let (tx, rx) = mpsc::channel(VIEW_EVENTS_MAX);
+    let view = tokio::spawn(progress::show(rx, quiet));
+    let followed = client.follow(run, from, tx).await;
+    let _ = view.await;
+    Ok(followed?)
+}
+
+/// Print a summary the server printed, and the command's end.
+fn summary_end(printed: Printed) -> anyhow::Result<Ended> {
+    print_raw(&printed.stdout)?;
+    Ok(if printed.completed == Some(true) {
+        Ended::Completed
+    } else {
+        Ended::NotCompleted
+    })
+}
+
+/// `keel run "BRIEF"` on a server.
+pub(crate) fn run(client: &Client, args: RunArgs, json: bool) -> anyhow::Result<Ended> {
+    refuse_node_flags(&args.choice)?;
+    let plan = args
+        .plan
+        .as_deref()
+        .map(crate::run::read_plan)
+        .transpose()?;
+    let body = SubmitRun {
+        brief: args.brief,
+        plan,
+        agent: args.choice.agent,
+    };
+    tokio_runtime()?.block_on(async {
+        let submitted: Submitted = client.post_json("/v1/runs", &body).await?;
+        let run = submitted.run;
+        crate::run::announce(run, None)?;
+        if args.detach {
+            if json {
+                outln!(
+                    "{}",
+                    serde_json::json!({"run": run.to_string(), "server": client.base()})
+                )?;
+            } else {
+                outln!(
+                    "run {run} started on {} in {}\nfollow with `keel status {run}`, stop with `keel cancel {run}`",
+                    client.base(),
+                    submitted.work_dir
+                )?;
+            }
+            return Ok(Ended::Completed);
+        }
+        if !json && !args.quiet {
+            outln!("run {run} started in {}", submitted.work_dir)?;
+        }
+        hosted_end(client, run, submitted.events_from, args.quiet || json, json).await
+    })
+}
+
+/// Follow a run the server hosts to its end and print its summary.
+async fn hosted_end(
+    client: &Client,
+    run: RunId,
+    from: u64,
+    quiet: bool,
+    json: bool,
+) -> anyhow::Result<Ended> {
+    watch(client, run, from, quiet).await?;
+    let printed: Printed = client
+        .get_json(&format!("/v1/runs/{run}/summary?from={from}&json={json}"))
+        .await?;
+    summary_end(printed)
+}
+
+/// `keel resume RUN` on a server.
+pub(crate) fn resume(
+    client: &Client,
+    run: RunId,
+    choice: &crate::run::setup::HarnessChoice,
+    quiet: bool,
+    json: bool,
+) -> anyhow::Result<Ended> {
+    refuse_node_flags(choice)?;
+    tokio_runtime()?.block_on(async {
+        let resumed: Submitted = client
+            .post_json(&format!("/v1/runs/{run}/resume"), &serde_json::json!({}))
+            .await?;
+        if !json && !quiet {
+            outln!("run {run} resumed in {}", resumed.work_dir)?;
+        }
+        hosted_end(client, run, resumed.events_from, quiet || json, json).await
+    })
+}
+
+/// `keel follow-up TASK "MESSAGE"` on a server.
+pub(crate) fn follow_up(client: &Client, args: FollowUpArgs, json: bool) -> anyhow::Result<Ended> {
+    refuse_node_flags(&args.choice)?;
+    let body = AskFollowUp {
+        message: args.message,
+        agent: args.agent,
+    };
+    let parent: TaskId = args.task;
+    tokio_runtime()?.block_on(async {
+        let started: FollowUpStarted = client
+            .post_json(&format!("/v1/tasks/{parent}/follow-ups"), &body)
+            .await?;
+        let (run, task) = (started.run, started.task);
+        crate::run::announce(run, Some(task))?;
+        if args.detach {
+            if json {
+                outln!(
+                    "{}",
+                    serde_json::json!({"run": run.to_string(), "task": task.to_string(), "server": client.base()})
+                )?;
+            } else {
+                outln!(
+                    "follow-up {task} on run {run} started on {}\nfollow with `keel status {run}`, stop with `keel cancel {run}`",
+                    client.base()
+                )?;
+            }
+            return Ok(Ended::Completed);
+        }
+        if !json && !args.quiet {
+            let how = if started.reopened { "reopened" } else { "joined" };
+            outln!(
+                "follow-up {task} on the thread of {parent} ({how} run {run}) in {}",
+                started.work_dir
+            )?;
+        }
+        let from = started.events_from;
+        watch(client, run, from, args.quiet || json).await?;
+        let printed: Printed = client
+            .get_json(&format!("/v1/follow-ups/{task}/summary?from={from}&json={json}"))
+            .await?;
+        summary_end(printed)
+    })
+}
+
+/// `keel cancel RUN` on a server.
+pub(crate) fn cancel(client: &Client, run: RunId, json: bool) -> anyhow::Result<()> {
+    let answer: serde_json::Value = tokio_runtime()?
+        .block_on(client.post_json(&format!("/v1/runs/{run}/cancel"), &CancelRun::default()))?;
+    if json {
+        outln!("{answer}")?;
+    } else if answer["status"] == "cancelled" {
+        outln!(
+            "run {run} cancelled ({} open tasks cancelled)",
+            answer["tasks_cancelled"]
+        )?;
+    } else {
+        outln!(
+            "run {run}: cancel sent to the keel server hosting it ({})",
+            client.base()
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,91 @@
+//! The file in a keel home that names the server holding it (`server.json`: its URL and process
+//! id), so a local `keel run`, `follow-up`, `resume` or `cancel` on that home goes to the server
+//! instead of failing to open a store another process holds. Written when `keel serve` starts
+//! listening (mode 0600), removed when it stops; a file left by a killed server names a process
+//! that is gone and is ignored.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+
+use crate::home::Home;
+
+/// The file's name in the home.
+pub(crate) const SERVER_FILE: &str = "server.json";
+/// The largest discovery file read.
+const SERVER_FILE_BYTES_MAX: u64 = 4 * 1024;
+
+/// What the file says.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Announced {
+    /// The server's base URL (`http://127.0.0.1:7777`).
+    pub(crate) url: String,
+    /// The server's process id.
+    pub(crate) pid: u32,
+}
+
+fn path(home: &Home) -> PathBuf {
+    home.dir().join(SERVER_FILE)
+}
+
+/// The URL a client on this machine reaches a server bound to `addr` at (an unspecified address
+/// is reached on loopback).
+pub(crate) fn local_url(addr: SocketAddr) -> String {
+    let ip = if addr.ip().is_unspecified() {
+        match addr {
+            SocketAddr::V4(_) => std::net::IpAddr::from([127, 0, 0, 1]),
+            SocketAddr::V6(_) => std::net::IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
+        }
+    } else {
+        addr.ip()
+    };
+    format!("http://{}", SocketAddr::new(ip, addr.port()))
+}
+
+/// Announce this process as the home's server.
+///
+/// # Errors
+/// When the file cannot be written.
+pub(crate) fn write(home: &Home, addr: SocketAddr) -> anyhow::Result<()> {
+    let path = path(home);
+    let text = serde_json::to_string(&Announced {
+        url: local_url(addr),
+        pid: std::process::id(),
+    })?;
+    // A file left by a server that was killed is replaced.
+    let _ = std::fs::remove_file(&path);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    file.write_all(text.as_bytes())
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// Withdraw the announcement, if it is this process's.
+pub(crate) fn remove(home: &Home) {
+    if read(home).is_some_and(|a| a.pid == std::process::id()) {
+        let _ = std::fs::remove_file(path(home));
+    }
+}
+
+/// The home's server, if the file names a process that is alive.
+pub(crate) fn read(home: &Home) -> Option<Announced> {
+    let path = path(home);
+    let meta = std::fs::metadata(&path).ok()?;
+    if meta.len() > SERVER_FILE_BYTES_MAX {
+        return None;
+    }
+    let text = std::fs::read_to_string(&path).ok()?;
+    let announced: Announced = serde_json::from_str(&text).ok()?;
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(announced.pid).ok()?);
+    // Signal 0 checks that the process exists without touching it.
+    nix::sys::signal::kill(pid, None).ok()?;
+    Some(announced)
+}

@@ -1,0 +1,240 @@
+//! Prometheus `/metrics` of `keel serve`: runs and tasks by state (read from the store at each
+//! scrape), spawn refusals by reason and checkpoint commit latency (from the runtime's observer),
+//! harness failures by kind (from the run events), and the runtime's own counters.
+
+use std::time::Duration;
+
+use keel_actors::runtime::{Runtime, RuntimeObserver};
+use keel_store::{RunStatus, Store};
+use prometheus::{
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+/// Most runs read from the store at one scrape (the store's most rows a read); past it
+/// `keel_runs_scan_truncated` is 1.
+const RUNS_SCANNED_MAX: u32 = 10_000;
+/// Most tasks of one open run read at one scrape.
+const TASKS_PER_RUN_MAX: u32 = 10_000;
+/// Commit latency buckets, in seconds: an fsync is a millisecond or so on an SSD and much more on
+/// a loaded disk.
+const COMMIT_BUCKETS_S: [f64; 12] = [
+    0.000_5, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 5.0,
+];
+
+/// Why the metrics could not be built (a programming error in a metric's definition).
+#[derive(Debug, thiserror::Error)]
+#[error("metrics: {0}")]
+pub(crate) struct MetricsError(#[from] prometheus::Error);
+
+/// Every metric of the server, in one registry.
+#[derive(Debug, Clone)]
+pub(crate) struct Metrics {
+    registry: Registry,
+    runs: IntGaugeVec,
+    runs_truncated: IntGauge,
+    tasks: IntGaugeVec,
+    refusals: IntCounterVec,
+    failures: IntCounterVec,
+    commit_seconds: Histogram,
+    commit_failures: IntCounter,
+    events_dropped: IntGauge,
+    sessions_started: IntGauge,
+    commits: IntGauge,
+}
+
+impl Metrics {
+    /// Define and register every metric.
+    ///
+    /// # Errors
+    /// [`MetricsError`] if a definition is invalid (never for these).
+    pub(crate) fn new() -> Result<Self, MetricsError> {
+        let registry = Registry::new();
+        let runs = IntGaugeVec::new(
+            Opts::new("keel_runs", "Runs in the store by state."),
+            &["state"],
+        )?;
+        let runs_truncated = IntGauge::new(
+            "keel_runs_scan_truncated",
+            "1 when the store holds more runs than one scrape reads (keel_runs counts the oldest).",
+        )?;
+        let tasks = IntGaugeVec::new(
+            Opts::new(
+                "keel_tasks",
+                "Tasks of the runs that are not finished (running or paused), by state.",
+            ),
+            &["state"],
+        )?;
+        let refusals = IntCounterVec::new(
+            Opts::new(
+                "keel_spawn_refusals_total",
+                "Spawns the supervisor refused, by reason.",
+            ),
+            &["reason"],
+        )?;
+        let failures = IntCounterVec::new(
+            Opts::new(
+                "keel_harness_failures_total",
+                "Specialist attempts that failed, by failure kind (from the run events).",
+            ),
+            &["kind"],
+        )?;
+        let commit_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "keel_checkpoint_commit_seconds",
+                "Time of one group commit on the store writer thread (transaction and fsync).",
+            )
+            .buckets(COMMIT_BUCKETS_S.to_vec()),
+        )?;
+        let commit_failures = IntCounter::new(
+            "keel_checkpoint_commit_failures_total",
+            "Group commits that failed.",
+        )?;
+        let events_dropped = IntGauge::new(
+            "keel_events_dropped_total",
+            "Run events the runtime dropped on a full channel.",
+        )?;
+        let sessions_started = IntGauge::new(
+            "keel_sessions_started_total",
+            "Harness sessions started by this server.",
+        )?;
+        let commits = IntGauge::new(
+            "keel_commits_total",
+            "Group commits handed to the store writer.",
+        )?;
+        registry.register(Box::new(runs.clone()))?;
+        registry.register(Box::new(runs_truncated.clone()))?;
+        registry.register(Box::new(tasks.clone()))?;
+        registry.register(Box::new(refusals.clone()))?;
+        registry.register(Box::new(failures.clone()))?;
+        registry.register(Box::new(commit_seconds.clone()))?;
+        registry.register(Box::new(commit_failures.clone()))?;
+        registry.register(Box::new(events_dropped.clone()))?;
+        registry.register(Box::new(sessions_started.clone()))?;
+        registry.register(Box::new(commits.clone()))?;
+        Ok(Self {
+            registry,
+            runs,
+            runs_truncated,
+            tasks,
+            refusals,
+            failures,
+            commit_seconds,
+            commit_failures,
+            events_dropped,
+            sessions_started,
+            commits,
+        })
+    }
+
+    /// Count one failed attempt.
+    pub(crate) fn harness_failure(&self, kind: &str) {
+        self.failures.with_label_values(&[kind]).inc();
+    }
+
+    /// Read the store's counts and the runtime's counters, then encode everything in the
+    /// Prometheus text format.
+    ///
+    /// # Errors
+    /// A store read error, or an encoding error.
+    pub(crate) fn render(&self, store: &Store, rt: &Runtime) -> anyhow::Result<String> {
+        let catalog = store.catalog();
+        let runs = catalog.runs(RUNS_SCANNED_MAX)?;
+        self.runs.reset();
+        self.tasks.reset();
+        for status in ALL_RUN_STATES {
+            self.runs.with_label_values(&[run_state(status)]).set(0);
+        }
+        for run in &runs.items {
+            self.runs.with_label_values(&[run_state(run.status)]).inc();
+            if !run.status.is_terminal() {
+                for task in catalog.tasks(Some(run.id), TASKS_PER_RUN_MAX)?.items {
+                    self.tasks
+                        .with_label_values(&[&format!("{:?}", task.status).to_lowercase()])
+                        .inc();
+                }
+            }
+        }
+        self.runs_truncated.set(i64::from(runs.more));
+        self.events_dropped.set(gauge(rt.events_dropped()));
+        self.sessions_started.set(gauge(rt.sessions_started()));
+        self.commits.set(gauge(rt.commits()));
+        Ok(TextEncoder::new().encode_to_string(&self.registry.gather())?)
+    }
+}
+
+fn gauge(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+const ALL_RUN_STATES: [RunStatus; 7] = [
+    RunStatus::Pending,
+    RunStatus::Running,
+    RunStatus::Paused,
+    RunStatus::Completed,
+    RunStatus::Failed,
+    RunStatus::Cancelled,
+    RunStatus::BudgetExceeded,
+];
+
+fn run_state(status: RunStatus) -> &'static str {
+    match status {
+        RunStatus::Pending => "pending",
+        RunStatus::Running => "running",
+        RunStatus::Paused => "paused",
+        RunStatus::Completed => "completed",
+        RunStatus::Failed => "failed",
+        RunStatus::Cancelled => "cancelled",
+        RunStatus::BudgetExceeded => "budget_exceeded",
+    }
+}
+
+impl RuntimeObserver for Metrics {
+    fn commit_ended(&self, latency: Duration, durable: bool) {
+        self.commit_seconds.observe(latency.as_secs_f64());
+        if !durable {
+            self.commit_failures.inc();
+        }
+    }
+
+    fn spawn_refused(&self, reason: &'static str) {
+        self.refusals.with_label_values(&[reason]).inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn observed_values_reach_the_text() {
+        let m = Metrics::new().unwrap();
+        m.spawn_refused("rate");
+        m.commit_ended(Duration::from_millis(3), true);
+        m.commit_ended(Duration::from_millis(3), false);
+        m.harness_failure("timeout");
+        let text = TextEncoder::new()
+            .encode_to_string(&m.registry.gather())
+            .unwrap();
+        assert!(
+            text.contains("keel_spawn_refusals_total{reason=\"rate\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("keel_checkpoint_commit_seconds_count 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("keel_checkpoint_commit_seconds_bucket{le=\"0.005\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("keel_checkpoint_commit_failures_total 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("keel_harness_failures_total{kind=\"timeout\"} 1"),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,413 @@
+//! `keel serve` and the HTTP API, on real processes over 127.0.0.1: tokens, refused requests that
+//! change nothing, `keel run --server` printing what a local run prints, local commands going to
+//! the server that holds their home, two runs at once, and a run's event stream to its end.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests: a panic is the failure report.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use keel_tests::{Reaped, keel};
+
+/// How long a server may take to start (a cold binary on a loaded machine).
+const START_WAIT: Duration = Duration::from_secs(120);
+/// How long a scripted run may take.
+const RUN_WAIT: Duration = Duration::from_secs(180);
+
+/// A folder with a few files for the scripted survey plan to find.
+fn folder() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("main.rs"),
+        "// TODO: everything\nfn main() {}\n",
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("lib.rs"), "pub fn f() {}\n").unwrap();
+    std::fs::write(dir.path().join("notes.md"), "# notes\n").unwrap();
+    dir
+}
+
+/// A running `keel serve` in a folder, on a free port.
+struct Server {
+    process: Reaped,
+    addr: String,
+    url: String,
+    token_file: PathBuf,
+}
+
+impl Server {
+    fn start(dir: &Path) -> Self {
+        let mut cmd = keel(dir).unwrap();
+        cmd.args(["serve", "--listen", "127.0.0.1:0"]);
+        let mut process = Reaped::spawn(cmd).unwrap();
+        let line = process.line_containing("listening on", START_WAIT).unwrap();
+        let url = line
+            .split("listening on ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap()
+            .to_string();
+        let addr = url.trim_start_matches("http://").to_string();
+        Server {
+            process,
+            addr,
+            url,
+            token_file: dir.join(".keel/api-token"),
+        }
+    }
+
+    fn token(&self) -> String {
+        std::fs::read_to_string(&self.token_file)
+            .unwrap()
+            .trim()
+            .to_string()
+    }
+
+    /// One request over a fresh connection; the status and the body.
+    fn request(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&[u8]>,
+    ) -> (u16, String) {
+        let mut stream = TcpStream::connect(&self.addr).unwrap();
+        stream.set_read_timeout(Some(RUN_WAIT)).unwrap();
+        let mut head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n",
+            self.addr
+        );
+        if let Some(token) = token {
+            head.push_str(&format!("Authorization: Bearer {token}\r\n"));
+        }
+        if let Some(body) = body {
+            head.push_str(&format!(
+                "Content-Type: application/json\r\nContent-Length: {}\r\n",
+                body.len()
+            ));
+        }
+        head.push_str("\r\n");
+        stream.write_all(head.as_bytes()).unwrap();
+        if let Some(body) = body {
+            // The server may answer (413) and close before it has read all of a large body.
+            let _ = stream.write_all(body);
+        }
+        let mut raw = Vec::new();
+        let _ = stream.read_to_end(&mut raw);
+        let text = String::from_utf8_lossy(&raw).to_string();
+        let status = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("no status line in {text:?}"));
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
+        (status, body)
+    }
+
+    /// A `keel` command against this server.
+    fn keel(&self, dir: &Path) -> std::process::Command {
+        let mut cmd = keel(dir).unwrap();
+        cmd.args(["--server", &self.url, "--token-file"])
+            .arg(&self.token_file);
+        cmd
+    }
+}
+
+fn runs_in(body: &str) -> usize {
+    let v: serde_json::Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    v["runs"].as_array().unwrap().len()
+}
+
+#[test]
+fn requests_need_a_token_and_bad_requests_get_4xx_and_change_nothing() {
+    let dir = folder();
+    std::fs::create_dir_all(dir.path().join(".keel")).unwrap();
+    std::fs::write(
+        dir.path().join(".keel/keel.toml"),
+        "[server]\nbody_bytes_max = 4096\n",
+    )
+    .unwrap();
+    let server = Server::start(dir.path());
+    let token = server.token();
+
+    // Health needs no token; everything else does.
+    assert_eq!(server.request("GET", "/healthz", None, None).0, 200);
+    assert_eq!(server.request("GET", "/readyz", None, None).0, 200);
+    let (status, body) = server.request("GET", "/v1/runs", None, None);
+    assert_eq!(status, 401, "{body}");
+    assert!(body.contains("\"unauthorized\""), "{body}");
+    assert_eq!(
+        server
+            .request("GET", "/v1/runs", Some("not-the-token-0123456789"), None)
+            .0,
+        401
+    );
+    assert_eq!(
+        server
+            .request("POST", "/v1/runs", None, Some(br#"{"brief":"b"}"#))
+            .0,
+        401
+    );
+    assert_eq!(server.request("GET", "/metrics", None, None).0, 401);
+
+    // Refused bodies, each with a message naming the problem.
+    let big = format!(r#"{{"brief":"{}"}}"#, "x".repeat(8_192));
+    let (status, body) = server.request("POST", "/v1/runs", Some(&token), Some(big.as_bytes()));
+    assert_eq!(status, 413, "{body}");
+    let (status, body) = server.request("POST", "/v1/runs", Some(&token), Some(b"{\"brief\": "));
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = server.request(
+        "POST",
+        "/v1/runs",
+        Some(&token),
+        Some(br#"{"brief":"b","brif":1}"#),
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("brif"), "{body}");
+    let (status, body) = server.request(
+        "POST",
+        "/v1/runs",
+        Some(&token),
+        Some(br#"{"brief":"   "}"#),
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("brief"), "{body}");
+    let cyclic = br#"{"brief":"b","plan":{"steps":[
+        {"key":"a","brief":"a","goal":"a","depends_on":["b"]},
+        {"key":"b","brief":"b","goal":"b","depends_on":["a"]}]}}"#;
+    let (status, body) = server.request("POST", "/v1/runs", Some(&token), Some(cyclic));
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("plan"), "{body}");
+    let (status, body) = server.request(
+        "POST",
+        "/v1/runs",
+        Some(&token),
+        Some(br#"{"brief":"b","agent":"nobody"}"#),
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("nobody"), "{body}");
+    let (status, body) = server.request("GET", "/v1/runs/not-a-ulid/tree", Some(&token), None);
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = server.request("GET", "/v1/runs?limit=0", Some(&token), None);
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = server.request("GET", "/v1/runs?lmit=3", Some(&token), None);
+    assert_eq!(status, 400, "{body}");
+    let missing = "01ARZ3NDEKTSV4RRFFQ69G5FAV";
+    assert_eq!(
+        server
+            .request("GET", &format!("/v1/runs/{missing}"), Some(&token), None)
+            .0,
+        404
+    );
+    assert_eq!(
+        server
+            .request(
+                "POST",
+                &format!("/v1/runs/{missing}/cancel"),
+                Some(&token),
+                None
+            )
+            .0,
+        404
+    );
+    let (status, body) = server.request(
+        "POST",
+        &format!("/v1/tasks/{missing}/follow-ups"),
+        Some(&token),
+        Some(br#"{"message":""}"#),
+    );
+    assert_eq!(status, 400, "{body}");
+
+    // Nothing was written.
+    let (status, body) = server.request("GET", "/v1/runs", Some(&token), None);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(runs_in(&body), 0, "{body}");
+    let (status, body) = server.request("GET", "/metrics", Some(&token), None);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("keel_runs{state=\"running\"} 0"), "{body}");
+    assert!(
+        body.contains("keel_checkpoint_commit_seconds_bucket"),
+        "{body}"
+    );
+
+    // The same refusals through the command line, with the local commands' exit codes.
+    let out = server
+        .keel(dir.path())
+        .args(["tree", missing])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let wrong = dir.path().join("wrong-token");
+    std::fs::write(&wrong, "wrong-token-0123456789\n").unwrap();
+    let mut perms = std::fs::metadata(&wrong).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o644);
+    std::fs::set_permissions(&wrong, perms).unwrap();
+    let out = keel(dir.path())
+        .unwrap()
+        .args(["--server", &server.url, "--token-file"])
+        .arg(&wrong)
+        .args(["runs"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("chmod 600"),
+        "a token file others can read is refused"
+    );
+    server.process.kill();
+}
+
+/// Run ids and the folder differ between two runs; everything else of a summary must not.
+fn normalized(text: &str, dir: &Path) -> String {
+    let mut out = text.replace(&dir.display().to_string(), "DIR");
+    for word in text.split(|c: char| !c.is_ascii_alphanumeric()) {
+        if word.len() == 26
+            && word
+                .chars()
+                .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit())
+        {
+            out = out.replace(word, "ID");
+        }
+    }
+    out
+}
+
+#[test]
+fn keel_run_against_a_server_prints_what_a_local_run_prints() {
+    let local = folder();
+    let out = keel(local.path())
+        .unwrap()
+        .args(["run", "--quiet", "survey this folder"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let expected = normalized(&String::from_utf8_lossy(&out.stdout), local.path());
+    assert!(expected.contains("failures: none"), "{expected}");
+
+    let remote = folder();
+    let server = Server::start(remote.path());
+    let client = tempfile::tempdir().unwrap();
+    let out = server
+        .keel(client.path())
+        .args(["run", "--quiet", "survey this folder"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = normalized(&String::from_utf8_lossy(&out.stdout), remote.path());
+    assert_eq!(got, expected);
+
+    // A local `keel run` on the home the server holds goes to the server instead of failing to
+    // open the store.
+    let out = keel(remote.path())
+        .unwrap()
+        .args(["run", "--quiet", "survey this folder"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        normalized(&String::from_utf8_lossy(&out.stdout), remote.path()),
+        expected
+    );
+
+    // Reads through the server print what the same reads of the store print.
+    let status = keel(remote.path())
+        .unwrap()
+        .args(["--json", "status"])
+        .output()
+        .unwrap();
+    let run: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let run = run["run"].as_str().unwrap().to_string();
+    for args in [
+        vec!["tree", run.as_str()],
+        vec!["status", run.as_str()],
+        vec!["--json", "runs"],
+    ] {
+        let here = keel(remote.path()).unwrap().args(&args).output().unwrap();
+        let there = server.keel(client.path()).args(&args).output().unwrap();
+        assert!(here.status.success() && there.status.success(), "{args:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&there.stdout),
+            String::from_utf8_lossy(&here.stdout),
+            "{args:?}"
+        );
+    }
+    server.process.kill();
+}
+
+#[test]
+fn two_runs_at_once_complete_and_the_event_stream_shows_a_run_to_its_end() {
+    let dir = folder();
+    let server = Server::start(dir.path());
+    let client = tempfile::tempdir().unwrap();
+    let mut one = server.keel(client.path());
+    one.args(["run", "--quiet", "survey this folder"]);
+    let mut two = server.keel(client.path());
+    two.args(["run", "--quiet", "survey this folder again"]);
+    let (one, two) = (Reaped::spawn(one).unwrap(), Reaped::spawn(two).unwrap());
+    for run in [one, two] {
+        let (status, out, err) = run.wait_output(RUN_WAIT).unwrap();
+        assert!(status.success(), "{status}\n{out}\n{err}");
+        assert!(out.contains(": Completed"), "{out}");
+    }
+
+    let token = server.token();
+    let (status, body) = server.request(
+        "POST",
+        "/v1/runs",
+        Some(&token),
+        Some(br#"{"brief":"survey once more"}"#),
+    );
+    assert_eq!(status, 201, "{body}");
+    let submitted: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let run = submitted["run"].as_str().unwrap();
+    // The stream replays from the run's first event and ends after `finished`.
+    let (status, stream) =
+        server.request("GET", &format!("/v1/runs/{run}/events"), Some(&token), None);
+    assert_eq!(status, 200, "{stream}");
+    let names: Vec<&str> = stream
+        .lines()
+        .filter_map(|l| l.strip_prefix("event: "))
+        .collect();
+    assert_eq!(
+        names.iter().filter(|n| **n == "task_started").count(),
+        4,
+        "{stream}"
+    );
+    assert_eq!(
+        names.iter().filter(|n| **n == "report").count(),
+        4,
+        "{stream}"
+    );
+    assert_eq!(names.last(), Some(&"finished"), "{stream}");
+    assert!(stream.contains("\"status\":\"Completed\""), "{stream}");
+    let ids: Vec<u64> = stream
+        .lines()
+        .filter_map(|l| l.strip_prefix("id: ")?.parse().ok())
+        .collect();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
+    let (status, body) = server.request("GET", "/v1/runs", Some(&token), None);
+    assert_eq!(status, 200);
+    assert_eq!(runs_in(&body), 3, "{body}");
+    server.process.kill();
+}
