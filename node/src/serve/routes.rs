@@ -664,18 +664,16 @@ async fn events(
             return Some((Ok(sse_event(&item)), st));
         }
         let live = st.live.as_mut()?;
-        loop {
-            match live.recv().await {
-                Ok(item) => {
-                    st.done = matches!(item.1, ApiEvent::Finished { .. });
-                    return Some((Ok(sse_event(&item)), st));
-                }
-                Err(broadcast::error::RecvError::Lagged(n)) => {
-                    let lagged = Event::default().event("lagged").data(n.to_string());
-                    return Some((Ok(lagged), st));
-                }
-                Err(broadcast::error::RecvError::Closed) => return None,
+        match live.recv().await {
+            Ok(item) => {
+                st.done = matches!(item.1, ApiEvent::Finished { .. });
+                Some((Ok(sse_event(&item)), st))
             }
+            Err(broadcast::error::RecvError::Lagged(n)) => {
+                let lagged = Event::default().event("lagged").data(n.to_string());
+                Some((Ok(lagged), st))
+            }
+            Err(broadcast::error::RecvError::Closed) => None,
         }
     });
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
