@@ -281,54 +281,34 @@ fn normalized(text: &str, dir: &Path) -> String {
     out
 }
 
-#[test]
-fn keel_run_against_a_server_prints_what_a_local_run_prints() {
-    let local = folder();
-    let out = keel(local.path())
-        .unwrap()
+/// `keel run --quiet "survey this folder"` by `cmd`: its summary with the run ids and `dir`
+/// replaced, once it succeeded.
+fn quiet_survey(mut cmd: std::process::Command, dir: &Path) -> String {
+    let out = cmd
         .args(["run", "--quiet", "survey this folder"])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let expected = normalized(&String::from_utf8_lossy(&out.stdout), local.path());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    normalized(&String::from_utf8_lossy(&out.stdout), dir)
+}
+
+#[test]
+fn keel_run_against_a_server_prints_what_a_local_run_prints() {
+    let local = folder();
+    let expected = quiet_survey(keel(local.path()).unwrap(), local.path());
     assert!(expected.contains("failures: none"), "{expected}");
 
     let remote = folder();
     let server = Server::start(remote.path());
     let client = tempfile::tempdir().unwrap();
-    let out = server
-        .keel(client.path())
-        .args(["run", "--quiet", "survey this folder"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let got = normalized(&String::from_utf8_lossy(&out.stdout), remote.path());
+    let got = quiet_survey(server.keel(client.path()), remote.path());
     assert_eq!(got, expected);
 
     // A local `keel run` on the home the server holds goes to the server instead of failing to
     // open the store.
-    let out = keel(remote.path())
-        .unwrap()
-        .args(["run", "--quiet", "survey this folder"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(
-        normalized(&String::from_utf8_lossy(&out.stdout), remote.path()),
-        expected
-    );
+    let got = quiet_survey(keel(remote.path()).unwrap(), remote.path());
+    assert_eq!(got, expected);
 
     // Reads through the server print what the same reads of the store print.
     let status = keel(remote.path())
