@@ -4,7 +4,8 @@
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use keel_actors::runtime::RuntimeError;
+use keel_actors::host::HostError;
+use keel_actors::runtime::{CancelError, FollowUpError, ResumeError, StoreReadError, SubmitError};
 use keel_store::ReadError;
 
 use super::wire::ErrorBody;
@@ -96,22 +97,60 @@ impl IntoResponse for ApiError {
     }
 }
 
-impl From<RuntimeError> for ApiError {
-    fn from(e: RuntimeError) -> Self {
+/// Whether a store read failed because the run or task does not exist.
+fn missing(e: &StoreReadError) -> bool {
+    matches!(
+        e,
+        StoreReadError::Store(HostError::Read(ReadError::NotFound { .. }))
+    )
+}
+
+impl From<SubmitError> for ApiError {
+    fn from(e: SubmitError) -> Self {
+        Self::internal(e.to_string())
+    }
+}
+
+impl From<ResumeError> for ApiError {
+    fn from(e: ResumeError) -> Self {
         let message = e.to_string();
         match e {
-            RuntimeError::UnknownTask(_) => Self::not_found(message),
-            RuntimeError::Store(keel_actors::host::HostError::Read(ReadError::NotFound {
-                ..
-            })) => Self::not_found(message),
-            RuntimeError::UnknownAgent { .. }
-            | RuntimeError::EmptyMessage
-            | RuntimeError::MessageTooLarge { .. } => Self::bad_request(message),
-            RuntimeError::Refused(_) | RuntimeError::FollowUpRefused { .. } => {
-                Self::conflict(message)
-            }
+            ResumeError::Read(r) if missing(&r) => Self::not_found(message),
+            ResumeError::Refused(_) => Self::conflict(message),
             _ => Self::internal(message),
         }
+    }
+}
+
+impl From<FollowUpError> for ApiError {
+    fn from(e: FollowUpError) -> Self {
+        let message = e.to_string();
+        match e {
+            FollowUpError::UnknownTask(_) => Self::not_found(message),
+            FollowUpError::Read(r) if missing(&r) => Self::not_found(message),
+            FollowUpError::UnknownAgent { .. }
+            | FollowUpError::EmptyMessage
+            | FollowUpError::MessageTooLarge { .. } => Self::bad_request(message),
+            FollowUpError::Refused(_) => Self::conflict(message),
+            _ => Self::internal(message),
+        }
+    }
+}
+
+impl From<CancelError> for ApiError {
+    fn from(e: CancelError) -> Self {
+        let message = e.to_string();
+        match e {
+            CancelError::Read(r) if missing(&r) => Self::not_found(message),
+            CancelError::Refused(_) => Self::conflict(message),
+            _ => Self::internal(message),
+        }
+    }
+}
+
+impl From<HostError> for ApiError {
+    fn from(e: HostError) -> Self {
+        Self::internal(e.to_string())
     }
 }
 

@@ -32,7 +32,7 @@ use tokio::sync::Semaphore;
 use crate::config::LogFormat;
 use crate::home::Home;
 use crate::run::setup::{HarnessChoice, node_setup, work_dir};
-use crate::run::{PAUSE_WAIT, init_logs, open_writer, submission, tokio_runtime};
+use crate::run::{PAUSE_WAIT, init_logs, node_store, submission, tokio_runtime};
 use crate::stdout::outln;
 
 /// How long open connections get to finish once the server begins to stop.
@@ -56,7 +56,7 @@ pub(crate) fn serve(home: &Home, args: ServeArgs, json: bool) -> anyhow::Result<
     let token_path = home.dir().join(&config.server.token_file);
     let (tokens, created) = auth::Tokens::load_or_create(&token_path)?;
     tokio_runtime()?.block_on(async {
-        let store = open_writer(home)?;
+        let store = node_store(home)?;
         let work = work_dir()?;
         let setup = node_setup(&config, &args.choice, &work).await?;
         let metrics = metrics::Metrics::new()?;
@@ -70,7 +70,7 @@ pub(crate) fn serve(home: &Home, args: ServeArgs, json: bool) -> anyhow::Result<
             .map(|a| a.name.clone())
             .collect();
         let (rt, events) =
-            Runtime::start(Arc::clone(&store), setup.harnesses.clone(), runtime_config).await?;
+            Runtime::start(store, setup.harnesses.clone(), runtime_config).await?;
         let rt = Arc::new(rt);
         let hub = hub::Hub::with_metrics(metrics.clone());
         tokio::spawn(hub.clone().pump(events));
@@ -82,7 +82,6 @@ pub(crate) fn serve(home: &Home, args: ServeArgs, json: bool) -> anyhow::Result<
         let (budget_micros, snapshot) = submission(&config);
         let app = Arc::new(routes::App {
             rt: Arc::clone(&rt),
-            store,
             home: home.clone(),
             hub: hub.clone(),
             metrics,

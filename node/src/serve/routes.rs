@@ -65,7 +65,6 @@ pub(crate) struct Launch {
 /// Everything the handlers share.
 pub(crate) struct App {
     pub(crate) rt: Arc<Runtime>,
-    pub(crate) store: Arc<keel_store::Store>,
     pub(crate) home: Home,
     pub(crate) hub: Hub,
     pub(crate) metrics: Metrics,
@@ -83,6 +82,13 @@ pub(crate) struct App {
 }
 
 type Shared = Arc<App>;
+
+impl App {
+    /// The store the runtime writes (its current handle: opened again after a failed write).
+    fn store(&self) -> Result<Arc<Store>, ApiError> {
+        Ok(self.rt.store()?)
+    }
+}
 
 /// The API's router.
 pub(crate) fn router(app: Shared) -> Router {
@@ -130,7 +136,7 @@ async fn readyz(State(app): State<Shared>) -> Result<&'static str, ApiError> {
     if !app.ready.load(Ordering::Acquire) {
         return Err(ApiError::busy("the server is stopping"));
     }
-    let store = Arc::clone(&app.store);
+    let store = app.store()?;
     blocking(move || {
         store
             .catalog()
@@ -253,7 +259,7 @@ async fn blocking<T: Send + 'static>(
 
 /// Answer a read with exactly what the command prints.
 async fn read(app: &Shared, command: Read, format: Format) -> Result<Response, ApiError> {
-    let store = Arc::clone(&app.store);
+    let store = app.store()?;
     let json = format == Format::Json;
     let text = blocking(move || {
         let (result, text) = crate::stdout::capture(|| command.print(&store, &Output::new(json)));
@@ -468,7 +474,7 @@ async fn follow_up(
     keel_actors::runtime::check_follow_up_message(&body.message)?;
     let permit = slot(&app)?;
     let run = {
-        let store = Arc::clone(&app.store);
+        let store = app.store()?;
         blocking(move || Ok(store.catalog().task(task)?.run_id)).await?
     };
     let from = app.hub.track(run);
@@ -536,7 +542,7 @@ async fn run_summary(
 ) -> Result<Json<Printed>, ApiError> {
     let run = run_id(&run)?;
     let row = {
-        let store = Arc::clone(&app.store);
+        let store = app.store()?;
         blocking(move || Ok(store.catalog().run(run)?)).await?
     };
     if !row.status.is_terminal() {
@@ -552,7 +558,7 @@ async fn run_summary(
     };
     let completed = outcome.status == keel_store::RunStatus::Completed;
     let usage = usage(&app, run, q.from.unwrap_or(1));
-    let (home, store) = (app.home.clone(), Arc::clone(&app.store));
+    let (home, store) = (app.home.clone(), app.store()?);
     printed(
         move || summary::print(&home, &store, run, &outcome, &usage, q.json),
         completed,
@@ -590,7 +596,7 @@ async fn follow_up_summary(
     };
     let completed = outcome.completed();
     let usage = usage(&app, outcome.run.run, q.from.unwrap_or(1));
-    let (home, store) = (app.home.clone(), Arc::clone(&app.store));
+    let (home, store) = (app.home.clone(), app.store()?);
     printed(
         move || summary::follow_up(&home, &store, &outcome, &usage, q.json),
         completed,
@@ -599,11 +605,7 @@ async fn follow_up_summary(
 }
 
 async fn metrics(State(app): State<Shared>) -> Result<Response, ApiError> {
-    let (store, rt, metrics) = (
-        Arc::clone(&app.store),
-        Arc::clone(&app.rt),
-        app.metrics.clone(),
-    );
+    let (store, rt, metrics) = (app.store()?, Arc::clone(&app.rt), app.metrics.clone());
     let text = blocking(move || {
         metrics
             .render(&store, &rt)
@@ -682,7 +684,7 @@ async fn events(
 /// The stream of a run the hub does not know (ended before this server started, or forgotten):
 /// its end from the store, or 409 when it is open but not hosted here.
 async fn stored_end(app: &App, run: RunId) -> Result<Subscription, ApiError> {
-    let store: Arc<Store> = Arc::clone(&app.store);
+    let store: Arc<Store> = app.store()?;
     let row = blocking(move || Ok(store.catalog().run(run)?)).await?;
     if !row.status.is_terminal() {
         return Err(ApiError::conflict(format!(
