@@ -391,3 +391,70 @@ fn two_runs_at_once_complete_and_the_event_stream_shows_a_run_to_its_end() {
     assert_eq!(runs_in(&body), 3, "{body}");
     server.process.kill();
 }
+
+/// `keel run --quiet --plan plan.json` of a one-step plan, then `keel follow-up` on its step, by
+/// the commands `keel_in` makes; the follow-up's output, normalized.
+fn run_and_follow_up(keel_in: impl Fn() -> std::process::Command, dir: &Path) -> String {
+    let plan = keel_actors::runtime::scripted::fan_out_plan(1, |_| "ls".into()).unwrap();
+    std::fs::write(dir.join("plan.json"), serde_json::to_string(&plan).unwrap()).unwrap();
+    let out = keel_in()
+        .args(["run", "--quiet", "--plan", "plan.json", "list the folder"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tasks = keel_in().args(["--json", "tasks"]).output().unwrap();
+    let tasks: serde_json::Value = serde_json::from_slice(&tasks.stdout).unwrap();
+    let step = tasks["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["kind"] == "Subtask")
+        .and_then(|t| t["id"].as_str())
+        .unwrap()
+        .to_string();
+    let out = keel_in()
+        .args(["follow-up", &step, "What is in the folder?"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    normalized(&String::from_utf8_lossy(&out.stdout), dir)
+}
+
+#[test]
+fn follow_up_and_cancel_go_to_the_server_that_holds_the_home() {
+    let local = folder();
+    let expected = run_and_follow_up(|| keel(local.path()).unwrap(), local.path());
+    assert!(expected.contains("follow-up ID: Complete"), "{expected}");
+
+    let served = folder();
+    let server = Server::start(served.path());
+    let got = run_and_follow_up(|| keel(served.path()).unwrap(), served.path());
+    assert_eq!(got, expected);
+
+    // A slow run started in the background on the server, then cancelled through it.
+    let plan =
+        keel_actors::runtime::scripted::fan_out_plan(2, |i| format!("sleep 30; echo {i}")).unwrap();
+    let started = keel_tests::run_detached(served.path(), "wait", &plan).unwrap();
+    let text = String::from_utf8_lossy(&started.stdout).to_string();
+    assert!(started.status.success(), "{text}");
+    assert!(text.contains(&server.url), "started on the server: {text}");
+    let run = text.split_whitespace().nth(1).unwrap().to_string();
+    let cancel = keel(served.path())
+        .unwrap()
+        .args(["cancel", &run])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&cancel.stdout);
+    assert!(cancel.status.success(), "{said}");
+    assert!(said.contains("cancel sent"), "{said}");
+    keel_tests::wait_cancelled(served.path(), &run, RUN_WAIT).unwrap();
+    server.process.kill();
+}

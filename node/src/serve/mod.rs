@@ -8,6 +8,9 @@
 //! `routes.rs` (the handlers), `error.rs` (4xx/5xx bodies), `metrics.rs` (`/metrics`),
 //! `discovery.rs` (`server.json`, how local commands find the server of their home).
 //!
+//! Another host of the runtime (a cluster's coordinator node) serves the same API with
+//! [`ApiMetrics`] (its observer in the runtime's config), [`Hosted`] and [`ApiServer`].
+//!
 //! Shutdown: SIGINT or SIGTERM stops answering, ends every event stream, then pauses every run
 //! as `keel run` does on a signal; `keel resume RUN` (or `POST /v1/runs/{run}/resume` on the next
 //! server) continues them.
@@ -25,11 +28,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use anyhow::Context;
-use keel_actors::runtime::Runtime;
-use tokio::sync::Semaphore;
+use std::future::{Future, IntoFuture};
+use std::path::PathBuf;
 
-use crate::config::LogFormat;
+use anyhow::Context;
+use keel_actors::runtime::{Runtime, RuntimeEvent, RuntimeObserver};
+use tokio::sync::{Semaphore, mpsc};
+
+use crate::config::{Config, LogFormat};
 use crate::home::Home;
 use crate::run::setup::{HarnessChoice, node_setup, work_dir};
 use crate::run::{PAUSE_WAIT, init_logs, node_store, submission, tokio_runtime};
@@ -49,6 +55,145 @@ pub(crate) struct ServeArgs {
     pub(crate) log_format: Option<LogFormat>,
 }
 
+/// What [`ApiServer::bind`] needs from the process that hosts the runtime (`keel serve`, or a
+/// cluster's coordinator node): the runtime, started with [`ApiMetrics::observer`] in its config,
+/// and the event receiver [`Runtime::start`] returned (the API becomes its only reader).
+pub(crate) struct Hosted<'a> {
+    /// The started runtime.
+    pub(crate) rt: Arc<Runtime>,
+    /// Its events.
+    pub(crate) events: mpsc::Receiver<RuntimeEvent>,
+    /// The metrics its observer feeds.
+    pub(crate) metrics: ApiMetrics,
+    /// The home it hosts.
+    pub(crate) home: &'a Home,
+    /// The home's configuration (`[server]`, the budget, the snapshot stored with each run).
+    pub(crate) config: &'a Config,
+    /// Whether runs use the built-in scripted model (a brief then gets the survey plan).
+    pub(crate) scripted: bool,
+    /// Where sessions work.
+    pub(crate) work_dir: PathBuf,
+    /// The agent profiles of the runtime's supervisor (a request may name one).
+    pub(crate) agents: Vec<String>,
+    /// The runtime's `runs_in_flight_max`: more runs at once are refused with 503.
+    pub(crate) runs_in_flight_max: u32,
+    /// The accepted tokens.
+    pub(crate) tokens: auth::Tokens,
+}
+
+/// The API's metrics, created before the runtime so its observer can be in the runtime's config.
+#[derive(Debug, Clone)]
+pub(crate) struct ApiMetrics(metrics::Metrics);
+
+impl ApiMetrics {
+    /// Every metric, registered.
+    ///
+    /// # Errors
+    /// A metric definition is invalid (never for these).
+    pub(crate) fn new() -> anyhow::Result<Self> {
+        Ok(Self(metrics::Metrics::new()?))
+    }
+
+    /// The runtime's observer: put it in `RuntimeConfig::observer`.
+    pub(crate) fn observer(&self) -> Arc<dyn RuntimeObserver> {
+        Arc::new(self.0.clone())
+    }
+}
+
+/// The API bound to its address, not yet answering.
+pub(crate) struct ApiServer {
+    app: Arc<routes::App>,
+    listener: tokio::net::TcpListener,
+    addr: SocketAddr,
+}
+
+impl ApiServer {
+    /// Bind `listen` and prepare the API over `hosted`; the API starts reading the runtime's
+    /// events at once.
+    ///
+    /// # Errors
+    /// When the address cannot be bound.
+    pub(crate) async fn bind(hosted: Hosted<'_>, listen: SocketAddr) -> anyhow::Result<Self> {
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("listening on {listen}"))?;
+        let addr = listener.local_addr()?;
+        let hub = hub::Hub::with_metrics(hosted.metrics.0.clone());
+        tokio::spawn(hub.clone().pump(hosted.events));
+        let (budget_micros, snapshot) = submission(hosted.config);
+        let app = Arc::new(routes::App {
+            rt: hosted.rt,
+            home: hosted.home.clone(),
+            hub,
+            metrics: hosted.metrics.0,
+            tokens: hosted.tokens,
+            launch: routes::Launch {
+                scripted: hosted.scripted,
+                budget_micros,
+                snapshot,
+                agents: hosted.agents,
+                work_dir: hosted.work_dir,
+            },
+            slots: Arc::new(Semaphore::new(hosted.runs_in_flight_max.max(1) as usize)),
+            follow_ups: std::sync::Mutex::default(),
+            ready: AtomicBool::new(true),
+            body_bytes_max: hosted.config.server.body_bytes_max as usize,
+        });
+        Ok(Self {
+            app,
+            listener,
+            addr,
+        })
+    }
+
+    /// The bound address.
+    pub(crate) fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Answer until `shutdown` resolves, then stop accepting, end the event streams, and give open
+    /// requests [`DRAIN_WAIT`] to finish. The runtime is the caller's to pause and stop.
+    ///
+    /// # Errors
+    /// When serving fails.
+    pub(crate) async fn run(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+        let ApiServer { app, listener, .. } = self;
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let server = axum::serve(listener, routes::router(Arc::clone(&app)))
+            .with_graceful_shutdown(async move {
+                let mut stopped = stopped;
+                let _ = stopped.wait_for(|s| *s).await;
+            });
+        let server = server.into_future();
+        tokio::pin!(server);
+        tokio::select! {
+            r = &mut server => return r.context("serving the API"),
+            () = shutdown => {}
+        }
+        app.ready.store(false, Ordering::Release);
+        app.hub.close();
+        let _ = stop.send(true);
+        match tokio::time::timeout(DRAIN_WAIT, server).await {
+            Ok(r) => r.context("serving the API"),
+            // Requests still open after the wait (a long summary wait) are dropped.
+            Err(_) => Ok(()),
+        }
+    }
+}
+
+/// SIGINT or SIGTERM.
+async fn signalled() -> anyhow::Result<impl Future<Output = ()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
+}
+
 /// `keel serve`: host the runtime on `home` and answer the API until SIGINT or SIGTERM.
 pub(crate) fn serve(home: &Home, args: ServeArgs, json: bool) -> anyhow::Result<()> {
     let config = home.config()?;
@@ -59,45 +204,33 @@ pub(crate) fn serve(home: &Home, args: ServeArgs, json: bool) -> anyhow::Result<
         let store = node_store(home)?;
         let work = work_dir()?;
         let setup = node_setup(&config, &args.choice, &work).await?;
-        let metrics = metrics::Metrics::new()?;
+        let metrics = ApiMetrics::new()?;
         let mut runtime_config = setup.config.clone();
-        runtime_config.observer = Some(Arc::new(metrics.clone()));
-        let slots = runtime_config.runs_in_flight_max.max(1) as usize;
+        runtime_config.observer = Some(metrics.observer());
         let agents = runtime_config
             .supervisor
             .agents
             .iter()
             .map(|a| a.name.clone())
             .collect();
+        let runs_in_flight_max = runtime_config.runs_in_flight_max;
         let (rt, events) =
             Runtime::start(store, setup.harnesses.clone(), runtime_config).await?;
         let rt = Arc::new(rt);
-        let hub = hub::Hub::with_metrics(metrics.clone());
-        tokio::spawn(hub.clone().pump(events));
-        let listen = args.listen.unwrap_or(config.server.listen);
-        let listener = tokio::net::TcpListener::bind(listen)
-            .await
-            .with_context(|| format!("listening on {listen}"))?;
-        let addr = listener.local_addr()?;
-        let (budget_micros, snapshot) = submission(&config);
-        let app = Arc::new(routes::App {
+        let hosted = Hosted {
             rt: Arc::clone(&rt),
-            home: home.clone(),
-            hub: hub.clone(),
+            events,
             metrics,
+            home,
+            config: &config,
+            scripted: setup.scripted,
+            work_dir: work,
+            agents,
+            runs_in_flight_max,
             tokens,
-            launch: routes::Launch {
-                scripted: setup.scripted,
-                budget_micros,
-                snapshot,
-                agents,
-                work_dir: work.clone(),
-            },
-            slots: Arc::new(Semaphore::new(slots)),
-            follow_ups: std::sync::Mutex::default(),
-            ready: AtomicBool::new(true),
-            body_bytes_max: config.server.body_bytes_max as usize,
-        });
+        };
+        let server = ApiServer::bind(hosted, args.listen.unwrap_or(config.server.listen)).await?;
+        let addr = server.addr();
         discovery::write(home, addr)?;
         let url = discovery::local_url(addr);
         if json {
@@ -119,9 +252,8 @@ pub(crate) fn serve(home: &Home, args: ServeArgs, json: bool) -> anyhow::Result<
             use std::io::Write;
             let _ = crate::stdout::lock().flush();
         }
-        let served = serve_until_signal(listener, routes::router(Arc::clone(&app)), &app).await;
+        let served = server.run(signalled().await?).await;
         discovery::remove(home);
-        drop(app);
         let paused = rt.pause(PAUSE_WAIT).await;
         if !paused.runs.is_empty() {
             outln!(
@@ -136,36 +268,4 @@ pub(crate) fn serve(home: &Home, args: ServeArgs, json: bool) -> anyhow::Result<
         drop(setup);
         served
     })
-}
-
-/// Serve until SIGINT or SIGTERM, then stop accepting, end the event streams, and give open
-/// requests [`DRAIN_WAIT`] to finish.
-async fn serve_until_signal(
-    listener: tokio::net::TcpListener,
-    router: axum::Router,
-    app: &routes::App,
-) -> anyhow::Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let server = axum::serve(listener, router).with_graceful_shutdown(async move {
-        let mut stopped = stopped;
-        let _ = stopped.wait_for(|s| *s).await;
-    });
-    let server = server.into_future();
-    tokio::pin!(server);
-    tokio::select! {
-        r = &mut server => return r.context("serving the API"),
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
-    app.ready.store(false, Ordering::Release);
-    app.hub.close();
-    let _ = stop.send(true);
-    match tokio::time::timeout(DRAIN_WAIT, server).await {
-        Ok(r) => r.context("serving the API"),
-        // Requests still open after the wait (a long summary wait) are dropped.
-        Err(_) => Ok(()),
-    }
 }
