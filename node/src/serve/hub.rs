@@ -187,6 +187,11 @@ impl Hub {
         }
     }
 
+    /// Make sure a new run has a feed, so a stream opened before its first event waits for it.
+    pub(crate) fn open(&self, run: RunId) {
+        self.lock().feeds.entry(run).or_insert_with(Feed::new);
+    }
+
     /// Make sure a run has a feed (a run about to be submitted, resumed or reopened here), live
     /// again if it had ended, so a stream opened now waits for its events instead of ending at
     /// once. Returns the sequence number its next event gets: a client that shows only what

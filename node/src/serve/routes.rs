@@ -398,7 +398,9 @@ async fn submit(
         )
         .await?;
     let run = handle.id();
-    let from = app.hub.track(run);
+    // A new run: its events start at 1, whether or not the first ones were published already.
+    app.hub.open(run);
+    let from = 1;
     tokio::spawn(async move {
         // The handle holds the runtime's run slot: keep it (and the server's) until the end.
         let _ = handle.finished().await;
