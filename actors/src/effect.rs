@@ -122,6 +122,13 @@ pub enum SpecialistEffect {
         /// `(call_id, outcome)` per call.
         results: Vec<(String, crate::report::StepOutcome)>,
     },
+    /// Answer a tool call of the session (the host's MCP endpoint holds the pending call).
+    AnswerTool {
+        /// The call.
+        call_id: String,
+        /// The answer.
+        answer: crate::session_tool::SessionAnswer,
+    },
     /// Cancel the running harness session (it then ends with a `Failed(cancelled)` event).
     CancelHarness,
     /// Send to its coordinator, and nowhere else.

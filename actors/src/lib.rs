@@ -18,6 +18,7 @@ pub mod report;
 pub mod routing;
 #[cfg(feature = "runtime")]
 pub mod runtime;
+pub mod session_tool;
 pub mod specialist;
 pub mod supervisor;
 
@@ -32,5 +33,8 @@ pub use message::*;
 pub use persist::{CommitBatch, CommitId, PersistOp, Stage, StageOwner};
 pub use plan::{Plan, PlanError, PlanStep, ValidatedPlan};
 pub use report::*;
-pub use specialist::{Specialist, SpecialistConfig};
+pub use session_tool::{
+    SessionAnswer, SessionEndpoint, SessionRequest, SessionToolCall, TaskDetails, ToolRefusal,
+};
+pub use specialist::{SessionToolPath, Specialist, SpecialistConfig};
 pub use supervisor::{Supervisor, SupervisorConfig};

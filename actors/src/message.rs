@@ -320,6 +320,19 @@ pub enum SpecialistReply {
         /// The calls.
         calls: Vec<DelegationCall>,
     },
+    /// A tool call of the attempt's session (`get_task_details`, `report_progress`,
+    /// `report_findings`, `escalate`; `delegate` travels as [`SpecialistReply::Delegate`]).
+    ///
+    /// # Delivery
+    /// Remote cast, not resent by the specialist (the session's own call times out instead); a repeated
+    /// `call_id` of one attempt is a duplicate: answered again, never done twice. Answered with
+    /// [`SpecialistMsg::ToolAnswer`], after the writes it asks for are durable.
+    Tool {
+        /// The call's id, unique within the attempt.
+        call_id: String,
+        /// What the session asks.
+        request: crate::session_tool::SessionRequest,
+    },
 }
 
 /// Messages to a specialist.
@@ -340,6 +353,17 @@ pub enum SpecialistMsg {
         turn: u32,
         /// `(call_id, outcome)` per call.
         results: Vec<(String, crate::report::StepOutcome)>,
+    },
+    /// The answer to a session's tool call ([`SpecialistReply::Tool`]).
+    ///
+    /// # Delivery
+    /// Remote cast from the coordinator, once the writes the call asked for are durable; sent again for
+    /// a repeated call, so the specialist ignores an answer for a call it is not waiting for.
+    ToolAnswer {
+        /// The call answered.
+        call_id: String,
+        /// The answer.
+        answer: crate::session_tool::SessionAnswer,
     },
     /// Stop now (deadline, budget trip, run cancelled, superseded attempt).
     ///
@@ -590,6 +614,9 @@ pub enum SpecialistInput {
     /// An event of its harness session (completion stream of
     /// [`crate::SpecialistEffect::StartHarness`]); `Finished` or `Failed` ends the session.
     Harness(HarnessEvent),
+    /// A tool call of its session, from the host's MCP endpoint; answered with
+    /// [`crate::SpecialistEffect::AnswerTool`] (always: a call of an ended session is refused).
+    ToolCall(crate::session_tool::SessionToolCall),
     /// A timer it set fired.
     Timer(SpecialistTimer),
 }

@@ -22,12 +22,13 @@ use crate::report::{
     AttemptResult, Continuity, FailureKind, Finding, SubagentReport, SubtaskBrief, SubtaskFailure,
     TEXT_BYTES_MAX, bounded, parse_report,
 };
+use crate::session_tool::{SessionAnswer, SessionRequest, SessionToolCall, ToolRefusal};
 use keel_harness::{
     Account, ErrorCategory, HarnessError, HarnessEvent, SessionLimits, SessionSpec, StopReason,
     TokenCounts, UsageAccumulator,
 };
 use keel_store::{LogKind, SessionLogRow, TaskKind};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 /// Most log rows in one `SpecialistReply::Logs`.
@@ -40,6 +41,27 @@ pub const LOG_DETAIL_BYTES_MAX: usize = 4 * 1024;
 pub const DELEGATION_TURNS_MAX: usize = 64;
 /// A tool whose name ends with this is the coordination tool a lead delegates with.
 pub const DELEGATE_TOOL_SUFFIX: &str = "delegate";
+/// What a lead session is told besides its brief: how to delegate through keel's tools.
+pub const LEAD_INSTRUCTIONS: &str = "You are the lead of a keel run. Decompose the brief into \
+independent subtasks and hand them to specialists with the `delegate` tool of the `keel` MCP server \
+(several subtasks in one call run in parallel; the call answers with each subtask's report or \
+failure). Use `get_task_details` to expand a task and `report_progress` to note progress. When the \
+reports are in, write your synthesis as your final report.";
+/// Most tool calls of one session waiting for their answers at once; past it a call is refused.
+pub const TOOL_CALLS_PENDING_MAX: usize = 64;
+
+/// How a session's coordination tools reach the specialist.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SessionToolPath {
+    /// The host observes tool-use events only: a tool named `…delegate` in the session's event stream
+    /// is a delegation turn, answered through `SpecialistEffect::AnswerDelegation` (the simulator's
+    /// sessions, and hosts without an endpoint).
+    #[default]
+    ToolEvents,
+    /// The host's MCP endpoint delivers each call as `SpecialistInput::ToolCall`; tool-use events are
+    /// only logged (the same call would otherwise be taken twice).
+    Endpoint,
+}
 
 /// Limits and environment of a specialist.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,6 +82,8 @@ pub struct SpecialistConfig {
     pub micros_per_mtok: u64,
     /// The preamble builders' limits.
     pub context: ContextConfig,
+    /// How the session's coordination tools arrive.
+    pub session_tools: SessionToolPath,
 }
 
 impl Default for SpecialistConfig {
@@ -72,6 +96,7 @@ impl Default for SpecialistConfig {
             log_rows_max: 10_000,
             micros_per_mtok: 3_000_000,
             context: ContextConfig::default(),
+            session_tools: SessionToolPath::default(),
         }
     }
 }
@@ -116,6 +141,10 @@ pub struct Specialist {
     tools_used: u32,
     delegated_turns: BTreeSet<u32>,
     delegate_turn: u32,
+    /// Tool calls sent to the coordinator and not answered yet.
+    tool_calls: BTreeSet<String>,
+    /// The `delegate` call behind each delegation turn taken through the endpoint.
+    delegate_calls: BTreeMap<u32, String>,
     scrubber: Scrubber,
 }
 
@@ -139,6 +168,8 @@ impl Specialist {
             tools_used: 0,
             delegated_turns: BTreeSet::new(),
             delegate_turn: 0,
+            tool_calls: BTreeSet::new(),
+            delegate_calls: BTreeMap::new(),
             scrubber: Scrubber::new(),
         }
     }
@@ -201,6 +232,12 @@ impl Specialist {
             self.config.working_dir.clone(),
         );
         spec.limits = self.config.session_limits;
+        if self.config.session_tools == SessionToolPath::Endpoint
+            && matches!(self.kind, TaskKind::Root | TaskKind::Redispatch)
+            && self.brief.step == crate::coordinator::LEAD_STEP_KEY
+        {
+            spec.append_system_prompt = Some(LEAD_INSTRUCTIONS.into());
+        }
         spec.account = Account {
             id: self.assignment.account.clone(),
             ..Account::default()
@@ -236,6 +273,7 @@ impl Specialist {
             Err(f) => format!("failed: {} ({})", f.kind.name(), f.detail),
         };
         self.log(LogKind::Lifecycle, summary, String::new(), now, out);
+        self.end_tool_calls(out);
         let result = AttemptResult {
             attempt: self.attempt,
             outcome,
@@ -309,7 +347,9 @@ impl Specialist {
             } => {
                 self.tools_used = self.tools_used.saturating_add(1);
                 let summary = format!("{name} {}", one_line(&input_json.text, 120));
-                if name.ends_with(DELEGATE_TOOL_SUFFIX) {
+                if self.config.session_tools == SessionToolPath::ToolEvents
+                    && name.ends_with(DELEGATE_TOOL_SUFFIX)
+                {
                     self.delegate(&input_json.text, out);
                 }
                 self.log(
@@ -449,6 +489,77 @@ impl Specialist {
                 },
                 out,
             );
+        }
+    }
+}
+
+impl Specialist {
+    /// A tool call of the session: `delegate` becomes a delegation turn, everything else goes to the
+    /// coordinator; a call of a session that is not running is refused at once.
+    fn on_tool_call(&mut self, call: SessionToolCall, out: &mut Vec<SpecialistEffect>) {
+        let SessionToolCall { call_id, request } = call;
+        let refuse = |refusal: ToolRefusal, out: &mut Vec<SpecialistEffect>| {
+            out.push(SpecialistEffect::AnswerTool {
+                call_id: call_id.clone(),
+                answer: SessionAnswer::Refused(refusal),
+            });
+        };
+        if self.phase != Phase::Running {
+            return refuse(ToolRefusal::SessionEnded, out);
+        }
+        if self.tool_calls.contains(&call_id) || self.delegate_calls.values().any(|c| *c == call_id)
+        {
+            return; // a duplicate of a call in flight: its answer comes once
+        }
+        if self.tool_calls.len() + self.delegate_calls.len() >= TOOL_CALLS_PENDING_MAX {
+            return refuse(
+                ToolRefusal::OverLimit {
+                    limit: format!("{TOOL_CALLS_PENDING_MAX} tool calls waiting at once"),
+                },
+                out,
+            );
+        }
+        match request {
+            SessionRequest::Delegate { calls } => {
+                // The lead is the run's root task (or its re-dispatch); nobody else delegates.
+                if !matches!(self.kind, TaskKind::Root | TaskKind::Redispatch) {
+                    return refuse(ToolRefusal::NotALead, out);
+                }
+                if self.delegate_turn as usize >= DELEGATION_TURNS_MAX {
+                    return refuse(
+                        ToolRefusal::OverLimit {
+                            limit: format!("{DELEGATION_TURNS_MAX} delegation turns"),
+                        },
+                        out,
+                    );
+                }
+                self.delegate_turn += 1;
+                self.delegate_calls.insert(self.delegate_turn, call_id);
+                self.reply(
+                    SpecialistReply::Delegate {
+                        turn: self.delegate_turn,
+                        calls,
+                    },
+                    out,
+                );
+            }
+            request => {
+                self.tool_calls.insert(call_id.clone());
+                self.reply(SpecialistReply::Tool { call_id, request }, out);
+            }
+        }
+    }
+
+    /// The session ended: every call still waiting is answered as ended, so none hangs.
+    fn end_tool_calls(&mut self, out: &mut Vec<SpecialistEffect>) {
+        let waiting = std::mem::take(&mut self.tool_calls)
+            .into_iter()
+            .chain(std::mem::take(&mut self.delegate_calls).into_values());
+        for call_id in waiting {
+            out.push(SpecialistEffect::AnswerTool {
+                call_id,
+                answer: SessionAnswer::Refused(ToolRefusal::SessionEnded),
+            });
         }
     }
 }
@@ -612,9 +723,21 @@ impl Machine for Specialist {
                     && turn <= self.delegate_turn
                     && self.delegated_turns.insert(turn)
                 {
-                    out.push(SpecialistEffect::AnswerDelegation { turn, results });
+                    match self.delegate_calls.remove(&turn) {
+                        Some(call_id) => out.push(SpecialistEffect::AnswerTool {
+                            call_id,
+                            answer: SessionAnswer::Delegated(results),
+                        }),
+                        None => out.push(SpecialistEffect::AnswerDelegation { turn, results }),
+                    }
                 }
             }
+            SpecialistInput::Msg(SpecialistMsg::ToolAnswer { call_id, answer }) => {
+                if self.tool_calls.remove(&call_id) {
+                    out.push(SpecialistEffect::AnswerTool { call_id, answer });
+                }
+            }
+            SpecialistInput::ToolCall(call) => self.on_tool_call(call, out),
             SpecialistInput::Timer(SpecialistTimer::ResendResult(n)) => {
                 let Phase::Reporting { resends } = self.phase else {
                     return;

@@ -79,6 +79,7 @@ impl RunState {
             decisions: Vec::new(),
             stale_logged: BTreeSet::new(),
             phase: Phase::Running,
+            tools: Default::default(),
         };
         match spec.mode {
             RunMode::Plan(plan) => match validate(plan) {

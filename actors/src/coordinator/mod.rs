@@ -13,6 +13,7 @@ mod lead;
 mod lifecycle;
 mod outcome;
 mod recovery;
+mod session_tools;
 mod snapshot;
 mod staging;
 mod step;
@@ -35,6 +36,7 @@ use crate::report::{StepOutcome, bounded};
 use keel_store::{LogKind, Run, RunId, RunStatus, SessionLogRow, Task, TaskId};
 use lead::Lead;
 use serde::{Deserialize, Serialize};
+use session_tools::SessionTools;
 use staging::{Pending, Then, coalesce_stages};
 use std::collections::{BTreeMap, BTreeSet};
 use step::Step;
@@ -140,6 +142,8 @@ struct RunState {
     decisions: Vec<SessionLogRow>,
     stale_logged: BTreeSet<AttemptId>,
     phase: Phase,
+    /// Its sessions' tool calls (session_tools.rs).
+    tools: SessionTools,
 }
 
 /// The coordinator of one run. Build it with [`Coordinator::new`], then feed it either

@@ -496,6 +496,9 @@ impl RunState {
             SpecialistReply::Delegate { turn, calls } => {
                 self.on_delegate(from, turn, calls, now, rng, out);
             }
+            SpecialistReply::Tool { call_id, request } => {
+                self.on_tool(from, call_id, request, now, out);
+            }
         }
     }
 }

@@ -327,6 +327,7 @@ impl RunState {
             decisions: Vec::new(),
             stale_logged: BTreeSet::new(),
             phase: Phase::Running,
+            tools: Default::default(),
         }
     }
 }

@@ -33,6 +33,12 @@ pub(super) enum Then {
         status: RunStatus,
         outcome: String,
     },
+    /// A session's tool call whose writes these are: answered once they are durable.
+    ToolAnswer {
+        attempt: AttemptId,
+        call_id: String,
+        answer: crate::session_tool::SessionAnswer,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -265,6 +271,11 @@ impl RunState {
                 self.steps[step].outcome = Some(outcome);
                 self.advance(now, rng, out);
             }
+            Then::ToolAnswer {
+                attempt,
+                call_id,
+                answer,
+            } => self.on_tool_durable(attempt, call_id, answer, out),
             Then::Finished { status, outcome } => {
                 self.phase = Phase::Done(status);
                 out.push(Effect::Emit(LifecycleEvent::RunFinished(RunOutcome {

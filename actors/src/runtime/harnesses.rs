@@ -3,7 +3,8 @@
 //! are node configuration, not persisted task data), and the environment a session sees.
 
 use crate::ids::AttemptId;
-use keel_harness::{Account, Harness, HarnessKind, SessionSpec};
+use crate::session_tool::{DeliverToolCall, SESSION_TOOL_SERVER, SessionEndpoint};
+use keel_harness::{Account, Harness, HarnessKind, McpEndpoint, SessionSpec};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -13,6 +14,9 @@ pub const SUBTASK_ID_ENV: &str = "KEEL_SUBTASK_ID";
 pub const RUN_ID_ENV: &str = "KEEL_RUN_ID";
 /// Environment variable holding the attempt number.
 pub const ATTEMPT_ENV: &str = "KEEL_ATTEMPT";
+/// Environment variable holding a session's token for the node's MCP endpoint (the spec names the
+/// variable; the harness reads the value from its environment).
+pub const MCP_TOKEN_ENV: &str = "KEEL_MCP_TOKEN";
 
 /// The harnesses of a node, by kind, with its accounts.
 #[derive(Clone, Default)]
@@ -20,6 +24,8 @@ pub struct HarnessSet {
     harnesses: BTreeMap<HarnessKind, Arc<dyn Harness>>,
     accounts: BTreeMap<String, Account>,
     env: BTreeMap<String, String>,
+    /// The node's MCP endpoint, when it serves one (issue 11's session tools).
+    session_endpoint: Option<Arc<dyn SessionEndpoint>>,
 }
 
 impl std::fmt::Debug for HarnessSet {
@@ -27,6 +33,7 @@ impl std::fmt::Debug for HarnessSet {
         f.debug_struct("HarnessSet")
             .field("kinds", &self.harnesses.keys().collect::<Vec<_>>())
             .field("accounts", &self.accounts.keys().collect::<Vec<_>>())
+            .field("session_endpoint", &self.session_endpoint.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -56,6 +63,59 @@ impl HarnessSet {
     pub fn with_env(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.env.insert(name.into(), value.into());
         self
+    }
+
+    /// Serve keel's session tools to every session of a harness with an MCP client through this
+    /// endpoint (keel-mcp's, started by the node).
+    #[must_use]
+    pub fn with_session_endpoint(mut self, endpoint: Arc<dyn SessionEndpoint>) -> Self {
+        self.session_endpoint = Some(endpoint);
+        self
+    }
+
+    /// Whether sessions of `kind` get the session tools: the node serves an endpoint and the harness
+    /// has an MCP client (pi has none).
+    pub fn serves_session_tools(&self, kind: HarnessKind) -> bool {
+        self.session_endpoint.is_some() && kind != HarnessKind::Pi
+    }
+
+    /// Opens the attempt's session on the endpoint (its token minted, its calls going to `deliver`)
+    /// and names the endpoint in the spec, the token in its environment. Returns whether the session
+    /// got the tools; without them (no endpoint, pi, no token) the spec is unchanged.
+    pub fn open_session_tools(
+        &self,
+        spec: &mut SessionSpec,
+        kind: HarnessKind,
+        attempt: AttemptId,
+        deliver: DeliverToolCall,
+    ) -> bool {
+        let Some(endpoint) = self
+            .session_endpoint
+            .as_ref()
+            .filter(|_| self.serves_session_tools(kind))
+        else {
+            return false;
+        };
+        match endpoint.open(attempt, deliver) {
+            Ok(access) => {
+                spec.mcp_endpoint = Some(McpEndpoint {
+                    server_name: SESSION_TOOL_SERVER.into(),
+                    url: access.url,
+                    bearer_token_env: Some(MCP_TOKEN_ENV.into()),
+                });
+                spec.env.insert(MCP_TOKEN_ENV.into(), access.token);
+                true
+            }
+            Err(e) => {
+                tracing::warn!(%attempt, error = %e, "the session runs without keel's tools");
+                false
+            }
+        }
+    }
+
+    /// The node's MCP endpoint, if it serves one.
+    pub fn session_endpoint(&self) -> Option<&Arc<dyn SessionEndpoint>> {
+        self.session_endpoint.as_ref()
     }
 
     /// The harness for `kind`, if the node has one.

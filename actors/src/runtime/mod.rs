@@ -51,7 +51,7 @@ pub use error::{
 };
 pub use event::{PauseReason, RunOutcome, RuntimeEvent};
 pub use follow_up::{FollowUpHandle, FollowUpOutcome, check_follow_up_message};
-pub use harnesses::{ATTEMPT_ENV, HarnessSet, RUN_ID_ENV, SUBTASK_ID_ENV};
+pub use harnesses::{ATTEMPT_ENV, HarnessSet, MCP_TOKEN_ENV, RUN_ID_ENV, SUBTASK_ID_ENV};
 pub use lifecycle::RunHandle;
 pub use machine_actor::{Deliver, Flow, MachineActor, MachineActorState, MachineRef, Role};
 pub use node_store::{NodeStore, StoreOpener};

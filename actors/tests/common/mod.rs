@@ -169,6 +169,10 @@ pub struct World {
     pub dup_permille: u64,
     pub chaos: SplitMix64,
     pub remote_dropped: u64,
+    /// The configuration every specialist is created with.
+    pub spec_config: SpecialistConfig,
+    /// Answers to sessions' tool calls, in order: (attempt, call id, answer).
+    pub tool_answers: Vec<(AttemptId, String, SessionAnswer)>,
 }
 
 impl World {
@@ -199,6 +203,8 @@ impl World {
             dup_permille: 0,
             chaos: SplitMix64(99),
             remote_dropped: 0,
+            spec_config: SpecialistConfig::default(),
+            tool_answers: Vec::new(),
         }
     }
 
@@ -286,7 +292,7 @@ impl World {
                 }
                 Effect::SpawnSpecialist(start) => {
                     let attempt = start.attempt;
-                    let s = Specialist::new(start, SpecialistConfig::default());
+                    let s = Specialist::new(start, self.spec_config.clone());
                     self.specialists.insert(attempt, s);
                     self.max_live = self.max_live.max(self.supervisor.live_count());
                     self.queue
@@ -339,6 +345,9 @@ impl World {
                     }
                 }
                 SpecialistEffect::CancelHarness | SpecialistEffect::AnswerDelegation { .. } => {}
+                SpecialistEffect::AnswerTool { call_id, answer } => {
+                    self.tool_answers.push((attempt, call_id, answer));
+                }
                 SpecialistEffect::Reply(to, reply) => {
                     assert_eq!(
                         to.attempt(),

@@ -129,9 +129,15 @@ impl CliFlavor for ClaudeCode {
             args.push("--append-system-prompt".into());
             args.push(text.clone());
         }
-        if !spec.allowed_tools.is_empty() {
+        // keel's own MCP tools are allowed without a prompt (a `-p` session cannot answer one); the
+        // rule `mcp__<server>` covers every tool of that server.
+        let mut allowed = spec.allowed_tools.clone();
+        if let Some(mcp) = &spec.mcp_endpoint {
+            allowed.push(format!("mcp__{}", mcp.server_name));
+        }
+        if !allowed.is_empty() {
             args.push("--allowedTools".into());
-            args.push(spec.allowed_tools.join(","));
+            args.push(allowed.join(","));
         }
         if !spec.disallowed_tools.is_empty() {
             args.push("--disallowedTools".into());

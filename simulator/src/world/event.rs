@@ -144,6 +144,9 @@ fn coord_input_name(i: &CoordinatorInput) -> String {
                     keel_actors::SpecialistReply::Delegate { turn, .. } => {
                         format!("delegate({turn})")
                     }
+                    keel_actors::SpecialistReply::Tool { call_id, request } => {
+                        format!("tool({call_id} {})", request.tool())
+                    }
                 };
                 format!("from {} {what}", attempt_short(from))
             }
@@ -226,6 +229,12 @@ fn spec_input_name(i: &SpecialistInput) -> String {
         SpecialistInput::Msg(SpecialistMsg::Ack) => "ack".into(),
         SpecialistInput::Msg(SpecialistMsg::Cancel { .. }) => "cancel".into(),
         SpecialistInput::Msg(SpecialistMsg::Delegated { turn, .. }) => format!("delegated {turn}"),
+        SpecialistInput::Msg(SpecialistMsg::ToolAnswer { call_id, .. }) => {
+            format!("tool-answer {call_id}")
+        }
+        SpecialistInput::ToolCall(call) => {
+            format!("tool-call {} {}", call.call_id, call.request.tool())
+        }
         SpecialistInput::ContextLoaded(r) => {
             format!("context-loaded {}", if r.is_ok() { "ok" } else { "err" })
         }

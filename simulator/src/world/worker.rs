@@ -223,6 +223,9 @@ impl World {
                 }
                 self.next_harness_event(node, inc, attempt, session);
             }
+            // The simulator's sessions call no tools through an endpoint yet (their delegations are
+            // tool-use events, answered below), so no call waits for this answer.
+            SpecialistEffect::AnswerTool { .. } => {}
             SpecialistEffect::AnswerDelegation { turn, results } => {
                 // The host answers the session's pending `delegate` tool call with the turn's
                 // outcomes and the session goes on; an answer to a turn the session is not waiting on

@@ -51,7 +51,15 @@ impl Node {
             harness: start.assignment.harness,
             span,
         };
-        let machine = Specialist::new(start, self.config.specialist.clone());
+        let mut config = self.config.specialist.clone();
+        if self
+            .harnesses
+            .serves_session_tools(start.assignment.harness)
+        {
+            // The endpoint delivers the session's tool calls; its tool-use events are only logged.
+            config.session_tools = crate::specialist::SessionToolPath::Endpoint;
+        }
+        let machine = Specialist::new(start, config);
         let state = MachineActorState::new(machine, self.fork_rng(), SpecialistLocal::default());
         match Actor::spawn_linked(None, MachineActor::new(role), state, supervisor.get_cell()).await
         {
@@ -103,6 +111,22 @@ impl SpecialistRole {
         let _ = me.send_message(crate::runtime::Deliver(input));
     }
 
+    /// A tool call from the node's MCP endpoint; false when the specialist is gone.
+    fn feed_tool_call(
+        me: &MachineRef<Specialist>,
+        call: crate::session_tool::SessionToolCall,
+    ) -> bool {
+        me.send_message(crate::runtime::Deliver(SpecialistInput::ToolCall(call)))
+            .is_ok()
+    }
+
+    /// The session ended: its endpoint token is revoked.
+    fn close_session_tools(&self) {
+        if let Some(endpoint) = self.node.harnesses.session_endpoint() {
+            endpoint.close(self.attempt);
+        }
+    }
+
     async fn start_harness(
         &self,
         me: &MachineRef<Specialist>,
@@ -134,7 +158,14 @@ impl SpecialistRole {
             );
             return;
         };
-        let spec = self.node.harnesses.prepare(spec, self.attempt);
+        let mut spec = self.node.harnesses.prepare(spec, self.attempt);
+        let deliver = {
+            let me = me.clone();
+            Box::new(move |call| Self::feed_tool_call(&me, call))
+        };
+        self.node
+            .harnesses
+            .open_session_tools(&mut spec, self.harness, self.attempt, deliver);
         self.node.sessions_started.fetch_add(1, Ordering::Relaxed);
         match harness.start(spec).await {
             Err(e) => Self::feed(
@@ -193,6 +224,12 @@ impl Role for SpecialistRole {
     }
 
     fn before(&self, input: &SpecialistInput, local: &mut SpecialistLocal) {
+        if let SpecialistInput::Harness(event) = input
+            && event.is_terminal()
+        {
+            // The session is over: its token stops working now, not when the result is acknowledged.
+            self.close_session_tools();
+        }
         if let SpecialistInput::Harness(HarnessEvent::Usage(report)) = input {
             local.usage.record(report);
             let tokens = local.usage.total();
@@ -241,6 +278,11 @@ impl Role for SpecialistRole {
                 SpecialistEffect::StartHarness { key, spec } => {
                     self.start_harness(me, local, key, *spec).await;
                 }
+                SpecialistEffect::AnswerTool { call_id, answer } => {
+                    if let Some(endpoint) = self.node.harnesses.session_endpoint() {
+                        endpoint.answer(self.attempt, &call_id, answer);
+                    }
+                }
                 SpecialistEffect::AnswerDelegation { turn, .. } => {
                     // The MCP endpoint that would hold the lead's pending `delegate` call is not part
                     // of this runtime yet; the lead's session sees no answer.
@@ -282,7 +324,16 @@ impl Role for SpecialistRole {
                                 spent_micros: *spent_micros,
                             });
                         }
-                        SpecialistReply::Delegate { .. } => {}
+                        SpecialistReply::Tool {
+                            request: crate::session_tool::SessionRequest::ReportProgress { note },
+                            ..
+                        } => {
+                            self.node.emit(RuntimeEvent::Progress {
+                                attempt: self.attempt,
+                                summary: format!("progress: {note}"),
+                            });
+                        }
+                        SpecialistReply::Delegate { .. } | SpecialistReply::Tool { .. } => {}
                     }
                     self.node.route(Envelope::Coordinator {
                         run: to.run(),
@@ -307,6 +358,7 @@ impl Role for SpecialistRole {
         if let Some(c) = local.cancel.take() {
             c.cancel();
         }
+        self.close_session_tools();
         let mut live = lock(&self.node.specialists);
         if live
             .get(&self.attempt)

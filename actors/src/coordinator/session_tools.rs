@@ -1,0 +1,330 @@
+//! A session's tool calls at its coordinator (docs/DESIGN.md §10): progress notes and findings are
+//! staged durable before the answer, an escalation is recorded, and `get_task_details` is answered
+//! from the run's task rows, which the coordinator holds in full (only its own run's, so a session
+//! can never read another run). `delegate` does not come here: the specialist turns it into a
+//! delegation turn ([`super::lead`]).
+
+use super::staging::Then;
+use super::{Phase, RunState, StepStatus};
+use crate::context::Scrubber;
+use crate::effect::Effect;
+use crate::ids::AttemptId;
+use crate::machine::Millis;
+use crate::message::SpecialistMsg;
+use crate::persist::PersistOp;
+use crate::report::{Finding, bounded};
+use crate::session_tool::{
+    DETAILS_CHARS_MAX, FINDINGS_ATTACHMENT_PREFIX, FINDINGS_CALLS_PER_TASK_MAX, NOTE_BYTES_MAX,
+    NOTES_PER_TASK_MAX, SessionAnswer, SessionRequest, TaskDetails, ToolRefusal,
+};
+use keel_store::{Attachment, AttachmentBody, Escalation, EscalationTrigger, Task, TaskId};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Most answers remembered per run (a repeated call older than that is answered as ended).
+pub const TOOL_ANSWERS_KEPT_MAX: usize = 4096;
+/// Most ancestors walked to decide whether a task is in a session's thread.
+const THREAD_WALK_MAX: usize = 64;
+/// Most progress notes and findings shown by `get_task_details`.
+const DETAILS_ITEMS_MAX: usize = 16;
+
+/// The session tool calls of one run: answered ones (so a repeat is answered again, never done twice)
+/// and those whose writes are on their way to the store.
+#[derive(Clone, Debug, Default)]
+pub(super) struct SessionTools {
+    answered: BTreeMap<(AttemptId, String), SessionAnswer>,
+    in_flight: BTreeSet<(AttemptId, String)>,
+}
+
+impl RunState {
+    /// A session's tool call from its specialist.
+    pub(super) fn on_tool(
+        &mut self,
+        from: AttemptId,
+        call_id: String,
+        request: SessionRequest,
+        now: Millis,
+        out: &mut Vec<Effect>,
+    ) {
+        let key = (from, call_id);
+        if let Some(answer) = self.tools.answered.get(&key).cloned() {
+            return self.answer_tool(from, key.1, answer, out);
+        }
+        if self.tools.in_flight.contains(&key) {
+            return; // its answer goes out once its writes are durable
+        }
+        let (_, call_id) = key;
+        let index = self.by_task.get(&from.task).copied();
+        let live = index.is_some_and(|i| {
+            self.steps[i].current(self.id) == Some(from)
+                && self.steps[i].status == StepStatus::Running
+        });
+        if !live {
+            return self.answer_tool(
+                from,
+                call_id,
+                SessionAnswer::Refused(ToolRefusal::SessionEnded),
+                out,
+            );
+        }
+        if self.phase != Phase::Running {
+            return self.answer_tool(
+                from,
+                call_id,
+                SessionAnswer::Refused(ToolRefusal::RunEnded),
+                out,
+            );
+        }
+        match request {
+            SessionRequest::GetTaskDetails { task } => {
+                let answer = match self.details_for(from.task, index, task) {
+                    Some(details) => SessionAnswer::TaskDetails(Box::new(details)),
+                    None => SessionAnswer::Refused(ToolRefusal::NotInThread { task }),
+                };
+                self.remember(from, call_id.clone(), answer.clone());
+                self.answer_tool(from, call_id, answer, out);
+            }
+            SessionRequest::ReportProgress { note } => {
+                let Some(mut row) = self.tasks.get(&from.task).cloned() else {
+                    return self.answer_tool(
+                        from,
+                        call_id,
+                        SessionAnswer::Refused(ToolRefusal::SessionEnded),
+                        out,
+                    );
+                };
+                let note = bounded(note, NOTE_BYTES_MAX);
+                row.progress_notes.push(note);
+                let over = row.progress_notes.len().saturating_sub(NOTES_PER_TASK_MAX);
+                row.progress_notes.drain(..over);
+                row.updated_ms = now;
+                let answer = SessionAnswer::Recorded {
+                    what: format!("progress note {}", row.progress_notes.len()),
+                };
+                self.tasks.insert(row.id, row.clone());
+                self.stage_tool(
+                    from,
+                    call_id,
+                    vec![PersistOp::UpdateTask(row)],
+                    answer,
+                    now,
+                    out,
+                );
+            }
+            SessionRequest::ReportFindings { findings } => {
+                let Some(mut row) = self.tasks.get(&from.task).cloned() else {
+                    return self.answer_tool(
+                        from,
+                        call_id,
+                        SessionAnswer::Refused(ToolRefusal::SessionEnded),
+                        out,
+                    );
+                };
+                let reported = row
+                    .attachments
+                    .iter()
+                    .filter(|a| a.name.starts_with(FINDINGS_ATTACHMENT_PREFIX))
+                    .count();
+                if reported >= FINDINGS_CALLS_PER_TASK_MAX {
+                    let limit =
+                        format!("{FINDINGS_CALLS_PER_TASK_MAX} report_findings calls per task");
+                    return self.answer_tool(
+                        from,
+                        call_id,
+                        SessionAnswer::Refused(ToolRefusal::OverLimit { limit }),
+                        out,
+                    );
+                }
+                let count = findings.len();
+                // Plain data of strings and integers: serialising cannot fail.
+                let body = serde_json::to_string(&findings).unwrap_or_else(|_| "[]".into());
+                row.attachments.push(Attachment {
+                    name: format!("{FINDINGS_ATTACHMENT_PREFIX}{}", reported + 1),
+                    body: AttachmentBody::Inline(body),
+                });
+                row.updated_ms = now;
+                self.tasks.insert(row.id, row.clone());
+                let answer = SessionAnswer::Recorded {
+                    what: format!("{count} findings"),
+                };
+                self.stage_tool(
+                    from,
+                    call_id,
+                    vec![PersistOp::UpdateTask(row)],
+                    answer,
+                    now,
+                    out,
+                );
+            }
+            SessionRequest::Escalate {
+                reason,
+                question,
+                options,
+            } => {
+                let index = index.unwrap_or(0);
+                let account = self.steps[index]
+                    .assignment
+                    .as_ref()
+                    .map(|a| a.account.clone())
+                    .unwrap_or_default();
+                let step = self.steps[index].spec.key.clone();
+                let options_text = if options.is_empty() {
+                    String::from("answer in your own words")
+                } else {
+                    format!("choose one of: {}", options.join(" | "))
+                };
+                let escalation = Escalation {
+                    ts_ms: now,
+                    task_id: Some(from.task),
+                    trigger: EscalationTrigger::HumanRequested,
+                    account,
+                    asked: bounded(question, 4 * 1024),
+                    attempted: format!("step {step}, attempt {} asked a human", from.attempt),
+                    diagnosis: bounded(reason, 4 * 1024),
+                    amount_micros: None,
+                    recommended_action: bounded(options_text, 4 * 1024),
+                };
+                self.decide(
+                    now,
+                    format!("step {step}: its session escalated to a human"),
+                );
+                let answer = SessionAnswer::Recorded {
+                    what: "escalation (a human sees it; keep working with your best judgement meanwhile)".into(),
+                };
+                self.stage_tool(
+                    from,
+                    call_id,
+                    vec![PersistOp::AppendEscalation(escalation)],
+                    answer,
+                    now,
+                    out,
+                );
+            }
+            SessionRequest::Delegate { .. } => {
+                // The specialist takes `delegate` as a delegation turn; one that reaches here is not
+                // from a lead's session.
+                self.answer_tool(
+                    from,
+                    call_id,
+                    SessionAnswer::Refused(ToolRefusal::NotALead),
+                    out,
+                );
+            }
+        }
+    }
+
+    /// The writes of a call are durable: answer it.
+    pub(super) fn on_tool_durable(
+        &mut self,
+        attempt: AttemptId,
+        call_id: String,
+        answer: SessionAnswer,
+        out: &mut Vec<Effect>,
+    ) {
+        self.tools.in_flight.remove(&(attempt, call_id.clone()));
+        self.remember(attempt, call_id.clone(), answer.clone());
+        self.answer_tool(attempt, call_id, answer, out);
+    }
+
+    fn stage_tool(
+        &mut self,
+        from: AttemptId,
+        call_id: String,
+        ops: Vec<PersistOp>,
+        answer: SessionAnswer,
+        now: Millis,
+        out: &mut Vec<Effect>,
+    ) {
+        self.tools.in_flight.insert((from, call_id.clone()));
+        let then = Then::ToolAnswer {
+            attempt: from,
+            call_id,
+            answer,
+        };
+        self.stage(ops, then, false, now, out);
+    }
+
+    fn remember(&mut self, attempt: AttemptId, call_id: String, answer: SessionAnswer) {
+        if self.tools.answered.len() >= TOOL_ANSWERS_KEPT_MAX {
+            self.tools.answered.pop_first();
+        }
+        self.tools.answered.insert((attempt, call_id), answer);
+    }
+
+    fn answer_tool(
+        &self,
+        attempt: AttemptId,
+        call_id: String,
+        answer: SessionAnswer,
+        out: &mut Vec<Effect>,
+    ) {
+        self.to_specialist(attempt, SpecialistMsg::ToolAnswer { call_id, answer }, out);
+    }
+
+    /// `task` as the session of `own` may see it, or `None` when it is not in that session's thread:
+    /// the task itself, an ancestor, a descendant (a lead's delegated subtasks), an earlier task or a
+    /// dependency of its step. Only this run's rows are here, so another run's task is never found.
+    fn details_for(&self, own: TaskId, step: Option<usize>, task: TaskId) -> Option<TaskDetails> {
+        let row = self.tasks.get(&task)?;
+        let ancestors = |from: TaskId| {
+            let mut chain = Vec::new();
+            let mut at = self.tasks.get(&from).and_then(|t| t.parent);
+            while let Some(id) = at {
+                if chain.len() >= THREAD_WALK_MAX || chain.contains(&id) {
+                    break;
+                }
+                chain.push(id);
+                at = self.tasks.get(&id).and_then(|t| t.parent);
+            }
+            chain
+        };
+        let in_step = |i: usize| self.steps[i].task_history.contains(&task);
+        let visible = task == own
+            || ancestors(own).contains(&task)
+            || ancestors(task).contains(&own)
+            || step.is_some_and(|i| in_step(i) || self.steps[i].deps.iter().any(|&d| in_step(d)));
+        visible.then(|| details_of(row))
+    }
+}
+
+/// A task row as `get_task_details` shows it: scrubbed like a preamble, within
+/// [`DETAILS_CHARS_MAX`] characters of text in all.
+fn details_of(row: &Task) -> TaskDetails {
+    let scrubber = Scrubber::new();
+    let clean = |text: &str, chars_max: usize| -> String {
+        let cut: String = text.chars().take(chars_max).collect();
+        scrubber.scrub(&cut).text.into_owned()
+    };
+    let reported_findings: Vec<Finding> = row
+        .attachments
+        .iter()
+        .filter(|a| a.name.starts_with(FINDINGS_ATTACHMENT_PREFIX))
+        .filter_map(|a| match &a.body {
+            AttachmentBody::Inline(body) => serde_json::from_str::<Vec<Finding>>(body).ok(),
+            AttachmentBody::Blob { .. } => None,
+        })
+        .flatten()
+        .take(DETAILS_ITEMS_MAX)
+        .map(|f| Finding {
+            claim: clean(&f.claim, 200),
+            source: clean(&f.source, 200),
+            ..f
+        })
+        .collect();
+    let notes_from = row.progress_notes.len().saturating_sub(DETAILS_ITEMS_MAX);
+    TaskDetails {
+        task: row.id,
+        parent: row.parent,
+        status: row.status,
+        brief: clean(&row.brief, DETAILS_CHARS_MAX / 2),
+        goal: clean(&row.goal, 400),
+        outcome: row
+            .outcome
+            .as_deref()
+            .map(|o| clean(o, DETAILS_CHARS_MAX / 4)),
+        reported_findings,
+        progress_notes: row.progress_notes[notes_from..]
+            .iter()
+            .map(|n| clean(n, 200))
+            .collect(),
+    }
+}
