@@ -458,3 +458,45 @@ fn follow_up_and_cancel_go_to_the_server_that_holds_the_home() {
     keel_tests::wait_cancelled(served.path(), &run, RUN_WAIT).unwrap();
     server.process.kill();
 }
+
+#[test]
+fn a_server_stopped_mid_run_pauses_it_and_its_client_ends_as_a_paused_run() {
+    let dir = folder();
+    let server = Server::start(dir.path());
+    let plan =
+        keel_actors::runtime::scripted::fan_out_plan(1, |_| "sleep 30; echo late".into()).unwrap();
+    std::fs::write(
+        dir.path().join("slow.json"),
+        serde_json::to_string(&plan).unwrap(),
+    )
+    .unwrap();
+    let mut client = server.keel(dir.path());
+    client.args(["run", "--plan", "slow.json", "wait"]);
+    let mut client = Reaped::spawn(client).unwrap();
+    client
+        .line_containing("started  part-000", RUN_WAIT)
+        .unwrap();
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(server.process.id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let (status, out, err) = client.wait_output(RUN_WAIT).unwrap();
+    assert_eq!(status.code(), Some(6), "{out}\n{err}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("paused run "))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(line.contains("the keel server stopped"), "{line}");
+    let run = line
+        .split_whitespace()
+        .nth(2)
+        .unwrap()
+        .trim_end_matches(':');
+    let (status, _, _) = server.process.wait_output(START_WAIT).unwrap();
+    assert!(status.success(), "the server stops cleanly: {status}");
+    assert!(!dir.path().join(".keel/server.json").exists());
+    let shown = keel(dir.path())
+        .unwrap()
+        .args(["--json", "status", run])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&shown.stdout).contains("\"Paused\""));
+}

@@ -72,6 +72,15 @@ impl ClientError {
     }
 }
 
+/// How following a run's events ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Followed {
+    /// The run ended.
+    Finished,
+    /// The run was paused (the server stopped, or its disk is full), for this reason.
+    Paused(String),
+}
+
 /// A server and the token to show it.
 #[derive(Clone)]
 pub(crate) struct Client {
@@ -192,7 +201,7 @@ impl Client {
     }
 
     /// Follow a run's events from event `from` on, handing each to `events` as the runtime's own
-    /// event, until the run's `Finished` (which is handed on too).
+    /// event, until the run's `Finished` (which is handed on too) or its pause.
     ///
     /// # Errors
     /// [`ClientError`]; [`ClientError::StreamEnded`] when the stream ends, breaks or stays silent
@@ -202,7 +211,7 @@ impl Client {
         run: RunId,
         from: u64,
         events: mpsc::Sender<RuntimeEvent>,
-    ) -> Result<(), ClientError> {
+    ) -> Result<Followed, ClientError> {
         let url = self.url(&format!("/v1/runs/{run}/events?from={from}"));
         let mut response = self.send(self.http.get(&url), &url).await?;
         let mut parser = SseParser::new();
@@ -230,11 +239,16 @@ impl Client {
                         url: url.clone(),
                         detail: format!("event {:?}: {e}", frame.event),
                     })?;
+                if let ApiEvent::Paused { reason, .. } = event {
+                    return Ok(Followed::Paused(reason));
+                }
                 let finished = matches!(event, ApiEvent::Finished { .. });
-                // A view that stopped listening is not an error of the stream.
-                let _ = events.send(event.into_runtime()).await;
+                if let Some(event) = event.into_runtime() {
+                    // A view that stopped listening is not an error of the stream.
+                    let _ = events.send(event).await;
+                }
                 if finished {
-                    return Ok(());
+                    return Ok(Followed::Finished);
                 }
             }
         }

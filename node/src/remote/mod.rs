@@ -22,7 +22,7 @@ use crate::run::{Ended, RunArgs, progress, tokio_runtime};
 use crate::serve::wire::{AskFollowUp, CancelRun, FollowUpStarted, Printed, SubmitRun, Submitted};
 use crate::serve::{auth, discovery};
 use crate::stdout::outln;
-use client::{Client, ClientError};
+use client::{Client, ClientError, Followed};
 
 /// The environment variable holding a server's token itself.
 pub(crate) const TOKEN_ENV: &str = "KEEL_API_TOKEN";
@@ -139,13 +139,26 @@ fn refuse_node_flags(choice: &crate::run::setup::HarnessChoice) -> anyhow::Resul
     Ok(())
 }
 
-/// Show a run's events from `from` on in the live view until the run ends.
-async fn watch(client: &Client, run: RunId, from: u64, quiet: bool) -> anyhow::Result<()> {
+/// Show a run's events from `from` on in the live view until the run ends or is paused.
+async fn watch(client: &Client, run: RunId, from: u64, quiet: bool) -> anyhow::Result<Followed> {
     let (tx, rx) = mpsc::channel(VIEW_EVENTS_MAX);
     let view = tokio::spawn(progress::show(rx, quiet));
     let followed = client.follow(run, from, tx).await;
     let _ = view.await;
     Ok(followed?)
+}
+
+/// A run the server paused: said as a local paused run says it (exit 6).
+fn paused(run: RunId, reason: &str, json: bool) -> anyhow::Result<Ended> {
+    if json {
+        outln!(
+            "{}",
+            serde_json::json!({"run": run.to_string(), "status": "paused", "reason": reason})
+        )?;
+    } else {
+        outln!("paused run {run}: {reason}; continue with `keel resume {run}`")?;
+    }
+    Ok(Ended::Paused)
 }
 
 /// Print a summary the server printed, and the command's end.
@@ -205,7 +218,9 @@ async fn hosted_end(
     quiet: bool,
     json: bool,
 ) -> anyhow::Result<Ended> {
-    watch(client, run, from, quiet).await?;
+    if let Followed::Paused(reason) = watch(client, run, from, quiet).await? {
+        return paused(run, &reason, json);
+    }
     let printed: Printed = client
         .get_json(&format!("/v1/runs/{run}/summary?from={from}&json={json}"))
         .await?;
@@ -268,7 +283,9 @@ pub(crate) fn follow_up(client: &Client, args: FollowUpArgs, json: bool) -> anyh
             )?;
         }
         let from = started.events_from;
-        watch(client, run, from, args.quiet || json).await?;
+        if let Followed::Paused(reason) = watch(client, run, from, args.quiet || json).await? {
+            return paused(run, &reason, json);
+        }
         let printed: Printed = client
             .get_json(&format!("/v1/follow-ups/{task}/summary?from={from}&json={json}"))
             .await?;

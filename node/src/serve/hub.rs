@@ -69,9 +69,9 @@ impl Feed {
         }
     }
 
-    fn push(&mut self, event: &RuntimeEvent, wire: ApiEvent) {
+    fn push(&mut self, event: Option<&RuntimeEvent>, wire: ApiEvent) {
         match event {
-            RuntimeEvent::TaskStarted { attempt, .. } => {
+            Some(RuntimeEvent::TaskStarted { attempt, .. }) => {
                 self.usage.insert(
                     *attempt,
                     AttemptUsage {
@@ -81,18 +81,20 @@ impl Feed {
                     },
                 );
             }
-            RuntimeEvent::Usage {
+            Some(RuntimeEvent::Usage {
                 attempt,
                 tokens,
                 spent_micros,
-            } => {
+            }) => {
                 if let Some(u) = self.usage.get_mut(attempt) {
                     u.tokens = *tokens;
                     u.spent_micros = *spent_micros;
                 }
             }
-            RuntimeEvent::Finished(_) => self.ended = true,
             _ => {}
+        }
+        if wire.ends_stream() {
+            self.ended = true;
         }
         let item = (self.next_seq, wire);
         self.next_seq += 1;
@@ -160,12 +162,23 @@ impl Hub {
         let Some(wire) = ApiEvent::from_runtime(event) else {
             return;
         };
+        self.publish_wire(Some(event), wire);
+    }
+
+    /// Tell the streams of `run` that the server paused it as it stopped.
+    pub(crate) fn paused(&self, run: RunId, reason: String) {
+        let wire = ApiEvent::Paused { run, reason };
+        // Not a runtime event: nothing to fold, only the stream to end.
+        self.publish_wire(None, wire);
+    }
+
+    fn publish_wire(&self, event: Option<&RuntimeEvent>, wire: ApiEvent) {
         let run = wire.run();
-        if let (RuntimeEvent::TaskFailed { kind, .. }, Some(m)) = (event, &self.metrics) {
+        if let (Some(RuntimeEvent::TaskFailed { kind, .. }), Some(m)) = (event, &self.metrics) {
             m.harness_failure(kind.name());
         }
         let mut state = self.lock();
-        let reopened = matches!(event, RuntimeEvent::TaskStarted { .. })
+        let reopened = matches!(event, Some(RuntimeEvent::TaskStarted { .. }))
             && state.feeds.get(&run).is_some_and(|f| f.ended);
         if reopened {
             // A run reopened by a follow-up starts again with a task: it is live again.

@@ -11,8 +11,9 @@
 //! Another host of the runtime (a cluster's coordinator node) serves the same API with
 //! [`ApiMetrics`] (its observer in the runtime's config), [`Hosted`] and [`ApiServer`].
 //!
-//! Shutdown: SIGINT or SIGTERM stops answering, ends every event stream, then pauses every run
-//! as `keel run` does on a signal; `keel resume RUN` (or `POST /v1/runs/{run}/resume` on the next
+//! Shutdown: SIGINT or SIGTERM refuses new work, pauses every run as `keel run` does on a signal,
+//! tells the open event streams (`event: paused`: a `keel --server` client ends as a paused local
+//! run does, exit 6), then stops answering; `keel resume RUN` (or `POST /v1/runs/{run}/resume` on the next
 //! server) continues them.
 
 pub(crate) mod auth;
@@ -32,7 +33,7 @@ use std::future::{Future, IntoFuture};
 use std::path::PathBuf;
 
 use anyhow::Context;
-use keel_actors::runtime::{Runtime, RuntimeEvent, RuntimeObserver};
+use keel_actors::runtime::{PauseSummary, Runtime, RuntimeEvent, RuntimeObserver};
 use tokio::sync::{Semaphore, mpsc};
 
 use crate::config::{Config, LogFormat};
@@ -151,12 +152,17 @@ impl ApiServer {
         self.addr
     }
 
-    /// Answer until `shutdown` resolves, then stop accepting, end the event streams, and give open
-    /// requests [`DRAIN_WAIT`] to finish. The runtime is the caller's to pause and stop.
+    /// Answer until `shutdown` resolves; then refuse new work (`/readyz` and run requests answer
+    /// 503), pause every run as `keel run` does on a signal, tell each open event stream of a
+    /// paused run so (`event: paused`), end the streams, and give open requests [`DRAIN_WAIT`]
+    /// to finish. Returns what the pause did; stopping the runtime is the caller's.
     ///
     /// # Errors
     /// When serving fails.
-    pub(crate) async fn run(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    pub(crate) async fn run(
+        self,
+        shutdown: impl Future<Output = ()>,
+    ) -> anyhow::Result<PauseSummary> {
         let ApiServer { app, listener, .. } = self;
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let server = axum::serve(listener, routes::router(Arc::clone(&app)))
@@ -167,17 +173,30 @@ impl ApiServer {
         let server = server.into_future();
         tokio::pin!(server);
         tokio::select! {
-            r = &mut server => return r.context("serving the API"),
+            r = &mut server => {
+                r.context("serving the API")?;
+                return Ok(app.rt.pause(PAUSE_WAIT).await);
+            }
             () = shutdown => {}
         }
         app.ready.store(false, Ordering::Release);
+        let paused = app.rt.pause(PAUSE_WAIT).await;
+        for run in &paused.runs {
+            app.hub.paused(
+                *run,
+                format!(
+                    "the keel server stopped ({} open tasks marked paused)",
+                    paused.tasks_paused
+                ),
+            );
+        }
         app.hub.close();
         let _ = stop.send(true);
-        match tokio::time::timeout(DRAIN_WAIT, server).await {
-            Ok(r) => r.context("serving the API"),
-            // Requests still open after the wait (a long summary wait) are dropped.
-            Err(_) => Ok(()),
+        // Requests still open after the wait (a long summary wait) are dropped.
+        if let Ok(r) = tokio::time::timeout(DRAIN_WAIT, server).await {
+            r.context("serving the API")?;
         }
+        Ok(paused)
     }
 }
 
@@ -254,7 +273,7 @@ pub(crate) fn serve(home: &Home, args: ServeArgs, json: bool) -> anyhow::Result<
         }
         let served = server.run(signalled().await?).await;
         discovery::remove(home);
-        let paused = rt.pause(PAUSE_WAIT).await;
+        let paused = served?;
         if !paused.runs.is_empty() {
             outln!(
                 "paused {} runs ({} open tasks marked paused); continue with `keel resume RUN` or on the next `keel serve`",
@@ -266,6 +285,6 @@ pub(crate) fn serve(home: &Home, args: ServeArgs, json: bool) -> anyhow::Result<
             rt.shutdown().await;
         }
         drop(setup);
-        served
+        Ok(())
     })
 }

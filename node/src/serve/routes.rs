@@ -664,13 +664,13 @@ async fn events(
             return Some((Ok(notice), st));
         }
         if let Some(item) = st.replay.pop_front() {
-            st.done = matches!(item.1, ApiEvent::Finished { .. });
+            st.done = item.1.ends_stream();
             return Some((Ok(sse_event(&item)), st));
         }
         let live = st.live.as_mut()?;
         match live.recv().await {
             Ok(item) => {
-                st.done = matches!(item.1, ApiEvent::Finished { .. });
+                st.done = item.1.ends_stream();
                 Some((Ok(sse_event(&item)), st))
             }
             Err(broadcast::error::RecvError::Lagged(n)) => {
@@ -684,7 +684,7 @@ async fn events(
 }
 
 /// The stream of a run the hub does not know (ended before this server started, or forgotten):
-/// its end from the store, or 409 when it is open but not hosted here.
+/// its end from the store, or 409 when it is open but not hosted here (paused: resume it).
 async fn stored_end(app: &App, run: RunId) -> Result<Subscription, ApiError> {
     let store: Arc<Store> = app.store()?;
     let row = blocking(move || Ok(store.catalog().run(run)?)).await?;

@@ -219,6 +219,15 @@ pub(crate) enum ApiEvent {
         /// The diagnosis.
         reason: String,
     },
+    /// The run was paused (the server stopped, or its disk is full); it is not terminal and
+    /// continues when resumed. The stream ends after it.
+    Paused {
+        /// The run.
+        #[serde(with = "id_text")]
+        run: RunId,
+        /// Why, and what to do.
+        reason: String,
+    },
     /// The run reached a terminal state (the stream ends after it).
     Finished {
         /// The run.
@@ -291,6 +300,10 @@ impl ApiEvent {
                 task: task.map(|t| t.to_string()),
                 reason,
             },
+            RuntimeEvent::Paused { run, reason } => ApiEvent::Paused {
+                run,
+                reason: reason.to_string(),
+            },
             RuntimeEvent::Finished(outcome) => ApiEvent::Finished {
                 run: outcome.run,
                 status: outcome.status,
@@ -300,9 +313,10 @@ impl ApiEvent {
         })
     }
 
-    /// The runtime event it stands for (a client feeds these to the same live view as a local run).
-    pub(crate) fn into_runtime(self) -> RuntimeEvent {
-        match self {
+    /// The runtime event it stands for (a client feeds these to the same live view as a local
+    /// run); `None` for a pause, whose reason the client prints itself.
+    pub(crate) fn into_runtime(self) -> Option<RuntimeEvent> {
+        Some(match self {
             ApiEvent::TaskStarted {
                 attempt,
                 step,
@@ -368,7 +382,13 @@ impl ApiEvent {
                 status,
                 outcome,
             }),
-        }
+            ApiEvent::Paused { .. } => return None,
+        })
+    }
+
+    /// Whether the run's stream ends with it (the run ended, or was paused).
+    pub(crate) fn ends_stream(&self) -> bool {
+        matches!(self, ApiEvent::Finished { .. } | ApiEvent::Paused { .. })
     }
 
     /// The run it belongs to.
@@ -380,7 +400,9 @@ impl ApiEvent {
             | ApiEvent::Usage { attempt, .. }
             | ApiEvent::Report { attempt, .. }
             | ApiEvent::TaskFailed { attempt, .. } => attempt.run,
-            ApiEvent::Escalation { run, .. } | ApiEvent::Finished { run, .. } => *run,
+            ApiEvent::Escalation { run, .. }
+            | ApiEvent::Paused { run, .. }
+            | ApiEvent::Finished { run, .. } => *run,
         }
     }
 
@@ -394,6 +416,7 @@ impl ApiEvent {
             ApiEvent::Report { .. } => "report",
             ApiEvent::TaskFailed { .. } => "task_failed",
             ApiEvent::Escalation { .. } => "escalation",
+            ApiEvent::Paused { .. } => "paused",
             ApiEvent::Finished { .. } => "finished",
         }
     }
@@ -445,7 +468,7 @@ mod tests {
             );
             let back: ApiEvent = serde_json::from_str(&text).unwrap();
             assert_eq!(back.run(), RunId(7));
-            assert_eq!(back.into_runtime(), event);
+            assert_eq!(back.into_runtime(), Some(event));
         }
     }
 
