@@ -575,3 +575,52 @@ async fn a_full_disk_pauses_the_run_at_once_and_it_resumes_once_space_is_free() 
     drop(store);
     rt.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reopen_waiting_for_a_run_slot_does_not_hold_up_a_follow_up_that_joins() {
+    let (_dir, work, store) = workspace();
+    let mut cfg = config(&work);
+    cfg.runs_in_flight_max = 1;
+    let (rt, _events) = start(&store, cfg).await;
+    let rt = Arc::new(rt);
+    // A finished run, whose follow-up must reopen it and so needs the only run slot...
+    let ended = submit(
+        &rt,
+        "ended",
+        scripted::fan_out_plan(1, |_| "echo done".to_string()).unwrap(),
+    )
+    .await;
+    let ended_run = ended.id();
+    assert_eq!(ended.finished().await.unwrap().status, RunStatus::Completed);
+    let ended_root = keel_tests_wait_root(&store, ended_run).await;
+    // ...which a hosted run holds until its gate opens.
+    let gate = work.join("gate");
+    let hosted = submit(&rt, "hosted", quick_and_gated(&gate, 600)).await;
+    let hosted_root = keel_tests_wait_root(&store, hosted.id()).await;
+    let waiting = {
+        let rt = Arc::clone(&rt);
+        let message = follow_up_message("reopened later");
+        tokio::spawn(async move {
+            let handle = rt.follow_up(ended_root, &message, None).await.unwrap();
+            handle.finished().await.unwrap()
+        })
+    };
+    // Let the reopen reach its wait for a slot.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A follow-up that joins the hosted run needs no slot: it must not wait behind the reopen.
+    let joined = tokio::time::timeout(
+        Duration::from_secs(20),
+        rt.follow_up(hosted_root, &follow_up_message("joined"), None),
+    )
+    .await
+    .expect("a joining follow-up is not held up by a reopen waiting for a slot")
+    .unwrap();
+    assert!(!joined.reopened());
+    std::fs::write(&gate, "open").unwrap();
+    assert!(joined.finished().await.unwrap().completed());
+    // The hosted run's handle holds its slot until dropped: then the reopen gets it.
+    drop(hosted);
+    let reopened = waiting.await.unwrap();
+    assert!(reopened.completed(), "{reopened:?}");
+    Arc::into_inner(rt).unwrap().shutdown().await;
+}

@@ -12,7 +12,7 @@ impl Runtime {
     /// Cancel a run hosted here (idempotent; ignored once it is terminal). Returns whether the run
     /// is hosted here.
     pub fn cancel(&self, run: RunId, reason: &str) -> bool {
-        let Some(c) = lock(&self.node.coordinators).get(&run).cloned() else {
+        let Some(c) = self.node.coordinator(run) else {
             return false;
         };
         c.send_message(Deliver(CoordinatorInput::Msg(CoordinatorMsg::Cancel {

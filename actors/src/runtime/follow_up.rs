@@ -20,6 +20,8 @@ pub struct FollowUpHandle {
     task: TaskId,
     parent: TaskId,
     reopened: bool,
+    /// The hosting of the run the follow-up went to (see [`super::node::HostedRun::generation`]).
+    generation: u64,
     done: oneshot::Receiver<RunEnd>,
     node: Arc<Node>,
     _slot: Option<tokio::sync::OwnedSemaphorePermit>,
@@ -75,6 +77,7 @@ impl FollowUpHandle {
             run,
             task,
             parent,
+            generation,
             mut done,
             node,
             ..
@@ -89,7 +92,7 @@ impl FollowUpHandle {
                     Err(_) => return Err(WaitError::Stopped(run)),
                 },
                 () = tokio::time::sleep(FOLLOW_UP_POLL) => {
-                    if lock(&node.coordinators).contains_key(&run) {
+                    if node.hosts(run, generation) {
                         continue;
                     }
                     let row = node
@@ -237,30 +240,70 @@ impl Runtime {
             agent: agent.map(str::to_owned),
             task: Some(preset),
         };
+        match self.route_follow_up(run, preset, &request, None).await? {
+            Routed::Handle(handle) => Ok(handle),
+            Routed::NeedsSlot => {
+                // Waited for without the reopen lock (see `route_follow_up`), then decided again.
+                let slot = self.slot().await?;
+                match self
+                    .route_follow_up(run, preset, &request, Some(slot))
+                    .await?
+                {
+                    Routed::Handle(handle) => Ok(handle),
+                    Routed::NeedsSlot => Err(FollowUpError::Spawn(super::SpawnError {
+                        what: "coordinator",
+                        detail: "no run slot for the reopened run".into(),
+                    })),
+                }
+            }
+        }
+    }
+
+    /// Decide where `request` goes, under the reopen lock, and carry it out: join the hosted run,
+    /// or reopen the run in `slot`. A reopen without a slot answers [`Routed::NeedsSlot`] and
+    /// holds nothing: the caller waits for a slot without the lock and asks again.
+    async fn route_follow_up(
+        &self,
+        run: RunId,
+        preset: TaskId,
+        request: &FollowUpRequest,
+        slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) -> Result<Routed, FollowUpError> {
         let _reopening = self.reopening.lock().await;
-        let hosted = lock(&self.node.coordinators).get(&run).cloned();
         let mut rows = self.recover_run(run).await?;
-        // A coordinator stays in the table for a moment after its run's end is durable (it stops
-        // after that step): the decision reopens such a run rather than joining it.
+        let mut hosted = self.node.hosted(run);
+        if let Some(stopping) = &hosted
+            && rows.run.status.is_terminal()
+        {
+            // Its coordinator stops in the step that made the run's end durable: let it go before
+            // the run is reopened, so its last messages reach it rather than the new coordinator.
+            self.node
+                .wait_gone(run, stopping.generation, STOPPING_WAIT)
+                .await;
+            hosted = self.node.hosted(run);
+        }
+        // A coordinator still in the table after the wait is reopened over, not joined: the
+        // decision reopens a run whose row is terminal.
         let route = decide::follow_up(hosted.is_some(), &rows.run, wall_clock_ms())?;
         let marks = match (route, hosted) {
             (FollowUpRoute::Reopen(marks), _) => marks,
-            (FollowUpRoute::Join, Some(coordinator)) => {
-                let (tx, rx) = oneshot::channel();
-                lock(&self.node.waiters).entry(run).or_default().push(tx);
+            (FollowUpRoute::Join, Some(hosted)) => {
+                let done = self.node.wait_for(run, hosted.generation);
                 // A coordinator that stopped meanwhile drops the message; the handle's wait notices.
-                let _ = coordinator.send_message(Deliver(CoordinatorInput::Msg(
-                    CoordinatorMsg::FollowUp(request),
-                )));
-                return Ok(FollowUpHandle {
+                let _ = hosted
+                    .coordinator
+                    .send_message(Deliver(CoordinatorInput::Msg(CoordinatorMsg::FollowUp(
+                        request.clone(),
+                    ))));
+                return Ok(Routed::Handle(self.follow_up_handle(
                     run,
-                    task: preset,
-                    parent: task,
-                    reopened: false,
-                    done: rx,
-                    node: Arc::clone(&self.node),
-                    _slot: None,
-                });
+                    preset,
+                    request,
+                    false,
+                    hosted.generation,
+                    done,
+                    None,
+                )));
             }
             (FollowUpRoute::Join, None) => {
                 // The decision joins only a hosted run; kept as a refusal rather than a panic.
@@ -268,29 +311,160 @@ impl Runtime {
                 return Err(Refusal::NotHostedHere { run, status }.into());
             }
         };
-        let slot = self.slot().await?;
-        self.write_marks(&mut rows.run, marks).await?;
-        let handle = self
-            .host(
-                run,
-                CoordinatorInput::Reopened {
-                    rows: Box::new(rows),
-                    follow_up: request,
-                },
-                slot,
-            )
+        let Some(slot) = slot else {
+            return Ok(Routed::NeedsSlot);
+        };
+        // Started before the marks are written, so a coordinator that cannot start leaves the
+        // run as it was (ended) rather than marked running with nothing hosting it.
+        let spawned = self
+            .spawn_coordinator(run, super::spans::rebuilt_run_span(&rows.run))
             .await?;
+        if let Err(e) = self.write_marks(&mut rows.run, marks).await {
+            spawned.abandon();
+            return Err(e.into());
+        }
+        let generation = spawned.generation();
         let RunHandle {
             done, _slot: slot, ..
-        } = handle;
-        Ok(FollowUpHandle {
+        } = self.begin(
+            spawned,
+            CoordinatorInput::Reopened {
+                rows: Box::new(rows),
+                follow_up: request.clone(),
+            },
+            slot,
+        );
+        Ok(Routed::Handle(self.follow_up_handle(
+            run,
+            preset,
+            request,
+            true,
+            generation,
+            done,
+            Some(slot),
+        )))
+    }
+
+    #[allow(clippy::too_many_arguments)] // The handle's fields, each from a different step.
+    fn follow_up_handle(
+        &self,
+        run: RunId,
+        preset: TaskId,
+        request: &FollowUpRequest,
+        reopened: bool,
+        generation: u64,
+        done: oneshot::Receiver<RunEnd>,
+        slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) -> FollowUpHandle {
+        FollowUpHandle {
             run,
             task: preset,
-            parent: task,
-            reopened: true,
+            parent: request.parent,
+            reopened,
+            generation,
             done,
             node: Arc::clone(&self.node),
-            _slot: Some(slot),
-        })
+            _slot: slot,
+        }
+    }
+}
+
+/// What one routing of a follow-up came to.
+enum Routed {
+    /// It joined or reopened the run.
+    Handle(FollowUpHandle),
+    /// It must reopen the run and needs a run slot first.
+    NeedsSlot,
+}
+
+/// How long a follow-up waits for the coordinator of a run whose end is durable to stop before it
+/// reopens the run (it stops in the same step, so this is a bound, not a delay).
+const STOPPING_WAIT: Duration = Duration::from_secs(5);
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests: a panic is the failure report.
+    use super::super::test_support::{gated_follow_up, root_of, start, workspace};
+    use super::*;
+    use crate::message::LifecycleEvent;
+    use crate::{RunMode, runtime::scripted};
+    use keel_store::RunStatus;
+    use std::sync::atomic::Ordering;
+
+    async fn completed_run(rt: &Runtime, store: &keel_store::Store) -> (RunId, TaskId) {
+        let plan = scripted::fan_out_plan(1, |_| "echo first".to_string()).unwrap();
+        let handle = rt
+            .submit("a thread".into(), RunMode::Plan(plan), None, "test".into())
+            .await
+            .unwrap();
+        let run = handle.id();
+        let outcome = handle.finished().await.unwrap();
+        assert_eq!(outcome.status, RunStatus::Completed, "{}", outcome.outcome);
+        (run, root_of(store, run).await)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reopen_whose_coordinator_cannot_start_leaves_the_run_as_it_ended() {
+        let (_dir, work, store) = workspace();
+        let rt = start(&store, &work).await;
+        let (run, root) = completed_run(&rt, &store).await;
+        let gate = work.join("gate");
+        std::fs::write(&gate, "open").unwrap();
+        let message = gated_follow_up(&gate, "later");
+
+        rt.node
+            .fail_coordinator_spawns
+            .store(true, Ordering::Release);
+        let e = rt.follow_up(root, &message, None).await.unwrap_err();
+        assert!(matches!(e, FollowUpError::Spawn(_)), "{e}");
+        // Not marked running with nothing hosting it: still as it ended, and reopenable.
+        assert_eq!(
+            store.catalog().run(run).unwrap().status,
+            RunStatus::Completed
+        );
+        let done = rt
+            .follow_up(root, &message, None)
+            .await
+            .unwrap()
+            .finished()
+            .await
+            .unwrap();
+        assert!(done.completed(), "{done:?}");
+        rt.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_end_of_an_earlier_hosting_does_not_wake_the_reopened_runs_waiters() {
+        let (_dir, work, store) = workspace();
+        let rt = start(&store, &work).await;
+        let (run, root) = completed_run(&rt, &store).await;
+        let earlier = rt.node.next_generation.load(Ordering::Acquire) - 1;
+        let gate = work.join("gate");
+        let mut handle = rt
+            .follow_up(root, &gated_follow_up(&gate, "later"), None)
+            .await
+            .unwrap();
+        assert!(handle.reopened());
+        // The first coordinator's end, late (as when it was still stopping when the run was
+        // reopened): it must not answer the reopened run's waiter.
+        let late = RunOutcome {
+            run,
+            status: RunStatus::Completed,
+            outcome: "the first end".into(),
+        };
+        rt.node
+            .lifecycle(LifecycleEvent::RunFinished(late), Some(earlier));
+        assert!(
+            matches!(
+                handle.done.try_recv(),
+                Err(oneshot::error::TryRecvError::Empty)
+            ),
+            "the reopened run's waiter was woken by the earlier hosting's end"
+        );
+        std::fs::write(&gate, "open").unwrap();
+        let done = handle.finished().await.unwrap();
+        assert!(done.completed(), "{done:?}");
+        assert_ne!(done.run.outcome, "the first end");
+        rt.shutdown().await;
     }
 }

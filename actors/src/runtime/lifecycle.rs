@@ -2,7 +2,7 @@
 //! store, hosting its coordinator in a run slot, and stopping the node.
 
 use super::NodeStore;
-use super::node::{CheckpointRole, CoordinatorRole, Node, RunEnd, SupervisorRole, lock};
+use super::node::{CheckpointRole, CoordinatorRole, HostedRun, Node, RunEnd, SupervisorRole, lock};
 use super::pause::Halt;
 use super::{
     Deliver, HarnessSet, HostWriteError, MachineActor, MachineActorState, OsEntropy, ResumeError,
@@ -11,7 +11,7 @@ use super::{
 };
 use crate::checkpoint::CheckpointWriter;
 use crate::coordinator::Coordinator;
-use crate::host::decide::{self, Marks, Refusal};
+use crate::host::decide::{self, Marks};
 use crate::ids::mint_run_id;
 use crate::message::{CoordinatorInput, CoordinatorMsg, RecoveredRun, RunMode, RunSpec};
 use crate::persist::PersistOp;
@@ -23,6 +23,27 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc, oneshot};
+
+/// A coordinator actor started for a run and not yet given anything (see [`Runtime::begin`]).
+pub(super) struct SpawnedCoordinator {
+    run: RunId,
+    hosted: HostedRun,
+    span: tracing::Span,
+}
+
+impl SpawnedCoordinator {
+    /// Which hosting of its run it is.
+    pub(super) fn generation(&self) -> u64 {
+        self.hosted.generation
+    }
+
+    /// The hosting will not begin (its marks could not be written): stop the idle actor.
+    pub(super) fn abandon(self) {
+        self.hosted
+            .coordinator
+            .stop(Some("its hosting did not begin".into()));
+    }
+}
 
 /// A submitted or resumed run: its id, and a way to wait for its end.
 #[derive(Debug)]
@@ -82,6 +103,9 @@ impl Runtime {
             harnesses,
             config: config.clone(),
             coordinators: Mutex::new(BTreeMap::new()),
+            next_generation: AtomicU64::new(0),
+            #[cfg(test)]
+            fail_coordinator_spawns: AtomicBool::new(false),
             run_spans: Mutex::new(BTreeMap::new()),
             specialists: Mutex::new(BTreeMap::new()),
             by_actor: Mutex::new(BTreeMap::new()),
@@ -204,20 +228,28 @@ impl Runtime {
     /// already running), [`ResumeError::Write`], [`ResumeError::Spawn`].
     pub async fn resume(&self, run: RunId) -> Result<RunHandle, ResumeError> {
         self.node.lift_halt();
-        let _reopening = self.reopening.lock().await;
-        if lock(&self.node.coordinators).contains_key(&run) {
-            return Err(Refusal::AlreadyRunning(run).into());
-        }
-        let mut rows = self.recover_run(run).await?;
-        let hosted = lock(&self.node.coordinators).contains_key(&run);
-        let marks = decide::resume(hosted, &rows.run, wall_clock_ms())?;
+        // A refusal needs no run slot: decide once before waiting for one.
+        let rows = self.recover_run(run).await?;
+        decide::resume(self.node.hosted(run).is_some(), &rows.run, wall_clock_ms())?;
+        // The slot is waited for without the reopen lock, so a follow-up that joins a hosted run
+        // (and needs no slot) is not held up behind a resume waiting for one.
         let slot = self.slot().await?;
-        if let Some(marks) = marks {
-            self.write_marks(&mut rows.run, marks).await?;
+        let _reopening = self.reopening.lock().await;
+        // Decided again under the lock: the run may have been resumed or reopened meanwhile.
+        let mut rows = self.recover_run(run).await?;
+        let marks = decide::resume(self.node.hosted(run).is_some(), &rows.run, wall_clock_ms())?;
+        // Started before the marks are written, so a coordinator that cannot start leaves the run
+        // as it was rather than marked running with nothing hosting it.
+        let spawned = self
+            .spawn_coordinator(run, spans::rebuilt_run_span(&rows.run))
+            .await?;
+        if let Some(marks) = marks
+            && let Err(e) = self.write_marks(&mut rows.run, marks).await
+        {
+            spawned.abandon();
+            return Err(e.into());
         }
-        Ok(self
-            .host(run, CoordinatorInput::Recovered(Box::new(rows)), slot)
-            .await?)
+        Ok(self.begin(spawned, CoordinatorInput::Recovered(Box::new(rows)), slot))
     }
 
     /// The rows of `run` a coordinator rebuilds from, read on the blocking pool.
@@ -251,48 +283,96 @@ impl Runtime {
             })
     }
 
+    /// Start a new run's coordinator and give it its first input.
     pub(super) async fn host(
         &self,
         run: RunId,
         first: CoordinatorInput,
         slot: tokio::sync::OwnedSemaphorePermit,
     ) -> Result<RunHandle, SpawnError> {
-        let (tx, rx) = oneshot::channel();
-        lock(&self.node.waiters).entry(run).or_default().push(tx);
-        let span = spans::run_span(run, &first);
-        lock(&self.node.run_spans).insert(run, span.clone());
+        let spawned = self
+            .spawn_coordinator(run, spans::run_span(run, &first))
+            .await?;
+        Ok(self.begin(spawned, first, slot))
+    }
+
+    /// Start a coordinator actor for `run` under a new hosting generation, not yet in the routing
+    /// table and given nothing: until [`Runtime::begin`] it decides nothing and writes nothing.
+    /// `span` is the run's (see [`spans`]).
+    pub(super) async fn spawn_coordinator(
+        &self,
+        run: RunId,
+        span: tracing::Span,
+    ) -> Result<SpawnedCoordinator, SpawnError> {
+        #[cfg(test)]
+        if self
+            .node
+            .fail_coordinator_spawns
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+        {
+            return Err(SpawnError {
+                what: "coordinator",
+                detail: "a test asked this spawn to fail".into(),
+            });
+        }
+        let generation = self
+            .node
+            .next_generation
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let role = CoordinatorRole {
             node: Arc::clone(&self.node),
             run,
-            span,
+            span: span.clone(),
+            generation,
         };
         let state = MachineActorState::new(
             Coordinator::new(self.node.config.coordinator.clone()),
             self.node.fork_rng(),
             (),
         );
-        let (actor, _) = match Actor::spawn(None, MachineActor::new(role), state).await {
-            Ok(spawned) => spawned,
-            Err(e) => {
-                lock(&self.node.run_spans).remove(&run);
-                return Err(SpawnError {
-                    what: "coordinator",
-                    detail: e.to_string(),
-                });
-            }
-        };
-        lock(&self.node.coordinators).insert(run, actor.clone());
-        let _ = actor.send_message(Deliver(first));
-        Ok(RunHandle {
+        let (actor, _) = Actor::spawn(None, MachineActor::new(role), state)
+            .await
+            .map_err(|e| SpawnError {
+                what: "coordinator",
+                detail: e.to_string(),
+            })?;
+        Ok(SpawnedCoordinator {
             run,
-            done: rx,
-            _slot: slot,
+            hosted: HostedRun {
+                coordinator: actor,
+                generation,
+            },
+            span,
         })
+    }
+
+    /// Put a spawned coordinator in the routing table (replacing an earlier hosting of its run
+    /// that is only stopping) and give it its first input; its waiter is bound to its generation.
+    pub(super) fn begin(
+        &self,
+        spawned: SpawnedCoordinator,
+        first: CoordinatorInput,
+        slot: tokio::sync::OwnedSemaphorePermit,
+    ) -> RunHandle {
+        let SpawnedCoordinator { run, hosted, span } = spawned;
+        let done = self.node.wait_for(run, hosted.generation);
+        lock(&self.node.run_spans).insert(run, span);
+        let coordinator = hosted.coordinator.clone();
+        lock(&self.node.coordinators).insert(run, hosted);
+        let _ = coordinator.send_message(Deliver(first));
+        RunHandle {
+            run,
+            done,
+            _slot: slot,
+        }
     }
 
     /// Stop every actor of the node (after [`Runtime::pause`], or when every run is done).
     pub async fn shutdown(self) {
-        let coordinators: Vec<_> = lock(&self.node.coordinators).values().cloned().collect();
+        let coordinators: Vec<_> = lock(&self.node.coordinators)
+            .values()
+            .map(|h| h.coordinator.clone())
+            .collect();
         for c in coordinators {
             c.stop(Some("node shutdown".into()));
         }

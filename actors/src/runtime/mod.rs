@@ -42,6 +42,8 @@ mod observe;
 mod pause;
 pub mod scripted;
 pub mod spans;
+#[cfg(test)]
+mod test_support;
 
 pub use clock::{EntropyError, OsEntropy, wall_clock_ms};
 pub use config::RuntimeConfig;

@@ -153,7 +153,7 @@ impl Node {
         let hosted: Vec<(RunId, MachineRef<crate::coordinator::Coordinator>)> =
             lock(&self.coordinators)
                 .iter()
-                .map(|(run, c)| (*run, c.clone()))
+                .map(|(run, h)| (*run, h.coordinator.clone()))
                 .collect();
         let mut ends = Vec::new();
         for (run, coordinator) in hosted {
@@ -162,7 +162,7 @@ impl Node {
                 let mut map = lock(&self.coordinators);
                 if map
                     .get(&run)
-                    .is_some_and(|c| c.get_id() == coordinator.get_id())
+                    .is_some_and(|h| h.coordinator.get_id() == coordinator.get_id())
                 {
                     map.remove(&run);
                     lock(&self.run_spans).remove(&run);
@@ -191,7 +191,7 @@ impl Node {
                 reason: reason.clone(),
             });
             for w in waiters {
-                let _ = w.send(RunEnd::Paused(reason.clone()));
+                let _ = w.tx.send(RunEnd::Paused(reason.clone()));
             }
         }
     }

@@ -25,17 +25,18 @@ pub const SPAN_TARGET: &str = "keel::span";
 pub(crate) fn run_span(run: RunId, first: &CoordinatorInput) -> Span {
     let (mode, resumed) = match first {
         CoordinatorInput::Msg(CoordinatorMsg::Accept(spec)) => (mode_name(&spec.mode), false),
-        CoordinatorInput::Recovered(rows) | CoordinatorInput::Reopened { rows, .. } => (
-            if rows.run.plan.is_some() {
-                "plan"
-            } else {
-                "lead"
-            },
-            true,
-        ),
+        CoordinatorInput::Recovered(rows) | CoordinatorInput::Reopened { rows, .. } => {
+            return rebuilt_run_span(&rows.run);
+        }
         _ => ("unknown", false),
     };
     tracing::info_span!(target: SPAN_TARGET, "run", run = %run, mode, resumed)
+}
+
+/// The span of a run whose coordinator is rebuilt from its stored row (`resumed`).
+pub(crate) fn rebuilt_run_span(row: &keel_store::Run) -> Span {
+    let mode = if row.plan.is_some() { "plan" } else { "lead" };
+    tracing::info_span!(target: SPAN_TARGET, "run", run = %row.id, mode, resumed = true)
 }
 
 /// The span of one task attempt, a child of its run's span (`Span::none()` when the run has none).

@@ -21,7 +21,7 @@ impl Role for CheckpointRole {
         _local: &mut (),
         effects: Vec<Effect>,
     ) -> Flow {
-        self.node.execute_node(effects).await;
+        self.node.execute_node(effects, None).await;
         Flow::Continue
     }
 }

@@ -14,6 +14,8 @@ pub(crate) struct CoordinatorRole {
     pub(crate) run: RunId,
     /// The run's span (see [`spans`]).
     pub(crate) span: Span,
+    /// Which hosting of the run this coordinator is (see [`super::HostedRun::generation`]).
+    pub(crate) generation: u64,
 }
 
 impl Role for CoordinatorRole {
@@ -30,7 +32,7 @@ impl Role for CoordinatorRole {
         _local: &mut (),
         effects: Vec<Effect>,
     ) -> Flow {
-        self.node.execute_node(effects).await;
+        self.node.execute_node(effects, Some(self.generation)).await;
         Flow::Continue
     }
 
@@ -46,7 +48,7 @@ impl Role for CoordinatorRole {
         let mut map = lock(&self.node.coordinators);
         if map
             .get(&self.run)
-            .is_some_and(|c| c.get_id() == me.get_id())
+            .is_some_and(|h| h.coordinator.get_id() == me.get_id())
         {
             map.remove(&self.run);
             lock(&self.node.run_spans).remove(&self.run);

@@ -62,6 +62,22 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// A run's coordinator as the routing table holds it.
+#[derive(Clone)]
+pub(crate) struct HostedRun {
+    pub(crate) coordinator: MachineRef<Coordinator>,
+    /// Which hosting of the run this is: every coordinator a node starts takes a new one, so the
+    /// end of a run's earlier coordinator (still stopping when its run was reopened) wakes only the
+    /// waiters of that hosting, never those of the reopened run.
+    pub(crate) generation: u64,
+}
+
+/// Someone waiting for a run's end under one hosting of it.
+pub(crate) struct Waiter {
+    pub(crate) generation: u64,
+    pub(crate) tx: oneshot::Sender<RunEnd>,
+}
+
 /// How a run hosted here ended, as its waiters hear it.
 #[derive(Debug)]
 pub(crate) enum RunEnd {
@@ -89,14 +105,19 @@ pub(crate) struct Node {
     pub(crate) store: NodeStore,
     pub(crate) harnesses: HarnessSet,
     pub(crate) config: RuntimeConfig,
-    pub(crate) coordinators: Mutex<BTreeMap<RunId, MachineRef<Coordinator>>>,
+    pub(crate) coordinators: Mutex<BTreeMap<RunId, HostedRun>>,
+    /// The next hosting generation (see [`HostedRun::generation`]).
+    pub(crate) next_generation: AtomicU64,
+    /// Makes the next coordinator spawn fail (a fault only tests can set).
+    #[cfg(test)]
+    pub(crate) fail_coordinator_spawns: AtomicBool,
     /// The span of each hosted run, the parent of its tasks' spans (removed with the coordinator).
     pub(crate) run_spans: Mutex<BTreeMap<RunId, Span>>,
     pub(crate) specialists: Mutex<BTreeMap<AttemptId, LiveSpecialist>>,
     pub(crate) by_actor: Mutex<BTreeMap<ActorId, AttemptId>>,
     pub(crate) supervisor: OnceLock<MachineRef<Supervisor>>,
     pub(crate) checkpoint: OnceLock<MachineRef<CheckpointWriter>>,
-    pub(crate) waiters: Mutex<BTreeMap<RunId, Vec<oneshot::Sender<RunEnd>>>>,
+    pub(crate) waiters: Mutex<BTreeMap<RunId, Vec<Waiter>>>,
     /// Waiters of the host's own stages ([`crate::StageOwner::Host`]), by the host's ticket.
     pub(crate) host_acks: Mutex<BTreeMap<u64, oneshot::Sender<Result<(), String>>>>,
     pub(crate) next_host_ticket: AtomicU64,
@@ -179,7 +200,40 @@ impl Node {
     }
 
     pub(crate) fn coordinator(&self, run: RunId) -> Option<MachineRef<Coordinator>> {
+        lock(&self.coordinators)
+            .get(&run)
+            .map(|h| h.coordinator.clone())
+    }
+
+    /// The run's coordinator and its hosting generation, if this node hosts it.
+    pub(crate) fn hosted(&self, run: RunId) -> Option<HostedRun> {
         lock(&self.coordinators).get(&run).cloned()
+    }
+
+    /// Whether this node hosts `run` under `generation` still.
+    pub(crate) fn hosts(&self, run: RunId, generation: u64) -> bool {
+        lock(&self.coordinators)
+            .get(&run)
+            .is_some_and(|h| h.generation == generation)
+    }
+
+    /// Wait for the end of `run`'s hosting `generation`.
+    pub(crate) fn wait_for(&self, run: RunId, generation: u64) -> oneshot::Receiver<RunEnd> {
+        let (tx, rx) = oneshot::channel();
+        lock(&self.waiters)
+            .entry(run)
+            .or_default()
+            .push(Waiter { generation, tx });
+        rx
+    }
+
+    /// Wait (at most `wait`) until `run`'s hosting `generation` is gone: its coordinator stops in
+    /// the step that makes its run's end durable, so this is short.
+    pub(crate) async fn wait_gone(&self, run: RunId, generation: u64, wait: Duration) {
+        let deadline = tokio::time::Instant::now() + wait;
+        while self.hosts(run, generation) && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// Fire `deliver` at host time `at` (timers are never cancelled; machines ignore stale ones).
@@ -191,8 +245,9 @@ impl Node {
         });
     }
 
-    /// Execute the effects of a coordinator-node machine (coordinator, supervisor, checkpoint).
-    pub(crate) async fn execute_node(self: &Arc<Self>, effects: Vec<Effect>) {
+    /// Execute the effects of a coordinator-node machine (coordinator, supervisor, checkpoint);
+    /// `hosting` is the generation of the coordinator that emitted them (`None` for the others).
+    pub(crate) async fn execute_node(self: &Arc<Self>, effects: Vec<Effect>, hosting: Option<u64>) {
         for effect in effects {
             match effect {
                 Effect::Send(envelope) => self.route(envelope),
@@ -242,7 +297,7 @@ impl Node {
                         }
                     });
                 }
-                Effect::Emit(event) => self.lifecycle(event),
+                Effect::Emit(event) => self.lifecycle(event, hosting),
             }
         }
     }

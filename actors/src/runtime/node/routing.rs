@@ -1,7 +1,7 @@
 //! Delivering envelopes between the node's machines, the host's own stages through the checkpoint
 //! actor, and turning lifecycle events into runtime events and run waiters' answers.
 
-use super::{Node, lock};
+use super::{Node, Waiter, lock};
 use crate::effect::Envelope;
 use crate::message::{
     CheckpointInput, CheckpointMsg, CoordinatorInput, LifecycleEvent, SpecialistInput,
@@ -101,7 +101,10 @@ impl Node {
         }
     }
 
-    pub(crate) fn lifecycle(&self, event: LifecycleEvent) {
+    /// Turn a machine's lifecycle event into runtime events; a run's end wakes the waiters of the
+    /// hosting that ended it (`hosting`, the emitting coordinator's generation), not those of a
+    /// later hosting of the same run.
+    pub(crate) fn lifecycle(&self, event: LifecycleEvent, hosting: Option<u64>) {
         match event {
             LifecycleEvent::RunFinished(done) => {
                 tracing::info!(status = ?done.status, "run finished");
@@ -109,9 +112,19 @@ impl Node {
                 // The event goes out before the waiters wake, so a caller that awaited the run's end
                 // finds `Finished` already in its event channel.
                 self.emit(RuntimeEvent::Finished(done.clone()));
-                let waiters = lock(&self.waiters).remove(&run).unwrap_or_default();
-                for w in waiters {
-                    let _ = w.send(super::RunEnd::Finished(done.clone()));
+                let woken = {
+                    let mut map = lock(&self.waiters);
+                    let all = map.remove(&run).unwrap_or_default();
+                    let (woken, kept): (Vec<Waiter>, Vec<Waiter>) = all
+                        .into_iter()
+                        .partition(|w| hosting.is_none_or(|g| g == w.generation));
+                    if !kept.is_empty() {
+                        map.insert(run, kept);
+                    }
+                    woken
+                };
+                for w in woken {
+                    let _ = w.tx.send(super::RunEnd::Finished(done.clone()));
                 }
             }
             LifecycleEvent::SubagentError { attempt, kind } => {

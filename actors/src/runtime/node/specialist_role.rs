@@ -347,7 +347,7 @@ impl Role for SpecialistRole {
                     let me = me.clone();
                     Node::timer(at, move || Self::feed(&me, SpecialistInput::Timer(timer)));
                 }
-                SpecialistEffect::Emit(event) => self.node.lifecycle(event),
+                SpecialistEffect::Emit(event) => self.node.lifecycle(event, None),
                 SpecialistEffect::Exit => flow = Flow::Stop(EXIT_REASON.into()),
             }
         }

@@ -40,7 +40,7 @@ impl Role for SupervisorRole {
                 }
             }
         }
-        self.node.execute_node(effects).await;
+        self.node.execute_node(effects, None).await;
         Flow::Continue
     }
 
