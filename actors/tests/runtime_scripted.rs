@@ -600,6 +600,8 @@ async fn a_reopen_waiting_for_a_run_slot_does_not_hold_up_a_follow_up_that_joins
     let waiting = {
         let rt = Arc::clone(&rt);
         let message = follow_up_message("reopened later");
+        // A test may spawn: the reopen must wait for its slot while the test goes on.
+        #[allow(clippy::disallowed_methods)]
         tokio::spawn(async move {
             let handle = rt.follow_up(ended_root, &message, None).await.unwrap();
             handle.finished().await.unwrap()
