@@ -241,6 +241,66 @@ fn a_rate_limit_moves_the_step_to_another_harness_with_the_new_assignees_model()
     );
 }
 
+/// The tasks of the world's run that the store does not hold as terminal.
+fn open_tasks(w: &World) -> Vec<(TaskId, TaskKind, TaskStatus)> {
+    w.store
+        .tasks
+        .values()
+        .filter(|t| t.run_id == w.run && !t.status.is_terminal())
+        .map(|t| (t.id, t.kind, t.status))
+        .collect()
+}
+
+#[test]
+fn a_task_replaced_by_a_redispatch_ends_failed_in_the_store_with_its_replacement() {
+    let w = check(
+        plan(vec![step("b", &[])]),
+        failing_once("rate"),
+        None,
+        Expect {
+            status: RunStatus::Completed,
+            coverage: &[("b", "complete")],
+        },
+    );
+    let (first, _) = &w.specs[0];
+    let (second, _) = &w.specs[1];
+    assert_ne!(first.task, second.task, "the step was re-dispatched");
+    let replaced = &w.store.tasks[&first.task];
+    assert_eq!(replaced.status, TaskStatus::Failed, "the replaced task");
+    let outcome: StepOutcome =
+        serde_json::from_str(replaced.outcome.as_deref().unwrap_or("")).expect("an outcome");
+    assert!(
+        matches!(
+            &outcome,
+            StepOutcome::Failed(f) if matches!(f.kind, FailureKind::Harness(keel_harness::ErrorCategory::RateLimited { .. }))
+        ),
+        "{outcome:?}"
+    );
+    assert_eq!(open_tasks(&w), vec![], "every task of a finished run ends");
+}
+
+#[test]
+fn a_failed_attempt_waiting_for_its_verdict_is_cancelled_in_the_store_when_the_run_is() {
+    let mut w = World::new(World::default_agents(), failing_once("transient"));
+    w.submit(RunMode::Plan(plan(vec![step("b", &[])])), None);
+    let awaiting = |w: &World| {
+        w.coordinator
+            .steps()
+            .first()
+            .is_some_and(|s| s.1 == StepStatus::AwaitingVerdict)
+    };
+    while !awaiting(&w) {
+        assert!(w.step(), "the attempt never failed");
+    }
+    w.queue
+        .push_front(Ev::Coord(CoordinatorInput::Msg(CoordinatorMsg::Cancel {
+            reason: "operator".into(),
+        })));
+    w.run(100_000);
+    assert_eq!(w.run_status(), Some(RunStatus::Cancelled));
+    assert_eq!(open_tasks(&w), vec![], "every task of a cancelled run ends");
+}
+
 #[test]
 fn context_overflow_is_redispatched_with_a_bounded_resume_preamble() {
     let w = check(

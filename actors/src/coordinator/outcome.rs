@@ -285,11 +285,9 @@ impl RunState {
         );
         self.steps[index].status = StepStatus::AwaitingVerdict;
         self.steps[index].last_failure = Some(failure.clone());
-        if let Some(t) = self.tasks.get_mut(&from.task) {
-            t.status = TaskStatus::Failed;
-            t.updated_ms = now;
-            t.outcome = Some(encode_outcome(&StepOutcome::Failed(failure.clone())));
-        }
+        // The task row is left as it is, in memory as in the store: the decision the verdict leads to
+        // ends it, with that decision's writes (a restart reopens it, a re-dispatch fails it beside its
+        // replacement, a park fails or escalates it, a run's end cancels it).
         self.send(
             SupervisorMsg::Settle {
                 attempt: from,

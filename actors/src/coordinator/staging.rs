@@ -52,9 +52,10 @@ pub(super) struct Pending {
     pub(super) sent: bool,
 }
 
-/// Fewest ops a coordinator's stage bound may be: the largest stage it must always be able to send (a
-/// run's end: the run row, the root task, the checkpoint) and one decision row.
-pub const STAGE_OPS_MIN: usize = 4;
+/// Fewest ops a coordinator's stage bound may be: the largest decision it must always be able to send
+/// whole, a re-dispatch (the replaced task's end, the new task, its idempotency record, the manifest's
+/// retry entry, the checkpoint).
+pub const STAGE_OPS_MIN: usize = 5;
 
 /// Why the coordinator refused to send a stage. A stage is one decision's writes, committed atomically;
 /// cutting it to fit would commit part of a decision (a result without its done-marker), so a stage

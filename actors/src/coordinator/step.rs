@@ -280,6 +280,14 @@ impl RunState {
         let key = attempt_id.idempotency_key();
         let mut ops = Vec::new();
         let step_key = self.steps[index].spec.key.clone();
+        if new_task
+            && let Some(replaced) = previous.and_then(|p| self.replaced_task_end(index, p, now))
+        {
+            // The task this one replaces ends in the same stage that creates its replacement: the
+            // store never holds a replaced task as still running, and a crash before the stage leaves
+            // the old task current, so recovery runs it again.
+            ops.push(PersistOp::UpdateTask(replaced));
+        }
         if new_task {
             let step = &self.steps[index];
             let row = Task {
@@ -367,6 +375,31 @@ impl RunState {
             now,
             out,
         );
+    }
+
+    /// The row of `task`, the step's current task that a re-dispatch replaces, ended as failed with
+    /// the step's newest failure (or as lost, when none was recorded), and kept in memory so. `None`
+    /// when the row is unknown or already terminal.
+    fn replaced_task_end(&mut self, index: usize, task: TaskId, now: Millis) -> Option<Task> {
+        let failure = self.steps[index]
+            .last_failure
+            .clone()
+            .unwrap_or(SubtaskFailure {
+                kind: FailureKind::Crashed,
+                attempted: format!("task {task}"),
+                partial: Vec::new(),
+                retryable: true,
+                retry_after_ms: None,
+                detail: "replaced by a re-dispatch".into(),
+            });
+        let row = self.tasks.get_mut(&task)?;
+        if row.status.is_terminal() {
+            return None;
+        }
+        row.status = TaskStatus::Failed;
+        row.outcome = Some(encode_outcome(&StepOutcome::Failed(failure)));
+        row.updated_ms = now;
+        Some(row.clone())
     }
 
     /// A step's backoff timer fired: admit it again or start its next attempt, unless the timer is

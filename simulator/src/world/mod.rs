@@ -372,37 +372,9 @@ impl World {
             let scope = self.store.store().run(*run);
             match keel_actors::host::store::all_tasks(&scope) {
                 Ok(tasks) => {
-                    // Known gap (coordinator): a task whose attempt failed is marked `Failed` in the
-                    // coordinator's memory but not in the store, so a task that a re-dispatch
-                    // replaced, or whose retry was still waiting when the run ended, stays `Running`
-                    // there. Until the coordinator writes it, such a task is not counted here; every
-                    // other task of a terminal run must be terminal.
-                    let superseded: std::collections::BTreeSet<keel_store::TaskId> = tasks
-                        .iter()
-                        .filter(|t| t.kind == keel_store::TaskKind::Redispatch)
-                        .filter_map(|t| t.parent)
-                        .collect();
-                    let results = &self.checker.observed().results;
-                    let last_failed = |task: keel_store::TaskId| {
-                        results
-                            .range(
-                                keel_actors::AttemptId {
-                                    run: *run,
-                                    task,
-                                    attempt: 0,
-                                }..,
-                            )
-                            .take_while(|(a, _)| a.task == task && a.run == *run)
-                            .last()
-                            .is_some_and(|(_, ok)| !ok)
-                    };
                     let open: Vec<_> = tasks
                         .into_iter()
-                        .filter(|t| {
-                            !t.status.is_terminal()
-                                && !superseded.contains(&t.id)
-                                && !last_failed(t.id)
-                        })
+                        .filter(|t| !t.status.is_terminal())
                         .map(|t| (t.id, t.status, t.kind))
                         .collect();
                     if !open.is_empty() {
