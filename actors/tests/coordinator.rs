@@ -553,6 +553,75 @@ fn a_lead_agent_delegates_turns_and_gets_their_outcomes() {
     );
 }
 
+/// A lead's delegation of one call per turn, as its harness emits it.
+fn delegate(turn: u32, call: &str) -> HarnessEvent {
+    HarnessEvent::tool_use(
+        format!("d{turn}"),
+        "mcp__keel__delegate",
+        format!(
+            "{{\"calls\":[{{\"call_id\":\"{call}\",\"brief\":\"do {call}\",\"goal\":\"g{call}\",\"quality_criteria\":[],\"output_schema\":null,\"assignee\":null}}]}}"
+        ),
+    )
+}
+
+#[test]
+fn a_lead_recovered_after_a_crash_keeps_the_turns_it_has_not_used() {
+    // The lead's first attempt delegates turn 1 and keeps working; the node crashes once that turn's
+    // step is durable. The resumed lead asks turn 1 again (it is answered again, not run twice) and
+    // then a new turn 2, which must run: a recovered lead used to count every turn as taken.
+    let mut lead_task = None;
+    let script: Script = Box::new(move |a, _spec| {
+        // The first session is the lead's, on the run's root task; its restart keeps that task.
+        let lead = *lead_task.get_or_insert(a.task) == a.task;
+        if lead && a.attempt == 1 {
+            vec![delegate(1, "x")]
+        } else if lead {
+            vec![
+                delegate(1, "x"),
+                delegate(2, "y"),
+                HarnessEvent::Finished {
+                    stop_reason: StopReason::EndTurn,
+                    final_text: report_json(a.task, "complete", "lead"),
+                },
+            ]
+        } else {
+            vec![HarnessEvent::Finished {
+                stop_reason: StopReason::EndTurn,
+                final_text: report_json(a.task, "complete", "sub"),
+            }]
+        }
+    });
+    let mut w = World::new(World::default_agents(), script);
+    w.submit(
+        RunMode::Lead {
+            agent: Some("alpha".into()),
+            constraints: vec![],
+        },
+        None,
+    );
+    let turn_one_done = |w: &World| {
+        w.coordinator
+            .steps()
+            .iter()
+            .any(|s| s.0 == "t1.0" && s.1 == StepStatus::Done)
+    };
+    while !turn_one_done(&w) {
+        assert!(w.step(), "turn 1 never finished");
+    }
+    w.crash_and_recover();
+    w.run(100_000);
+    assert_eq!(w.run_status(), Some(RunStatus::Completed));
+    let keys: Vec<String> = w.coordinator.steps().into_iter().map(|s| s.0).collect();
+    assert_eq!(keys, vec!["lead", "t1.0", "t2.0"], "{:#?}", w.decisions());
+    let lead = w.specs[0].0.task;
+    let x_runs = w
+        .specs
+        .iter()
+        .filter(|(a, s)| a.task != lead && s.prompt.contains("do x"))
+        .count();
+    assert_eq!(x_runs, 1, "turn 1 asked again is answered, not run again");
+}
+
 #[test]
 fn disk_faults_delay_the_run_but_lose_nothing() {
     let mut w = World::new(World::default_agents(), ok_script());

@@ -28,8 +28,9 @@ pub(super) struct Lead {
 pub(super) enum TurnsSeen {
     /// Every turn up to this one (0: none yet).
     UpTo(u32),
-    /// A recovered lead: the turns it asked before the restart are not in the rows (their steps
-    /// are), so no turn number is taken as new and nothing is delegated twice.
+    /// A lead recovered from a checkpoint that does not say which turn asked for each delegated
+    /// step (one written before the snapshot kept it): no turn number is taken as new, so nothing is
+    /// delegated twice. A newer checkpoint gives `UpTo` the newest turn of its steps.
     Recovered,
 }
 
@@ -69,18 +70,7 @@ impl RunState {
                 .iter()
                 .all(|&i| self.steps[i].status == StepStatus::Done)
         {
-            let results: Vec<(String, StepOutcome)> = steps
-                .iter()
-                .map(|&i| {
-                    let s = &self.steps[i];
-                    (
-                        s.call_id.clone().unwrap_or_default(),
-                        s.outcome.clone().unwrap_or(StepOutcome::Skipped {
-                            reason: "no outcome".into(),
-                        }),
-                    )
-                })
-                .collect();
+            let results = self.turn_results(&steps);
             if let Some(lead) = self.lead.as_mut() {
                 lead.active = None;
                 lead.answered.insert(turn, results.clone());
@@ -120,6 +110,22 @@ impl RunState {
         if idle && self.steps.iter().all(|s| s.status == StepStatus::Done) {
             self.finish(now, out);
         }
+    }
+
+    /// The answer to a delegation turn whose steps are done: each call's id with its step's outcome.
+    pub(super) fn turn_results(&self, steps: &[usize]) -> Vec<(String, StepOutcome)> {
+        steps
+            .iter()
+            .map(|&i| {
+                let s = &self.steps[i];
+                (
+                    s.call_id.clone().unwrap_or_default(),
+                    s.outcome.clone().unwrap_or(StepOutcome::Skipped {
+                        reason: "no outcome".into(),
+                    }),
+                )
+            })
+            .collect()
     }
 
     pub(super) fn on_delegate(
@@ -182,6 +188,7 @@ impl RunState {
             };
             let mut step = Step::new(spec, Vec::new());
             step.call_id = Some(call.call_id);
+            step.turn = Some(turn);
             self.steps.push(step);
             indices.push(self.steps.len() - 1);
         }

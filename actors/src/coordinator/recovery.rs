@@ -100,15 +100,21 @@ impl RunState {
             // again at once, before the follow-up is part of it.
             state.queue_follow_up(f, now);
         }
-        // Steps that were dispatched run again; a recovered lead's delegations that never started start
-        // now (their turn is already active).
+        // Steps that were dispatched run again; a recovered lead's delegations of its active turn that
+        // never started start now (a queued turn starts when the active one is answered).
+        let active: Vec<usize> = state
+            .lead
+            .as_ref()
+            .and_then(|l| l.active.as_ref())
+            .map(|(_, steps)| steps.clone())
+            .unwrap_or_default();
         let resume: Vec<usize> = state
             .steps
             .iter()
             .enumerate()
             .filter(|(i, s)| {
                 s.status == StepStatus::Backoff
-                    || (lead && *i > 0 && s.thread.is_none() && s.status == StepStatus::Waiting)
+                    || (active.contains(i) && s.status == StepStatus::Waiting)
             })
             .map(|(i, _)| i)
             .collect();
@@ -199,6 +205,7 @@ impl RunState {
             let step = &mut self.steps[i];
             step.thread = snap.thread;
             step.call_id = snap.call_id.clone();
+            step.turn = snap.turn;
             step.requested_task = snap.preset;
             step.task_history = snap.tasks.clone();
             step.current_task = snap.tasks.last().copied();
@@ -251,8 +258,10 @@ impl RunState {
         (done, redispatch)
     }
 
-    /// A lead run's own step (on the root task) when the snapshot had none, and its open delegations
-    /// as one pending turn, so they still finish.
+    /// A lead run's own step (on the root task) when the snapshot had none, and its delegation turns:
+    /// the turns it took are taken (a resumed lead that asks one again gets the answer again), a turn
+    /// whose steps are all durable is answered, and the open turns run in order, so they still
+    /// finish and the lead keeps the turns it has not used.
     fn restore_lead(&mut self, row: &Run, root: TaskId) {
         if self.steps.is_empty() {
             let mut step = Step::new(
@@ -273,14 +282,50 @@ impl RunState {
             self.by_task.insert(root, 0);
             self.steps.push(step);
         }
-        let open: Vec<usize> = (1..self.steps.len())
-            .filter(|&i| self.steps[i].status != StepStatus::Done && self.steps[i].thread.is_none())
+        let delegated: Vec<usize> = (1..self.steps.len())
+            .filter(|&i| self.steps[i].thread.is_none())
             .collect();
-        if let Some(l) = self.lead.as_mut() {
-            l.turns_seen = TurnsSeen::Recovered;
-            if !open.is_empty() {
-                l.active = Some((0, open));
+        let mut turns: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+        let mut untold = Vec::new();
+        for &i in &delegated {
+            match self.steps[i].turn {
+                Some(turn) => turns.entry(turn).or_default().push(i),
+                None => untold.push(i),
             }
+        }
+        if !untold.is_empty() {
+            // An older checkpoint: which turn asked for what is unknown, so every turn counts as
+            // taken and the open delegations finish as one turn.
+            let open: Vec<usize> = delegated
+                .into_iter()
+                .filter(|&i| self.steps[i].status != StepStatus::Done)
+                .collect();
+            if let Some(l) = self.lead.as_mut() {
+                l.turns_seen = TurnsSeen::Recovered;
+                if !open.is_empty() {
+                    l.active = Some((0, open));
+                }
+            }
+            return;
+        }
+        let newest = turns.keys().next_back().copied().unwrap_or(0);
+        let mut answered = BTreeMap::new();
+        let mut open = std::collections::VecDeque::new();
+        for (turn, steps) in turns {
+            if steps
+                .iter()
+                .all(|&i| self.steps[i].status == StepStatus::Done)
+            {
+                answered.insert(turn, self.turn_results(&steps));
+            } else {
+                open.push_back((turn, steps));
+            }
+        }
+        if let Some(l) = self.lead.as_mut() {
+            l.turns_seen = TurnsSeen::UpTo(newest);
+            l.answered = answered;
+            l.active = open.pop_front();
+            l.queue = open;
         }
     }
 

@@ -45,6 +45,10 @@ pub struct StepSnapshot {
     /// For a lead's delegation: the lead's call id.
     #[serde(default)]
     pub call_id: Option<String>,
+    /// For a lead's delegation: the delegation turn that asked for it (absent in checkpoints written
+    /// before it was kept: a lead recovered from one takes every turn as used).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn: Option<u32>,
     /// For a follow-up: the task id the host chose for it (kept so a follow-up queued before a
     /// crash still takes it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -74,6 +78,7 @@ impl RunState {
                     thread: s.thread,
                     preset: s.requested_task,
                     call_id: s.call_id.clone(),
+                    turn: s.turn,
                 })
                 .collect(),
         }

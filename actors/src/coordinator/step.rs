@@ -65,6 +65,8 @@ pub(super) struct Step {
     pub(super) assignment: Option<Assignment>,
     /// For a lead's delegation: the lead's call id.
     pub(super) call_id: Option<String>,
+    /// For a lead's delegation: the delegation turn that asked for it.
+    pub(super) turn: Option<u32>,
     /// The newest failure, for the verdict and the dead letter.
     pub(super) last_failure: Option<SubtaskFailure>,
     /// For a follow-up: the task whose thread it continues (its parent is that thread's newest task).
@@ -95,6 +97,7 @@ impl Step {
             spent_micros: 0,
             assignment: None,
             call_id: None,
+            turn: None,
             last_failure: None,
             thread: None,
             requested_task: None,
