@@ -17,10 +17,6 @@ use crate::net::NodeId;
 use super::World;
 use super::event::Ev;
 
-/// The ticket and commit id of the host's own stages count down from here, far from the
-/// coordinators' tickets (which count up from 1).
-const HOST_STAGE_BASE: u64 = u64::MAX;
-
 /// The reason the specialists of a pausing node are given.
 pub const PAUSE_REASON: &str = "the node is shutting down (pause)";
 
@@ -28,8 +24,10 @@ impl World {
     /// Commits a decision's marks for `run` as one host stage; they pass the checker first, like
     /// every write. Whether they became durable.
     fn commit_marks(&mut self, run: RunId, marks: Marks) -> bool {
+        // The host's tickets count on their own (its stages name their owner), from 1 like a
+        // coordinator's. The commit bypasses the checkpoint writer, so its id answers nobody.
         self.host_stages += 1;
-        let n = HOST_STAGE_BASE - self.host_stages;
+        let n = self.host_stages;
         let batch = CommitBatch {
             id: CommitId(n),
             stages: vec![Stage {
