@@ -19,6 +19,10 @@ pub enum Mutation {
     LoseTaskEnd,
     /// Invariant 2: the host starts a harness session twice for one idempotency key.
     StartSessionTwice,
+    /// Invariant 2: the host's recovery read hands a restarted coordinator the tasks whose reports
+    /// were accepted as still running (their done-markers lost), so such a step runs, and is
+    /// accepted, again.
+    ForgetDoneMarkers,
     /// Invariant 3: the host's harness answers every tool_use twice.
     AnswerToolUseTwice,
     /// Invariant 3: the host's harness calls one more tool just before it finishes and never
@@ -30,6 +34,13 @@ pub enum Mutation {
     CutBriefLine,
     /// Invariant 4: the host pads a session's preamble far past its cap.
     InflatePreamble,
+    /// Invariant 4: the host starts a resumed attempt's session without its resume preamble, as if
+    /// it were a fresh start.
+    ResumeAsFresh,
+    /// Invariant 4: the host puts a resume preamble into a fresh attempt's prompt.
+    PreambleForFresh,
+    /// Invariant 4: the host puts a line before the slash skill line a prompt opens with.
+    SlashLineNotFirst,
     /// Invariant 5: the host passes a native resume flag in a session's environment.
     PassResumeFlag,
     /// Invariant 6: a derived task (follow-up, review, re-dispatch) runs on its parent's model
@@ -42,6 +53,12 @@ pub enum Mutation {
     /// Invariant 8: the host builds the supervisor with a spawn rate a hundred times the configured
     /// one.
     LooseSpawnRate,
+    /// Invariant 8: the host builds the supervisor with a nesting depth limit eight levels above
+    /// the configured one.
+    LooseDepth,
+    /// Invariant 8: the host opens each run's budget ledger at the supervisor with a hundred times
+    /// the run's limit.
+    LooseBudget,
     /// Invariant 9: the host writes a task row under another run's id.
     WriteAnotherRunsRow,
     /// Invariant 9: the host's context read hands a specialist a task row of another run.

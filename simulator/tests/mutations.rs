@@ -139,6 +139,26 @@ fn invariant_2_a_session_started_twice_for_one_key_is_caught() {
 }
 
 #[test]
+fn invariant_2_a_step_accepted_twice_is_caught() {
+    // Step "a" is accepted before the coordinator node crashes (step "wait" keeps the run open);
+    // the mutant's recovery read forgets that, so "a" runs again and a second report is accepted.
+    let mut config = follow_up_world(123, None, false);
+    config.interventions = vec![(
+        5_000,
+        Intervention::Crash {
+            node: keel_sim::net::NodeId::COORDINATOR,
+            down_ms: 500,
+        },
+    )];
+    caught(
+        config,
+        Mutation::ForgetDoneMarkers,
+        Invariant::IdempotentOnce,
+        "had reports of several attempts accepted",
+    );
+}
+
+#[test]
 fn invariant_3_a_tool_use_answered_twice_is_caught() {
     caught(
         steps_world(104, &["a"], HarnessBehaviour::ToolRoundTrip),
@@ -186,6 +206,54 @@ fn invariant_4_a_preamble_over_its_cap_is_caught() {
         Mutation::InflatePreamble,
         Invariant::PreambleBounds,
         "preamble of",
+    );
+}
+
+/// A calm world of one step "a" whose first session fails with a server error, so its second
+/// attempt resumes the task with a resume preamble.
+fn resumed_world(seed: u64) -> WorldConfig {
+    let mut config = steps_world(seed, &["a"], HarnessBehaviour::Success);
+    config
+        .harness_script
+        .insert(("a".into(), 1), HarnessBehaviour::ServerError);
+    config
+}
+
+#[test]
+fn invariant_4_a_resumed_attempt_started_without_its_resume_preamble_is_caught() {
+    caught(
+        resumed_world(118),
+        Mutation::ResumeAsFresh,
+        Invariant::PreambleBounds,
+        "wanted a resume preamble and got none",
+    );
+}
+
+#[test]
+fn invariant_4_a_fresh_attempt_given_a_preamble_is_caught() {
+    caught(
+        steps_world(119, &["a"], HarnessBehaviour::Success),
+        Mutation::PreambleForFresh,
+        Invariant::PreambleBounds,
+        "starts fresh but got a resume preamble",
+    );
+}
+
+#[test]
+fn invariant_4_a_slash_skill_line_moved_off_line_one_is_caught() {
+    let mut config = steps_world(120, &["a"], HarnessBehaviour::Success);
+    let Some(runs) = config.runs.as_mut() else {
+        panic!("a calm world names its runs");
+    };
+    let keel_actors::RunMode::Plan(plan) = &mut runs[0].mode else {
+        panic!("a plan run");
+    };
+    plan.steps[0].brief = format!("/review the sources\n{}", plan.steps[0].brief);
+    caught(
+        config,
+        Mutation::SlashLineNotFirst,
+        Invariant::PreambleBounds,
+        "is not on line one",
     );
 }
 
@@ -249,6 +317,40 @@ fn invariant_8_spawns_faster_than_the_rate_are_caught() {
         Mutation::LooseSpawnRate,
         Invariant::LimitsHold,
         "spawns admitted within",
+    );
+}
+
+#[test]
+fn invariant_8_an_admission_deeper_than_the_limit_is_caught() {
+    // No nesting at all is allowed: every step (depth 1 under the run's root) is refused, and the
+    // run fails cleanly; the mutant's supervisor admits them.
+    let mut config = steps_world(121, &["a"], HarnessBehaviour::Success);
+    config.supervisor.depth_max = 0;
+    caught(
+        config,
+        Mutation::LooseDepth,
+        Invariant::LimitsHold,
+        "admitted at depth 1, limit 0",
+    );
+}
+
+#[test]
+fn invariant_8_an_admission_past_the_budget_is_caught() {
+    // Six steps of 1,000 micro-dollars each under a limit of 2,500: at most two are admitted at a
+    // time, and the run ends over budget; the mutant's ledger admits all six at once.
+    let mut config = steps_world(
+        122,
+        &["a", "b", "c", "d", "e", "f"],
+        HarnessBehaviour::Success,
+    );
+    if let Some(runs) = config.runs.as_mut() {
+        runs[0].budget_limit_micros = Some(2_500);
+    }
+    caught(
+        config,
+        Mutation::LooseBudget,
+        Invariant::LimitsHold,
+        "over a limit of 2500",
     );
 }
 

@@ -51,6 +51,8 @@ pub struct Checker {
     resume_chars_max: usize,
     standard_chars_max: usize,
     runs: BTreeSet<RunId>,
+    /// Each run's budget limit as submitted: what its ledger at the supervisor must keep to.
+    budget_limits: BTreeMap<RunId, u64>,
     first_prompt_chars: BTreeMap<TaskId, usize>,
     tripped: BTreeSet<RunId>,
     depths: BTreeMap<AttemptId, u8>,
@@ -79,6 +81,10 @@ impl Checker {
             resume_chars_max: config.specialist.context.resume_chars_max(),
             standard_chars_max: config.specialist.context.standard_chars_max(),
             runs: runs.iter().map(|r| r.run).collect(),
+            budget_limits: runs
+                .iter()
+                .filter_map(|r| r.budget_limit_micros.map(|l| (r.run, l)))
+                .collect(),
             first_prompt_chars: BTreeMap::new(),
             tripped: BTreeSet::new(),
             depths: BTreeMap::new(),
@@ -408,8 +414,10 @@ impl Checker {
                             ),
                         );
                     }
+                    // Against the run's limit as submitted, not the ledger's own: a ledger
+                    // opened with the wrong limit admits within it.
                     if let Some(ledger) = supervisor.and_then(|s| s.ledger(attempt.run))
-                        && let Some(limit) = ledger.limit_micros
+                        && let Some(&limit) = self.budget_limits.get(&attempt.run)
                         && ledger.reserved_micros.saturating_add(ledger.spent_micros) > limit
                         && ledger.reserved_micros > 0
                     {
@@ -708,7 +716,14 @@ impl Checker {
                     format!("attempt {attempt} wanted a {want} preamble and got none"),
                 );
             }
-            (None, Some(_)) | (None, None) => {}
+            (None, Some(got)) => {
+                self.fail(
+                    event,
+                    Invariant::PreambleBounds,
+                    format!("attempt {attempt} starts fresh but got a {got} preamble"),
+                );
+            }
+            (None, None) => {}
         }
         let prompt_chars = prompt.chars().count();
         let first = *self

@@ -34,6 +34,9 @@ impl World {
         if self.config.mutation == Some(Mutation::ExceedConcurrency) {
             sup.specialists_max = sup.specialists_max.saturating_mul(10);
         }
+        if self.config.mutation == Some(Mutation::LooseDepth) {
+            sup.depth_max = sup.depth_max.saturating_add(8);
+        }
         if self.config.mutation == Some(Mutation::LooseSpawnRate) {
             sup.spawn_burst = sup.spawn_burst.saturating_mul(100);
             sup.spawn_interval_ms = (sup.spawn_interval_ms / 100).max(1);

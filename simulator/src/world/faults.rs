@@ -129,6 +129,7 @@ impl World {
             };
             let known: Vec<RunId> = recovered.iter().map(|r| r.run.id).collect();
             for r in recovered {
+                let r = self.mutate_recovered(r);
                 let run = r.run.id;
                 self.ensure_coordinator(run);
                 self.deliver_coord(run, CoordinatorInput::Recovered(Box::new(r)));

@@ -6,8 +6,8 @@ use std::collections::VecDeque;
 
 use keel_actors::context::RowSet;
 use keel_actors::{
-    AttemptResult, Effect, PersistOp, ReportStatus, SpecialistEffect, SpecialistReply,
-    SubagentReport,
+    AttemptResult, Effect, Envelope, PersistOp, RecoveredRun, ReportStatus, SpecialistEffect,
+    SpecialistReply, SubagentReport, SupervisorMsg,
 };
 use keel_harness::HarnessEvent;
 use keel_store::{RunId, TaskKind, TaskStatus};
@@ -44,6 +44,13 @@ impl World {
                     task.run_id = RunId(task.run_id.0 ^ 1);
                 }
                 Effect::Persist(batch)
+            }
+            (
+                Mutation::LooseBudget,
+                Effect::Send(Envelope::Supervisor(SupervisorMsg::OpenRun { run, mut budget })),
+            ) => {
+                budget.limit_micros = budget.limit_micros.map(|l| l.saturating_mul(100));
+                Effect::Send(Envelope::Supervisor(SupervisorMsg::OpenRun { run, budget }))
             }
             (Mutation::LoseTaskEnd, Effect::Persist(mut batch)) => {
                 for stage in &mut batch.stages {
@@ -103,6 +110,35 @@ impl World {
                     let padding = "padding line of an oversized preamble\n".repeat(2_000);
                     spec.prompt.insert_str(end, &padding);
                 }
+                SpecialistEffect::StartHarness { key, spec }
+            }
+            (Mutation::ResumeAsFresh, SpecialistEffect::StartHarness { key, mut spec }) => {
+                // The preamble's text stays (it carries the brief); only its frame goes, so the
+                // session starts on plain text as a fresh one would.
+                if let Some(start) = spec.prompt.find("<keel-context kind=\"resume\"")
+                    && let Some(len) = spec.prompt[start..].find('>')
+                {
+                    spec.prompt.replace_range(start..=start + len, "");
+                    spec.prompt = spec.prompt.replace("</keel-context>", "");
+                }
+                SpecialistEffect::StartHarness { key, spec }
+            }
+            (Mutation::PreambleForFresh, SpecialistEffect::StartHarness { key, mut spec })
+                if !spec.prompt.contains("<keel-context") =>
+            {
+                spec.prompt.push_str(
+                    "\n<keel-context kind=\"resume\">\nearlier work on this task\n</keel-context>\n",
+                );
+                SpecialistEffect::StartHarness { key, spec }
+            }
+            (Mutation::SlashLineNotFirst, SpecialistEffect::StartHarness { key, mut spec })
+                if spec
+                    .prompt
+                    .lines()
+                    .next()
+                    .is_some_and(keel_actors::context::is_slash_skill_line) =>
+            {
+                spec.prompt.insert_str(0, "Read this first.\n");
                 SpecialistEffect::StartHarness { key, spec }
             }
             (Mutation::PassResumeFlag, SpecialistEffect::StartHarness { key, mut spec }) => {
@@ -173,6 +209,21 @@ impl World {
                 .collect(),
             _ => events,
         }
+    }
+
+    /// A run's rows as the (possibly defective) host's recovery read returns them: with
+    /// [`Mutation::ForgetDoneMarkers`], the tasks whose reports were accepted come back running.
+    pub(super) fn mutate_recovered(&self, mut rows: RecoveredRun) -> RecoveredRun {
+        if self.config.mutation == Some(Mutation::ForgetDoneMarkers) {
+            for task in &mut rows.tasks {
+                if task.kind != TaskKind::Root
+                    && matches!(task.status, TaskStatus::Complete | TaskStatus::Partial)
+                {
+                    task.status = TaskStatus::Running;
+                }
+            }
+        }
+        rows
     }
 
     /// A context read as the (possibly defective) host answers it: with
