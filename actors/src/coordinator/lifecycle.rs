@@ -14,7 +14,6 @@ use crate::persist::PersistOp;
 use crate::plan::{PLAN_STEPS_MAX, PlanStep, validate};
 use crate::report::{TEXT_BYTES_MAX, bounded};
 use keel_store::{Budget, Run, RunId, RunStatus, Task, TaskId, TaskKind, TaskStatus};
-use std::collections::{BTreeMap, BTreeSet};
 
 impl RunState {
     /// A new run from its spec: the run row and root task are staged, the plan is validated (a
@@ -61,26 +60,8 @@ impl RunState {
             bounded(spec.brief.clone(), TEXT_BYTES_MAX),
             now,
         );
-        let mut state = RunState {
-            config,
-            id: spec.run,
-            row,
-            root: root.clone(),
-            steps: Vec::new(),
-            batches: Vec::new(),
-            plan_len: 0,
-            batch: 0,
-            lead: None,
-            constraints: Vec::new(),
-            tasks: BTreeMap::new(),
-            by_task: BTreeMap::new(),
-            next_ticket: 1,
-            pending: BTreeMap::new(),
-            decisions: Vec::new(),
-            stale_logged: BTreeSet::new(),
-            phase: Phase::Running,
-            tools: Default::default(),
-        };
+        let mut state = RunState::empty(config, row, now);
+        state.root = root.clone();
         match spec.mode {
             RunMode::Plan(plan) => match validate(plan) {
                 Ok(valid) => {

@@ -218,6 +218,33 @@ fn decision_row(now: Millis, summary: String) -> SessionLogRow {
 }
 
 impl RunState {
+    /// A state with the run row and nothing else yet: a new run sets its root task, a recovery
+    /// replaces the placeholder root with the one it finds.
+    fn empty(config: CoordinatorConfig, row: Run, now: Millis) -> RunState {
+        let root =
+            lifecycle::root_task(TaskId(0), row.id, 0, row.brief.clone(), String::new(), now);
+        RunState {
+            config,
+            id: row.id,
+            row,
+            root,
+            steps: Vec::new(),
+            batches: Vec::new(),
+            plan_len: 0,
+            batch: 0,
+            lead: None,
+            constraints: Vec::new(),
+            tasks: BTreeMap::new(),
+            by_task: BTreeMap::new(),
+            next_ticket: 1,
+            pending: BTreeMap::new(),
+            decisions: Vec::new(),
+            stale_logged: BTreeSet::new(),
+            phase: Phase::Running,
+            tools: Default::default(),
+        }
+    }
+
     fn decide(&mut self, now: Millis, summary: String) {
         self.decisions.push(decision_row(now, summary));
     }

@@ -21,7 +21,7 @@ use crate::persist::PersistOp;
 use crate::plan::{Plan, PlanStep, validate};
 use crate::report::{StepOutcome, TEXT_BYTES_MAX, bounded};
 use keel_store::{IdempotencyRecord, Run, RunStatus, Task, TaskId, TaskKind};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 impl RunState {
     /// The run's state rebuilt from `rows`, then moved forward: steps that were dispatched but not
@@ -341,39 +341,6 @@ impl RunState {
                 })
             })
             .unwrap_or(self.batches.len())
-    }
-
-    /// A state with the run row and nothing else yet (a placeholder root task until the real one is
-    /// found).
-    pub(super) fn empty(config: CoordinatorConfig, row: Run, now: Millis) -> RunState {
-        let root = super::lifecycle::root_task(
-            TaskId(0),
-            row.id,
-            0,
-            row.brief.clone(),
-            String::new(),
-            now,
-        );
-        RunState {
-            config,
-            id: row.id,
-            row,
-            root,
-            steps: Vec::new(),
-            batches: Vec::new(),
-            plan_len: 0,
-            batch: 0,
-            lead: None,
-            constraints: Vec::new(),
-            tasks: BTreeMap::new(),
-            by_task: BTreeMap::new(),
-            next_ticket: 1,
-            pending: BTreeMap::new(),
-            decisions: Vec::new(),
-            stale_logged: BTreeSet::new(),
-            phase: Phase::Running,
-            tools: Default::default(),
-        }
     }
 }
 

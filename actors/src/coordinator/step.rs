@@ -471,6 +471,11 @@ impl RunState {
             self.begin_attempt(index, reroute, now, rng, out);
             return;
         }
+        self.wait_until(index, next, now.saturating_add(after_ms), out);
+    }
+
+    /// Park a step in backoff until `at`, when its timer does `next` (unless a newer attempt began).
+    fn wait_until(&mut self, index: usize, next: BackoffNext, at: Millis, out: &mut Vec<Effect>) {
         let step = &mut self.steps[index];
         step.status = StepStatus::Backoff;
         step.backoff = next;
@@ -480,7 +485,7 @@ impl RunState {
                 step: u32::try_from(index).unwrap_or(u32::MAX),
                 generation,
             },
-            now.saturating_add(after_ms),
+            at,
             out,
         );
     }
@@ -567,18 +572,8 @@ impl RunState {
                     );
                 }
                 if let Some(after) = refusal.retry_after_ms() {
-                    let step = &mut self.steps[index];
-                    step.status = StepStatus::Backoff;
-                    step.backoff = BackoffNext::Readmit;
-                    let generation = step.attempt_epoch;
-                    self.timer(
-                        CoordinatorTimer::Redispatch {
-                            step: u32::try_from(index).unwrap_or(u32::MAX),
-                            generation,
-                        },
-                        now.saturating_add(after.max(1)),
-                        out,
-                    );
+                    let at = now.saturating_add(after.max(1));
+                    self.wait_until(index, BackoffNext::Readmit, at, out);
                     return;
                 }
                 if let Refusal::Budget {

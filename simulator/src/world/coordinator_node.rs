@@ -297,8 +297,13 @@ impl World {
         else {
             return;
         };
+        self.send_to_worker(node, attempt, SpecialistInput::Msg(msg));
+    }
+
+    /// Sends `input` from the coordinator node to `attempt`'s specialist on `node` over the network
+    /// (lost, delayed or delivered twice as the route says).
+    fn send_to_worker(&mut self, node: NodeId, attempt: AttemptId, input: SpecialistInput) {
         if let Some((first, second)) = self.route(NodeId::COORDINATOR, node) {
-            let input = SpecialistInput::Msg(msg);
             if let Some(second) = second {
                 self.schedule(
                     second,
@@ -339,28 +344,6 @@ impl World {
         );
         let rows = self.mutate_context_rows(attempt.run, rows);
         self.checker.context_loaded(self.event_no, attempt, &rows);
-        if let Some((first, second)) = self.route(NodeId::COORDINATOR, node) {
-            let input = SpecialistInput::ContextLoaded(rows);
-            if let Some(second) = second {
-                self.schedule(
-                    second,
-                    Ev::Spec {
-                        node,
-                        attempt,
-                        input: input.clone(),
-                        inc: None,
-                    },
-                );
-            }
-            self.schedule(
-                first,
-                Ev::Spec {
-                    node,
-                    attempt,
-                    input,
-                    inc: None,
-                },
-            );
-        }
+        self.send_to_worker(node, attempt, SpecialistInput::ContextLoaded(rows));
     }
 }
