@@ -658,8 +658,9 @@ pub struct RunOutcome {
     pub outcome: String,
 }
 
-/// When the supervisor spawns a specialist, everything the host needs to create and begin it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// When the supervisor spawns a specialist, everything the host needs to create and begin it
+/// (serde: a cluster node carries it to the worker that hosts the attempt).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SpecialistStart {
     /// The attempt (the specialist's identity).
     pub attempt: AttemptId,

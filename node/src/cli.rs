@@ -170,6 +170,46 @@ pub(crate) enum Command {
         #[arg(long, value_name = "DIR")]
         record_dir: Option<PathBuf>,
     },
+    /// Run this process as a node of a keel cluster (coordinator, worker, or both) over
+    /// ractor_cluster; flags override `[node]` of keel.toml (docs/OPERATIONS.md).
+    Node {
+        /// coordinator (owns the store and the runs), worker (stateless, hosts specialists), or all.
+        #[arg(long, value_enum)]
+        role: Option<crate::node_cmd::NodeRole>,
+        /// The address the cluster port binds, IP:PORT (port 0 picks a free one).
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<std::net::SocketAddr>,
+        /// The coordinator node's cluster address (workers).
+        #[arg(long, value_name = "ADDR")]
+        join: Option<std::net::SocketAddr>,
+        /// The file holding the cluster cookie; refused if group or others may read it.
+        #[arg(long, value_name = "PATH")]
+        cookie_file: Option<PathBuf>,
+        /// This node's name in the cluster.
+        #[arg(long, value_name = "NAME")]
+        name: Option<String>,
+        /// Most specialists a worker hosts at once (default 8).
+        #[arg(long, value_name = "N")]
+        capacity: Option<u32>,
+        /// How long a worker's heartbeat keeps it alive at the coordinator, in ms (default 5000).
+        #[arg(long, value_name = "MS")]
+        lease_ms: Option<u32>,
+        /// Coordinator: submit this brief once `--wait-workers` workers joined, print the run's
+        /// summary and exit with its code.
+        #[arg(long, value_name = "BRIEF")]
+        run: Option<String>,
+        /// A plan file for `--run`.
+        #[arg(long, value_name = "FILE", requires = "run")]
+        plan: Option<PathBuf>,
+        /// Workers to wait for before `--run` submits.
+        #[arg(long, value_name = "N", default_value_t = 1, requires = "run")]
+        wait_workers: u32,
+        #[command(flatten)]
+        harness: HarnessArgs,
+        /// Print only the summary of `--run`.
+        #[arg(long)]
+        quiet: bool,
+    },
     /// A narrated scenario: a worker crash, recovery from the checkpoint, a harness switch.
     Demo,
     /// Look after the store file: check it, back it up, compact it.

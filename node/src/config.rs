@@ -27,6 +27,8 @@ pub(crate) struct Config {
     pub(crate) agents: Vec<AgentSection>,
     /// The HTTP API of `keel serve`.
     pub(crate) server: ServerSection,
+    /// `keel node`'s cluster settings.
+    pub(crate) node: crate::node_cmd::NodeSection,
 }
 
 /// `[server]`: the HTTP API `keel serve` answers on (docs/API.md).

@@ -4,7 +4,7 @@ use crate::cli::{Cli, Command};
 use crate::exit::{Failed, ended, failure, followed};
 use crate::home::Home;
 use crate::read::Read;
-use crate::{context, remote, render, run, serve, store_file};
+use crate::{context, node_cmd, remote, render, run, serve, store_file};
 
 /// Carries out one parsed command line.
 pub(crate) fn run(cli: Cli) -> Result<(), Failed> {
@@ -116,6 +116,37 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failed> {
             record_dir,
         } => failure(run::model_server(script, port, record_dir))?,
         Command::Store { action } => store_file::run(&home, action, &out)?,
+        Command::Node {
+            role,
+            listen,
+            join,
+            cookie_file,
+            name,
+            capacity,
+            lease_ms,
+            run: brief,
+            plan,
+            wait_workers,
+            harness,
+            quiet,
+        } => {
+            let args = node_cmd::NodeArgs {
+                role,
+                listen,
+                join,
+                cookie_file,
+                name,
+                capacity,
+                lease_ms,
+                choice: harness.choice(),
+                run: brief,
+                plan,
+                wait_workers,
+                quiet,
+                log_format: cli.log_format,
+            };
+            ended(node_cmd::node(&home, args, cli.json))?;
+        }
         Command::Demo => failure(run::demo::demo(&home))?,
         Command::Bench {
             fan_out,

@@ -11,6 +11,7 @@ mod exit;
 mod home;
 mod read;
 mod remote;
+mod node_cmd;
 mod render;
 mod run;
 mod serve;

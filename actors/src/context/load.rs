@@ -51,8 +51,9 @@ pub trait ThreadSource {
     }
 }
 
-/// Rows held in memory: a real, bounded source for the simulator and tests (ordered maps, deterministic).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// Rows held in memory: a real, bounded source for the simulator and tests (ordered maps, deterministic),
+/// and what a coordinator node sends a worker for a remote specialist's preamble (serde).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RowSet {
     /// Tasks by id.
     pub tasks: BTreeMap<TaskId, Task>,

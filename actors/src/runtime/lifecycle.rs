@@ -127,6 +127,7 @@ impl Runtime {
             started_keys: Mutex::new(crate::host::StartedKeys::default()),
             sessions_started: AtomicU64::new(0),
             writer: OnceLock::new(),
+            remote: OnceLock::new(),
         });
         let (writes, batches) = std::sync::mpsc::channel();
         let weak = Arc::downgrade(&node);

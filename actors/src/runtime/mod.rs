@@ -19,7 +19,9 @@
 //! Files: `lifecycle.rs` (start, submit, resume, hosting a run, shutdown), `follow_up.rs`,
 //! `pause.rs` (graceful shutdown), `cancel.rs`, `config.rs`, `event.rs` (what observers hear),
 //! `error.rs` (one error type per operation), `observe.rs` (the metrics hook), `node/` (the actors' shared routing table, the store writer, one file per role),
-//! `machine_actor.rs` (any machine as a ractor actor). The decisions of pause, cancel, resume and reopen are
+//! `machine_actor.rs` (any machine as a ractor actor), `remote.rs` (specialists hosted on
+//! other nodes through a cluster layer: [`RemoteHosts`], [`RemoteInbox`]), `session_feed.rs` (a
+//! specialist's session events and usage, for every host of one). The decisions of pause, cancel, resume and reopen are
 //! [`crate::host::decide`]'s, and the store IO is [`crate::host::store`]'s, shared with the simulator.
 //!
 //! Bounds: runs in flight are capped by a semaphore ([`RuntimeConfig::runs_in_flight_max`],
@@ -40,6 +42,7 @@ mod node;
 mod node_store;
 mod observe;
 mod pause;
+mod remote;
 pub mod scripted;
 pub mod spans;
 #[cfg(test)]
@@ -59,6 +62,7 @@ pub use machine_actor::{Deliver, Flow, MachineActor, MachineActorState, MachineR
 pub use node_store::{NodeStore, StoreOpener};
 pub use observe::{RuntimeObserver, refusal_reason};
 pub use pause::PauseSummary;
+pub use remote::{RemoteHosts, RemoteInbox};
 pub use spans::SPAN_TARGET;
 
 use keel_store::{RunId, Store};

@@ -265,7 +265,7 @@ pub(crate) async fn view_usage(
 }
 
 /// Host one run until it ends, a signal pauses it, or `keel cancel` asks to cancel it.
-async fn drive(
+pub(crate) async fn drive(
     home: &Home,
     rt: &Runtime,
     handle: RunHandle,

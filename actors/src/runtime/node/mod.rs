@@ -142,6 +142,8 @@ pub(crate) struct Node {
     pub(crate) sessions_started: AtomicU64,
     /// The store writer thread's queue (see [`store_writer`]); set once at start.
     pub(crate) writer: OnceLock<std::sync::mpsc::Sender<(CommitBatch, tracing::Span)>>,
+    /// The cluster layer that hosts specialists on other nodes, once attached.
+    pub(crate) remote: OnceLock<crate::runtime::remote::Remote>,
 }
 
 impl Node {

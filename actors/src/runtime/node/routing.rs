@@ -51,8 +51,11 @@ impl Node {
                         report,
                     });
                 }
-                if let Some(a) = actor {
-                    let _ = a.send_message(crate::runtime::Deliver(SpecialistInput::Msg(msg)));
+                match actor {
+                    Some(a) => {
+                        let _ = a.send_message(crate::runtime::Deliver(SpecialistInput::Msg(msg)));
+                    }
+                    None => self.route_remote(attempt, msg),
                 }
             }
             Envelope::Supervisor(m) => {

@@ -45,6 +45,9 @@ impl Node {
             harness: start.assignment.harness,
             model: start.assignment.model.clone(),
         });
+        let Some(start) = self.place_remote(start) else {
+            return;
+        };
         let role = SpecialistRole {
             node: Arc::clone(self),
             attempt,

@@ -1,0 +1,350 @@
+//! The coordinator node's endpoint: the runtime's [`RemoteHosts`] (specialists placed on workers by
+//! capability and load) and the actor that receives what workers send.
+//!
+//! Everything a worker produces arrives here as a message and goes into the runtime through its
+//! [`RemoteInbox`] as the input a local specialist would have produced: the coordinator machine makes
+//! it durable through the checkpoint writer before it acknowledges it, and the specialist on the
+//! worker resends its result until that `Ack` (the machines' protocol, unchanged). A worker's lease,
+//! spawn acknowledgements and stale attempts are [`Membership`]'s rules; this file carries them out.
+
+use crate::membership::{Action, Membership, MembershipConfig};
+use crate::name::{COORDINATOR_GROUP, NodeName, worker_group};
+use crate::wire::{self, ClusterMsg, Envelope, ToCoordinator, ToWorker, WireError};
+use keel_actors::runtime::{RemoteHosts, RemoteInbox, Runtime, wall_clock_ms};
+use keel_actors::{AttemptId, SpecialistMsg, SpecialistStart};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+/// How often leases, spawn acknowledgements and waiting attempts are checked.
+pub const TICK: Duration = Duration::from_millis(200);
+
+/// Most dispatch latencies kept for [`DispatchStats`].
+const LATENCIES_MAX: usize = 100_000;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Remote dispatch latency: from the supervisor's decision (the spawn handed to the cluster layer) to
+/// the worker's acknowledgement that the specialist's actor runs (one round trip over the network).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DispatchStats {
+    /// Spawns acknowledged.
+    pub count: usize,
+    /// Median, in microseconds.
+    pub median_us: u64,
+    /// 99th percentile, in microseconds.
+    pub p99_us: u64,
+    /// Largest, in microseconds.
+    pub max_us: u64,
+}
+
+struct Shared {
+    name: NodeName,
+    membership: Mutex<Membership>,
+    inbox: OnceLock<RemoteInbox>,
+    /// When each unacknowledged spawn was handed over (a monotonic clock, for the latency only).
+    dispatched: Mutex<BTreeMap<AttemptId, Instant>>,
+    latencies_us: Mutex<Vec<u64>>,
+}
+
+impl Shared {
+    fn send(&self, worker: &NodeName, body: &ToWorker) {
+        let bytes = match wire::encode(&self.name, body) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(%worker, error = %e, "a message to a worker could not be encoded");
+                return;
+            }
+        };
+        let members = ractor::pg::get_members(&worker_group(worker));
+        match members.into_iter().next() {
+            Some(cell) => {
+                let to: ActorRef<ClusterMsg> = cell.into();
+                if let Err(e) = to.cast(ClusterMsg::Frame(bytes)) {
+                    tracing::debug!(%worker, error = %e, "a message to a worker was not sent");
+                }
+            }
+            None => tracing::debug!(%worker, "no session with the worker; message dropped"),
+        }
+    }
+
+    /// Carry out what the membership decided (never with its lock held).
+    fn act(&self, actions: Vec<Action>) {
+        for action in actions {
+            match action {
+                Action::Spawn {
+                    worker,
+                    incarnation,
+                    start,
+                } => {
+                    tracing::info!(attempt = %start.attempt, %worker, "specialist placed on a worker");
+                    self.send(&worker, &ToWorker::Spawn { incarnation, start });
+                }
+                Action::Down { attempt, reason } => {
+                    lock(&self.dispatched).remove(&attempt);
+                    tracing::warn!(%attempt, %reason, "remote attempt down");
+                    if let Some(inbox) = self.inbox.get() {
+                        inbox.down(attempt, reason);
+                    }
+                }
+                Action::Cancel { worker, attempt } => {
+                    tracing::info!(%attempt, %worker, "cancelling an attempt the coordinator does not expect on that worker");
+                    self.send(
+                        &worker,
+                        &ToWorker::Specialist {
+                            attempt,
+                            msg: SpecialistMsg::Cancel {
+                                reason: "the coordinator no longer expects this attempt here"
+                                    .into(),
+                            },
+                        },
+                    );
+                }
+                Action::Joined {
+                    worker,
+                    harnesses,
+                    capacity,
+                } => {
+                    let harnesses: Vec<&str> = harnesses.iter().map(|h| h.as_str()).collect();
+                    tracing::info!(%worker, ?harnesses, capacity, "worker joined");
+                }
+                Action::Lost { worker, attempts } => {
+                    tracing::warn!(%worker, attempts, "worker lost: its lease expired");
+                }
+            }
+        }
+    }
+
+    fn membership(&self, f: impl FnOnce(&mut Membership, &mut Vec<Action>)) {
+        let mut out = Vec::new();
+        f(&mut lock(&self.membership), &mut out);
+        self.act(out);
+    }
+}
+
+/// The runtime's remote hosts: the membership's placement.
+struct Hosts(Arc<Shared>);
+
+impl RemoteHosts for Hosts {
+    fn place(&self, start: SpecialistStart) -> Result<(), Box<SpecialistStart>> {
+        lock(&self.0.dispatched).insert(start.attempt, Instant::now());
+        self.0
+            .membership(|m, out| m.place(start, wall_clock_ms(), out));
+        Ok(())
+    }
+
+    fn deliver(&self, attempt: AttemptId, msg: SpecialistMsg) -> Result<(), SpecialistMsg> {
+        let worker = lock(&self.0.membership).worker_of(attempt).cloned();
+        match worker {
+            Some(worker) => {
+                self.0.send(&worker, &ToWorker::Specialist { attempt, msg });
+                Ok(())
+            }
+            None => {
+                if matches!(msg, SpecialistMsg::Cancel { .. })
+                    && lock(&self.0.membership).withdraw(attempt)
+                {
+                    // Stopped while waiting for a worker: the supervisor settled it already.
+                    lock(&self.0.dispatched).remove(&attempt);
+                    return Ok(());
+                }
+                Err(msg)
+            }
+        }
+    }
+}
+
+/// The coordinator node's cluster endpoint: an actor in [`COORDINATOR_GROUP`] that receives workers'
+/// frames, plus the timer that checks leases.
+pub struct CoordinatorEndpoint {
+    shared: Arc<Shared>,
+    actor: ActorRef<ClusterMsg>,
+}
+
+impl std::fmt::Debug for CoordinatorEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CoordinatorEndpoint")
+            .field("name", &self.shared.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CoordinatorEndpoint {
+    /// Attach to `runtime` as its remote hosts and start receiving workers' frames.
+    ///
+    /// # Errors
+    /// When the endpoint's actor cannot start.
+    pub async fn start(
+        name: NodeName,
+        runtime: &Runtime,
+        config: MembershipConfig,
+    ) -> Result<Self, ractor::SpawnErr> {
+        let shared = Arc::new(Shared {
+            name,
+            membership: Mutex::new(Membership::new(config)),
+            inbox: OnceLock::new(),
+            dispatched: Mutex::new(BTreeMap::new()),
+            latencies_us: Mutex::new(Vec::new()),
+        });
+        let inbox = runtime.attach_remote(Arc::new(Hosts(Arc::clone(&shared))));
+        let _ = shared.inbox.set(inbox);
+        let (actor, _) = Actor::spawn(None, Receiver(Arc::clone(&shared)), ()).await?;
+        let weak = Arc::downgrade(&shared);
+        tokio::spawn(tick(weak));
+        Ok(Self { shared, actor })
+    }
+
+    /// The live workers' names.
+    pub fn live_workers(&self) -> Vec<NodeName> {
+        lock(&self.shared.membership)
+            .live_workers()
+            .cloned()
+            .collect()
+    }
+
+    /// Remote dispatch latency so far.
+    pub fn dispatch_stats(&self) -> DispatchStats {
+        let mut v = lock(&self.shared.latencies_us).clone();
+        if v.is_empty() {
+            return DispatchStats::default();
+        }
+        v.sort_unstable();
+        let at = |q: usize| v[((v.len() - 1) * q) / 100];
+        DispatchStats {
+            count: v.len(),
+            median_us: at(50),
+            p99_us: at(99),
+            max_us: v[v.len() - 1],
+        }
+    }
+
+    /// Stop receiving.
+    pub fn stop(&self) {
+        self.actor.stop(Some("node shutdown".into()));
+    }
+}
+
+async fn tick(shared: Weak<Shared>) {
+    loop {
+        tokio::time::sleep(TICK).await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        shared.membership(|m, out| m.tick(wall_clock_ms(), out));
+    }
+}
+
+struct Receiver(Arc<Shared>);
+
+impl Actor for Receiver {
+    type Msg = ClusterMsg;
+    type State = ();
+    type Arguments = ();
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<ClusterMsg>,
+        _: (),
+    ) -> Result<(), ActorProcessingErr> {
+        ractor::pg::join(COORDINATOR_GROUP.to_string(), vec![myself.get_cell()]);
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<ClusterMsg>,
+        message: ClusterMsg,
+        _: &mut (),
+    ) -> Result<(), ActorProcessingErr> {
+        let ClusterMsg::Frame(bytes) = message;
+        match wire::decode::<ToCoordinator>(&bytes) {
+            Ok(envelope) => self.receive(envelope),
+            Err(e @ WireError::Version { .. }) => {
+                tracing::error!(error = %e, "refused a cluster message of another protocol version");
+            }
+            Err(e) => tracing::error!(error = %e, "refused a cluster message"),
+        }
+        Ok(())
+    }
+}
+
+impl Receiver {
+    fn receive(&self, Envelope { from, body }: Envelope<ToCoordinator>) {
+        let shared = &self.0;
+        let inbox = shared.inbox.get();
+        match body {
+            ToCoordinator::Heartbeat(status) => {
+                shared.membership(|m, out| m.heartbeat(&from, status, wall_clock_ms(), out));
+            }
+            ToCoordinator::Spawned { attempt } => {
+                let acked = lock(&shared.membership).spawned(&from, attempt).is_some();
+                if let Some(at) = lock(&shared.dispatched).remove(&attempt)
+                    && acked
+                {
+                    let us = u64::try_from(at.elapsed().as_micros()).unwrap_or(u64::MAX);
+                    let mut l = lock(&shared.latencies_us);
+                    if l.len() < LATENCIES_MAX {
+                        l.push(us);
+                    }
+                    tracing::debug!(%attempt, worker = %from, latency_us = us, "specialist started on a worker");
+                }
+            }
+            ToCoordinator::SpawnRefused { attempt, reason } => {
+                if lock(&shared.membership).forget(&from, attempt) {
+                    shared.act(vec![Action::Down {
+                        attempt,
+                        reason: format!("worker {from} refused the spawn: {reason}"),
+                    }]);
+                }
+            }
+            ToCoordinator::Reply {
+                from: attempt,
+                reply,
+            } => {
+                if let Some(inbox) = inbox {
+                    inbox.reply(attempt, reply);
+                }
+            }
+            ToCoordinator::LoadContext { attempt, request } => {
+                let Some(inbox) = inbox.cloned() else {
+                    return;
+                };
+                let shared = Arc::clone(shared);
+                tokio::spawn(async move {
+                    let rows = inbox.load_context(attempt.run, request).await;
+                    shared.send(&from, &ToWorker::ContextRows { attempt, rows });
+                });
+            }
+            ToCoordinator::Lifecycle(event) => {
+                if let Some(inbox) = inbox {
+                    inbox.lifecycle(event);
+                }
+            }
+            ToCoordinator::Usage {
+                attempt,
+                tokens,
+                spent_micros,
+            } => {
+                if let Some(inbox) = inbox {
+                    inbox.usage(attempt, tokens, spent_micros);
+                }
+            }
+            ToCoordinator::Exited {
+                attempt,
+                normal,
+                reason,
+            } => {
+                let was_placed = lock(&shared.membership).forget(&from, attempt);
+                if was_placed && !normal {
+                    shared.act(vec![Action::Down {
+                        attempt,
+                        reason: format!("its actor on worker {from} ended: {reason}"),
+                    }]);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,33 @@
+//! keel on several machines (docs/DESIGN.md §10, docs/OPERATIONS.md): a coordinator node that owns the
+//! store and the machines of every run, and stateless worker nodes that host specialists, over
+//! ractor_cluster.
+//!
+//! - `wire.rs`: the protocol: typed messages, a bincode 2 encoding behind a protocol version, a total
+//!   decoder. `name.rs`: node names and the process groups they join.
+//! - `membership.rs`: the coordinator's view of its workers (pure, time as an argument): leases renewed
+//!   by heartbeats, placement by capability and load, spawn acknowledgements, what a lost worker's
+//!   attempts become.
+//! - `cookie.rs`: the shared secret, read from a file nobody else may read.
+//! - `net.rs`: the ractor_cluster node server (explicit bind address), joining a peer with backoff,
+//!   session events in the log.
+//! - `coordinator.rs`: the coordinator node's endpoint, the runtime's [`keel_actors::runtime::RemoteHosts`].
+//! - `worker.rs`, `worker_role.rs`: a worker node's endpoint and how it hosts one specialist.
+
+pub mod cookie;
+pub mod coordinator;
+pub mod membership;
+pub mod name;
+pub mod net;
+pub mod wire;
+pub mod worker;
+mod worker_role;
+
+pub use cookie::{CookieError, read_cookie};
+pub use coordinator::{CoordinatorEndpoint, DispatchStats};
+pub use membership::{Membership, MembershipConfig};
+pub use name::{COORDINATOR_GROUP, NodeName, NodeNameError, WORKERS_GROUP, worker_group};
+pub use net::{NetError, NodeServerRef, join_with_backoff, start_node_server};
+pub use wire::{
+    ClusterMsg, Envelope, PROTOCOL_VERSION, ToCoordinator, ToWorker, WireError, WorkerStatus,
+};
+pub use worker::{WorkerConfig, WorkerEndpoint};

@@ -1,0 +1,319 @@
+//! A worker node's endpoint: stateless (it never opens the store), it hosts the specialists the
+//! coordinator node places on it, advertises its harnesses and capacity by heartbeat (which renews
+//! its lease), and sends everything its specialists produce back as messages.
+//!
+//! Spawns are deduplicated per incarnation (one attempt, one specialist) and refused when addressed
+//! to another incarnation or past the capacity. A specialist's results are resent by its machine
+//! until the coordinator acknowledges them; its log rows and usage are sent once (a lost one is lost,
+//! as in one process: the resume preamble needs only the recent rows).
+
+use crate::name::{COORDINATOR_GROUP, NodeName, WORKERS_GROUP, worker_group};
+use crate::wire::{self, ClusterMsg, Envelope, ToCoordinator, ToWorker, WorkerStatus};
+use crate::worker_role::WorkerSpecialistRole;
+use keel_actors::host::StartedKeys;
+use keel_actors::runtime::{Deliver, HarnessSet, Host, HostRef, HostState, OsEntropy};
+use keel_actors::{AttemptId, Specialist, SpecialistConfig, SpecialistInput, SpecialistStart};
+use keel_harness::HarnessKind;
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+/// The exit reason of a specialist whose machine ended it (as in the runtime).
+pub(crate) const EXIT_REASON: &str = "exit";
+
+/// Most attempts one incarnation remembers having hosted (to refuse duplicate spawns).
+const HOSTED_REMEMBERED_MAX: usize = 100_000;
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What a worker node is configured with.
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    /// Its name.
+    pub name: NodeName,
+    /// Most specialists it hosts at once.
+    pub capacity: u32,
+    /// The harnesses it can run sessions on (with their accounts).
+    pub harnesses: HarnessSet,
+    /// Its specialists' limits and working directory (on this machine).
+    pub specialist: SpecialistConfig,
+    /// How often it sends a heartbeat (keep it well under the coordinator's lease).
+    pub heartbeat: Duration,
+    /// How long a specialist waits for the rows of its preamble from the coordinator node.
+    pub context_wait: Duration,
+}
+
+pub(crate) struct WorkerShared {
+    pub(crate) config: WorkerConfig,
+    pub(crate) incarnation: u64,
+    pub(crate) hosted: Mutex<BTreeMap<AttemptId, HostRef<Specialist>>>,
+    by_actor: Mutex<BTreeMap<ActorId, AttemptId>>,
+    hosted_ever: Mutex<BTreeSet<AttemptId>>,
+    pub(crate) started_keys: Mutex<StartedKeys>,
+    /// Attempts waiting for their preamble's rows: whoever removes one first (the rows, or the
+    /// timeout) answers it.
+    pub(crate) context_waiting: Mutex<BTreeSet<AttemptId>>,
+    entropy: Mutex<OsEntropy>,
+}
+
+impl WorkerShared {
+    /// Send a message to the coordinator node (dropped, with a debug line, while it is unreachable:
+    /// results are resent by their machine until acknowledged).
+    pub(crate) fn send(&self, body: &ToCoordinator) {
+        let bytes = match wire::encode(&self.config.name, body) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(error = %e, "a message to the coordinator could not be encoded");
+                return;
+            }
+        };
+        match ractor::pg::get_members(&COORDINATOR_GROUP.to_string())
+            .into_iter()
+            .next()
+        {
+            Some(cell) => {
+                let to: ActorRef<ClusterMsg> = cell.into();
+                if let Err(e) = to.cast(ClusterMsg::Frame(bytes)) {
+                    tracing::debug!(error = %e, "a message to the coordinator was not sent");
+                }
+            }
+            None => tracing::debug!("the coordinator node is unreachable; message dropped"),
+        }
+    }
+
+    fn status(&self) -> WorkerStatus {
+        let harnesses = HarnessKind::ALL
+            .iter()
+            .copied()
+            .filter(|k| self.config.harnesses.get(*k).is_some())
+            .collect();
+        WorkerStatus {
+            incarnation: self.incarnation,
+            harnesses,
+            capacity: self.config.capacity,
+            hosting: lock(&self.hosted).keys().copied().collect(),
+        }
+    }
+}
+
+/// A worker node's cluster endpoint: an actor in [`WORKERS_GROUP`] and in its own
+/// [`worker_group`], the supervisor of the specialists it hosts, and its heartbeat.
+pub struct WorkerEndpoint {
+    shared: Arc<WorkerShared>,
+    actor: ActorRef<ClusterMsg>,
+}
+
+impl std::fmt::Debug for WorkerEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerEndpoint")
+            .field("name", &self.shared.config.name)
+            .field("incarnation", &self.shared.incarnation)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a worker endpoint did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// No OS entropy for the specialists' streams.
+    #[error("{0}")]
+    Entropy(#[from] keel_actors::runtime::EntropyError),
+    /// The endpoint actor did not start.
+    #[error("the worker endpoint did not start: {0}")]
+    Spawn(#[from] ractor::SpawnErr),
+}
+
+impl WorkerEndpoint {
+    /// Start hosting specialists and sending heartbeats.
+    ///
+    /// # Errors
+    /// [`WorkerError`].
+    pub async fn start(config: WorkerConfig) -> Result<Self, WorkerError> {
+        let mut entropy = OsEntropy::from_os()?;
+        let incarnation = {
+            use keel_actors::Entropy;
+            entropy.next_u64()
+        };
+        let heartbeat = config.heartbeat;
+        let shared = Arc::new(WorkerShared {
+            config,
+            incarnation,
+            hosted: Mutex::new(BTreeMap::new()),
+            by_actor: Mutex::new(BTreeMap::new()),
+            hosted_ever: Mutex::new(BTreeSet::new()),
+            started_keys: Mutex::new(StartedKeys::default()),
+            context_waiting: Mutex::new(BTreeSet::new()),
+            entropy: Mutex::new(entropy),
+        });
+        let (actor, _) = Actor::spawn(None, Endpoint(Arc::clone(&shared)), ()).await?;
+        let weak = Arc::downgrade(&shared);
+        tokio::spawn(async move {
+            loop {
+                let Some(shared) = weak.upgrade() else { return };
+                shared.send(&ToCoordinator::Heartbeat(shared.status()));
+                drop(shared);
+                tokio::time::sleep(heartbeat).await;
+            }
+        });
+        Ok(Self { shared, actor })
+    }
+
+    /// The specialists hosted right now.
+    pub fn hosting(&self) -> usize {
+        lock(&self.shared.hosted).len()
+    }
+
+    /// Stop: kill every hosted specialist (their sessions are cancelled) and leave the groups.
+    pub fn stop(&self) {
+        let hosted: Vec<_> = lock(&self.shared.hosted).values().cloned().collect();
+        for h in hosted {
+            h.kill();
+        }
+        self.actor.stop(Some("node shutdown".into()));
+    }
+}
+
+struct Endpoint(Arc<WorkerShared>);
+
+impl Actor for Endpoint {
+    type Msg = ClusterMsg;
+    type State = ();
+    type Arguments = ();
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<ClusterMsg>,
+        _: (),
+    ) -> Result<(), ActorProcessingErr> {
+        ractor::pg::join(WORKERS_GROUP.to_string(), vec![myself.get_cell()]);
+        ractor::pg::join(worker_group(&self.0.config.name), vec![myself.get_cell()]);
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<ClusterMsg>,
+        message: ClusterMsg,
+        _: &mut (),
+    ) -> Result<(), ActorProcessingErr> {
+        let ClusterMsg::Frame(bytes) = message;
+        match wire::decode::<ToWorker>(&bytes) {
+            Ok(Envelope { body, .. }) => self.receive(&myself, body).await,
+            Err(e) => tracing::error!(error = %e, "refused a cluster message"),
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        _myself: ActorRef<ClusterMsg>,
+        event: SupervisionEvent,
+        _: &mut (),
+    ) -> Result<(), ActorProcessingErr> {
+        // Overridden: ractor's default would stop the endpoint when a specialist ends.
+        let (id, reason) = match &event {
+            SupervisionEvent::ActorTerminated(cell, _, reason) => (
+                cell.get_id(),
+                reason.clone().unwrap_or_else(|| "stopped".into()),
+            ),
+            SupervisionEvent::ActorFailed(cell, e) => (cell.get_id(), format!("failed: {e}")),
+            _ => return Ok(()),
+        };
+        let Some(attempt) = lock(&self.0.by_actor).remove(&id) else {
+            return Ok(());
+        };
+        {
+            let mut hosted = lock(&self.0.hosted);
+            if hosted.get(&attempt).is_some_and(|h| h.get_id() == id) {
+                hosted.remove(&attempt);
+            }
+        }
+        lock(&self.0.context_waiting).remove(&attempt);
+        self.0.send(&ToCoordinator::Exited {
+            attempt,
+            normal: reason == EXIT_REASON,
+            reason,
+        });
+        Ok(())
+    }
+}
+
+impl Endpoint {
+    async fn receive(&self, myself: &ActorRef<ClusterMsg>, body: ToWorker) {
+        match body {
+            ToWorker::Spawn { incarnation, start } => self.spawn(myself, incarnation, *start).await,
+            ToWorker::Specialist { attempt, msg } => {
+                let actor = lock(&self.0.hosted).get(&attempt).cloned();
+                match actor {
+                    Some(a) => {
+                        let _ = a.send_message(Deliver(SpecialistInput::Msg(msg)));
+                    }
+                    None => {
+                        tracing::debug!(%attempt, "message for an attempt not hosted here, dropped")
+                    }
+                }
+            }
+            ToWorker::ContextRows { attempt, rows } => {
+                if !lock(&self.0.context_waiting).remove(&attempt) {
+                    return;
+                }
+                let actor = lock(&self.0.hosted).get(&attempt).cloned();
+                if let Some(a) = actor {
+                    let _ = a.send_message(Deliver(SpecialistInput::ContextLoaded(rows)));
+                }
+            }
+        }
+    }
+
+    async fn spawn(&self, myself: &ActorRef<ClusterMsg>, incarnation: u64, start: SpecialistStart) {
+        let shared = &self.0;
+        let attempt = start.attempt;
+        let refuse = |reason: String| {
+            tracing::warn!(%attempt, %reason, "spawn refused");
+            shared.send(&ToCoordinator::SpawnRefused { attempt, reason });
+        };
+        if incarnation != shared.incarnation {
+            return refuse(format!(
+                "addressed to incarnation {incarnation:x}, this worker is {:x}",
+                shared.incarnation
+            ));
+        }
+        {
+            let mut ever = lock(&shared.hosted_ever);
+            if ever.contains(&attempt) {
+                // A duplicate spawn: one attempt, one specialist; acknowledge again.
+                drop(ever);
+                shared.send(&ToCoordinator::Spawned { attempt });
+                return;
+            }
+            if ever.len() >= HOSTED_REMEMBERED_MAX {
+                drop(ever);
+                return refuse(
+                    "this worker has hosted as many attempts as it remembers; restart it".into(),
+                );
+            }
+            if lock(&shared.hosted).len() >= shared.config.capacity as usize {
+                drop(ever);
+                return refuse(format!("at capacity ({})", shared.config.capacity));
+            }
+            ever.insert(attempt);
+        }
+        let role = WorkerSpecialistRole::new(Arc::clone(shared), &start);
+        let machine = Specialist::new(start, shared.config.specialist.clone());
+        let rng = lock(&shared.entropy).fork();
+        let state = HostState::new(machine, rng, Default::default());
+        match Actor::spawn_linked(None, Host::new(role), state, myself.get_cell()).await {
+            Ok((actor, _)) => {
+                lock(&shared.by_actor).insert(actor.get_id(), attempt);
+                lock(&shared.hosted).insert(attempt, actor.clone());
+                let _ = actor.send_message(Deliver(SpecialistInput::Begin));
+                tracing::info!(%attempt, "specialist started");
+                shared.send(&ToCoordinator::Spawned { attempt });
+            }
+            Err(e) => refuse(format!("the specialist's actor did not start: {e}")),
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! How a worker hosts one specialist attempt: the runtime's generic [`Host`](keel_actors::runtime::Host)
+//! with a role whose effects go over the wire instead of into a local store or coordinator. The
+//! machine is the same `Specialist` the coordinator node would host.
+
+use crate::wire::ToCoordinator;
+use crate::worker::{EXIT_REASON, WorkerShared, lock};
+use keel_actors::runtime::{Deliver, Flow, HostRef, Role, wall_clock_ms};
+use keel_actors::{
+    AttemptId, IdempotencyKey, Specialist, SpecialistEffect, SpecialistInput, SpecialistStart,
+};
+use keel_harness::{
+    CancelToken, HarnessError, HarnessEvent, HarnessKind, SessionSpec, TokenCounts,
+    UsageAccumulator,
+};
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::{Instrument, Span};
+
+/// Per-attempt host state on the worker.
+#[derive(Default)]
+pub(crate) struct WorkerLocal {
+    cancel: Option<CancelToken>,
+    usage: UsageAccumulator,
+    usage_sent: Option<TokenCounts>,
+}
+
+/// Hosts one specialist attempt on a worker.
+pub(crate) struct WorkerSpecialistRole {
+    worker: Arc<WorkerShared>,
+    attempt: AttemptId,
+    harness: HarnessKind,
+    span: Span,
+}
+
+impl WorkerSpecialistRole {
+    pub(crate) fn new(worker: Arc<WorkerShared>, start: &SpecialistStart) -> Self {
+        let span = tracing::info_span!(
+            target: keel_actors::runtime::SPAN_TARGET,
+            "task",
+            run = %start.attempt.run,
+            task = %start.attempt.task,
+            attempt = start.attempt.attempt,
+            agent = %start.assignment.agent,
+            harness = %start.assignment.harness,
+        );
+        Self {
+            worker,
+            attempt: start.attempt,
+            harness: start.assignment.harness,
+            span,
+        }
+    }
+
+    fn feed(me: &HostRef<Specialist>, input: SpecialistInput) {
+        let _ = me.send_message(Deliver(input));
+    }
+
+    fn fail(me: &HostRef<Specialist>, detail: String) {
+        Self::feed(
+            me,
+            SpecialistInput::Harness(HarnessEvent::Failed(HarnessError::system(detail))),
+        );
+    }
+
+    async fn start_harness(
+        &self,
+        me: &HostRef<Specialist>,
+        local: &mut WorkerLocal,
+        key: IdempotencyKey,
+        spec: SessionSpec,
+    ) {
+        if let Err(refusal) = lock(&self.worker.started_keys).admit(key) {
+            // docs/DESIGN.md §12 invariant 2: never two sessions with one key on this worker.
+            return Self::fail(me, refusal.to_string());
+        }
+        let harnesses = &self.worker.config.harnesses;
+        let Some(harness) = harnesses.get(self.harness) else {
+            return Self::fail(
+                me,
+                format!(
+                    "no {} harness is installed on worker {}",
+                    self.harness, self.worker.config.name
+                ),
+            );
+        };
+        let spec = harnesses.prepare(spec, self.attempt);
+        match harness.start(spec).await {
+            Err(e) => Self::fail(me, format!("the session could not start: {e}")),
+            Ok(mut session) => {
+                local.cancel = Some(session.cancel_token());
+                let me = me.clone();
+                let forward = async move {
+                    loop {
+                        let Some(event) = session.next_event().await else {
+                            return Self::fail(
+                                &me,
+                                "the session ended without a terminal event".into(),
+                            );
+                        };
+                        let terminal = event.is_terminal();
+                        if me
+                            .send_message(Deliver(SpecialistInput::Harness(event)))
+                            .is_err()
+                        {
+                            session.cancel();
+                            return;
+                        }
+                        if terminal {
+                            return;
+                        }
+                    }
+                };
+                tokio::spawn(forward.instrument(self.span.clone()));
+            }
+        }
+    }
+
+    fn load_context(&self, me: &HostRef<Specialist>, request: keel_actors::ContextRequest) {
+        let attempt = self.attempt;
+        lock(&self.worker.context_waiting).insert(attempt);
+        self.worker
+            .send(&ToCoordinator::LoadContext { attempt, request });
+        let wait = self.worker.config.context_wait;
+        let worker = Arc::clone(&self.worker);
+        let me = me.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            if lock(&worker.context_waiting).remove(&attempt) {
+                Self::feed(
+                    &me,
+                    SpecialistInput::ContextLoaded(Err(format!(
+                        "no answer from the coordinator node within {wait:?}"
+                    ))),
+                );
+            }
+        });
+    }
+}
+
+impl Role for WorkerSpecialistRole {
+    type M = Specialist;
+    type Local = WorkerLocal;
+
+    fn span(&self) -> Span {
+        self.span.clone()
+    }
+
+    fn before(&self, input: &SpecialistInput, local: &mut WorkerLocal) {
+        if let SpecialistInput::Harness(HarnessEvent::Usage(report)) = input {
+            local.usage.record(report);
+            let tokens = local.usage.total();
+            if local.usage_sent != Some(tokens) {
+                local.usage_sent = Some(tokens);
+                self.worker.send(&ToCoordinator::Usage {
+                    attempt: self.attempt,
+                    tokens,
+                    spent_micros: keel_actors::specialist::spend_micros(
+                        &tokens,
+                        self.worker.config.specialist.micros_per_mtok,
+                    ),
+                });
+            }
+        }
+    }
+
+    async fn execute(
+        &self,
+        me: &HostRef<Specialist>,
+        local: &mut WorkerLocal,
+        effects: Vec<SpecialistEffect>,
+    ) -> Flow {
+        let mut flow = Flow::Continue;
+        for effect in effects {
+            match effect {
+                SpecialistEffect::LoadContext(request) => self.load_context(me, request),
+                SpecialistEffect::StartHarness { key, spec } => {
+                    self.start_harness(me, local, key, *spec).await;
+                }
+                SpecialistEffect::AnswerDelegation { turn, .. } => {
+                    tracing::warn!(attempt = %self.attempt, turn, "delegation answers need the MCP endpoint");
+                }
+                SpecialistEffect::CancelHarness => {
+                    if let Some(c) = &local.cancel {
+                        c.cancel();
+                    }
+                }
+                SpecialistEffect::Reply(to, reply) => {
+                    self.worker.send(&ToCoordinator::Reply {
+                        from: to.attempt(),
+                        reply,
+                    });
+                }
+                SpecialistEffect::SetTimer { timer, at } => {
+                    let me = me.clone();
+                    let wait = Duration::from_millis(at.saturating_sub(wall_clock_ms()));
+                    tokio::spawn(async move {
+                        tokio::time::sleep(wait).await;
+                        Self::feed(&me, SpecialistInput::Timer(timer));
+                    });
+                }
+                SpecialistEffect::Emit(event) => {
+                    self.worker.send(&ToCoordinator::Lifecycle(event));
+                }
+                SpecialistEffect::Exit => flow = Flow::Stop(EXIT_REASON.into()),
+            }
+        }
+        flow
+    }
+
+    fn stopped(&self, _me: &HostRef<Specialist>, local: &mut WorkerLocal) {
+        if let Some(c) = local.cancel.take() {
+            c.cancel();
+        }
+    }
+}

@@ -1,0 +1,278 @@
+//! `keel node`: one process of a keel cluster over ractor_cluster (docs/OPERATIONS.md).
+//!
+//! - `--role coordinator` opens the home's store, hosts every run's machines (coordinators, the
+//!   supervisor, the checkpoint writer) and places each specialist on a worker by capability and load;
+//!   at start it resumes the runs that were running when it died.
+//! - `--role worker` never opens the store: it hosts the specialists placed on it, runs their harness
+//!   sessions here, and sends everything back as messages, which the coordinator makes durable before
+//!   it acknowledges them.
+//! - `--role all` is both in one process.
+//!
+//! The cookie comes from a file only its owner can read (`--cookie-file`), never from argv. The
+//! cluster port binds exactly `--listen`. `--run BRIEF` makes a coordinator submit one run once
+//! `--wait-workers` workers have joined, print its summary as `keel run` does, and exit with its code.
+
+pub(crate) mod config;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, anyhow, bail};
+use keel_actors::runtime::Runtime;
+use keel_cluster::{
+    CoordinatorEndpoint, MembershipConfig, NodeName, WorkerConfig, WorkerEndpoint,
+    join_with_backoff, read_cookie, start_node_server,
+};
+use keel_store::RunStatus;
+
+use crate::config::LogFormat;
+use crate::home::Home;
+use crate::run::setup::{HarnessChoice, node_setup, work_dir};
+use crate::run::{self, Ended};
+use crate::stdout::outln;
+pub(crate) use config::{NodeRole, NodeSection};
+
+/// A worker's capacity when neither `--capacity` nor `[node] capacity` says.
+const CAPACITY_DEFAULT: u32 = 8;
+/// The lease when neither `--lease-ms` nor `[node] lease_ms` says.
+const LEASE_MS_DEFAULT: u32 = 5_000;
+/// Heartbeats per lease: a worker survives a few lost heartbeats before its lease expires.
+const HEARTBEATS_PER_LEASE: u32 = 5;
+/// How long a specialist on a worker waits for its preamble's rows.
+const CONTEXT_WAIT: Duration = Duration::from_secs(30);
+/// How long `--run` waits for `--wait-workers` workers.
+const WORKERS_WAIT: Duration = Duration::from_secs(120);
+
+/// `keel node`'s arguments (flags over `[node]`).
+#[derive(Debug, Clone)]
+pub(crate) struct NodeArgs {
+    pub(crate) role: Option<NodeRole>,
+    pub(crate) listen: Option<SocketAddr>,
+    pub(crate) join: Option<SocketAddr>,
+    pub(crate) cookie_file: Option<PathBuf>,
+    pub(crate) name: Option<String>,
+    pub(crate) capacity: Option<u32>,
+    pub(crate) lease_ms: Option<u32>,
+    pub(crate) choice: HarnessChoice,
+    pub(crate) run: Option<String>,
+    pub(crate) plan: Option<PathBuf>,
+    pub(crate) wait_workers: u32,
+    pub(crate) quiet: bool,
+    pub(crate) log_format: Option<LogFormat>,
+}
+
+/// What the flags and `[node]` settle on.
+struct Resolved {
+    role: NodeRole,
+    listen: SocketAddr,
+    join: Option<SocketAddr>,
+    cookie: String,
+    name: NodeName,
+    capacity: u32,
+    lease_ms: u32,
+}
+
+fn resolve(home: &Home, args: &NodeArgs, section: &NodeSection) -> anyhow::Result<Resolved> {
+    let role = args.role.or(section.role).ok_or_else(|| {
+        anyhow!("say which role this node has: --role coordinator|worker|all (or [node] role)")
+    })?;
+    let listen = args
+        .listen
+        .or(section.listen)
+        .ok_or_else(|| anyhow!("say which address the cluster port binds: --listen IP:PORT (or [node] listen); 127.0.0.1:0 picks a free local port"))?;
+    let join = args.join.or(section.join);
+    if role == NodeRole::Worker && join.is_none() {
+        bail!("a worker needs the coordinator node's address: --join IP:PORT (or [node] join)");
+    }
+    let cookie_file = args
+        .cookie_file
+        .clone()
+        .or_else(|| section.cookie_file.as_ref().map(|p| home.dir().join(p)))
+        .ok_or_else(|| anyhow!("say where the cluster cookie is: --cookie-file PATH (or [node] cookie_file); it is never taken from the command line"))?;
+    let cookie = read_cookie(&cookie_file)?;
+    let name = match args.name.clone().or_else(|| section.name.clone()) {
+        Some(n) => n,
+        None if role == NodeRole::Worker => {
+            bail!("a worker needs a name: --name NAME (or [node] name)")
+        }
+        None => role.as_str().to_string(),
+    };
+    let name = NodeName::new(name).context("--name")?;
+    let capacity = args
+        .capacity
+        .or(section.capacity.map(|c| c.get()))
+        .unwrap_or(CAPACITY_DEFAULT)
+        .max(1);
+    let lease_ms = args
+        .lease_ms
+        .or(section.lease_ms.map(|l| l.get()))
+        .unwrap_or(LEASE_MS_DEFAULT)
+        .max(HEARTBEATS_PER_LEASE * 20);
+    Ok(Resolved {
+        role,
+        listen,
+        join,
+        cookie,
+        name,
+        capacity,
+        lease_ms,
+    })
+}
+
+/// `keel node`.
+pub(crate) fn node(home: &Home, args: NodeArgs, json: bool) -> anyhow::Result<Ended> {
+    let config = home.config()?;
+    let r = resolve(home, &args, &config.node)?;
+    if args.run.is_some() && !r.role.coordinates() {
+        bail!("--run needs a coordinator (--role coordinator or all)");
+    }
+    run::init_logs(&config.log, args.log_format);
+    run::tokio_runtime()?.block_on(async {
+        let work = work_dir()?;
+        let setup = node_setup(&config, &args.choice, &work).await?;
+        let (server, bound) = start_node_server(&r.name, r.cookie.clone(), r.listen).await?;
+        let mut coordinator = None;
+        if r.role.coordinates() {
+            let store = run::open_writer(home)?;
+            let (rt, events) =
+                Runtime::start(store, setup.harnesses.clone(), setup.config.clone()).await?;
+            let membership = MembershipConfig {
+                lease_ms: u64::from(r.lease_ms),
+                ..MembershipConfig::default()
+            };
+            let endpoint = CoordinatorEndpoint::start(r.name.clone(), &rt, membership)
+                .await
+                .map_err(|e| anyhow!("the coordinator endpoint did not start: {e}"))?;
+            coordinator = Some((rt, events, endpoint));
+        }
+        let worker = if r.role.works() {
+            Some(
+                WorkerEndpoint::start(WorkerConfig {
+                    name: r.name.clone(),
+                    capacity: r.capacity,
+                    harnesses: setup.harnesses.clone(),
+                    specialist: setup.config.specialist.clone(),
+                    heartbeat: Duration::from_millis(u64::from(r.lease_ms / HEARTBEATS_PER_LEASE)),
+                    context_wait: CONTEXT_WAIT,
+                })
+                .await?,
+            )
+        } else {
+            None
+        };
+        if let Some(peer) = r.join {
+            tokio::spawn(join_with_backoff(server.clone(), peer));
+        }
+        outln!(
+            "keel node {} ({}) listening on {bound}",
+            r.name,
+            r.role.as_str()
+        )?;
+        {
+            use std::io::Write;
+            let _ = std::io::stdout().flush();
+        }
+        let ended = match coordinator {
+            Some((rt, events, endpoint)) => {
+                let ended = coordinate(home, &rt, events, &endpoint, &args, &setup, &config, json).await;
+                let stats = endpoint.dispatch_stats();
+                tracing::info!(
+                    spawns = stats.count,
+                    median_us = stats.median_us,
+                    p99_us = stats.p99_us,
+                    max_us = stats.max_us,
+                    "remote dispatch latency (spawn handed over to the worker's acknowledgement)"
+                );
+                endpoint.stop();
+                rt.shutdown().await;
+                ended
+            }
+            None => {
+                wait_for_signal().await?;
+                tracing::info!("stopping: sessions hosted here are cancelled; the coordinator re-places them when the lease expires");
+                Ok(Ended::Paused)
+            }
+        };
+        if let Some(w) = worker {
+            w.stop();
+        }
+        server.stop(Some("node shutdown".into()));
+        ended
+    })
+}
+
+/// A coordinator's life: resume what was running, submit `--run`'s brief, host until the run ends
+/// (with `--run`) or a signal pauses the node.
+#[allow(clippy::too_many_arguments)]
+async fn coordinate(
+    home: &Home,
+    rt: &Runtime,
+    events: tokio::sync::mpsc::Receiver<keel_actors::runtime::RuntimeEvent>,
+    endpoint: &CoordinatorEndpoint,
+    args: &NodeArgs,
+    setup: &run::setup::NodeSetup,
+    config: &crate::config::Config,
+    json: bool,
+) -> anyhow::Result<Ended> {
+    let mut resumed = Vec::new();
+    for id in rt.open_runs()? {
+        let status = rt.store().catalog().run(id)?.status;
+        if status == RunStatus::Running {
+            tracing::info!(run = %id, "resuming a run that was running when this node stopped");
+            resumed.push(rt.resume(id).await?);
+        }
+    }
+    let Some(brief) = &args.run else {
+        // A daemon: serve until a signal; resumed runs end by themselves meanwhile.
+        let view = tokio::spawn(run::progress::show(events, true));
+        let waiting = tokio::spawn(async move {
+            for handle in resumed {
+                let run = handle.id();
+                match handle.finished().await {
+                    Ok(outcome) => {
+                        tracing::info!(%run, status = ?outcome.status, "resumed run ended")
+                    }
+                    Err(e) => tracing::warn!(%run, error = %e, "resumed run not finished"),
+                }
+            }
+        });
+        wait_for_signal().await?;
+        waiting.abort();
+        view.abort();
+        let summary = rt.pause(run::PAUSE_WAIT).await;
+        tracing::info!(tasks_paused = summary.tasks_paused, "coordinator paused");
+        return Ok(Ended::Paused);
+    };
+    let deadline = tokio::time::Instant::now() + WORKERS_WAIT;
+    while endpoint.live_workers().len() < args.wait_workers as usize {
+        if tokio::time::Instant::now() >= deadline {
+            bail!(
+                "only {} of {} workers joined within {WORKERS_WAIT:?}",
+                endpoint.live_workers().len(),
+                args.wait_workers
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let plan = args.plan.as_deref().map(run::read_plan).transpose()?;
+    let mode = run::run_mode(brief, plan, setup.scripted, args.choice.agent.clone())?;
+    let (budget, snapshot) = run::submission(config);
+    let view = tokio::spawn(run::progress::show(events, args.quiet || json));
+    let handle = rt.submit(brief.clone(), mode, budget, snapshot).await?;
+    if !json && !args.quiet {
+        outln!("run {} started on the cluster", handle.id())?;
+    }
+    run::drive(home, rt, handle, view, json).await
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
+}
