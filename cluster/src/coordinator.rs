@@ -293,12 +293,14 @@ impl Receiver {
                 }
             }
             ToCoordinator::SpawnRefused { attempt, reason } => {
-                if lock(&shared.membership).forget(&from, attempt) {
-                    shared.act(vec![Action::Down {
-                        attempt,
-                        reason: format!("worker {from} refused the spawn: {reason}"),
-                    }]);
+                let mut out = vec![Action::Down {
+                    attempt,
+                    reason: format!("worker {from} refused the spawn: {reason}"),
+                }];
+                if !lock(&shared.membership).forget(&from, attempt, wall_clock_ms(), &mut out) {
+                    out.remove(0);
                 }
+                shared.act(out);
             }
             ToCoordinator::Reply {
                 from: attempt,
@@ -337,13 +339,19 @@ impl Receiver {
                 normal,
                 reason,
             } => {
-                let was_placed = lock(&shared.membership).forget(&from, attempt);
+                let mut out = Vec::new();
+                let was_placed =
+                    lock(&shared.membership).forget(&from, attempt, wall_clock_ms(), &mut out);
                 if was_placed && !normal {
-                    shared.act(vec![Action::Down {
-                        attempt,
-                        reason: format!("its actor on worker {from} ended: {reason}"),
-                    }]);
+                    out.insert(
+                        0,
+                        Action::Down {
+                            attempt,
+                            reason: format!("its actor on worker {from} ended: {reason}"),
+                        },
+                    );
                 }
+                shared.act(out);
             }
         }
     }

@@ -287,10 +287,18 @@ impl Membership {
     }
 
     /// The attempt is over on its worker (it exited, or the worker refused it): forget its
-    /// placement. Returns whether it was placed on `from`.
-    pub fn forget(&mut self, from: &NodeName, attempt: AttemptId) -> bool {
+    /// placement, and place what waited for the capacity it frees. Returns whether it was placed on
+    /// `from`.
+    pub fn forget(
+        &mut self,
+        from: &NodeName,
+        attempt: AttemptId,
+        now: Millis,
+        out: &mut Vec<Action>,
+    ) -> bool {
         if self.placed.get(&attempt).is_some_and(|p| &p.worker == from) {
             self.placed.remove(&attempt);
+            self.place_waiting(now, out);
             return true;
         }
         false

@@ -75,10 +75,12 @@ fn placement_spreads_by_load_for_capacity_and_needs_the_harness() {
     m.place(start(attempt(7, 1), API, "x"), 20, &mut out);
     assert!(spawned_on(&out).is_empty());
     assert_eq!(m.waiting(), 1);
-    // An attempt ends on a: the waiting one goes there at the next heartbeat.
-    assert!(m.forget(&n("a"), attempt(1, 1)));
-    m.heartbeat(&n("a"), status(1, &[API], 2), 30, &mut out);
+    // An attempt ends on a: the waiting one goes there at once.
+    out.clear();
+    assert!(m.forget(&n("a"), attempt(1, 1), 30, &mut out));
     assert_eq!(spawned_on(&out), vec![("a".to_string(), 7)]);
+    // Forgetting an attempt placed elsewhere does nothing.
+    assert!(!m.forget(&n("a"), attempt(2, 1), 31, &mut out));
 }
 
 #[test]

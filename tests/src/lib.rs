@@ -191,6 +191,32 @@ impl Reaped {
         .map_err(|e| HelperError::Timeout(wait, format!("{e}; stderr: {}", joined(&stderr))))
     }
 
+    /// Wait until a line of the child's stderr contains `needle` (its log), at most `wait`.
+    ///
+    /// # Errors
+    /// [`HelperError::Timeout`] with the stderr seen so far.
+    pub fn stderr_line_containing(
+        &mut self,
+        needle: &str,
+        wait: Duration,
+    ) -> Result<String, HelperError> {
+        let stderr = Arc::clone(&self.stderr);
+        wait_for(wait, needle, || {
+            stderr
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .iter()
+                .find(|l| l.contains(needle))
+                .cloned()
+        })
+        .map_err(|e| HelperError::Timeout(wait, format!("{e}; stderr: {}", joined(&stderr))))
+    }
+
+    /// The child's stderr so far.
+    pub fn stderr_so_far(&self) -> String {
+        joined(&self.stderr)
+    }
+
     /// Wait for the exit, at most `wait`, and return the status with everything printed.
     ///
     /// # Errors

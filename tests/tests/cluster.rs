@@ -1,0 +1,479 @@
+//! keel on several processes: `keel node` coordinator and worker processes over ractor_cluster on
+//! 127.0.0.1, running a 16-specialist fan-out against one scripted model server process whose request
+//! recordings count every session started.
+//!
+//! - Undisturbed: the run completes with the reference reports and its specialists ran on both
+//!   workers.
+//! - SIGKILL of one worker mid-run: its attempts go down when its lease expires and run again on the
+//!   other worker with resume preambles; no acknowledged step runs a second session; the reports
+//!   equal the undisturbed run's.
+//! - SIGKILL of the coordinator mid-run, then a restart: it resumes the run from its checkpoint, the
+//!   workers reconnect by themselves, and the reports equal the undisturbed run's.
+//! - A wrong cookie is refused (both sides log it; the worker never joins), a cookie file others may
+//!   read is refused before anything starts, and a message of another protocol version is refused
+//!   with a logged error while the session stays up.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests: a panic is the failure report.
+
+use keel_actors::runtime::scripted::fan_out_plan;
+use keel_cluster::wire::encode_as_version;
+use keel_cluster::{
+    COORDINATOR_GROUP, ClusterMsg, NodeName, PROTOCOL_VERSION, ToCoordinator, WorkerStatus,
+};
+use keel_store::{RunId, RunStatus, Store, StoreConfig, Task, TaskKind, TaskStatus};
+use keel_tests::{Reaped, keel, recorded_bodies, session_openings, wait_for};
+use std::collections::BTreeSet;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const STEPS: usize = 16;
+const RUN_WAIT: Duration = Duration::from_secs(180);
+const JOIN_WAIT: Duration = Duration::from_secs(60);
+/// The coordinator's log: keel's cluster lines at info, everything else at error.
+const COORDINATOR_LOG: &str = "error,keel_cluster=info,keel::node_cmd=info";
+const COOKIE: &str = "keel-test-cookie-0123456789abcdef";
+
+struct Cluster {
+    _dir: tempfile::TempDir,
+    work: PathBuf,
+    cookie: PathBuf,
+    record: PathBuf,
+    _server: Reaped,
+    url: String,
+    port: u16,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn write_cookie(path: &Path, text: &str, mode: u32) {
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// A working folder with a keel home, a 16-part plan, a private cookie file and a
+/// recording model server.
+fn cluster() -> Cluster {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    let record = dir.path().join("requests");
+    std::fs::create_dir_all(&work).unwrap();
+    let init = keel(&work).unwrap().arg("init").output().unwrap();
+    assert!(init.status.success(), "{init:?}");
+    std::fs::write(
+        work.join(".keel/keel.toml"),
+        "[supervisor]\nmax_concurrent_specialists = 16\n",
+    )
+    .unwrap();
+    // Two waves of 8 (two workers of capacity 4), each part long enough for a kill to land inside it.
+    let plan = fan_out_plan(STEPS, |i| format!("sleep 2; echo part {i} done")).unwrap();
+    std::fs::write(
+        work.join("plan.json"),
+        serde_json::to_string(&plan).unwrap(),
+    )
+    .unwrap();
+    let cookie = dir.path().join("cookie");
+    write_cookie(&cookie, COOKIE, 0o600);
+    let mut cmd = keel(&work).unwrap();
+    cmd.args(["model-server", "--record-dir"]).arg(&record);
+    let mut server = Reaped::spawn(cmd).unwrap();
+    let line = server
+        .line_containing("listening on", Duration::from_secs(30))
+        .unwrap();
+    let url = line.trim_start_matches("listening on ").trim().to_string();
+    Cluster {
+        _dir: dir,
+        work,
+        cookie,
+        record,
+        _server: server,
+        url,
+        port: free_port(),
+    }
+}
+
+impl Cluster {
+    fn coordinator_addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// `keel node --role coordinator`, with `--run` of the plan when `run` (waiting for 2 workers).
+    fn coordinator(&self, run: bool) -> Reaped {
+        let mut cmd = keel(&self.work).unwrap();
+        cmd.env("KEEL_LOG", COORDINATOR_LOG).args([
+            "node",
+            "--role",
+            "coordinator",
+            "--listen",
+            &self.coordinator_addr(),
+            "--lease-ms",
+            "1500",
+            "--model-server",
+            &self.url,
+        ]);
+        cmd.arg("--cookie-file").arg(&self.cookie);
+        if run {
+            cmd.args([
+                "--run",
+                "fan out",
+                "--plan",
+                "plan.json",
+                "--wait-workers",
+                "2",
+            ]);
+        }
+        let mut c = Reaped::spawn(cmd).unwrap();
+        c.line_containing("listening on", JOIN_WAIT).unwrap();
+        c
+    }
+
+    fn worker(&self, name: &str, cookie: &Path) -> Reaped {
+        let mut cmd = keel(&self.work).unwrap();
+        cmd.env("KEEL_LOG", COORDINATOR_LOG).args([
+            "node",
+            "--role",
+            "worker",
+            "--listen",
+            "127.0.0.1:0",
+            "--join",
+            &self.coordinator_addr(),
+            "--name",
+            name,
+            "--capacity",
+            "4",
+            "--lease-ms",
+            "1500",
+            "--model-server",
+            &self.url,
+        ]);
+        cmd.arg("--cookie-file").arg(cookie);
+        Reaped::spawn(cmd).unwrap()
+    }
+}
+
+fn started_run(c: &mut Reaped) -> RunId {
+    let line = c
+        .line_containing("started on the cluster", RUN_WAIT)
+        .unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+fn reader(work: &Path) -> Store {
+    Store::open_read_only(work.join(".keel/keel.redb"), StoreConfig::default()).unwrap()
+}
+
+fn subtasks(store: &Store, run: RunId) -> Vec<Task> {
+    store
+        .run(run)
+        .tasks(None, 1000)
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| t.kind != TaskKind::Root)
+        .collect()
+}
+
+fn count(tasks: &[Task], status: TaskStatus) -> usize {
+    tasks.iter().filter(|t| t.status == status).count()
+}
+
+fn part(task: &Task) -> usize {
+    let rest = task.brief.split("Part ").nth(1).unwrap();
+    rest.split(' ').next().unwrap().parse().unwrap()
+}
+
+fn openings_of(openings: &[String], part: usize) -> usize {
+    let marker = format!("Part {part} of the fan-out.");
+    openings.iter().filter(|o| o.contains(&marker)).count()
+}
+
+fn claims(store: &Store, run: RunId) -> Vec<String> {
+    let mut claims: Vec<String> = subtasks(store, run)
+        .iter()
+        .filter(|t| t.status == TaskStatus::Complete)
+        .map(|t| {
+            let outcome: keel_actors::StepOutcome =
+                serde_json::from_str(t.outcome.as_deref().unwrap()).unwrap();
+            match outcome {
+                keel_actors::StepOutcome::Report(r) => r.findings[0].claim.clone(),
+                other => panic!("not a report: {other:?}"),
+            }
+        })
+        .collect();
+    claims.sort();
+    claims
+}
+
+/// The reports of an undisturbed run (each part's command output), sorted.
+fn expected_claims() -> Vec<String> {
+    let mut v: Vec<String> = (0..STEPS).map(|i| format!("part {i} done")).collect();
+    v.sort();
+    v
+}
+
+fn placements_on(log: &str, worker: &str) -> usize {
+    log.lines()
+        .filter(|l| {
+            l.contains("specialist placed on a worker") && l.contains(&format!("worker={worker}"))
+        })
+        .count()
+}
+
+#[test]
+fn an_undisturbed_cluster_run_spreads_over_both_workers() {
+    let c = cluster();
+    let mut coordinator = c.coordinator(true);
+    let _w1 = c.worker("w1", &c.cookie);
+    let _w2 = c.worker("w2", &c.cookie);
+    let run = started_run(&mut coordinator);
+    let (status, out, err) = coordinator.wait_output(RUN_WAIT).unwrap();
+    assert!(status.success(), "{status}\n{out}\n{err}");
+    assert!(out.contains(": Completed"), "{out}");
+    let store = reader(&c.work);
+    assert_eq!(
+        store.catalog().run(run).unwrap().status,
+        RunStatus::Completed
+    );
+    assert_eq!(claims(&store, run), expected_claims());
+    assert_eq!(session_openings(&recorded_bodies(&c.record)).len(), STEPS);
+    // Capacity 4 each and 16 at once: both workers hosted specialists.
+    assert!(placements_on(&err, "w1") >= 1, "{err}");
+    assert!(placements_on(&err, "w2") >= 1, "{err}");
+    assert_eq!(placements_on(&err, "w1") + placements_on(&err, "w2"), STEPS);
+}
+
+#[test]
+fn a_sigkilled_workers_tasks_finish_on_the_other_worker() {
+    let c = cluster();
+    let mut coordinator = c.coordinator(true);
+    let w1 = c.worker("w1", &c.cookie);
+    let _w2 = c.worker("w2", &c.cookie);
+    let run = started_run(&mut coordinator);
+    // Wait until the first wave's reports are durable and w1 runs the second wave, then kill it.
+    let store = reader(&c.work);
+    wait_for(RUN_WAIT, "reports, and a second wave on w1", || {
+        let tasks = subtasks(&store, run);
+        let second_wave_on_w1 = placements_on(&coordinator.stderr_so_far(), "w1") > 4;
+        (count(&tasks, TaskStatus::Complete) >= 2 && second_wave_on_w1).then_some(())
+    })
+    .unwrap();
+    w1.kill();
+    let at_kill = subtasks(&store, run);
+    let acked: BTreeSet<usize> = at_kill
+        .iter()
+        .filter(|t| t.status == TaskStatus::Complete)
+        .map(part)
+        .collect();
+    let before = session_openings(&recorded_bodies(&c.record)).len();
+    drop(store);
+
+    let (status, out, err) = coordinator.wait_output(RUN_WAIT).unwrap();
+    assert!(status.success(), "{status}\n{out}\n{err}");
+    assert!(out.contains(": Completed"), "{out}");
+    let store = reader(&c.work);
+    // The reports equal an undisturbed run's.
+    assert_eq!(claims(&store, run), expected_claims());
+    let lost: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("remote attempt down") && l.contains("worker w1"))
+        .collect();
+    assert!(!lost.is_empty(), "w1's attempts never went down: {err}");
+    // After the kill every placement went to w2.
+    let after_loss = err
+        .split("worker lost: its lease expired")
+        .nth(1)
+        .unwrap_or_else(|| panic!("w1 was never declared lost: {err}"));
+    assert_eq!(placements_on(after_loss, "w1"), 0, "{after_loss}");
+    assert!(placements_on(after_loss, "w2") >= 1, "{after_loss}");
+    let openings = session_openings(&recorded_bodies(&c.record));
+    for i in 0..STEPS {
+        let n = openings_of(&openings, i);
+        if acked.contains(&i) {
+            assert_eq!(n, 1, "acknowledged part {i} ran {n} sessions");
+        } else {
+            assert!(n >= 1, "part {i} never ran");
+        }
+    }
+    // The steps that ran again continued with keel's resume preamble.
+    let again: Vec<&String> = openings[before..]
+        .iter()
+        .filter(|o| o.contains(r#"kind=\"resume\""#))
+        .collect();
+    assert!(
+        !again.is_empty(),
+        "no session ran again with a resume preamble"
+    );
+    let tasks = subtasks(&store, run);
+    assert!(tasks.iter().any(|t| t.attempt >= 2));
+}
+
+#[test]
+fn a_sigkilled_coordinator_restarts_resumes_the_run_and_the_workers_come_back() {
+    let c = cluster();
+    let mut coordinator = c.coordinator(true);
+    let _w1 = c.worker("w1", &c.cookie);
+    let _w2 = c.worker("w2", &c.cookie);
+    let run = started_run(&mut coordinator);
+    let store = reader(&c.work);
+    wait_for(RUN_WAIT, "reports before the kill", || {
+        (count(&subtasks(&store, run), TaskStatus::Complete) >= 3).then_some(())
+    })
+    .unwrap();
+    coordinator.kill();
+    let at_kill = subtasks(&store, run);
+    let acked: BTreeSet<usize> = at_kill
+        .iter()
+        .filter(|t| t.status == TaskStatus::Complete)
+        .map(part)
+        .collect();
+    assert!(
+        !store.catalog().run(run).unwrap().status.is_terminal(),
+        "the kill came after the end"
+    );
+    drop(store);
+
+    // The same address, no --run: it resumes the run; the workers reconnect by themselves.
+    let mut again = c.coordinator(false);
+    again
+        .stderr_line_containing("resuming a run", JOIN_WAIT)
+        .unwrap();
+    again
+        .stderr_line_containing("worker joined worker=w1", JOIN_WAIT)
+        .unwrap();
+    again
+        .stderr_line_containing("worker joined worker=w2", JOIN_WAIT)
+        .unwrap();
+    wait_for(RUN_WAIT, "the resumed run's end", || {
+        let store = reader(&c.work);
+        let status = store.catalog().run(run).ok()?.status;
+        status.is_terminal().then_some(status)
+    })
+    .map(|status| assert_eq!(status, RunStatus::Completed))
+    .unwrap();
+    let store = reader(&c.work);
+    assert_eq!(claims(&store, run), expected_claims());
+    let openings = session_openings(&recorded_bodies(&c.record));
+    for i in &acked {
+        assert_eq!(
+            openings_of(&openings, *i),
+            1,
+            "acknowledged part {i} ran twice"
+        );
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(again.id()).unwrap()),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let (status, _, err) = again.wait_output(RUN_WAIT).unwrap();
+    assert_eq!(status.code(), Some(6), "a signalled daemon pauses\n{err}");
+}
+
+#[test]
+fn a_wrong_cookie_is_refused_and_a_readable_cookie_file_never_starts_a_node() {
+    let c = cluster();
+    let mut coordinator = c.coordinator(false);
+    let wrong = c.work.join("wrong-cookie");
+    write_cookie(&wrong, "a-different-cookie-of-enough-length", 0o600);
+    let mut intruder = c.worker("intruder", &wrong);
+    intruder
+        .stderr_line_containing("closed before it authenticated", JOIN_WAIT)
+        .unwrap();
+    coordinator
+        .stderr_line_containing("closed before it authenticated", JOIN_WAIT)
+        .unwrap();
+    // A worker with the right cookie joins the same coordinator.
+    let _good = c.worker("good", &c.cookie);
+    coordinator
+        .stderr_line_containing("worker joined worker=good", JOIN_WAIT)
+        .unwrap();
+    assert!(
+        !coordinator
+            .stderr_so_far()
+            .contains("worker joined worker=intruder")
+    );
+
+    // A cookie file other users may read: refused before the node starts, naming the fix.
+    let open = c.work.join("open-cookie");
+    write_cookie(&open, COOKIE, 0o644);
+    let mut cmd = keel(&c.work).unwrap();
+    cmd.args([
+        "node",
+        "--role",
+        "worker",
+        "--listen",
+        "127.0.0.1:0",
+        "--join",
+        &c.coordinator_addr(),
+        "--name",
+        "careless",
+    ]);
+    cmd.arg("--cookie-file").arg(&open);
+    let (status, out, err) = Reaped::spawn(cmd).unwrap().wait_output(JOIN_WAIT).unwrap();
+    assert!(!status.success(), "{out}");
+    assert!(err.contains("accessible to other users"), "{err}");
+    assert!(err.contains("chmod 600"), "{err}");
+}
+
+#[test]
+fn a_version_skewed_message_is_refused_with_a_logged_error() {
+    let c = cluster();
+    let mut coordinator = c.coordinator(false);
+    // This test process joins as a node with the right cookie and speaks another protocol version.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let name = NodeName::new("skewed").unwrap();
+        let (server, _) =
+            keel_cluster::start_node_server(&name, COOKIE.into(), "127.0.0.1:0".parse().unwrap())
+                .await
+                .unwrap();
+        let peer = c.coordinator_addr().parse().unwrap();
+        tokio::spawn(keel_cluster::join_with_backoff(server.clone(), peer));
+        let deadline = tokio::time::Instant::now() + JOIN_WAIT;
+        let coordinator_ref = loop {
+            let members = ractor::pg::get_members(&COORDINATOR_GROUP.to_string());
+            if let Some(cell) = members.into_iter().next() {
+                break ractor::ActorRef::<ClusterMsg>::from(cell);
+            }
+            assert!(tokio::time::Instant::now() < deadline, "never joined");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let heartbeat = ToCoordinator::Heartbeat(WorkerStatus {
+            incarnation: 1,
+            harnesses: vec![keel_harness::HarnessKind::MessagesApi],
+            capacity: 1,
+            hosting: Vec::new(),
+        });
+        let skewed = encode_as_version(PROTOCOL_VERSION + 41, &name, &heartbeat).unwrap();
+        coordinator_ref.cast(ClusterMsg::Frame(skewed)).unwrap();
+        coordinator_ref
+            .cast(ClusterMsg::Frame(vec![0, 1, 0xff, 0xfe, 0x00]))
+            .unwrap();
+        // The session survives both: a message of this version is still heard.
+        let current = keel_cluster::wire::encode(&name, &heartbeat).unwrap();
+        coordinator_ref.cast(ClusterMsg::Frame(current)).unwrap();
+    });
+    let refused = coordinator
+        .stderr_line_containing(
+            &format!("protocol version {}", PROTOCOL_VERSION + 41),
+            JOIN_WAIT,
+        )
+        .unwrap();
+    assert!(refused.contains("ERROR"), "{refused}");
+    coordinator
+        .stderr_line_containing("a malformed message", JOIN_WAIT)
+        .unwrap();
+    coordinator
+        .stderr_line_containing("worker joined worker=skewed", JOIN_WAIT)
+        .unwrap();
+    drop(rt);
+}
