@@ -9,7 +9,7 @@
 
 use crate::membership::{Action, Membership, MembershipConfig};
 use crate::name::{COORDINATOR_GROUP, NodeName, worker_group};
-use crate::wire::{self, ClusterMsg, Envelope, ToCoordinator, ToWorker, WireError};
+use crate::wire::{self, ClusterMsg, Envelope, ToCoordinator, ToWorker};
 use keel_actors::runtime::{RemoteHosts, RemoteInbox, Runtime, wall_clock_ms};
 use keel_actors::{AttemptId, SpecialistMsg, SpecialistStart};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
@@ -52,23 +52,7 @@ struct Shared {
 
 impl Shared {
     fn send(&self, worker: &NodeName, body: &ToWorker) {
-        let bytes = match wire::encode(&self.name, body) {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::error!(%worker, error = %e, "a message to a worker could not be encoded");
-                return;
-            }
-        };
-        let members = ractor::pg::get_members(&worker_group(worker));
-        match members.into_iter().next() {
-            Some(cell) => {
-                let to: ActorRef<ClusterMsg> = cell.into();
-                if let Err(e) = to.cast(ClusterMsg::Frame(bytes)) {
-                    tracing::debug!(%worker, error = %e, "a message to a worker was not sent");
-                }
-            }
-            None => tracing::debug!(%worker, "no session with the worker; message dropped"),
-        }
+        wire::cast_to_group(&worker_group(worker), &self.name, body);
     }
 
     /// Carry out what the membership decided (never with its lock held).
@@ -259,13 +243,8 @@ impl Actor for Receiver {
         message: ClusterMsg,
         _: &mut (),
     ) -> Result<(), ActorProcessingErr> {
-        let ClusterMsg::Frame(bytes) = message;
-        match wire::decode::<ToCoordinator>(&bytes) {
-            Ok(envelope) => self.receive(envelope),
-            Err(e @ WireError::Version { .. }) => {
-                tracing::error!(error = %e, "refused a cluster message of another protocol version");
-            }
-            Err(e) => tracing::error!(error = %e, "refused a cluster message"),
+        if let Some(envelope) = wire::open::<ToCoordinator>(message) {
+            self.receive(envelope);
         }
         Ok(())
     }

@@ -240,3 +240,45 @@ pub enum ClusterMsg {
     /// One frame (see [`encode`]).
     Frame(Vec<u8>),
 }
+
+/// Send `body` to the first member of a process group (the coordinator's, or one worker's), as a
+/// frame of this protocol version. Dropped with a debug line when nobody is in the group (the node
+/// is unreachable): what must arrive is resent by the machines until it is acknowledged.
+pub fn cast_to_group<B: Serialize>(group: &str, from: &NodeName, body: &B) {
+    let bytes = match encode(from, body) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::error!(%group, error = %e, "a cluster message could not be encoded");
+            return;
+        }
+    };
+    match ractor::pg::get_members(&group.to_string())
+        .into_iter()
+        .next()
+    {
+        Some(cell) => {
+            let to: ractor::ActorRef<ClusterMsg> = cell.into();
+            if let Err(e) = to.cast(ClusterMsg::Frame(bytes)) {
+                tracing::debug!(%group, error = %e, "a cluster message was not sent");
+            }
+        }
+        None => tracing::debug!(%group, "nobody in the group; cluster message dropped"),
+    }
+}
+
+/// Open a received frame: the message, or `None` after logging why it was refused (an error line
+/// naming the protocol version for a message of another version).
+pub fn open<B: DeserializeOwned>(message: ClusterMsg) -> Option<Envelope<B>> {
+    let ClusterMsg::Frame(bytes) = message;
+    match decode::<B>(&bytes) {
+        Ok(envelope) => Some(envelope),
+        Err(e @ WireError::Version { .. }) => {
+            tracing::error!(error = %e, "refused a cluster message of another protocol version");
+            None
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "refused a cluster message");
+            None
+        }
+    }
+}

@@ -11,7 +11,9 @@ use crate::name::{COORDINATOR_GROUP, NodeName, WORKERS_GROUP, worker_group};
 use crate::wire::{self, ClusterMsg, Envelope, ToCoordinator, ToWorker, WorkerStatus};
 use crate::worker_role::WorkerSpecialistRole;
 use keel_actors::host::StartedKeys;
-use keel_actors::runtime::{Deliver, HarnessSet, Host, HostRef, HostState, OsEntropy};
+use keel_actors::runtime::{
+    Deliver, HarnessSet, MachineActor, MachineActorState, MachineRef, OsEntropy,
+};
 use keel_actors::{AttemptId, Specialist, SpecialistConfig, SpecialistInput, SpecialistStart};
 use keel_harness::HarnessKind;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
@@ -49,7 +51,7 @@ pub struct WorkerConfig {
 pub(crate) struct WorkerShared {
     pub(crate) config: WorkerConfig,
     pub(crate) incarnation: u64,
-    pub(crate) hosted: Mutex<BTreeMap<AttemptId, HostRef<Specialist>>>,
+    pub(crate) hosted: Mutex<BTreeMap<AttemptId, MachineRef<Specialist>>>,
     by_actor: Mutex<BTreeMap<ActorId, AttemptId>>,
     hosted_ever: Mutex<BTreeSet<AttemptId>>,
     pub(crate) started_keys: Mutex<StartedKeys>,
@@ -63,25 +65,7 @@ impl WorkerShared {
     /// Send a message to the coordinator node (dropped, with a debug line, while it is unreachable:
     /// results are resent by their machine until acknowledged).
     pub(crate) fn send(&self, body: &ToCoordinator) {
-        let bytes = match wire::encode(&self.config.name, body) {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::error!(error = %e, "a message to the coordinator could not be encoded");
-                return;
-            }
-        };
-        match ractor::pg::get_members(&COORDINATOR_GROUP.to_string())
-            .into_iter()
-            .next()
-        {
-            Some(cell) => {
-                let to: ActorRef<ClusterMsg> = cell.into();
-                if let Err(e) = to.cast(ClusterMsg::Frame(bytes)) {
-                    tracing::debug!(error = %e, "a message to the coordinator was not sent");
-                }
-            }
-            None => tracing::debug!("the coordinator node is unreachable; message dropped"),
-        }
+        wire::cast_to_group(COORDINATOR_GROUP, &self.config.name, body);
     }
 
     fn status(&self) -> WorkerStatus {
@@ -199,10 +183,8 @@ impl Actor for Endpoint {
         message: ClusterMsg,
         _: &mut (),
     ) -> Result<(), ActorProcessingErr> {
-        let ClusterMsg::Frame(bytes) = message;
-        match wire::decode::<ToWorker>(&bytes) {
-            Ok(Envelope { body, .. }) => self.receive(&myself, body).await,
-            Err(e) => tracing::error!(error = %e, "refused a cluster message"),
+        if let Some(Envelope { body, .. }) = wire::open::<ToWorker>(message) {
+            self.receive(&myself, body).await;
         }
         Ok(())
     }
@@ -304,8 +286,8 @@ impl Endpoint {
         let role = WorkerSpecialistRole::new(Arc::clone(shared), &start);
         let machine = Specialist::new(start, shared.config.specialist.clone());
         let rng = lock(&shared.entropy).fork();
-        let state = HostState::new(machine, rng, Default::default());
-        match Actor::spawn_linked(None, Host::new(role), state, myself.get_cell()).await {
+        let state = MachineActorState::new(machine, rng, Default::default());
+        match Actor::spawn_linked(None, MachineActor::new(role), state, myself.get_cell()).await {
             Ok((actor, _)) => {
                 lock(&shared.by_actor).insert(actor.get_id(), attempt);
                 lock(&shared.hosted).insert(attempt, actor.clone());

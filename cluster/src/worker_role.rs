@@ -1,17 +1,14 @@
-//! How a worker hosts one specialist attempt: the runtime's generic [`Host`](keel_actors::runtime::Host)
+//! How a worker hosts one specialist attempt: the runtime's generic [`MachineActor`](keel_actors::runtime::MachineActor)
 //! with a role whose effects go over the wire instead of into a local store or coordinator. The
 //! machine is the same `Specialist` the coordinator node would host.
 
 use crate::wire::ToCoordinator;
 use crate::worker::{EXIT_REASON, WorkerShared, lock};
-use keel_actors::runtime::{Deliver, Flow, HostRef, Role, wall_clock_ms};
+use keel_actors::runtime::{Deliver, Flow, MachineRef, Role, UsageWatch, wall_clock_ms};
 use keel_actors::{
     AttemptId, IdempotencyKey, Specialist, SpecialistEffect, SpecialistInput, SpecialistStart,
 };
-use keel_harness::{
-    CancelToken, HarnessError, HarnessEvent, HarnessKind, SessionSpec, TokenCounts,
-    UsageAccumulator,
-};
+use keel_harness::{CancelToken, HarnessError, HarnessEvent, HarnessKind, SessionSpec};
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::{Instrument, Span};
@@ -20,8 +17,7 @@ use tracing::{Instrument, Span};
 #[derive(Default)]
 pub(crate) struct WorkerLocal {
     cancel: Option<CancelToken>,
-    usage: UsageAccumulator,
-    usage_sent: Option<TokenCounts>,
+    usage: UsageWatch,
 }
 
 /// Hosts one specialist attempt on a worker.
@@ -51,11 +47,11 @@ impl WorkerSpecialistRole {
         }
     }
 
-    fn feed(me: &HostRef<Specialist>, input: SpecialistInput) {
+    fn feed(me: &MachineRef<Specialist>, input: SpecialistInput) {
         let _ = me.send_message(Deliver(input));
     }
 
-    fn fail(me: &HostRef<Specialist>, detail: String) {
+    fn fail(me: &MachineRef<Specialist>, detail: String) {
         Self::feed(
             me,
             SpecialistInput::Harness(HarnessEvent::Failed(HarnessError::system(detail))),
@@ -64,7 +60,7 @@ impl WorkerSpecialistRole {
 
     async fn start_harness(
         &self,
-        me: &HostRef<Specialist>,
+        me: &MachineRef<Specialist>,
         local: &mut WorkerLocal,
         key: IdempotencyKey,
         spec: SessionSpec,
@@ -86,36 +82,15 @@ impl WorkerSpecialistRole {
         let spec = harnesses.prepare(spec, self.attempt);
         match harness.start(spec).await {
             Err(e) => Self::fail(me, format!("the session could not start: {e}")),
-            Ok(mut session) => {
+            Ok(session) => {
                 local.cancel = Some(session.cancel_token());
-                let me = me.clone();
-                let forward = async move {
-                    loop {
-                        let Some(event) = session.next_event().await else {
-                            return Self::fail(
-                                &me,
-                                "the session ended without a terminal event".into(),
-                            );
-                        };
-                        let terminal = event.is_terminal();
-                        if me
-                            .send_message(Deliver(SpecialistInput::Harness(event)))
-                            .is_err()
-                        {
-                            session.cancel();
-                            return;
-                        }
-                        if terminal {
-                            return;
-                        }
-                    }
-                };
+                let forward = keel_actors::runtime::feed_session(session, me.clone());
                 tokio::spawn(forward.instrument(self.span.clone()));
             }
         }
     }
 
-    fn load_context(&self, me: &HostRef<Specialist>, request: keel_actors::ContextRequest) {
+    fn load_context(&self, me: &MachineRef<Specialist>, request: keel_actors::ContextRequest) {
         let attempt = self.attempt;
         lock(&self.worker.context_waiting).insert(attempt);
         self.worker
@@ -146,26 +121,19 @@ impl Role for WorkerSpecialistRole {
     }
 
     fn before(&self, input: &SpecialistInput, local: &mut WorkerLocal) {
-        if let SpecialistInput::Harness(HarnessEvent::Usage(report)) = input {
-            local.usage.record(report);
-            let tokens = local.usage.total();
-            if local.usage_sent != Some(tokens) {
-                local.usage_sent = Some(tokens);
-                self.worker.send(&ToCoordinator::Usage {
-                    attempt: self.attempt,
-                    tokens,
-                    spent_micros: keel_actors::specialist::spend_micros(
-                        &tokens,
-                        self.worker.config.specialist.micros_per_mtok,
-                    ),
-                });
-            }
+        let price = self.worker.config.specialist.micros_per_mtok;
+        if let Some((tokens, spent_micros)) = local.usage.observe(input, price) {
+            self.worker.send(&ToCoordinator::Usage {
+                attempt: self.attempt,
+                tokens,
+                spent_micros,
+            });
         }
     }
 
     async fn execute(
         &self,
-        me: &HostRef<Specialist>,
+        me: &MachineRef<Specialist>,
         local: &mut WorkerLocal,
         effects: Vec<SpecialistEffect>,
     ) -> Flow {
@@ -207,7 +175,7 @@ impl Role for WorkerSpecialistRole {
         flow
     }
 
-    fn stopped(&self, _me: &HostRef<Specialist>, local: &mut WorkerLocal) {
+    fn stopped(&self, _me: &MachineRef<Specialist>, local: &mut WorkerLocal) {
         if let Some(c) = local.cancel.take() {
             c.cancel();
         }

@@ -44,6 +44,7 @@ mod observe;
 mod pause;
 mod remote;
 pub mod scripted;
+mod session_feed;
 pub mod spans;
 #[cfg(test)]
 mod test_support;
@@ -63,6 +64,7 @@ pub use node_store::{NodeStore, StoreOpener};
 pub use observe::{RuntimeObserver, refusal_reason};
 pub use pause::PauseSummary;
 pub use remote::{RemoteHosts, RemoteInbox};
+pub use session_feed::{UsageWatch, feed_session};
 pub use spans::SPAN_TARGET;
 
 use keel_store::{RunId, Store};

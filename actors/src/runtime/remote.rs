@@ -197,9 +197,9 @@ impl RemoteInbox {
         let Some(node) = self.node.upgrade() else {
             return Err("the coordinator node is shutting down".into());
         };
-        let store = Arc::clone(&node.store);
         let config = node.config.specialist.context;
         tokio::task::spawn_blocking(move || {
+            let store = node.store.get().map_err(|e| e.to_string())?;
             crate::host::store::load_context(&store, run, &request, &config)
         })
         .await

@@ -134,7 +134,7 @@ pub(crate) fn node(home: &Home, args: NodeArgs, json: bool) -> anyhow::Result<En
         let (server, bound) = start_node_server(&r.name, r.cookie.clone(), r.listen).await?;
         let mut coordinator = None;
         if r.role.coordinates() {
-            let store = run::open_writer(home)?;
+            let store = run::node_store(home)?;
             let (rt, events) =
                 Runtime::start(store, setup.harnesses.clone(), setup.config.clone()).await?;
             let membership = MembershipConfig {
@@ -216,8 +216,8 @@ async fn coordinate(
     json: bool,
 ) -> anyhow::Result<Ended> {
     let mut resumed = Vec::new();
-    for id in rt.open_runs()? {
-        let status = rt.store().catalog().run(id)?.status;
+    for id in rt.open_runs().await? {
+        let status = rt.store()?.catalog().run(id)?.status;
         if status == RunStatus::Running {
             tracing::info!(run = %id, "resuming a run that was running when this node stopped");
             resumed.push(rt.resume(id).await?);

@@ -12,7 +12,7 @@ use crate::report::AttemptResult;
 use crate::runtime::machine_actor::{Flow, MachineActor, MachineActorState, MachineRef, Role};
 use crate::runtime::{RuntimeEvent, spans};
 use crate::specialist::Specialist;
-use keel_harness::{CancelToken, HarnessError, HarnessEvent, HarnessKind, UsageAccumulator};
+use keel_harness::{CancelToken, HarnessError, HarnessEvent, HarnessKind};
 use ractor::Actor;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -96,8 +96,7 @@ pub(crate) struct SpecialistLocal {
     cancel: Option<CancelToken>,
     result: Option<AttemptResult>,
     /// The session's usage as observers see it (the machine folds its own copy for the budget).
-    usage: UsageAccumulator,
-    usage_sent: Option<keel_harness::TokenCounts>,
+    usage: crate::runtime::UsageWatch,
 }
 
 /// Hosts one specialist attempt: runs its harness session and streams the session's events into it.
@@ -177,41 +176,14 @@ impl SpecialistRole {
                     "the session could not start: {e}"
                 )))),
             ),
-            Ok(mut session) => {
+            Ok(session) => {
                 local.cancel = Some(session.cancel_token());
                 if let Some(live) = lock(&self.node.specialists).get_mut(&self.attempt) {
                     live.cancel = Some(session.cancel_token());
                 }
                 let me = me.clone();
                 tracing::debug!("harness session started");
-                let forward = async move {
-                    loop {
-                        let Some(event) = session.next_event().await else {
-                            Self::feed(
-                                &me,
-                                SpecialistInput::Harness(HarnessEvent::Failed(
-                                    HarnessError::system(
-                                        "the session ended without a terminal event",
-                                    ),
-                                )),
-                            );
-                            return;
-                        };
-                        let terminal = event.is_terminal();
-                        if me
-                            .send_message(crate::runtime::Deliver(SpecialistInput::Harness(event)))
-                            .is_err()
-                        {
-                            // The specialist is gone: stop the session rather than run it unobserved.
-                            session.cancel();
-                            return;
-                        }
-                        if terminal {
-                            tracing::debug!("harness session ended");
-                            return;
-                        }
-                    }
-                };
+                let forward = crate::runtime::session_feed::feed_session(session, me);
                 spawn(forward.instrument(self.span.clone()));
             }
         }
@@ -233,20 +205,13 @@ impl Role for SpecialistRole {
             // The session is over: its token stops working now, not when the result is acknowledged.
             self.close_session_tools();
         }
-        if let SpecialistInput::Harness(HarnessEvent::Usage(report)) = input {
-            local.usage.record(report);
-            let tokens = local.usage.total();
-            if local.usage_sent != Some(tokens) {
-                local.usage_sent = Some(tokens);
-                self.node.emit(RuntimeEvent::Usage {
-                    attempt: self.attempt,
-                    tokens,
-                    spent_micros: crate::specialist::spend_micros(
-                        &tokens,
-                        self.node.config.specialist.micros_per_mtok,
-                    ),
-                });
-            }
+        let price = self.node.config.specialist.micros_per_mtok;
+        if let Some((tokens, spent_micros)) = local.usage.observe(input, price) {
+            self.node.emit(RuntimeEvent::Usage {
+                attempt: self.attempt,
+                tokens,
+                spent_micros,
+            });
         }
     }
 
