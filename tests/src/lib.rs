@@ -1,6 +1,8 @@
 //! Shared helpers for keel's cross-crate integration tests: the `keel` binary, child processes that
 //! are reaped even when a test fails, and readers of a scripted model server's request recordings.
 
+pub mod fan_out;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
@@ -131,6 +133,24 @@ fn drain(
     })
 }
 
+/// Wait until a line of `lines` contains `needle`; a timeout shows `stderr`.
+fn wait_for_line(
+    lines: &Mutex<Vec<String>>,
+    stderr: &Mutex<Vec<String>>,
+    needle: &str,
+    wait: Duration,
+) -> Result<String, HelperError> {
+    wait_for(wait, needle, || {
+        lines
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .find(|l| l.contains(needle))
+            .cloned()
+    })
+    .map_err(|e| HelperError::Timeout(wait, format!("{e}; stderr: {}", joined(stderr))))
+}
+
 fn joined(lines: &Mutex<Vec<String>>) -> String {
     let lines = lines
         .lock()
@@ -178,17 +198,7 @@ impl Reaped {
     /// # Errors
     /// [`HelperError::Timeout`] (the process ended or stayed silent).
     pub fn line_containing(&mut self, needle: &str, wait: Duration) -> Result<String, HelperError> {
-        let stdout = Arc::clone(&self.stdout);
-        let stderr = Arc::clone(&self.stderr);
-        wait_for(wait, needle, || {
-            stdout
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .iter()
-                .find(|l| l.contains(needle))
-                .cloned()
-        })
-        .map_err(|e| HelperError::Timeout(wait, format!("{e}; stderr: {}", joined(&stderr))))
+        wait_for_line(&self.stdout, &self.stderr, needle, wait)
     }
 
     /// Wait until a line of the child's stderr contains `needle` (its log), at most `wait`.
@@ -200,16 +210,7 @@ impl Reaped {
         needle: &str,
         wait: Duration,
     ) -> Result<String, HelperError> {
-        let stderr = Arc::clone(&self.stderr);
-        wait_for(wait, needle, || {
-            stderr
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .iter()
-                .find(|l| l.contains(needle))
-                .cloned()
-        })
-        .map_err(|e| HelperError::Timeout(wait, format!("{e}; stderr: {}", joined(&stderr))))
+        wait_for_line(&self.stderr, &self.stderr, needle, wait)
     }
 
     /// The child's stderr so far.

@@ -19,7 +19,8 @@ use keel_cluster::wire::encode_as_version;
 use keel_cluster::{
     COORDINATOR_GROUP, ClusterMsg, NodeName, PROTOCOL_VERSION, ToCoordinator, WorkerStatus,
 };
-use keel_store::{RunId, RunStatus, Store, StoreConfig, Task, TaskKind, TaskStatus};
+use keel_store::{RunId, RunStatus, TaskStatus};
+use keel_tests::fan_out::{claims, count, expected_claims, openings_of, part, reader, subtasks};
 use keel_tests::{Reaped, keel, recorded_bodies, session_openings, wait_for};
 use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
@@ -163,59 +164,6 @@ fn started_run(c: &mut Reaped) -> RunId {
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
-fn reader(work: &Path) -> Store {
-    Store::open_read_only(work.join(".keel/keel.redb"), StoreConfig::default()).unwrap()
-}
-
-fn subtasks(store: &Store, run: RunId) -> Vec<Task> {
-    store
-        .run(run)
-        .tasks(None, 1000)
-        .map(|l| l.items)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|t| t.kind != TaskKind::Root)
-        .collect()
-}
-
-fn count(tasks: &[Task], status: TaskStatus) -> usize {
-    tasks.iter().filter(|t| t.status == status).count()
-}
-
-fn part(task: &Task) -> usize {
-    let rest = task.brief.split("Part ").nth(1).unwrap();
-    rest.split(' ').next().unwrap().parse().unwrap()
-}
-
-fn openings_of(openings: &[String], part: usize) -> usize {
-    let marker = format!("Part {part} of the fan-out.");
-    openings.iter().filter(|o| o.contains(&marker)).count()
-}
-
-fn claims(store: &Store, run: RunId) -> Vec<String> {
-    let mut claims: Vec<String> = subtasks(store, run)
-        .iter()
-        .filter(|t| t.status == TaskStatus::Complete)
-        .map(|t| {
-            let outcome: keel_actors::StepOutcome =
-                serde_json::from_str(t.outcome.as_deref().unwrap()).unwrap();
-            match outcome {
-                keel_actors::StepOutcome::Report(r) => r.findings[0].claim.clone(),
-                other => panic!("not a report: {other:?}"),
-            }
-        })
-        .collect();
-    claims.sort();
-    claims
-}
-
-/// The reports of an undisturbed run (each part's command output), sorted.
-fn expected_claims() -> Vec<String> {
-    let mut v: Vec<String> = (0..STEPS).map(|i| format!("part {i} done")).collect();
-    v.sort();
-    v
-}
-
 fn placements_on(log: &str, worker: &str) -> usize {
     log.lines()
         .filter(|l| {
@@ -239,7 +187,7 @@ fn an_undisturbed_cluster_run_spreads_over_both_workers() {
         store.catalog().run(run).unwrap().status,
         RunStatus::Completed
     );
-    assert_eq!(claims(&store, run), expected_claims());
+    assert_eq!(claims(&store, run), expected_claims(STEPS));
     assert_eq!(session_openings(&recorded_bodies(&c.record)).len(), STEPS);
     // Capacity 4 each and 16 at once: both workers hosted specialists.
     assert!(placements_on(&err, "w1") >= 1, "{err}");
@@ -277,7 +225,7 @@ fn a_sigkilled_workers_tasks_finish_on_the_other_worker() {
     assert!(out.contains(": Completed"), "{out}");
     let store = reader(&c.work);
     // The reports equal an undisturbed run's.
-    assert_eq!(claims(&store, run), expected_claims());
+    assert_eq!(claims(&store, run), expected_claims(STEPS));
     let lost: Vec<&str> = err
         .lines()
         .filter(|l| l.contains("remote attempt down") && l.contains("worker w1"))
@@ -356,7 +304,7 @@ fn a_sigkilled_coordinator_restarts_resumes_the_run_and_the_workers_come_back() 
     .map(|status| assert_eq!(status, RunStatus::Completed))
     .unwrap();
     let store = reader(&c.work);
-    assert_eq!(claims(&store, run), expected_claims());
+    assert_eq!(claims(&store, run), expected_claims(STEPS));
     let openings = session_openings(&recorded_bodies(&c.record));
     for i in &acked {
         assert_eq!(

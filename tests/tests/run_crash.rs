@@ -9,10 +9,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests: a panic is the failure report.
 
 use keel_actors::runtime::scripted::fan_out_plan;
-use keel_store::{RunId, RunStatus, Store, StoreConfig, Task, TaskKind, TaskStatus};
+use keel_store::{RunId, RunStatus, TaskStatus};
+use keel_tests::fan_out::{claims, count, expected_claims, openings_of, part, reader, subtasks};
 use keel_tests::{Reaped, keel, recorded_bodies, session_openings, wait_for};
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 const STEPS: usize = 16;
@@ -84,59 +85,6 @@ fn start_run(s: &Scenario) -> (Reaped, RunId) {
     (run, id)
 }
 
-fn reader(work: &Path) -> Store {
-    Store::open_read_only(work.join(".keel/keel.redb"), StoreConfig::default()).unwrap()
-}
-
-fn subtasks(store: &Store, run: RunId) -> Vec<Task> {
-    store
-        .run(run)
-        .tasks(None, 1000)
-        .map(|l| l.items)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|t| t.kind != TaskKind::Root)
-        .collect()
-}
-
-fn count(tasks: &[Task], status: TaskStatus) -> usize {
-    tasks.iter().filter(|t| t.status == status).count()
-}
-
-/// The part number a subtask's brief names.
-fn part(task: &Task) -> usize {
-    let rest = task.brief.split("Part ").nth(1).unwrap();
-    rest.split(' ').next().unwrap().parse().unwrap()
-}
-
-fn openings_of(openings: &[String], part: usize) -> usize {
-    let marker = format!("Part {part} of the fan-out.");
-    openings.iter().filter(|o| o.contains(&marker)).count()
-}
-
-/// The claims of the run's reports, sorted (an uninterrupted run gives `part i done` for each i).
-fn claims(store: &Store, run: RunId) -> Vec<String> {
-    let mut claims: Vec<String> = subtasks(store, run)
-        .iter()
-        .map(|t| {
-            let outcome: keel_actors::StepOutcome =
-                serde_json::from_str(t.outcome.as_deref().unwrap()).unwrap();
-            match outcome {
-                keel_actors::StepOutcome::Report(r) => r.findings[0].claim.clone(),
-                other => panic!("not a report: {other:?}"),
-            }
-        })
-        .collect();
-    claims.sort();
-    claims
-}
-
-fn expected_claims() -> Vec<String> {
-    let mut v: Vec<String> = (0..STEPS).map(|i| format!("part {i} done")).collect();
-    v.sort();
-    v
-}
-
 fn resume(s: &Scenario, run: RunId) -> String {
     let mut cmd = keel(&s.work).unwrap();
     cmd.args(["resume", &run.to_string(), "--model-server", &s.url]);
@@ -175,7 +123,7 @@ fn kill_and_resume(complete_min: usize) {
     let out = resume(&s, run);
     assert!(out.contains(": Completed"), "{out}");
     let store = reader(&s.work);
-    assert_eq!(claims(&store, run), expected_claims());
+    assert_eq!(claims(&store, run), expected_claims(STEPS));
     let openings = session_openings(&recorded_bodies(&s.record));
     for i in 0..STEPS {
         let n = openings_of(&openings, i);
@@ -199,7 +147,7 @@ fn an_uninterrupted_run_gives_the_reference_reports() {
         store.catalog().run(run).unwrap().status,
         RunStatus::Completed
     );
-    assert_eq!(claims(&store, run), expected_claims());
+    assert_eq!(claims(&store, run), expected_claims(STEPS));
     let openings = session_openings(&recorded_bodies(&s.record));
     assert_eq!(openings.len(), STEPS);
 }
@@ -257,7 +205,7 @@ fn sigterm_pauses_and_resume_uses_resume_preambles() {
     let out = resume(&s, run);
     assert!(out.contains(": Completed"), "{out}");
     let store = reader(&s.work);
-    assert_eq!(claims(&store, run), expected_claims());
+    assert_eq!(claims(&store, run), expected_claims(STEPS));
     let openings = session_openings(&recorded_bodies(&s.record));
     let after: Vec<&String> = openings[before..].iter().collect();
     for i in &paused {
