@@ -79,7 +79,17 @@ impl WorkerSpecialistRole {
                 ),
             );
         };
-        let spec = harnesses.prepare(spec, self.attempt);
+        let mut spec = harnesses.prepare(spec, self.attempt);
+        // keel's session tools, when this worker serves the MCP endpoint: a call becomes the
+        // specialist's input here, its reply crosses to the coordinator and the answer comes back.
+        let deliver = {
+            let me = me.clone();
+            Box::new(move |call| {
+                me.send_message(Deliver(SpecialistInput::ToolCall(call)))
+                    .is_ok()
+            })
+        };
+        harnesses.open_session_tools(&mut spec, self.harness, self.attempt, deliver);
         match harness.start(spec).await {
             Err(e) => Self::fail(me, format!("the session could not start: {e}")),
             Ok(session) => {
@@ -87,6 +97,13 @@ impl WorkerSpecialistRole {
                 let forward = keel_actors::runtime::feed_session(session, me.clone());
                 tokio::spawn(forward.instrument(self.span.clone()));
             }
+        }
+    }
+
+    /// The session ended (or the attempt did): its endpoint token is revoked.
+    fn close_session_tools(&self) {
+        if let Some(endpoint) = self.worker.config.harnesses.session_endpoint() {
+            endpoint.close(self.attempt);
         }
     }
 
@@ -121,6 +138,12 @@ impl Role for WorkerSpecialistRole {
     }
 
     fn before(&self, input: &SpecialistInput, local: &mut WorkerLocal) {
+        if let SpecialistInput::Harness(event) = input
+            && event.is_terminal()
+        {
+            // The session is over: its endpoint token stops working now.
+            self.close_session_tools();
+        }
         let price = self.worker.config.specialist.micros_per_mtok;
         if let Some((tokens, spent_micros)) = local.usage.observe(input, price) {
             self.worker.send(&ToCoordinator::Usage {
@@ -143,6 +166,11 @@ impl Role for WorkerSpecialistRole {
                 SpecialistEffect::LoadContext(request) => self.load_context(me, request),
                 SpecialistEffect::StartHarness { key, spec } => {
                     self.start_harness(me, local, key, *spec).await;
+                }
+                SpecialistEffect::AnswerTool { call_id, answer } => {
+                    if let Some(endpoint) = self.worker.config.harnesses.session_endpoint() {
+                        endpoint.answer(self.attempt, &call_id, answer);
+                    }
                 }
                 SpecialistEffect::AnswerDelegation { turn, .. } => {
                     tracing::warn!(attempt = %self.attempt, turn, "delegation answers need the MCP endpoint");
@@ -176,6 +204,7 @@ impl Role for WorkerSpecialistRole {
     }
 
     fn stopped(&self, _me: &MachineRef<Specialist>, local: &mut WorkerLocal) {
+        self.close_session_tools();
         if let Some(c) = local.cancel.take() {
             c.cancel();
         }
