@@ -10,7 +10,7 @@ mod operator;
 mod tool_pairing;
 
 pub use observed::{DelegationAnswer, Observed, SessionObs, SpawnObs};
-use tool_pairing::tool_pairing;
+use tool_pairing::{Pairing, tool_pairing};
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -51,9 +51,10 @@ pub struct Checker {
     resume_chars_max: usize,
     standard_chars_max: usize,
     runs: BTreeSet<RunId>,
+    /// Tool pairing per attempt, advanced as its log rows arrive (invariant 3).
+    pairings: BTreeMap<AttemptId, Pairing>,
     /// Each run's budget limit as submitted: what its ledger at the supervisor must keep to.
     budget_limits: BTreeMap<RunId, u64>,
-    first_prompt_chars: BTreeMap<TaskId, usize>,
     tripped: BTreeSet<RunId>,
     depths: BTreeMap<AttemptId, u8>,
     spawn_burst: u32,
@@ -81,11 +82,11 @@ impl Checker {
             resume_chars_max: config.specialist.context.resume_chars_max(),
             standard_chars_max: config.specialist.context.standard_chars_max(),
             runs: runs.iter().map(|r| r.run).collect(),
+            pairings: BTreeMap::new(),
             budget_limits: runs
                 .iter()
                 .filter_map(|r| r.budget_limit_micros.map(|l| (r.run, l)))
                 .collect(),
-            first_prompt_chars: BTreeMap::new(),
             tripped: BTreeSet::new(),
             depths: BTreeMap::new(),
             spawn_burst: config.supervisor.spawn_burst,
@@ -591,7 +592,7 @@ impl Checker {
         // Tool pairing as far as the rows show it (docs/DESIGN.md §12, invariant 3): in sequence order, each
         // tool_use is answered by exactly one tool_result with its id, before any text row of the
         // model. Only a gapless prefix is checked, since rows may still be in flight.
-        if let Err(detail) = tool_pairing(attempt, log) {
+        if let Err(detail) = tool_pairing(&mut self.pairings, attempt, log) {
             self.fail(event, Invariant::ToolPairing, detail);
         }
     }
@@ -726,11 +727,6 @@ impl Checker {
             (None, None) => {}
         }
         let prompt_chars = prompt.chars().count();
-        let first = *self
-            .first_prompt_chars
-            .entry(attempt.task)
-            .or_insert(prompt_chars);
-        let _ = first;
         self.observed.sessions.push(SessionObs {
             attempt,
             step: spawn.step.clone(),
@@ -773,10 +769,10 @@ impl Checker {
             let Some(log) = self.observed.logs.get(&attempt) else {
                 continue;
             };
-            match tool_pairing(attempt, log) {
+            match tool_pairing(&mut self.pairings, attempt, log) {
                 Ok(open) if open.is_empty() => {}
                 Ok(open) => {
-                    let ids: Vec<&str> = open.iter().map(String::as_str).collect();
+                    let ids: Vec<String> = open.iter().cloned().collect();
                     self.fail(
                         event,
                         Invariant::ToolPairing,
