@@ -169,7 +169,7 @@ impl RemoteInbox {
     /// A lifecycle event a remote specialist emitted.
     pub fn lifecycle(&self, event: LifecycleEvent) {
         if let Some(node) = self.node.upgrade() {
-            node.lifecycle(event);
+            node.lifecycle(event, None);
         }
     }
 
