@@ -124,6 +124,7 @@ fn seeded_store(dir: &std::path::Path) -> Store {
                             "Edit src/module_{i}.rs: replace 12 lines near fn handle_{i}"
                         ),
                         detail: "x".repeat(400),
+                        redactions: Vec::new(),
                     },
                 )
                 .unwrap(),

@@ -7,8 +7,8 @@
 //! sibling (its effect type has no such variant).
 
 use crate::context::{
-    ContextConfig, LoadError, RowSet, Scrubber, SessionStart, ThreadSource, context_for_task,
-    load_resume, load_thread,
+    ContextConfig, LoadError, Redactions, RowSet, Scrubber, SessionStart, ThreadSource,
+    context_for_task, load_resume, load_thread,
 };
 use crate::coordinator::Coordinator;
 use crate::effect::SpecialistEffect;
@@ -30,6 +30,9 @@ use keel_harness::{
 use keel_store::{LogKind, SessionLogRow, TaskKind};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+
+mod ingest;
+pub use ingest::{scrub_answer, scrub_event, scrub_outcome, scrub_tool_call};
 
 /// Most log rows in one `SpecialistReply::Logs`.
 pub const LOG_ROWS_PER_REPLY_MAX: usize = 64;
@@ -84,6 +87,9 @@ pub struct SpecialistConfig {
     pub context: ContextConfig,
     /// How the session's coordination tools arrive.
     pub session_tools: SessionToolPath,
+    /// Scrubs everything the session produces before it becomes a row or a result, and the prompt;
+    /// the host registers the credentials it knows in it (issue 16).
+    pub scrubber: Scrubber,
 }
 
 impl Default for SpecialistConfig {
@@ -97,6 +103,7 @@ impl Default for SpecialistConfig {
             micros_per_mtok: 3_000_000,
             context: ContextConfig::default(),
             session_tools: SessionToolPath::default(),
+            scrubber: Scrubber::new(),
         }
     }
 }
@@ -146,13 +153,14 @@ pub struct Specialist {
     /// The `delegate` call behind each delegation turn taken through the endpoint.
     delegate_calls: BTreeMap<u32, String>,
     scrubber: Scrubber,
+    /// What scrubbing the event being handled removed: recorded on the row it becomes.
+    ingest_redactions: Redactions,
 }
 
 impl Specialist {
     /// A specialist for the attempt the supervisor admitted.
     pub fn new(start: SpecialistStart, config: SpecialistConfig) -> Self {
         Self {
-            config,
             attempt: start.attempt,
             reply_to: start.reply_to,
             brief: start.brief,
@@ -170,7 +178,9 @@ impl Specialist {
             delegate_turn: 0,
             tool_calls: BTreeSet::new(),
             delegate_calls: BTreeMap::new(),
-            scrubber: Scrubber::new(),
+            scrubber: config.scrubber.clone(),
+            ingest_redactions: Redactions::default(),
+            config,
         }
     }
 
@@ -216,6 +226,7 @@ impl Specialist {
             kind,
             summary: one_line(&summary, LOG_SUMMARY_BYTES_MAX),
             detail: bounded(detail, LOG_DETAIL_BYTES_MAX),
+            redactions: std::mem::take(&mut self.ingest_redactions).to_records(),
         };
         self.reply(
             SpecialistReply::Logs {
@@ -255,6 +266,7 @@ impl Specialist {
         now: Millis,
         out: &mut Vec<SpecialistEffect>,
     ) {
+        let outcome = self.scrubbed_outcome(outcome);
         let event = match &outcome {
             Ok(_) => LifecycleEvent::SubagentStop {
                 attempt: self.attempt,
@@ -688,7 +700,7 @@ impl Machine for Specialist {
                     }
                 }
             }
-            SpecialistInput::Harness(event) => self.on_harness(event, now, out),
+            SpecialistInput::Harness(event) => self.ingest(event, now, out),
             SpecialistInput::Msg(SpecialistMsg::Ack) => {
                 if matches!(self.phase, Phase::Reporting { .. }) {
                     self.phase = Phase::Done;
@@ -734,10 +746,14 @@ impl Machine for Specialist {
             }
             SpecialistInput::Msg(SpecialistMsg::ToolAnswer { call_id, answer }) => {
                 if self.tool_calls.remove(&call_id) {
+                    let answer = ingest::scrub_answer(&self.scrubber, answer);
                     out.push(SpecialistEffect::AnswerTool { call_id, answer });
                 }
             }
-            SpecialistInput::ToolCall(call) => self.on_tool_call(call, out),
+            SpecialistInput::ToolCall(call) => {
+                let call = ingest::scrub_tool_call(&self.scrubber, call);
+                self.on_tool_call(call, out);
+            }
             SpecialistInput::Timer(SpecialistTimer::ResendResult(n)) => {
                 let Phase::Reporting { resends } = self.phase else {
                     return;

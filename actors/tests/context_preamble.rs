@@ -42,6 +42,7 @@ fn row(kind: LogKind, summary: &str) -> SessionLogRow {
         kind,
         summary: summary.to_owned(),
         detail: String::new(),
+        redactions: Vec::new(),
     }
 }
 

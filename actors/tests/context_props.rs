@@ -179,6 +179,7 @@ fn rows(nodes: &[Node], secret: &str) -> RowSet {
                     kind: log_kind(*k),
                     summary: plant(summary, secret, n.plant[3]),
                     detail: plant(summary, secret, n.plant[0]),
+                    redactions: Vec::new(),
                 },
             );
         }

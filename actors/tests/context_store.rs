@@ -102,6 +102,7 @@ fn keel_context_reads_the_store_exactly_as_the_rows_in_memory() {
             },
             summary: format!("Edit src/m{i}.rs"),
             detail: String::new(),
+            redactions: Vec::new(),
         };
         batch.push(scope.stage_append_log(TaskId(8), r.clone()).unwrap());
         memory.append_log(TaskId(8), r);

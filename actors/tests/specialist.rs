@@ -368,6 +368,7 @@ fn a_resumed_attempt_loads_its_rows_and_gets_a_resume_preamble() {
                 kind: LogKind::ToolUse,
                 summary: format!("Read file{i} {}", "x".repeat(300)),
                 detail: String::new(),
+                redactions: Vec::new(),
             },
         );
     }
@@ -395,4 +396,137 @@ fn a_resumed_attempt_loads_its_rows_and_gets_a_resume_preamble() {
     );
     assert_eq!(spec.model, "model-a");
     let _ = HarnessKind::ClaudeCode;
+}
+
+// Scrubbing at ingest (issue 16): what a harness produces passes the scrubber before it becomes a
+// row, a report or a failure; the rows count what was removed.
+
+#[path = "../../tests/src/secrets.rs"]
+#[allow(dead_code)]
+mod secrets;
+
+fn scrubbing_specialist() -> Specialist {
+    let mut config = SpecialistConfig::default();
+    config
+        .scrubber
+        .register_secret(&secrets::registered_key())
+        .unwrap();
+    Specialist::new(start(Continuity::Fresh), config)
+}
+
+#[test]
+fn the_corpus_is_scrubbed_and_the_look_alikes_survive() {
+    let mut scrubber = context::Scrubber::new();
+    scrubber
+        .register_secret(&secrets::registered_key())
+        .unwrap();
+    let printed = secrets::printed();
+    let out = scrubber.scrub(&printed);
+    assert_eq!(secrets::leaked(out.text.as_bytes()), Vec::<&str>::new());
+    assert_eq!(secrets::lost(out.text.as_bytes()), Vec::<&str>::new());
+    let kinds = out.redactions.iter().count();
+    assert!(kinds >= 15, "{} kinds: {}", kinds, out.redactions);
+    assert!(out.redactions.total() >= 20, "{}", out.redactions);
+    // Each secret alone is found too (not only as a neighbour of another).
+    for s in secrets::corpus() {
+        let alone = scrubber.scrub(&s.line);
+        assert!(
+            !secrets::contains(alone.text.as_bytes(), s.value.as_bytes()),
+            "{}: {}",
+            s.name,
+            alone.text
+        );
+    }
+}
+
+#[test]
+fn everything_a_session_produces_is_scrubbed_before_it_leaves_the_specialist() {
+    let printed = secrets::printed();
+    let corpus = secrets::corpus();
+    let claim = corpus[4].line.clone(); // a GitHub token, in a finding
+    let report = format!(
+        "{{\"subtask_id\":\"{TASK}\",\"status\":\"partial\",\"findings\":[{{\"claim\":\"found {claim}\",\"source\":\"{}\",\"confidence_permille\":900}}],\"gaps\":[\"{}\"],\"summary\":\"{}\"}}",
+        corpus[0].line,
+        corpus[1].line,
+        secrets::registered_key()
+    );
+    let mut s = scrubbing_specialist();
+    let mut out = Vec::new();
+    for (i, input) in [
+        SpecialistInput::Begin,
+        SpecialistInput::Harness(HarnessEvent::Started {
+            native_session_id: Some(corpus[2].line.clone()),
+            model: None,
+        }),
+        SpecialistInput::Harness(HarnessEvent::tool_use(
+            "t1",
+            "Bash",
+            serde_json::json!({ "command": format!("echo {}", corpus[3].line) }).to_string(),
+        )),
+        SpecialistInput::Harness(HarnessEvent::tool_result("t1", false, printed.clone())),
+        SpecialistInput::Harness(HarnessEvent::Text {
+            text: printed.clone(),
+        }),
+        SpecialistInput::Harness(HarnessEvent::Finished {
+            stop_reason: StopReason::EndTurn,
+            final_text: report,
+        }),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        s.handle(input, 1000 + i as u64, &mut SplitMix64(0), &mut out);
+    }
+    let everything = format!("{out:?}");
+    assert_eq!(
+        secrets::leaked(everything.as_bytes()),
+        Vec::<&str>::new(),
+        "{everything}"
+    );
+    let rows: Vec<keel_store::SessionLogRow> = out
+        .iter()
+        .filter_map(|e| match e {
+            SpecialistEffect::Reply(_, SpecialistReply::Logs { rows }) => {
+                Some(rows.iter().map(|(_, r)| r.clone()))
+            }
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    let counted = |kind: LogKind| {
+        rows.iter()
+            .filter(|r| r.kind == kind)
+            .map(|r| context::Redactions::from_records(&r.redactions).total())
+            .sum::<u32>()
+    };
+    assert_eq!(counted(LogKind::ToolUse), 1, "{rows:?}");
+    assert!(counted(LogKind::ToolResult) >= 20, "{rows:?}");
+    assert!(counted(LogKind::Text) >= 20, "{rows:?}");
+    // The started row (a native id in a key's shape: 1) and the end row (the report's four) count too.
+    assert_eq!(counted(LogKind::Lifecycle), 5, "{rows:?}");
+    let result = finished(&out)[0].outcome.clone().unwrap();
+    assert_eq!(result.findings[0].claim, "found [REDACTED:github-token]");
+    assert_eq!(result.summary, "[REDACTED:registered-secret]");
+    // What was not secret is kept: the look-alikes in the stored tool result.
+    let stored: String = rows.iter().map(|r| r.detail.clone()).collect();
+    assert_eq!(secrets::lost(stored.as_bytes()), Vec::<&str>::new());
+}
+
+#[test]
+fn a_failure_is_scrubbed_too() {
+    let key = secrets::corpus()[0].line.clone();
+    let mut s = scrubbing_specialist();
+    let mut out = Vec::new();
+    for input in [
+        SpecialistInput::Begin,
+        SpecialistInput::Harness(HarnessEvent::Failed(HarnessError::new(
+            ErrorCategory::Auth,
+            format!("invalid x-api-key {key}"),
+        ))),
+    ] {
+        s.handle(input, 1000, &mut SplitMix64(0), &mut out);
+    }
+    let f = finished(&out)[0].outcome.clone().unwrap_err();
+    assert_eq!(f.detail, "invalid x-api-key [REDACTED:anthropic-key]");
+    assert!(!format!("{out:?}").contains(&key));
 }

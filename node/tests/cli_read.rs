@@ -121,6 +121,7 @@ fn populate(store_path: &Path) -> (RunId, TaskId) {
                         kind,
                         summary: summary.into(),
                         detail: String::new(),
+                        redactions: Vec::new(),
                     },
                 )
                 .unwrap(),

@@ -92,6 +92,7 @@ fn home_with_runs(dir: &Path) -> std::path::PathBuf {
                             kind: LogKind::Text,
                             summary: "a line".into(),
                             detail: String::new(),
+                            redactions: Vec::new(),
                         },
                     )
                     .unwrap(),

@@ -75,6 +75,7 @@ fn record(n: u64) -> SessionLogRow {
         kind: LogKind::ToolResult,
         summary: format!("{n:>12} Read src/lib.rs -> 412 lines, ok ........"),
         detail: "d".repeat(200),
+        redactions: Vec::new(),
     }
 }
 

@@ -15,7 +15,10 @@ use std::fmt;
 
 /// The schema version this build writes. Rows with a larger version are refused with
 /// [`DecodeError::SchemaFromFuture`]; rows with this or an older known version decode.
-pub const SCHEMA_VERSION: u8 = 1;
+///
+/// History: 1, the first; 2, a session log row records what the scrubber removed from it
+/// (`SessionLogRow::redactions`); every other record type is laid out as in version 1.
+pub const SCHEMA_VERSION: u8 = 2;
 
 /// The oldest schema version this build still decodes.
 pub const SCHEMA_VERSION_MIN: u8 = 1;
@@ -68,6 +71,88 @@ pub struct EncodeError {
     pub reason: String,
 }
 
+/// A type the store keeps as rows. Its [`Record::decode_older`] reads a body written by an older
+/// schema version: by default the layout has not changed since version 1, so the body decodes as it
+/// is; a type whose layout changed decodes its frozen old shape and converts it.
+pub trait Record: Serialize + DeserializeOwned {
+    /// Decodes `body`, written with schema `version` (`SCHEMA_VERSION_MIN..SCHEMA_VERSION`), into
+    /// the current type; answers the value and how many bytes it read.
+    ///
+    /// # Errors
+    /// What bincode reported, as text.
+    fn decode_older(version: u8, body: &[u8]) -> Result<(Self, usize), String> {
+        let _ = version;
+        decode_body(body)
+    }
+}
+
+fn decode_body<T: DeserializeOwned>(body: &[u8]) -> Result<(T, usize), String> {
+    bincode::serde::decode_from_slice::<T, _>(body, config()).map_err(|e| e.to_string())
+}
+
+/// The frozen shapes of schema version 1 whose layout has changed since.
+mod v1 {
+    use crate::model::{LogKind, UnixMillis};
+    use serde::Deserialize;
+
+    /// A session log row as version 1 wrote it (no redaction counts: nothing was scrubbed at ingest).
+    #[derive(Deserialize)]
+    pub(super) struct SessionLogRow {
+        pub(super) ts_ms: UnixMillis,
+        pub(super) kind: LogKind,
+        pub(super) summary: String,
+        pub(super) detail: String,
+    }
+}
+
+impl Record for crate::model::SessionLogRow {
+    fn decode_older(version: u8, body: &[u8]) -> Result<(Self, usize), String> {
+        // Only version 1 is older than the current layout.
+        let _ = version;
+        let (old, read) = decode_body::<v1::SessionLogRow>(body)?;
+        let row = Self {
+            ts_ms: old.ts_ms,
+            kind: old.kind,
+            summary: old.summary,
+            detail: old.detail,
+            redactions: Vec::new(),
+        };
+        Ok((row, read))
+    }
+}
+
+/// A list of records (the fixtures keep some this way): an older body is the list's length, then
+/// each element in its own older layout.
+impl<T: Record> Record for Vec<T> {
+    fn decode_older(version: u8, body: &[u8]) -> Result<(Self, usize), String> {
+        let (len, mut read) = decode_body::<u64>(body)?;
+        let mut items = Vec::new();
+        for _ in 0..len {
+            let rest = body.get(read..).ok_or("the list runs past the row")?;
+            let (item, n) = T::decode_older(version, rest)?;
+            items.push(item);
+            read += n;
+        }
+        Ok((items, read))
+    }
+}
+
+/// Record types whose layout is the same in every schema version.
+macro_rules! unchanged_since_v1 {
+    ($($t:ty),* $(,)?) => { $(impl Record for $t {})* };
+}
+unchanged_since_v1!(
+    crate::model::Run,
+    crate::model::Task,
+    crate::model::Checkpoint,
+    crate::model::ManifestEntry,
+    crate::model::DeadLetter,
+    crate::model::IdempotencyRecord,
+    crate::model::AuditEntry,
+    crate::model::Escalation,
+    crate::model::AgentProfile,
+);
+
 /// Encodes a value as `[SCHEMA_VERSION] ++ bincode(value)`.
 ///
 /// # Errors
@@ -82,12 +167,13 @@ pub fn encode<T: Serialize>(table: &'static str, value: &T) -> Result<Vec<u8>, E
     Ok(out)
 }
 
-/// Decodes a row written by [`encode`] in this or an older known schema version.
+/// Decodes a row written by [`encode`] in this or an older known schema version (an older one
+/// through [`Record::decode_older`]).
 ///
 /// # Errors
 /// [`DecodeError::SchemaFromFuture`] for a newer version byte, [`DecodeError::Corrupt`] for anything
 /// that does not decode exactly (including trailing bytes).
-pub fn decode<T: DeserializeOwned>(
+pub fn decode<T: Record>(
     table: &'static str,
     key: &dyn fmt::Display,
     bytes: &[u8],
@@ -111,9 +197,12 @@ pub fn decode<T: DeserializeOwned>(
     if version < SCHEMA_VERSION_MIN {
         return Err(corrupt(format!("unknown schema version {version}")));
     }
-    // Only version 1 exists so far; an older version would be decoded here through its frozen type.
-    let (value, read) = bincode::serde::decode_from_slice::<T, _>(body, config())
-        .map_err(|e| corrupt(e.to_string()))?;
+    let (value, read) = if version == SCHEMA_VERSION {
+        decode_body::<T>(body)
+    } else {
+        T::decode_older(version, body)
+    }
+    .map_err(corrupt)?;
     if read != body.len() {
         return Err(corrupt(format!(
             "{} trailing bytes after the value",

@@ -178,14 +178,25 @@ impl Limits {
         Ok(())
     }
 
-    /// Checks a session log row: the summary and the detail have their own limits.
+    /// Checks a session log row: the summary and the detail have their own limits; the redaction
+    /// counts hold each kind at most once.
     pub fn check_log_row(&self, row: &SessionLogRow) -> Result<(), LimitError> {
         self.bytes(
             "session_log.summary",
             &row.summary,
             self.log_summary_bytes_max,
         )?;
-        self.bytes("session_log.detail", &row.detail, self.log_detail_bytes_max)
+        self.bytes("session_log.detail", &row.detail, self.log_detail_bytes_max)?;
+        // One entry per kind at most.
+        let kinds = crate::SecretKind::ALL.len();
+        if row.redactions.len() > kinds {
+            return Err(LimitError {
+                field: "session_log.redactions",
+                size: len_u64(row.redactions.len()),
+                limit: len_u64(kinds),
+            });
+        }
+        Ok(())
     }
 
     /// Checks a checkpoint.

@@ -289,6 +289,10 @@ pub struct SessionLogRow {
     pub summary: String,
     /// Bounded detail.
     pub detail: String,
+    /// What keel's scrubber removed from this row before it was stored, by kind, each kind at most
+    /// once (empty: nothing was removed). Rows written before scrubbing at ingest (schema version 1)
+    /// read back with none.
+    pub redactions: Vec<crate::Redaction>,
 }
 
 /// A run's progress marker, written by the checkpoint actor at meaningful boundaries (a validated

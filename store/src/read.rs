@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 
 use redb::{ReadTransaction, ReadableTable, TableDefinition};
-use serde::de::DeserializeOwned;
 
 use crate::codec;
 use crate::error::ReadError;
@@ -310,7 +309,7 @@ pub(crate) fn log_rows_after(
     Ok(Listing { items, more })
 }
 
-pub(crate) fn seq_rows<T: DeserializeOwned>(
+pub(crate) fn seq_rows<T: crate::codec::Record>(
     txn: &ReadTransaction,
     def: TableDefinition<'_, (u128, u64), Row>,
     table_name: &'static str,

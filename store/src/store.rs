@@ -96,12 +96,15 @@ impl Store {
         Self::open_with(path, StoreConfig::default())
     }
 
-    /// Like [`Store::open`] with explicit configuration.
+    /// Like [`Store::open`] with explicit configuration. A new store file is created 0600 (the owner
+    /// alone reads and writes it: it holds every transcript), by this `open` itself, before redb
+    /// initialises the empty file; an existing file keeps its mode.
     ///
     /// # Errors
     /// As [`Store::open`].
     pub fn open_with(path: impl AsRef<Path>, config: StoreConfig) -> Result<Self, OpenError> {
         let file = path.as_ref().to_path_buf();
+        create_private(&file)?;
         guarded(Some(&file), || {
             let db = Database::builder()
                 .set_concurrency_mode(config.sharing.mode())
@@ -346,6 +349,24 @@ impl Store {
             Db::Writer(db) => db.begin_read()?,
             Db::Reader(db) => db.begin_read()?,
         })
+    }
+}
+
+/// Creates the store file 0600 if it does not exist (redb would create it with the process's umask,
+/// 0644 on most systems, readable by every local user). An existing file is left alone.
+fn create_private(file: &Path) -> Result<(), OpenError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(file)
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(OpenError::from(redb::DatabaseError::Storage(
+            redb::StorageError::Io(e),
+        ))),
     }
 }
 

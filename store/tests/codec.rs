@@ -7,11 +7,9 @@
 
 #![allow(clippy::unwrap_used)]
 
-use keel_store::codec::{SCHEMA_VERSION, decode, encode};
+use keel_store::codec::{Record, SCHEMA_VERSION, decode, encode};
 use keel_store::*;
 use proptest::prelude::*;
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use std::fmt::Debug;
 use std::path::PathBuf;
 
@@ -80,6 +78,7 @@ fn sample_log_row() -> SessionLogRow {
         kind: LogKind::ToolUse,
         summary: "Read src/lib.rs".into(),
         detail: "{\"path\":\"src/lib.rs\"}".into(),
+        redactions: Vec::new(),
     }
 }
 
@@ -196,20 +195,26 @@ fn sample_agent() -> AgentProfile {
     }
 }
 
-fn fixture_path(name: &str) -> PathBuf {
+fn fixture_path(version: u8, name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/v1")
+        .join(format!("tests/fixtures/v{version}"))
         .join(format!("{name}.bin"))
 }
 
-/// Decodes the checked-in fixture `name` and compares it with `expected`. With KEEL_BLESS_FIXTURES=1
-/// writes the fixture first (only for a new record type).
-fn check_fixture<T: Serialize + DeserializeOwned + PartialEq + Debug>(
-    name: &'static str,
-    expected: &T,
-) {
-    let path = fixture_path(name);
-    if std::env::var_os("KEEL_BLESS_FIXTURES").is_some() && !path.exists() {
+/// Decodes the checked-in fixture `name` of schema version 1 and compares it with `expected`.
+fn check_fixture<T: Record + PartialEq + Debug>(name: &'static str, expected: &T) {
+    check_fixture_of(1, name, expected);
+}
+
+/// Decodes the checked-in fixture `name` written by schema `version` and compares it with `expected`.
+/// With KEEL_BLESS_FIXTURES=1 writes a missing fixture of the current version first (only for a new
+/// record type or a new schema version).
+fn check_fixture_of<T: Record + PartialEq + Debug>(version: u8, name: &'static str, expected: &T) {
+    let path = fixture_path(version, name);
+    if std::env::var_os("KEEL_BLESS_FIXTURES").is_some()
+        && !path.exists()
+        && version == SCHEMA_VERSION
+    {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, encode(name, expected).unwrap()).unwrap();
     }
@@ -220,8 +225,8 @@ fn check_fixture<T: Serialize + DeserializeOwned + PartialEq + Debug>(
         )
     });
     assert_eq!(
-        bytes[0], 1,
-        "fixture {name} was written by schema version 1"
+        bytes[0], version,
+        "fixture {name} was written by schema version {version}"
     );
     let decoded: T = decode(name, &"fixture", &bytes)
         .unwrap_or_else(|e| panic!("fixture {name} no longer decodes: {e}"));
@@ -229,6 +234,25 @@ fn check_fixture<T: Serialize + DeserializeOwned + PartialEq + Debug>(
         &decoded, expected,
         "fixture {name} decodes to another value"
     );
+}
+
+/// Version 2: a session log row records what the scrubber removed from it (issue 16). Its version 1
+/// fixture above still decodes, with no redactions.
+#[test]
+fn version_2_fixtures_still_decode() {
+    let mut row = sample_log_row();
+    row.summary = "Bash cat .env: [REDACTED:anthropic-key]".into();
+    row.redactions = vec![
+        Redaction {
+            kind: SecretKind::AnthropicKey,
+            count: 1,
+        },
+        Redaction {
+            kind: SecretKind::UrlPassword,
+            count: 2,
+        },
+    ];
+    check_fixture_of(2, "session_log_row", &row);
 }
 
 #[test]
@@ -359,9 +383,7 @@ fn arb_task() -> impl Strategy<Value = Task> {
         )
 }
 
-fn round_trip<T: Serialize + DeserializeOwned + PartialEq + Debug>(
-    v: &T,
-) -> Result<(), TestCaseError> {
+fn round_trip<T: Record + PartialEq + Debug>(v: &T) -> Result<(), TestCaseError> {
     let bytes = encode("t", v).unwrap();
     prop_assert_eq!(bytes[0], SCHEMA_VERSION);
     let back: T = decode("t", &"k", &bytes).unwrap();
@@ -383,7 +405,7 @@ proptest! {
         id in any::<u128>(), brief in text(), limit in proptest::option::of(any::<u64>()),
         reserved in any::<u64>(), spent in any::<u64>(),
     ) {
-        round_trip(&SessionLogRow { ts_ms: ts, kind: LogKind::Steering, summary, detail })?;
+        round_trip(&SessionLogRow { ts_ms: ts, kind: LogKind::Steering, summary, detail, redactions: Vec::new() })?;
         round_trip(&Run {
             id: RunId(id), brief, plan: None, status: RunStatus::Paused,
             budget: Budget { limit_micros: limit, reserved_micros: reserved, spent_micros: spent },

@@ -30,7 +30,7 @@ pub use load::{
 pub use placement::{is_slash_skill_line, place_preamble};
 pub use preamble::{CutUnit, Preamble, PreambleKind, Section, Truncation};
 pub use resume::{LogEntry, ResumeView, resume_preamble};
-pub use scrub::{RegisterSecretError, Scrubber, SecretKind};
+pub use scrub::{PatternError, Redactions, RegisterSecretError, Scrubber, SecretKind};
 pub use shim::{
     NativeResumeReport, NeverResumed, SkipReason, SkippedSession, resolve_native_resume,
 };

@@ -19,112 +19,11 @@ use std::fmt;
 use std::sync::LazyLock;
 
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
+use keel_store::Redaction;
 use regex::bytes::{Regex, RegexBuilder};
-use serde::{Deserialize, Serialize};
 
-/// What kind of secret a redaction removed, so a reader of a preamble knows something was there and what.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum SecretKind {
-    /// A literal registered at runtime (an account's key).
-    Registered,
-    /// A PEM or PGP private key block.
-    PrivateKey,
-    /// An Anthropic API key (`sk-ant-...`).
-    AnthropicKey,
-    /// An OpenAI API key (`sk-...`, `sk-proj-...`).
-    OpenaiKey,
-    /// An AWS access key id (`AKIA...`, `ASIA...`).
-    AwsAccessKey,
-    /// An AWS secret access key (40 characters after an `aws...secret` name).
-    AwsSecretKey,
-    /// A GitHub token (`ghp_`, `gho_`, `ghs_`, `github_pat_`, ...).
-    GithubToken,
-    /// A GitLab token (`glpat-`, ...).
-    GitlabToken,
-    /// A Slack token (`xoxb-`, `xapp-`, ...).
-    SlackToken,
-    /// A Slack incoming webhook URL.
-    SlackWebhook,
-    /// A Stripe secret or restricted key, or a webhook signing secret.
-    StripeKey,
-    /// A Google API key (`AIza...`).
-    GoogleApiKey,
-    /// A Google OAuth client secret or access token.
-    GoogleOauth,
-    /// A JSON Web Token.
-    Jwt,
-    /// The credential after `Bearer`.
-    BearerToken,
-    /// The credential of an `Authorization: Basic|Token` header.
-    BasicAuth,
-    /// The password of a `scheme://user:password@host` URL.
-    UrlPassword,
-    /// The password of a `Key=value;` connection string.
-    ConnectionPassword,
-    /// The value of a `SECRET_NAME = value` assignment whose value looks like a secret.
-    SecretAssignment,
-}
-
-impl SecretKind {
-    /// Every kind, in declaration order (for counting without a hash map).
-    pub const ALL: [SecretKind; 19] = [
-        Self::Registered,
-        Self::PrivateKey,
-        Self::AnthropicKey,
-        Self::OpenaiKey,
-        Self::AwsAccessKey,
-        Self::AwsSecretKey,
-        Self::GithubToken,
-        Self::GitlabToken,
-        Self::SlackToken,
-        Self::SlackWebhook,
-        Self::StripeKey,
-        Self::GoogleApiKey,
-        Self::GoogleOauth,
-        Self::Jwt,
-        Self::BearerToken,
-        Self::BasicAuth,
-        Self::UrlPassword,
-        Self::ConnectionPassword,
-        Self::SecretAssignment,
-    ];
-
-    /// The label used in the marker (`[REDACTED:<label>]`).
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::Registered => "registered-secret",
-            Self::PrivateKey => "private-key",
-            Self::AnthropicKey => "anthropic-key",
-            Self::OpenaiKey => "openai-key",
-            Self::AwsAccessKey => "aws-access-key",
-            Self::AwsSecretKey => "aws-secret-key",
-            Self::GithubToken => "github-token",
-            Self::GitlabToken => "gitlab-token",
-            Self::SlackToken => "slack-token",
-            Self::SlackWebhook => "slack-webhook",
-            Self::StripeKey => "stripe-key",
-            Self::GoogleApiKey => "google-api-key",
-            Self::GoogleOauth => "google-oauth",
-            Self::Jwt => "jwt",
-            Self::BearerToken => "bearer-token",
-            Self::BasicAuth => "basic-auth",
-            Self::UrlPassword => "url-password",
-            Self::ConnectionPassword => "connection-password",
-            Self::SecretAssignment => "secret-assignment",
-        }
-    }
-
-    fn index(self) -> usize {
-        self as usize
-    }
-}
-
-impl fmt::Display for SecretKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.label())
-    }
-}
+/// What kind of secret a redaction removed: keel-store's type, because rows keep the counts.
+pub use keel_store::SecretKind;
 
 /// The text that opens every redaction marker; truncation never cuts inside a marker that starts with it.
 pub const REDACTION_MARKER_PREFIX: &str = "[REDACTED:";
@@ -166,6 +65,55 @@ impl Redactions {
             .map(|k| (*k, self.counts[k.index()]))
             .filter(|(_, n)| *n > 0)
     }
+
+    /// The counts as a stored row keeps them (one entry per kind removed, in declaration order).
+    pub fn to_records(&self) -> Vec<Redaction> {
+        self.iter()
+            .map(|(kind, count)| Redaction { kind, count })
+            .collect()
+    }
+
+    /// The counts a stored row kept.
+    pub fn from_records(records: &[Redaction]) -> Self {
+        let mut out = Self::default();
+        for r in records {
+            let slot = &mut out.counts[r.kind.index()];
+            *slot = slot.saturating_add(r.count);
+        }
+        out
+    }
+}
+
+impl fmt::Display for Redactions {
+    /// `2 anthropic-key, 1 url-password`, or `none`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut first = true;
+        for (kind, n) in self.iter() {
+            if !first {
+                f.write_str(", ")?;
+            }
+            first = false;
+            write!(f, "{n} {kind}")?;
+        }
+        if first {
+            f.write_str("none")?;
+        }
+        Ok(())
+    }
+}
+
+/// One of the scrubber's built-in patterns does not compile (a defect of the build, never of input).
+/// keel refuses to start with it rather than scrub less: `keel` exits with this message and
+/// `Runtime::start` answers it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the secret scrubber's {pattern} pattern does not compile ({reason}); keel will not run without it"
+)]
+pub struct PatternError {
+    /// Which pattern (a secret kind's label, or the name of a helper automaton).
+    pub pattern: &'static str,
+    /// What the compiler said.
+    pub reason: String,
 }
 
 /// A registered secret was refused; nothing was registered.
@@ -195,6 +143,13 @@ pub enum RegisterSecretError {
         /// The maximum.
         max: usize,
     },
+    /// The automaton over the registered literals could not be built with this one added; the
+    /// registry is as it was (every earlier literal is still redacted).
+    #[error("the registered secrets' automaton could not be built: {reason}")]
+    Automaton {
+        /// What the builder said.
+        reason: String,
+    },
 }
 
 /// The scrubbed text and what was removed from it.
@@ -222,6 +177,15 @@ impl fmt::Debug for Scrubber {
             .finish()
     }
 }
+
+/// Two scrubbers are equal when they hold the same registered literals (the patterns are shared).
+impl PartialEq for Scrubber {
+    fn eq(&self, other: &Self) -> bool {
+        self.literals == other.literals
+    }
+}
+
+impl Eq for Scrubber {}
 
 impl Scrubber {
     /// Shortest literal that can be registered, in characters.
@@ -265,11 +229,33 @@ impl Scrubber {
         }
         self.literals.push(secret.to_owned());
         // Leftmost-longest so that a secret that contains another registered one is removed whole.
-        self.literal_automaton = AhoCorasickBuilder::new()
+        match AhoCorasickBuilder::new()
             .match_kind(MatchKind::LeftmostLongest)
             .build(&self.literals)
-            .ok();
-        Ok(())
+        {
+            Ok(automaton) => {
+                self.literal_automaton = Some(automaton);
+                Ok(())
+            }
+            Err(e) => {
+                // Fail closed: keep the automaton that redacts every earlier literal, and say so.
+                self.literals.pop();
+                Err(RegisterSecretError::Automaton {
+                    reason: e.to_string(),
+                })
+            }
+        }
+    }
+
+    /// Whether the built-in patterns compiled. Hosts call it before they start (the `keel` binary
+    /// for every command, `Runtime::start`): a build whose patterns do not compile must refuse to
+    /// run. A scrubber without its patterns does not scrub less either: it removes every text whole
+    /// ([`SecretKind::Unscanned`]).
+    ///
+    /// # Errors
+    /// [`PatternError`] naming the pattern that did not compile.
+    pub fn check_patterns() -> Result<(), PatternError> {
+        Patterns::get().map(|_| ())
     }
 
     /// How many literals are registered.
@@ -285,6 +271,17 @@ impl Scrubber {
 
     /// Replaces every secret in `text` with a marker naming its kind.
     pub fn scrub<'a>(&self, text: &'a str) -> Scrubbed<'a> {
+        self.scrub_with(Patterns::get(), text)
+    }
+
+    fn scrub_with<'a>(
+        &self,
+        patterns: Result<&Patterns, PatternError>,
+        text: &'a str,
+    ) -> Scrubbed<'a> {
+        let Ok(patterns) = patterns else {
+            return unscanned(text);
+        };
         let mut spans: Vec<Span> = Vec::new();
         if let Some(automaton) = &self.literal_automaton {
             for m in automaton.find_iter(text) {
@@ -295,10 +292,8 @@ impl Scrubber {
                 });
             }
         }
-        if let Some(patterns) = Patterns::get() {
-            patterns.find_known(text, &mut spans);
-            patterns.find_assignments(text, &mut spans);
-        }
+        patterns.find_known(text, &mut spans);
+        patterns.find_assignments(text, &mut spans);
         if spans.is_empty() {
             return Scrubbed {
                 text: Cow::Borrowed(text),
@@ -331,6 +326,25 @@ impl Scrubber {
             text: Cow::Owned(out),
             redactions,
         }
+    }
+}
+
+/// Without its patterns a scrubber cannot tell a secret from text: the whole text goes (fail closed).
+fn unscanned(text: &str) -> Scrubbed<'_> {
+    if text.is_empty() {
+        return Scrubbed {
+            text: Cow::Borrowed(text),
+            redactions: Redactions::default(),
+        };
+    }
+    let mut redactions = Redactions::default();
+    redactions.add(SecretKind::Unscanned);
+    Scrubbed {
+        text: Cow::Owned(format!(
+            "{REDACTION_MARKER_PREFIX}{}]",
+            SecretKind::Unscanned.label()
+        )),
+        redactions,
     }
 }
 
@@ -514,27 +528,40 @@ struct Combined {
 }
 
 struct Patterns {
+    shapes: &'static [Shape],
     known: Vec<Combined>,
     name_words: AhoCorasick,
     assignment_tail: Regex,
 }
 
-static PATTERNS: LazyLock<Option<Patterns>> = LazyLock::new(Patterns::compile);
+static PATTERNS: LazyLock<Result<Patterns, PatternError>> =
+    LazyLock::new(|| Patterns::compile(SHAPES, &SECRET_NAME_WORDS, ASSIGNMENT_TAIL));
 
 impl Patterns {
-    fn get() -> Option<&'static Patterns> {
-        PATTERNS.as_ref()
+    fn get() -> Result<&'static Patterns, PatternError> {
+        PATTERNS.as_ref().map_err(Clone::clone)
     }
 
-    /// Compiles the automata once per process. The patterns are constants, so a failure is a
-    /// programming error: `debug_assert` reports it and the unit tests assert that `get()` is `Some`.
-    fn compile() -> Option<Patterns> {
-        let sets = SHAPES.iter().map(|s| s.set).max().unwrap_or(0) + 1;
+    /// Compiles the automata once per process. The patterns are constants, so a failure is a defect
+    /// of the build: it is a typed error that hosts check before they start
+    /// ([`Scrubber::check_patterns`]), in debug and release builds alike, and a scrubber without its
+    /// patterns removes whole texts rather than scrub less.
+    fn compile(
+        shapes: &'static [Shape],
+        name_words: &[&str],
+        assignment_tail: &str,
+    ) -> Result<Patterns, PatternError> {
+        let sets = shapes.iter().map(|s| s.set).max().unwrap_or(0) + 1;
         let mut known = Vec::with_capacity(sets);
         for set in 0..sets {
             let mut combined = String::new();
             let mut ids = Vec::new();
-            for (i, shape) in SHAPES.iter().enumerate().filter(|(_, s)| s.set == set) {
+            for (i, shape) in shapes.iter().enumerate().filter(|(_, s)| s.set == set) {
+                // Each shape alone first, so an error names the one that is wrong.
+                compile_ascii(shape.pattern).map_err(|e| PatternError {
+                    pattern: shape.kind.label(),
+                    reason: e.to_string(),
+                })?;
                 if !ids.is_empty() {
                     combined.push('|');
                 }
@@ -543,14 +570,19 @@ impl Patterns {
                 combined.push(')');
                 ids.push(i);
             }
-            let regex = compile_ascii(&combined);
-            debug_assert!(regex.is_ok(), "the secret patterns must compile: {regex:?}");
-            let regex = regex.ok()?;
+            let regex = compile_ascii(&combined).map_err(|e| PatternError {
+                pattern: "combined-shapes",
+                reason: e.to_string(),
+            })?;
             let mut members = Vec::with_capacity(ids.len());
             for i in ids {
+                let whole = group_index(&regex, &format!("k{i}")).ok_or(PatternError {
+                    pattern: shapes[i].kind.label(),
+                    reason: "its group is missing from the combined pattern".into(),
+                })?;
                 members.push(Member {
                     shape: i,
-                    whole: group_index(&regex, &format!("k{i}"))?,
+                    whole,
                     value: group_index(&regex, &format!("v{i}")),
                 });
             }
@@ -559,23 +591,26 @@ impl Patterns {
         let name_words = AhoCorasickBuilder::new()
             .ascii_case_insensitive(true)
             .match_kind(MatchKind::LeftmostLongest)
-            .build(SECRET_NAME_WORDS);
-        debug_assert!(name_words.is_ok(), "the name words must build");
-        let assignment_tail = compile_ascii(ASSIGNMENT_TAIL);
-        debug_assert!(
-            assignment_tail.is_ok(),
-            "the assignment pattern must compile"
-        );
-        Some(Patterns {
+            .build(name_words)
+            .map_err(|e| PatternError {
+                pattern: "secret-name-words",
+                reason: e.to_string(),
+            })?;
+        let assignment_tail = compile_ascii(assignment_tail).map_err(|e| PatternError {
+            pattern: "secret-assignment",
+            reason: e.to_string(),
+        })?;
+        Ok(Patterns {
+            shapes,
             known,
-            name_words: name_words.ok()?,
-            assignment_tail: assignment_tail.ok()?,
+            name_words,
+            assignment_tail,
         })
     }
 
     fn find_known(&self, text: &str, spans: &mut Vec<Span>) {
         for combined in &self.known {
-            find_combined(combined, text, spans);
+            find_combined(self.shapes, combined, text, spans);
         }
     }
 
@@ -614,7 +649,7 @@ impl Patterns {
     }
 }
 
-fn find_combined(combined: &Combined, text: &str, spans: &mut Vec<Span>) {
+fn find_combined(shapes: &[Shape], combined: &Combined, text: &str, spans: &mut Vec<Span>) {
     let mut at = 0usize;
     let mut locs = combined.regex.capture_locations();
     while at <= text.len() {
@@ -632,7 +667,7 @@ fn find_combined(combined: &Combined, text: &str, spans: &mut Vec<Span>) {
         else {
             break;
         };
-        let shape = &SHAPES[member.shape];
+        let shape = &shapes[member.shape];
         let (start, end) = member
             .value
             .and_then(|v| locs.get(v))
@@ -815,7 +850,52 @@ mod tests {
 
     #[test]
     fn patterns_compile() {
-        assert!(Patterns::get().is_some());
+        assert_eq!(Scrubber::check_patterns(), Ok(()));
+    }
+
+    static BROKEN: [Shape; 2] = [
+        Shape {
+            kind: SecretKind::AnthropicKey,
+            pattern: r"sk-ant-[A-Za-z0-9]{20,}",
+            check: Check::None,
+            set: 0,
+        },
+        Shape {
+            kind: SecretKind::GithubToken,
+            pattern: r"ghp_[A-Za-z0-9]{36,",
+            check: Check::None,
+            set: 0,
+        },
+    ];
+
+    #[test]
+    fn a_pattern_that_does_not_compile_is_a_typed_error_naming_it() {
+        let Err(e) = Patterns::compile(&BROKEN, &SECRET_NAME_WORDS, ASSIGNMENT_TAIL) else {
+            panic!("a broken pattern compiled");
+        };
+        assert_eq!(e.pattern, "github-token");
+        assert!(e.to_string().contains("will not run"), "{e}");
+        let Err(e) = Patterns::compile(&SHAPES[..1], &SECRET_NAME_WORDS, r"(?P<v>[a-z]") else {
+            panic!("a broken assignment pattern compiled");
+        };
+        assert_eq!(e.pattern, "secret-assignment");
+    }
+
+    #[test]
+    fn without_its_patterns_a_scrubber_removes_the_whole_text() {
+        let broken = Patterns::compile(&BROKEN, &SECRET_NAME_WORDS, ASSIGNMENT_TAIL);
+        let e = broken.err().unwrap_or_else(|| panic!("compiled"));
+        let out = Scrubber::new().scrub_with(Err(e), "harmless text with ghp_ maybe");
+        assert_eq!(out.text, "[REDACTED:unscanned-text]");
+        assert_eq!(out.redactions.count(SecretKind::Unscanned), 1);
+        let empty = Scrubber::new().scrub_with(
+            Err(PatternError {
+                pattern: "x",
+                reason: String::new(),
+            }),
+            "",
+        );
+        assert_eq!(empty.text, "");
     }
 
     #[test]

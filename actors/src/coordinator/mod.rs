@@ -214,6 +214,7 @@ fn decision_row(now: Millis, summary: String) -> SessionLogRow {
         kind: LogKind::Lifecycle,
         summary: bounded(format!("decision: {summary}"), 512),
         detail: String::new(),
+        redactions: Vec::new(),
     }
 }
 

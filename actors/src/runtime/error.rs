@@ -40,6 +40,9 @@ pub struct HostWriteError(pub String);
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StartError {
+    /// The secret scrubber's patterns do not compile: keel does not run rather than scrub less.
+    #[error(transparent)]
+    Scrubber(#[from] crate::context::PatternError),
     /// No OS entropy for the node's stream.
     #[error(transparent)]
     Entropy(#[from] EntropyError),

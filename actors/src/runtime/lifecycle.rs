@@ -79,17 +79,39 @@ impl RunHandle {
     }
 }
 
+/// `config` with the values of the credentials `harnesses` names registered in the specialists'
+/// scrubber, after checking the scrubber's patterns compiled (keel refuses to run without them). A
+/// value the scrubber refuses (shorter than six characters: not a credential) is logged by its
+/// variable's place in the list, never by its value, and left out.
+fn with_credentials_registered(
+    mut config: RuntimeConfig,
+    harnesses: &HarnessSet,
+) -> Result<RuntimeConfig, StartError> {
+    crate::context::Scrubber::check_patterns()?;
+    for (i, value) in harnesses.credential_values().iter().enumerate() {
+        if let Err(e) = config.specialist.scrubber.register_secret(value) {
+            tracing::warn!(credential = i, error = %e, "a credential is not scrubbed literally");
+        }
+    }
+    Ok(config)
+}
+
 impl Runtime {
     /// Start the node's supervisor and checkpoint actors on `store`. The returned channel carries
     /// [`RuntimeEvent`]s; drop it if nobody listens.
     ///
+    /// Every specialist's scrubber gets the values of the credentials `harnesses` names registered, so
+    /// a session that prints its own key leaves none in the store (issue 16).
+    ///
     /// # Errors
-    /// [`StartError::Entropy`] or [`StartError::Spawn`].
+    /// [`StartError::Scrubber`] when the scrubber's patterns do not compile (keel does not run
+    /// without them), [`StartError::Entropy`] or [`StartError::Spawn`].
     pub async fn start(
         store: impl Into<NodeStore>,
         harnesses: HarnessSet,
         config: RuntimeConfig,
     ) -> Result<(Runtime, mpsc::Receiver<RuntimeEvent>), StartError> {
+        let config = with_credentials_registered(config, &harnesses)?;
         let mut entropy = match config.seed {
             Some(seed) => OsEntropy::from_seed(seed),
             None => OsEntropy::from_os()?,

@@ -18,6 +18,16 @@ pub async fn feed_session(mut session: RunningSession, me: MachineRef<Specialist
             ))));
             return;
         };
+        if let HarnessEvent::ToolUse {
+            name, input_json, ..
+        } = &event
+            && tracing::enabled!(tracing::Level::DEBUG)
+        {
+            // Scrubbed of the built-in shapes like the row it becomes (issue 16): a debug line is a
+            // way out. `keel` scrubs every log line again with the credentials it knows.
+            let input = crate::context::Scrubber::new().scrub(&input_json.text).text;
+            tracing::debug!(tool = %name, input = %input, "tool call");
+        }
         let terminal = event.is_terminal();
         if me
             .send_message(Deliver(SpecialistInput::Harness(event)))

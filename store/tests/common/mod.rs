@@ -62,6 +62,7 @@ pub fn log_row(n: u64) -> SessionLogRow {
         kind: LogKind::Text,
         summary: format!("row {n}"),
         detail: format!("detail of row {n}"),
+        redactions: Vec::new(),
     }
 }
 
