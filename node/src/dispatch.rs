@@ -22,6 +22,10 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failed> {
         Command::Config => {
             let config = home.config()?;
             out.config(&home, &config)?;
+            // On stderr, so `keel config --json` stays one JSON value.
+            for looser in crate::private::looser_than_private(home.dir(), &home.store_path()?) {
+                eprintln!("keel: warning: {looser}");
+            }
         }
         Command::Runs { limit } => read(&home, &cli_remote, &out, Read::Runs { limit })?,
         Command::Tasks { run, limit } => {

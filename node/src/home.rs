@@ -106,19 +106,16 @@ impl Home {
         self.dir.join(CONFIG_FILE)
     }
 
-    /// Creates the folder, a commented keel.toml and the store, keeping whatever already exists:
-    /// running it twice is harmless and never overwrites a user's configuration.
+    /// Creates the folder (0700), a commented keel.toml (0600) and the store (0600), keeping whatever
+    /// already exists: running it twice is harmless and never overwrites a user's configuration.
     pub(crate) fn init(&self) -> Result<Created, HomeError> {
-        std::fs::create_dir_all(&self.dir).map_err(|source| HomeError::Create {
+        // 0700 at creation: transcripts and synthesis files live here (issue 16).
+        crate::private::create_dir(&self.dir).map_err(|source| HomeError::Create {
             path: self.dir.clone(),
             source,
         })?;
         let config_path = self.config_path();
-        let config = match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&config_path)
-        {
+        let config = match crate::private::create_new_file(&config_path) {
             Ok(mut file) => {
                 use std::io::Write;
                 file.write_all(CONFIG_TEMPLATE.as_bytes())

@@ -10,7 +10,9 @@ mod dispatch;
 mod exit;
 mod home;
 mod node_cmd;
+mod private;
 mod read;
+mod redact;
 mod remote;
 mod render;
 mod run;
@@ -27,6 +29,11 @@ use crate::exit::Exit;
 
 fn main() -> ExitCode {
     quiet_storage_panics();
+    // Before anything else: a build whose secret patterns do not compile must not run (issue 16).
+    if let Err(e) = redact::init() {
+        eprintln!("keel: {e}");
+        return ExitCode::from(Exit::Failure as u8);
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -43,7 +50,7 @@ fn main() -> ExitCode {
     match dispatch::run(cli) {
         Ok(()) => ExitCode::from(Exit::Ok as u8),
         Err(e) => {
-            eprintln!("keel: {:#}", e.error);
+            eprintln!("keel: {}", redact::text(&format!("{:#}", e.error)));
             ExitCode::from(e.exit as u8)
         }
     }

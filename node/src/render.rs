@@ -13,7 +13,7 @@ use keel_store::{
 use serde::Serialize;
 use serde_json::json;
 
-use keel_actors::context::ContextReport;
+use keel_actors::context::{ContextReport, Redactions};
 
 use crate::config::Config;
 use crate::exit::Failed;
@@ -41,8 +41,11 @@ impl Output {
     }
 
     fn print_json(&self, value: &impl Serialize) -> std::io::Result<()> {
+        // String by string, so the output stays valid JSON (issue 16).
+        let mut value = serde_json::to_value(value)?;
+        crate::redact::json(&mut value);
         let mut out = crate::stdout::lock();
-        serde_json::to_writer_pretty(&mut out, value)?;
+        serde_json::to_writer_pretty(&mut out, &value)?;
         writeln!(out)
     }
 
@@ -216,6 +219,10 @@ impl Output {
                         "kind": log_kind(r.value.kind),
                         "summary": r.value.summary,
                         "detail": r.value.detail,
+                        "redactions": r.value.redactions.iter().map(|x| json!({
+                            "kind": x.kind.label(),
+                            "count": x.count,
+                        })).collect::<Vec<_>>(),
                     })
                 })
                 .collect();
@@ -224,16 +231,32 @@ impl Output {
         if rows.is_empty() {
             return self.print(&format!("task {task} has no session log rows"));
         }
-        let mut table = table(&["SEQ", "TIME", "KIND", "SUMMARY"]);
+        let mut table = table(&["SEQ", "TIME", "KIND", "SUMMARY", "REDACTED"]);
+        let mut redacted = Redactions::default();
         for r in rows {
+            let row = Redactions::from_records(&r.value.redactions);
+            redacted.merge(&row);
             table.add_row(vec![
                 r.seq.to_string(),
                 timestamp(r.value.ts_ms),
                 log_kind(r.value.kind).into(),
                 clip(&r.value.summary, SUMMARY_CELL_CHARS_MAX),
+                if row.total() == 0 {
+                    "-".into()
+                } else {
+                    row.to_string()
+                },
             ]);
         }
-        self.print(&table.to_string())
+        self.print(&table.to_string())?;
+        if redacted.total() > 0 {
+            // Say it in words too: the secrets were removed before the rows were stored.
+            self.print(&format!(
+                "{} secrets were removed from these rows before they were stored ({redacted})",
+                redacted.total()
+            ))?;
+        }
+        Ok(())
     }
 
     pub(crate) fn tree(&self, run: &Run, tree: &Listing<TreeNode>) -> std::io::Result<()> {
@@ -302,6 +325,8 @@ fn cell(text: &str) -> String {
 
 /// At most `max` characters of one line, with an ellipsis when anything was cut.
 fn clip(text: &str, max: usize) -> String {
+    // Scrubbed before the cut, so a cut cannot leave half of a secret (issue 16).
+    let text = crate::redact::text(text);
     let line = text.lines().next().unwrap_or("");
     let mut cut: String = line.chars().take(max).collect();
     if cut.len() < text.len() {

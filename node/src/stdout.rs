@@ -13,6 +13,8 @@ use std::cell::RefCell;
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::redact::ScrubbedLines;
+
 /// Set once a write found stdout closed; later writes are dropped without trying.
 static CLOSED: AtomicBool = AtomicBool::new(false);
 
@@ -22,8 +24,14 @@ thread_local! {
 }
 
 /// The locked standard output, with a closed pipe read as "the reader left"; or, inside
-/// [`capture`], the capture buffer of this thread.
+/// [`capture`], the capture buffer of this thread. Either way every line is scrubbed of secrets
+/// before it is written (issue 16; [`crate::redact`]), so the HTTP API's answers are too.
 pub(crate) struct Stdout {
+    inner: ScrubbedLines<Raw>,
+}
+
+/// Where [`Stdout`]'s scrubbed lines go.
+pub(crate) struct Raw {
     inner: Option<io::StdoutLock<'static>>,
 }
 
@@ -31,7 +39,9 @@ pub(crate) struct Stdout {
 pub(crate) fn lock() -> Stdout {
     let capturing = CAPTURED.with(|c| c.borrow().is_some());
     Stdout {
-        inner: (!capturing).then(|| io::stdout().lock()),
+        inner: ScrubbedLines::new(Raw {
+            inner: (!capturing).then(|| io::stdout().lock()),
+        }),
     }
 }
 
@@ -63,6 +73,16 @@ fn reader_left<T>(result: io::Result<T>, done: T) -> io::Result<T> {
 }
 
 impl Write for Stdout {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.inner.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+impl Write for Raw {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let Some(inner) = self.inner.as_mut() else {
             CAPTURED.with(|c| {

@@ -2,6 +2,7 @@
 //! are reaped even when a test fails, and readers of a scripted model server's request recordings.
 
 pub mod fan_out;
+pub mod secrets;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

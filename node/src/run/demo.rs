@@ -57,7 +57,7 @@ pub(crate) fn demo(home: &Home) -> anyhow::Result<()> {
     rt.block_on(async {
         let store = super::open_writer(home)?;
         let scratch = home.dir().join("demo");
-        std::fs::create_dir_all(&scratch)
+        crate::private::create_dir(&scratch)
             .with_context(|| format!("creating {}", scratch.display()))?;
         let scratch = scratch.canonicalize()?;
         let marker = scratch.join("crashed-once");

@@ -197,7 +197,7 @@ pub(crate) fn announce(run: RunId, task: Option<keel_store::TaskId>) -> anyhow::
             Some(task) => format!("{run} {task}"),
             None => run.to_string(),
         };
-        std::fs::write(&path, text)
+        crate::private::write_file(Path::new(&path), text.as_bytes())
             .with_context(|| format!("writing the run id to {}", PathBuf::from(&path).display()))?;
     }
     Ok(())
@@ -359,10 +359,10 @@ fn detach(home: &Home, what: &str, json: bool) -> anyhow::Result<Ended> {
     }
     let pid = std::process::id();
     let logs = home.dir().join("logs");
-    std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+    crate::private::create_dir(&logs).with_context(|| format!("creating {}", logs.display()))?;
     let log_path = logs.join(format!("run-{pid}.log"));
     let announce = logs.join(format!("run-{pid}.id"));
-    let log = std::fs::File::create(&log_path)
+    let log = crate::private::create_file(&log_path)
         .with_context(|| format!("creating {}", log_path.display()))?;
     let mut child = std::process::Command::new(exe)
         .args(args)
@@ -554,10 +554,11 @@ pub(crate) fn cancel(home: &Home, run: RunId, json: bool) -> anyhow::Result<()> 
             // Another process holds the store: it polls for this file and cancels cooperatively.
             let path = control_file(home, run);
             if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir)
+                crate::private::create_dir(dir)
                     .with_context(|| format!("creating {}", dir.display()))?;
             }
-            std::fs::write(&path, reason).with_context(|| format!("writing {}", path.display()))?;
+            crate::private::write_file(&path, reason.as_bytes())
+                .with_context(|| format!("writing {}", path.display()))?;
             if json {
                 outln!(
                     "{}",

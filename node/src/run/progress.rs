@@ -47,8 +47,10 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for AboveBars {
 
 impl Write for AboveBarsWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        // The formatter writes a whole line with one `write_all`, so one line is one suspension.
-        let print = || std::io::stderr().lock().write_all(buf);
+        // The formatter writes a whole line with one `write_all`, so one line is one suspension, and
+        // the line is scrubbed whole (a tool input in a debug line included; issue 16).
+        let line = crate::redact::log_line(buf);
+        let print = || std::io::stderr().lock().write_all(&line);
         if DRAWING.load(Ordering::Acquire) {
             screen().suspend(print)?;
         } else {
@@ -63,7 +65,8 @@ impl Write for AboveBarsWriter {
 }
 
 fn short(text: &str) -> String {
-    super::summary::one_line(text, LINE_CHARS_MAX)
+    // Scrubbed before the cut, so a cut cannot leave half of a secret (issue 16).
+    super::summary::one_line(&crate::redact::text(text), LINE_CHARS_MAX)
 }
 
 /// Below this many micro-dollars (one cent) a spend is shown to the micro-dollar, so a small session

@@ -77,14 +77,19 @@ fn scripted_profile() -> AgentProfile {
     }
 }
 
+/// The environment variables keel reads credentials from: Anthropic's, then OpenAI's. Their values
+/// are registered with every scrubber keel runs (issue 16).
+pub(crate) const CREDENTIAL_ENV: [&str; 2] = ["ANTHROPIC_API_KEY", "OPENAI_API_KEY"];
+
 /// The account a configured agent bills to: credentials from the environment, by harness.
 fn account_for(kind: HarnessKind, id: &str) -> Account {
+    let [anthropic, openai] = CREDENTIAL_ENV;
     let credential = match kind {
         HarnessKind::MessagesApi | HarnessKind::ClaudeCode => {
-            Credential::ApiKeyEnv("ANTHROPIC_API_KEY".into())
+            Credential::ApiKeyEnv(anthropic.into())
         }
         HarnessKind::Codex | HarnessKind::Opencode | HarnessKind::Pi => {
-            Credential::ApiKeyEnv("OPENAI_API_KEY".into())
+            Credential::ApiKeyEnv(openai.into())
         }
         HarnessKind::Scripted => Credential::None,
     };
@@ -139,6 +144,14 @@ pub(crate) async fn node_setup(
     rc.supervisor.spawn_interval_ms = 60_000 / u64::from(sup.spawns_per_minute.get()).max(1);
     rc.supervisor.subtask_timeout_ms = u64::from(sup.subtask_timeout_s.get()) * 1000;
     rc.specialist.working_dir = work_dir.to_path_buf();
+    // The credentials keel reads, whether or not an agent uses them: a session that prints one
+    // leaves none in the store (the runtime adds every account's own).
+    for name in CREDENTIAL_ENV {
+        if let Ok(value) = std::env::var(name) {
+            // Shorter than six characters is not a credential: nothing to register.
+            let _ = rc.specialist.scrubber.register_secret(&value);
+        }
+    }
     rc.stop_grace_ms = 5_000;
 
     let mut harnesses = HarnessSet::new();

@@ -22,7 +22,8 @@ const LINE_CHARS_MAX: usize = 160;
 const STATUS_RUNS_MAX: u32 = 1_000;
 
 fn short(text: &str) -> String {
-    one_line(text, LINE_CHARS_MAX)
+    // Scrubbed before the cut, so a cut cannot leave half of a secret (issue 16).
+    one_line(&crate::redact::text(text), LINE_CHARS_MAX)
 }
 
 /// `text` as one line of at most `chars_max` characters (whitespace collapsed, an ellipsis where it
@@ -152,9 +153,10 @@ fn write_synthesis(
     let row = store.catalog().run(run)?;
     let path = synthesis_path(home, run);
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        crate::private::create_dir(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    std::fs::write(&path, markdown(&row, s))
+    // The brief is the user's, kept as given in the store: scrubbed on its way into the file.
+    crate::private::write_file(&path, crate::redact::text(&markdown(&row, s)).as_bytes())
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(Some(path))
 }
@@ -173,7 +175,7 @@ pub(crate) fn print(
     let synthesis_file = write_synthesis(home, store, run, synthesis.as_ref())?;
     let failed = failures(&tasks);
     if json {
-        let value = json!({
+        let mut value = json!({
             "run": run.to_string(),
             "status": format!("{:?}", outcome.status),
             "coverage": synthesis.as_ref().map(|s| &s.coverage),
@@ -183,6 +185,7 @@ pub(crate) fn print(
             "usage": usage.json(),
             "outcome": if synthesis.is_some() { None } else { Some(&outcome.outcome) },
         });
+        crate::redact::json(&mut value);
         outln!("{value}")?;
         return Ok(());
     }
@@ -263,7 +266,7 @@ pub(crate) fn follow_up(
     if json {
         let synthesis: Option<Synthesis> = serde_json::from_str(&outcome.run.outcome).ok();
         let synthesis_file = write_synthesis(home, store, outcome.run.run, synthesis.as_ref())?;
-        let value = json!({
+        let mut value = json!({
             "run": outcome.run.run.to_string(),
             "run_status": format!("{:?}", outcome.run.status),
             "synthesis_file": synthesis_file,
@@ -276,6 +279,7 @@ pub(crate) fn follow_up(
             "answer": answer,
             "usage": usage.json(),
         });
+        crate::redact::json(&mut value);
         outln!("{value}")?;
         return Ok(());
     }
@@ -343,6 +347,7 @@ pub(crate) fn status(store: &Store, run: Option<RunId>, json: bool) -> anyhow::R
                 .map(|r| json!({"run": r.id.to_string(), "status": format!("{:?}", r.status), "brief": r.brief}))
                 .collect();
         }
+        crate::redact::json(&mut value);
         outln!("{value}")?;
         return Ok(());
     }

@@ -84,7 +84,8 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = ErrorBody {
             error: self.kind.to_owned(),
-            message: self.message,
+            // A message may quote what a request or the store held: scrubbed (issue 16).
+            message: crate::redact::text(&self.message).into_owned(),
         };
         let mut response = (self.status, Json(body)).into_response();
         if self.status == StatusCode::UNAUTHORIZED {

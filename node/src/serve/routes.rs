@@ -627,7 +627,10 @@ struct Streaming {
 }
 
 fn sse_event((seq, event): &Sequenced) -> Event {
-    let data = serde_json::to_string(event).unwrap_or_default();
+    // Scrubbed string by string like every way out of keel (issue 16).
+    let mut value = serde_json::to_value(event).unwrap_or_default();
+    crate::redact::json(&mut value);
+    let data = value.to_string();
     Event::default()
         .event(event.name())
         .id(seq.to_string())
