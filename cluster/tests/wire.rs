@@ -36,6 +36,7 @@ fn samples_to_coordinator(text: &str, n: u32) -> Vec<ToCoordinator> {
                         kind: LogKind::Text,
                         summary: text.into(),
                         detail: text.repeat(2),
+                        redactions: Vec::new(),
                     },
                 )],
             },
