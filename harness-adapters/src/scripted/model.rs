@@ -343,11 +343,16 @@ impl ScriptedModel {
         let (text, stop) = if !tool_calls.is_empty() {
             (String::new(), "tool_use")
         } else if let Some(last) = request.tool_results.last() {
-            let echoed: String = last.text.chars().take(ECHO_CHARS_MAX).collect();
-            (
-                format!("FINAL: tool {} returned: {}", last.call_id, echoed),
-                "end_turn",
-            )
+            match report_after_tool(&request.user_text, &last.call_id, &last.text) {
+                Some(report) => (report, "end_turn"),
+                None => {
+                    let echoed: String = last.text.chars().take(ECHO_CHARS_MAX).collect();
+                    (
+                        format!("FINAL: tool {} returned: {}", last.call_id, echoed),
+                        "end_turn",
+                    )
+                }
+            }
         } else {
             (GREETING.to_owned(), "end_turn")
         };
@@ -359,6 +364,49 @@ impl ScriptedModel {
             usage,
         }
     }
+}
+
+/// The marker of the report rule: a prompt holding it is answered, once a tool result is present,
+/// with a keel report instead of the `FINAL:` echo.
+pub const REPORT_AFTER_TOOL: &str = "REPORT_AFTER_TOOL";
+
+/// The report rule: when the prompt holds [`REPORT_AFTER_TOOL`] and names its task on a
+/// `Subtask id: <id>` line (the last such line: a session's own brief comes after its preamble), the
+/// answer is a complete keel report for that task whose one finding is the first line of the last
+/// tool result (cut to 120 characters of `[A-Za-z0-9 ._:/-]`), sourced to the tool call. Lets a
+/// scripted lead end with a report after its `delegate` call is answered.
+pub fn report_after_tool(user_text: &str, call_id: &str, result: &str) -> Option<String> {
+    if !user_text.contains(REPORT_AFTER_TOOL) {
+        return None;
+    }
+    let task = user_text
+        .lines()
+        .rev()
+        .find_map(|l| l.trim().strip_prefix("Subtask id:"))?
+        .trim();
+    let claim: String = result
+        .lines()
+        .next()
+        .unwrap_or("")
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || " ._:/-".contains(*c))
+        .take(120)
+        .collect();
+    let claim = if claim.trim().is_empty() {
+        "the tool answered".to_owned()
+    } else {
+        claim
+    };
+    Some(
+        json!({
+            "subtask_id": task,
+            "status": "complete",
+            "findings": [{"claim": claim, "source": format!("tool {call_id}"), "confidence_permille": 800}],
+            "gaps": [],
+            "summary": "reported after the tool answered",
+        })
+        .to_string(),
+    )
 }
 
 /// Finds `CALL_TOOL: <Name> <json object>` on one line; the JSON runs to the last `}` of that line.

@@ -428,7 +428,9 @@ fn detach(home: &Home, what: &str, json: bool) -> anyhow::Result<Ended> {
 }
 
 /// What runs for a brief (`keel run` and the HTTP API's submit): the plan given, else the
-/// scripted survey plan on the built-in scripted model, else the brief as one step on `agent`.
+/// scripted survey plan on the built-in scripted model, else a lead session on `agent` when
+/// `lead_capable` (the node serves keel's session tools to that harness), else the brief as one
+/// step on `agent`.
 ///
 /// # Errors
 /// When the built-in plan cannot be made for the brief.
@@ -436,6 +438,7 @@ pub(crate) fn run_mode(
     brief: &str,
     plan: Option<Plan>,
     scripted: bool,
+    lead_capable: bool,
     agent: Option<String>,
 ) -> anyhow::Result<RunMode> {
     Ok(match plan {
@@ -443,8 +446,14 @@ pub(crate) fn run_mode(
         None if scripted => {
             RunMode::Plan(scripted::survey_plan(brief).map_err(|e| anyhow!("built-in plan: {e}"))?)
         }
-        // A real harness without a plan: the brief is one step. (A lead agent that delegates
-        // needs the MCP endpoint, which this node does not serve yet.)
+        // A real harness without a plan: a lead session decomposes the brief through the
+        // `delegate` tool of the node's MCP endpoint.
+        None if lead_capable => RunMode::Lead {
+            agent,
+            constraints: Vec::new(),
+        },
+        // Harnesses without an MCP client only (pi), or a caller that asks for no lead: the
+        // brief is one step.
         None => RunMode::Plan(Plan {
             steps: vec![PlanStep {
                 key: "brief".into(),
@@ -482,7 +491,13 @@ pub(crate) fn run(home: &Home, args: RunArgs, json: bool) -> anyhow::Result<Ende
         let work = work_dir()?;
         let setup = node_setup(&config, &args.choice, &work).await?;
         let plan = args.plan.as_deref().map(read_plan).transpose()?;
-        let mode = run_mode(&args.brief, plan, setup.scripted, args.choice.agent.clone())?;
+        let mode = run_mode(
+            &args.brief,
+            plan,
+            setup.scripted,
+            setup.lead_capable(),
+            args.choice.agent.clone(),
+        )?;
         let (budget, snapshot) = submission(&config);
         let (rt, events) = Runtime::start(store, setup.harnesses, setup.config).await?;
         let view = tokio::spawn(progress::show(events, args.quiet || json));

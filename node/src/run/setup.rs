@@ -129,6 +129,16 @@ fn harness_for(kind: HarnessKind) -> anyhow::Result<Arc<dyn keel_harness::Harnes
     })
 }
 
+impl NodeSetup {
+    /// Whether a lead session can run here: the lead is a session of the first agent (or the chosen
+    /// one), and it needs keel's session tools, which pi sessions do not get.
+    pub(crate) fn lead_capable(&self) -> bool {
+        self.config.supervisor.agents.iter().any(|a| {
+            HarnessKind::parse(&a.harness).is_some_and(|k| self.harnesses.serves_session_tools(k))
+        })
+    }
+}
+
 /// Build the node: agents from keel.toml (narrowed by `--agent`), or one profile on `--harness`, or
 /// the built-in scripted model over the native agent loop on a local model server.
 pub(crate) async fn node_setup(
@@ -228,6 +238,11 @@ pub(crate) async fn node_setup(
         scripted = true;
     }
     rc.supervisor.agents = agents;
+    // keel's session tools for every session of a harness with an MCP client (issue 11).
+    let endpoint = keel_mcp::McpEndpoint::start(keel_mcp::EndpointConfig::default())
+        .await
+        .context("starting keel's MCP endpoint on 127.0.0.1")?;
+    harnesses = harnesses.with_session_endpoint(Arc::new(endpoint));
     Ok(NodeSetup {
         harnesses,
         config: rc,

@@ -385,8 +385,14 @@ async fn submit(
     ApiJson(body): ApiJson<SubmitRun>,
 ) -> Result<(StatusCode, Json<Submitted>), ApiError> {
     check_submission(&app, &body)?;
-    let mode = crate::run::run_mode(&body.brief, body.plan, app.launch.scripted, body.agent)
-        .map_err(|e| ApiError::bad_request(format!("brief: {e:#}")))?;
+    let mode = crate::run::run_mode(
+        &body.brief,
+        body.plan,
+        app.launch.scripted,
+        false,
+        body.agent,
+    )
+    .map_err(|e| ApiError::bad_request(format!("brief: {e:#}")))?;
     let permit = slot(&app)?;
     let handle = app
         .rt
