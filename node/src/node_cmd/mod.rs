@@ -256,7 +256,13 @@ async fn coordinate(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let plan = args.plan.as_deref().map(run::read_plan).transpose()?;
-    let mode = run::run_mode(brief, plan, setup.scripted, args.choice.agent.clone())?;
+    let mode = run::run_mode(
+        brief,
+        plan,
+        setup.scripted,
+        false,
+        args.choice.agent.clone(),
+    )?;
     let (budget, snapshot) = run::submission(config);
     let view = tokio::spawn(run::progress::show(events, args.quiet || json));
     let handle = rt.submit(brief.clone(), mode, budget, snapshot).await?;
