@@ -113,6 +113,26 @@ impl From<serde_json::Error> for Failed {
     }
 }
 
+/// An error as a person reads it: its message, then each cause that adds something, joined by
+/// ": ". Many error types of the workspace put their source's message in their own and also return
+/// it as `source()` (`#[error("read failed: {0}")]` with `#[from]`); printing the whole chain as
+/// anyhow's `{:#}` does would say that cause twice, so a cause whose message is already in the text
+/// is left out.
+pub(crate) fn sentence(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain() {
+        let message = cause.to_string();
+        if message.is_empty() || text.contains(&message) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&message);
+    }
+    text
+}
+
 pub(crate) fn ended(e: anyhow::Result<run::Ended>) -> Result<(), Failed> {
     match e {
         Ok(run::Ended::Completed) => Ok(()),
@@ -183,4 +203,39 @@ pub(crate) fn failure(e: anyhow::Result<()>) -> Result<(), Failed> {
         exit: Exit::Failure,
         error,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cause named in its wrapper's message and also returned as its source, as `HostError` and
+    /// keel-store's errors do.
+    #[derive(Debug, thiserror::Error)]
+    enum Wrapper {
+        #[error("read failed: {0}")]
+        Read(#[from] Inner),
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("the store file x.redb is corrupt: bad page")]
+    struct Inner;
+
+    #[test]
+    fn a_cause_already_in_the_message_is_said_once() {
+        let e = anyhow::Error::from(Wrapper::Read(Inner)).context("reading run 1");
+        assert_eq!(
+            sentence(&e),
+            "reading run 1: read failed: the store file x.redb is corrupt: bad page"
+        );
+    }
+
+    #[test]
+    fn a_cause_not_in_the_message_is_added() {
+        let e = anyhow::Error::from(Inner).context("reading run 1");
+        assert_eq!(
+            sentence(&e),
+            "reading run 1: the store file x.redb is corrupt: bad page"
+        );
+    }
 }

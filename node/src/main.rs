@@ -50,7 +50,7 @@ fn main() -> ExitCode {
     match dispatch::run(cli) {
         Ok(()) => ExitCode::from(Exit::Ok as u8),
         Err(e) => {
-            eprintln!("keel: {}", redact::text(&format!("{:#}", e.error)));
+            eprintln!("keel: {}", redact::text(&exit::sentence(&e.error)));
             ExitCode::from(e.exit as u8)
         }
     }

@@ -146,6 +146,12 @@ fn a_damaged_store_is_an_error_naming_the_file_at_every_command_never_a_panic() 
                 corrupt_reported += 1;
                 assert_eq!(out.status.code(), Some(1), "keel {args:?}: {err}");
                 assert!(err.contains(&file), "keel {args:?} names the file: {err}");
+                // The cause is said once, whatever the path to it wrapped it in.
+                assert_eq!(
+                    err.matches("is corrupt").count(),
+                    1,
+                    "keel {args:?} says the cause once: {err}"
+                );
             }
         }
         // `keel run` on the first store the read commands found damaged: a typed error, not

@@ -132,7 +132,7 @@ fn held_or(e: anyhow::Error, run: keel_store::RunId) -> anyhow::Error {
     if held {
         FollowUpError::StoreHeld {
             run,
-            detail: format!("{e:#}"),
+            detail: crate::exit::sentence(&e),
         }
         .into()
     } else {

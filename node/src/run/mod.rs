@@ -581,7 +581,8 @@ pub(crate) fn cancel(home: &Home, run: RunId, json: bool) -> anyhow::Result<()> 
                 )?;
             } else {
                 outln!(
-                    "run {run} is held by a running keel process ({e:#}); cancel requested through {}",
+                    "run {run} is held by a running keel process ({}); cancel requested through {}",
+                    crate::exit::sentence(&e),
                     path.display()
                 )?;
             }
