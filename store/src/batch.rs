@@ -91,6 +91,7 @@ pub(crate) enum RunOp {
     AppendAudit(AuditEntry),
     AppendEscalation(Escalation),
     PutBlob(Vec<u8>),
+    PutAgent(AgentProfile),
 }
 
 /// Staged writes from any number of callers (and runs), committed together in one write

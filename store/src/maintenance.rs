@@ -275,6 +275,7 @@ fn copy_tables(
         copy(source, target, tables::ESCALATIONS)?,
         copy(source, target, tables::BLOBS)?,
         copy(source, target, tables::AGENTS)?,
+        copy(source, target, tables::RUN_AGENTS)?,
     ];
     let tables = u32::try_from(counts.len()).unwrap_or(u32::MAX);
     Ok((tables, counts.iter().sum()))

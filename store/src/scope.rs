@@ -4,8 +4,8 @@ use crate::batch::{RunOp, StagedWrite};
 use crate::codec;
 use crate::error::{ReadError, StageError};
 use crate::model::{
-    AuditEntry, Checkpoint, DeadLetter, Escalation, IdempotencyRecord, ManifestEntry, Run, RunId,
-    SessionLogRow, Task, TaskId,
+    AgentProfile, AuditEntry, Checkpoint, DeadLetter, Escalation, IdempotencyRecord, ManifestEntry,
+    Run, RunId, SessionLogRow, Task, TaskId,
 };
 use crate::read::{self, Listing, Sequenced};
 use crate::store::Store;
@@ -300,6 +300,35 @@ impl<'s> RunScope<'s> {
         })
     }
 
+    /// The agent profile named `agent` this run was hosted with (see
+    /// [`RunScope::stage_put_agent`]).
+    ///
+    /// # Errors
+    /// [`ReadError::NotFound`] if the run has no profile of that name (a store written before runs
+    /// kept their profiles has none); [`ReadError::Decode`].
+    pub fn agent(&self, agent: &str) -> Result<AgentProfile, ReadError> {
+        let not_found = || ReadError::NotFound {
+            what: "agent profile of the run",
+            key: format!("{}/{agent}", self.run),
+        };
+        self.store.read(|txn| {
+            let table = match txn.open_table(tables::RUN_AGENTS) {
+                Ok(table) => table,
+                // A read-only open of a store no writer of this version has opened yet.
+                Err(redb::TableError::TableDoesNotExist(_)) => return Err(not_found()),
+                Err(e) => return Err(e.into()),
+            };
+            match table.get((self.run.0, agent))? {
+                None => Err(not_found()),
+                Some(g) => Ok(codec::decode(
+                    name::RUN_AGENTS,
+                    &format_args!("{}/{agent}", self.run),
+                    g.value(),
+                )?),
+            }
+        })
+    }
+
     // ----- staged writes -----
 
     /// Stages the creation of this run's row. The commit fails with `RunExists` if it exists.
@@ -472,5 +501,17 @@ impl<'s> RunScope<'s> {
             .limits()
             .check_blob_len(u64::try_from(bytes.len()).unwrap_or(u64::MAX))?;
         Ok(StagedWrite::for_run(self.run, RunOp::PutBlob(bytes)))
+    }
+
+    /// Stages an agent profile this run is hosted with (created or replaced by name): a task's
+    /// model comes from its assignee's profile, and a follow-up or resume in another process reads
+    /// it here, so an ad-hoc profile (`keel run --harness X --model M`) outlives the process that
+    /// made it. Unlike every other write of a run, the run's row need not exist yet.
+    ///
+    /// # Errors
+    /// [`StageError::Limit`] if a field is over its limit; [`StageError::Invalid`] for an empty name.
+    pub fn stage_put_agent(&self, profile: AgentProfile) -> Result<StagedWrite, StageError> {
+        self.store.check_agent(&profile)?;
+        Ok(StagedWrite::for_run(self.run, RunOp::PutAgent(profile)))
     }
 }

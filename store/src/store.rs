@@ -186,6 +186,7 @@ impl Store {
             txn.open_table(tables::ESCALATIONS)?;
             txn.open_table(tables::BLOBS)?;
             txn.open_table(tables::AGENTS)?;
+            txn.open_table(tables::RUN_AGENTS)?;
         }
         txn.commit()?;
         Ok(Self {
@@ -233,16 +234,23 @@ impl Store {
     /// # Errors
     /// [`StageError::Limit`] if a field is over its limit.
     pub fn stage_put_agent(&self, profile: AgentProfile) -> Result<StagedWrite, StageError> {
-        self.limits.check_agent(&profile)?;
+        self.check_agent(&profile)?;
+        Ok(StagedWrite {
+            staged: Staged::Agent(profile),
+        })
+    }
+
+    /// The checks a profile passes before it is staged, store-wide or for one run: its fields within
+    /// their limits, and a name (the key it is found by).
+    pub(crate) fn check_agent(&self, profile: &AgentProfile) -> Result<(), StageError> {
+        self.limits.check_agent(profile)?;
         if profile.name.is_empty() {
             return Err(StageError::Invalid {
                 field: "agent.name",
                 reason: "empty",
             });
         }
-        Ok(StagedWrite {
-            staged: Staged::Agent(profile),
-        })
+        Ok(())
     }
 
     /// Commits one staged write in its own transaction.
@@ -493,6 +501,7 @@ struct Writer<'t> {
     escalations: Lazy<'t, (u128, u64), Row>,
     blobs: Lazy<'t, (u128, u128), &'static [u8]>,
     agents: Lazy<'t, &'static str, Row>,
+    run_agents: Lazy<'t, (u128, &'static str), Row>,
     /// Runs known to exist in this transaction, so a batch of N rows for one run checks it once.
     known_runs: BTreeSet<u128>,
 }
@@ -514,6 +523,7 @@ impl<'t> Writer<'t> {
             escalations: Lazy::new(txn, tables::ESCALATIONS),
             blobs: Lazy::new(txn, tables::BLOBS),
             agents: Lazy::new(txn, tables::AGENTS),
+            run_agents: Lazy::new(txn, tables::RUN_AGENTS),
             known_runs: BTreeSet::new(),
         }
     }
@@ -749,6 +759,15 @@ impl<'t> Writer<'t> {
                 self.require_run(run)?;
                 let (key, len) = self.put_blob(run, bytes)?;
                 Ok(Applied::BlobStored { key, len })
+            }
+            RunOp::PutAgent(profile) => {
+                // The run's row is not required: a node records its profiles as it submits the
+                // run, which may be before the coordinator's first commit creates the row.
+                let bytes = codec::encode(name::RUN_AGENTS, profile)?;
+                self.run_agents
+                    .open()?
+                    .insert((run.0, profile.name.as_str()), bytes.as_slice())?;
+                Ok(Applied::AgentProfileWritten)
             }
         }
     }

@@ -39,6 +39,11 @@ pub(crate) const ESCALATIONS: TableDefinition<'_, (u128, u64), Row> =
 pub(crate) const BLOBS: TableDefinition<'_, (u128, u128), &[u8]> = TableDefinition::new("blobs");
 /// agent name -> AgentProfile (store-wide: profiles are shared by all runs).
 pub(crate) const AGENTS: TableDefinition<'_, &str, Row> = TableDefinition::new("agents");
+/// (run, agent name) -> AgentProfile: the profiles a run was hosted with, as the node that hosted it
+/// had them (an ad-hoc `keel run --harness X --model M` profile included), so a follow-up or a
+/// resume in another process gives a task's assignee the same harness and model.
+pub(crate) const RUN_AGENTS: TableDefinition<'_, (u128, &str), Row> =
+    TableDefinition::new("run_agents");
 
 /// Table names as they appear in errors.
 pub(crate) mod name {
@@ -52,4 +57,5 @@ pub(crate) mod name {
     pub(crate) const AUDIT: &str = "audit";
     pub(crate) const ESCALATIONS: &str = "escalations";
     pub(crate) const AGENTS: &str = "agents";
+    pub(crate) const RUN_AGENTS: &str = "run_agents";
 }

@@ -318,6 +318,51 @@ fn a_follow_up_is_a_derived_task_served_with_the_parents_brief_and_outcome() {
 }
 
 #[test]
+fn a_follow_up_without_an_agent_keeps_the_runs_ad_hoc_harness_and_model() {
+    let fx = Fixture::new();
+    // An ad-hoc profile: every task on the in-process scripted harness, as model m1.
+    let mut cmd = fx.keel();
+    cmd.args([
+        "run",
+        "survey this folder",
+        "--harness",
+        "scripted",
+        "--model",
+        "m1",
+    ]);
+    let (code, out, err) = fx.output(cmd);
+    assert_eq!(code, 0, "keel run failed\n{out}\n{err}");
+    let run = out
+        .lines()
+        .find_map(|l| l.strip_prefix("run ")?.split_whitespace().next())
+        .unwrap()
+        .to_string();
+    let parent = fx.task_with_brief(&run, "most common file extension");
+    assert_eq!(parent["model"], "m1", "{parent}");
+    let parent_id = parent["id"].as_str().unwrap().to_string();
+
+    // Another process, no --agent and no --harness: the parent's assignee's profile as the run
+    // kept it, so the same harness and model m1 (not the built-in scripted model's).
+    let mut cmd = fx.keel();
+    cmd.args([
+        "--json",
+        "follow-up",
+        &parent_id,
+        &scripted_follow_up("Which language is this folder written in?", "rust"),
+    ]);
+    let (code, out, err) = fx.output(cmd);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let summary: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(summary["status"], "Complete", "{summary}");
+    assert_eq!(summary["agent"], "scripted", "{summary}");
+    assert_eq!(summary["model"], "m1", "{summary}");
+    let follow = summary["task"].as_str().unwrap();
+    let row = fx.show(follow);
+    assert_eq!(row["kind"], "FollowUp", "{row}");
+    assert_eq!(row["model"], "m1", "recorded with the task: {row}");
+}
+
+#[test]
 fn a_follow_up_on_a_run_another_process_holds_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let plan =

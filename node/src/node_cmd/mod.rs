@@ -130,7 +130,7 @@ pub(crate) fn node(home: &Home, args: NodeArgs, json: bool) -> anyhow::Result<En
     run::init_logs(&config.log, args.log_format);
     run::tokio_runtime()?.block_on(async {
         let work = work_dir()?;
-        let setup = node_setup(&config, &args.choice, &work).await?;
+        let setup = node_setup(&config, &args.choice, &work, None).await?;
         let (server, bound) = start_node_server(&r.name, r.cookie.clone(), r.listen).await?;
         let mut coordinator = None;
         if r.role.coordinates() {

@@ -13,7 +13,7 @@ use anyhow::Context;
 use keel_actors::runtime::{FollowUpOutcome, Runtime};
 use keel_store::TaskId;
 
-use super::setup::{HarnessChoice, node_setup, work_dir};
+use super::setup::{self, HarnessChoice, node_setup, work_dir};
 use super::{Ended, Hosted, detach, host_until, init_logs, node_store, pause, progress, summary};
 use crate::home::Home;
 
@@ -57,9 +57,17 @@ pub(crate) enum FollowUpError {
 pub(crate) fn follow_up(home: &Home, args: FollowUpArgs, json: bool) -> anyhow::Result<Ended> {
     // Unknown tasks and a missing home are told apart before anything starts, even while another
     // process holds the store (a read-only open works beside a writer).
-    let run = {
+    let (run, assignee, kept) = {
         let store = home.open_existing()?;
-        store.catalog().task(args.task)?.run_id
+        let task = store.catalog().task(args.task)?;
+        // Without `--agent` or `--harness`, the follow-up goes to the task's assignee, on the
+        // profile the run kept (an ad-hoc `--harness`/`--model` one included).
+        let kept = if args.agent.is_none() && args.choice.harness.is_none() {
+            setup::kept_profile(&store, &task)?
+        } else {
+            None
+        };
+        (task.run_id, task.assignee, kept)
     };
     // Checked here too, so a detached follow-up refuses a bad message with its exit code at once.
     keel_actors::runtime::check_follow_up_message(&args.message)?;
@@ -75,11 +83,32 @@ pub(crate) fn follow_up(home: &Home, args: FollowUpArgs, json: bool) -> anyhow::
             agent: None,
             ..args.choice.clone()
         };
-        let setup = node_setup(&config, &choice, &work).await?;
+        let setup = node_setup(&config, &choice, &work, kept).await?;
+        // `--agent`, else the task's assignee when this node has a profile of that name (the kept
+        // one, or keel.toml's), else the supervisor's pick.
+        let agent = args.agent.clone().or_else(|| {
+            assignee.filter(|name| {
+                setup
+                    .config
+                    .supervisor
+                    .agents
+                    .iter()
+                    .any(|a| &a.name == name)
+            })
+        });
+        let profile = agent.as_ref().and_then(|name| {
+            setup
+                .config
+                .supervisor
+                .agents
+                .iter()
+                .find(|a| &a.name == name)
+                .cloned()
+        });
         let (rt, events) = Runtime::start(store, setup.harnesses, setup.config).await?;
         let view = tokio::spawn(progress::show(events, args.quiet || json));
         let handle = match rt
-            .follow_up(args.task, &args.message, args.agent.as_deref())
+            .follow_up(args.task, &args.message, agent.as_deref())
             .await
         {
             Ok(h) => h,
@@ -90,6 +119,9 @@ pub(crate) fn follow_up(home: &Home, args: FollowUpArgs, json: bool) -> anyhow::
             }
         };
         let (run, task) = (handle.run(), handle.task());
+        if let Some(profile) = profile {
+            setup::record_profiles(&rt, run, &[profile]);
+        }
         super::announce(run, Some(task))?;
         if !json && !args.quiet {
             let how = if handle.reopened() {

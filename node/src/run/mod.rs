@@ -489,7 +489,7 @@ pub(crate) fn run(home: &Home, args: RunArgs, json: bool) -> anyhow::Result<Ende
     tokio_runtime()?.block_on(async {
         let store = node_store(home)?;
         let work = work_dir()?;
-        let setup = node_setup(&config, &args.choice, &work).await?;
+        let setup = node_setup(&config, &args.choice, &work, None).await?;
         let plan = args.plan.as_deref().map(read_plan).transpose()?;
         let mode = run_mode(
             &args.brief,
@@ -499,11 +499,13 @@ pub(crate) fn run(home: &Home, args: RunArgs, json: bool) -> anyhow::Result<Ende
             args.choice.agent.clone(),
         )?;
         let (budget, snapshot) = submission(&config);
+        let agents = setup.config.supervisor.agents.clone();
         let (rt, events) = Runtime::start(store, setup.harnesses, setup.config).await?;
         let view = tokio::spawn(progress::show(events, args.quiet || json));
         let handle = rt
             .submit(args.brief.clone(), mode, budget, snapshot)
             .await?;
+        setup::record_profiles(&rt, handle.id(), &agents);
         if !json && !args.quiet {
             outln!("run {} started in {}", handle.id(), work.display())?;
         }
@@ -527,7 +529,7 @@ pub(crate) fn resume(
     tokio_runtime()?.block_on(async {
         let store = node_store(home)?;
         let work = work_dir()?;
-        let setup = node_setup(&config, &choice, &work).await?;
+        let setup = node_setup(&config, &choice, &work, None).await?;
         let (rt, events) = Runtime::start(store, setup.harnesses, setup.config).await?;
         let view = tokio::spawn(progress::show(events, quiet || json));
         let handle = rt.resume(run).await?;

@@ -6,13 +6,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use keel_actors::runtime::{HarnessSet, RuntimeConfig};
+use keel_actors::runtime::{HarnessSet, Runtime, RuntimeConfig};
 use keel_harness::cli::{CliConfig, CliHarness};
 use keel_harness::messages_api::{MessagesApiConfig, MessagesApiHarness};
 use keel_harness::scripted::{Script, ScriptedHarness};
 use keel_harness::server::{ModelServer, ModelServerConfig};
 use keel_harness::{Account, Credential, HarnessKind};
-use keel_store::{AgentLimits, AgentProfile};
+use keel_store::{AgentLimits, AgentProfile, Durability, RunId, Store, Task, WriteBatch};
 
 use crate::config::{AgentSection, Config};
 
@@ -140,11 +140,14 @@ impl NodeSetup {
 }
 
 /// Build the node: agents from keel.toml (narrowed by `--agent`), or one profile on `--harness`, or
-/// the built-in scripted model over the native agent loop on a local model server.
+/// the built-in scripted model over the native agent loop on a local model server; then `kept`, a
+/// profile a run was hosted with ([`kept_profile`]), in place of any profile of the same name, with
+/// its harness and account.
 pub(crate) async fn node_setup(
     config: &Config,
     choice: &HarnessChoice,
     work_dir: &Path,
+    kept: Option<AgentProfile>,
 ) -> anyhow::Result<NodeSetup> {
     let mut rc = RuntimeConfig::default();
     let sup = &config.supervisor;
@@ -210,7 +213,10 @@ pub(crate) async fn node_setup(
             .iter()
             .all(|a| a.harness == HarnessKind::Scripted.as_str());
     }
-    if agents.is_empty() {
+    // A kept profile of the built-in scripted model needs its server, whatever is configured now.
+    let kept_scripted = kept.as_ref().is_some_and(|p| p.account == SCRIPTED_ACCOUNT);
+    let nothing_configured = agents.is_empty();
+    if nothing_configured || kept_scripted {
         // Nothing configured: the scripted model, served over real HTTP on 127.0.0.1 to keel's own
         // agent loop, which runs real tools in the working directory.
         let base_url = match &choice.model_server {
@@ -235,7 +241,24 @@ pub(crate) async fn node_setup(
                 base_url: Some(base_url),
                 credential: Credential::None,
             });
-        scripted = true;
+        scripted = scripted || nothing_configured;
+    }
+    if let Some(profile) = kept {
+        let Some(kind) = HarnessKind::parse(&profile.harness) else {
+            bail!(
+                "the run's agent {:?} runs on harness {:?}, which this keel does not know",
+                profile.name,
+                profile.harness
+            );
+        };
+        if harnesses.get(kind).is_none() {
+            harnesses = harnesses.with(kind, harness_for(kind)?);
+        }
+        if !kept_scripted {
+            harnesses = harnesses.with_account(account_for(kind, &profile.account));
+        }
+        agents.retain(|a| a.name != profile.name);
+        agents.push(profile);
     }
     rc.supervisor.agents = agents;
     // keel's session tools for every session of a harness with an MCP client (issue 11).
@@ -249,6 +272,53 @@ pub(crate) async fn node_setup(
         scripted,
         _server: server,
     })
+}
+
+/// The profile `task`'s assignee had in the run that holds it, as [`record_profiles`] stored it:
+/// a follow-up on the task goes to that profile (its harness and its model; never the parent's
+/// model). `None` when the task has no assignee or the run kept no profile of that name (a run
+/// stored before runs kept their profiles).
+///
+/// # Errors
+/// A failed read other than "not there".
+pub(crate) fn kept_profile(store: &Store, task: &Task) -> anyhow::Result<Option<AgentProfile>> {
+    let Some(name) = task.assignee.as_deref() else {
+        return Ok(None);
+    };
+    match store.run(task.run_id).agent(name) {
+        Ok(profile) => Ok(Some(profile)),
+        Err(keel_store::ReadError::NotFound { .. }) => Ok(None),
+        Err(e) => {
+            Err(e).with_context(|| format!("reading agent profile {name:?} of run {}", task.run_id))
+        }
+    }
+}
+
+/// Store `profiles` with `run` (replacing any of the same name), durably, so that a follow-up or
+/// a resume in another process finds each task's assignee with the harness and model it ran on,
+/// an ad-hoc `--harness`/`--model` profile included. A failure is logged, not returned: the run
+/// goes on, and a later follow-up without `--agent` then uses this home's profile of that name.
+pub(crate) fn record_profiles(rt: &Runtime, run: RunId, profiles: &[AgentProfile]) {
+    let store = match rt.store() {
+        Ok(store) => store,
+        Err(e) => {
+            tracing::warn!(%run, "could not store the run's agent profiles: {e}");
+            return;
+        }
+    };
+    let scope = store.run(run);
+    let mut batch = WriteBatch::new();
+    for p in profiles {
+        match scope.stage_put_agent(p.clone()) {
+            Ok(write) => {
+                batch.push(write);
+            }
+            Err(e) => tracing::warn!(%run, agent = %p.name, "not storing the agent profile: {e}"),
+        }
+    }
+    if let Err(e) = store.commit_group(batch, Durability::Immediate) {
+        tracing::warn!(%run, "could not store the run's agent profiles: {e}");
+    }
 }
 
 /// The working directory specialists run in: the current directory, made absolute.

@@ -222,7 +222,7 @@ pub(crate) fn serve(home: &Home, args: ServeArgs, json: bool) -> anyhow::Result<
     tokio_runtime()?.block_on(async {
         let store = node_store(home)?;
         let work = work_dir()?;
-        let setup = node_setup(&config, &args.choice, &work).await?;
+        let setup = node_setup(&config, &args.choice, &work, None).await?;
         let metrics = ApiMetrics::new()?;
         let mut runtime_config = setup.config.clone();
         runtime_config.observer = Some(metrics.observer());
