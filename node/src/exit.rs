@@ -3,7 +3,6 @@
 
 use keel_store::ReadError;
 
-use crate::config;
 use crate::home::HomeError;
 use crate::run;
 
@@ -37,80 +36,50 @@ pub(crate) struct Failed {
     pub(crate) error: anyhow::Error,
 }
 
-impl From<HomeError> for Failed {
-    fn from(e: HomeError) -> Self {
-        let exit = match e {
-            HomeError::Missing { .. } => Exit::NoHome,
-            _ => Exit::Failure,
+/// Any error becomes a [`Failed`] with the code [`exit_of`] finds in its chain, so `?` works on
+/// every error a command meets.
+impl<E: Into<anyhow::Error>> From<E> for Failed {
+    fn from(e: E) -> Self {
+        let error = e.into();
+        Failed {
+            exit: exit_of(&error),
+            error,
+        }
+    }
+}
+
+/// The exit code of an error: that of the first cause in its chain with a code of its own (a
+/// missing home, a run or task the store does not have, a refused follow-up), else
+/// [`Exit::Failure`]. The chain is walked because the typed cause is often wrapped (a read of
+/// the runtime's recovery, a `context` added on the way up).
+fn exit_of(error: &anyhow::Error) -> Exit {
+    use keel_actors::context::{ContextError, LoadError};
+    use keel_actors::runtime::FollowUpError;
+    for cause in error.chain() {
+        let exit = if let Some(e) = cause.downcast_ref::<HomeError>() {
+            matches!(e, HomeError::Missing { .. }).then_some(Exit::NoHome)
+        } else if let Some(e) = cause.downcast_ref::<ReadError>() {
+            matches!(e, ReadError::NotFound { .. }).then_some(Exit::NotFound)
+        } else if let Some(e) = cause.downcast_ref::<ContextError>() {
+            matches!(e, ContextError::Load(LoadError::TaskNotFound(_))).then_some(Exit::NotFound)
+        } else if cause.downcast_ref::<run::summary::NoRuns>().is_some() {
+            Some(Exit::NotFound)
+        } else if let Some(e) = cause.downcast_ref::<FollowUpError>() {
+            match e {
+                FollowUpError::UnknownTask(_) => Some(Exit::NotFound),
+                FollowUpError::UnknownAgent { .. }
+                | FollowUpError::EmptyMessage
+                | FollowUpError::MessageTooLarge { .. } => Some(Exit::Usage),
+                _ => None,
+            }
+        } else {
+            None
         };
-        Failed {
-            exit,
-            error: e.into(),
+        if let Some(exit) = exit {
+            return exit;
         }
     }
-}
-
-impl From<config::ConfigError> for Failed {
-    fn from(e: config::ConfigError) -> Self {
-        Failed {
-            exit: Exit::Failure,
-            error: e.into(),
-        }
-    }
-}
-
-impl From<toml::ser::Error> for Failed {
-    fn from(e: toml::ser::Error) -> Self {
-        Failed {
-            exit: Exit::Failure,
-            error: e.into(),
-        }
-    }
-}
-
-impl From<keel_actors::context::ContextError> for Failed {
-    fn from(e: keel_actors::context::ContextError) -> Self {
-        use keel_actors::context::{ContextError, LoadError};
-        let exit = match e {
-            ContextError::Load(LoadError::TaskNotFound(_)) => Exit::NotFound,
-            _ => Exit::Failure,
-        };
-        Failed {
-            exit,
-            error: e.into(),
-        }
-    }
-}
-
-impl From<ReadError> for Failed {
-    fn from(e: ReadError) -> Self {
-        let exit = match e {
-            ReadError::NotFound { .. } => Exit::NotFound,
-            _ => Exit::Failure,
-        };
-        Failed {
-            exit,
-            error: e.into(),
-        }
-    }
-}
-
-impl From<std::io::Error> for Failed {
-    fn from(e: std::io::Error) -> Self {
-        Failed {
-            exit: Exit::Failure,
-            error: e.into(),
-        }
-    }
-}
-
-impl From<serde_json::Error> for Failed {
-    fn from(e: serde_json::Error) -> Self {
-        Failed {
-            exit: Exit::Failure,
-            error: e.into(),
-        }
-    }
+    Exit::Failure
 }
 
 /// An error as a person reads it: its message, then each cause that adds something, joined by
@@ -133,76 +102,34 @@ pub(crate) fn sentence(error: &anyhow::Error) -> String {
     text
 }
 
+/// The exit of a command that hosts a run: 0 when it completed, 5 when it ended without
+/// completing, 6 when a signal paused it; an error maps as [`exit_of`] says.
 pub(crate) fn ended(e: anyhow::Result<run::Ended>) -> Result<(), Failed> {
-    match e {
-        Ok(run::Ended::Completed) => Ok(()),
-        Ok(run::Ended::NotCompleted) => Err(Failed {
-            exit: Exit::RunNotCompleted,
-            error: anyhow::anyhow!("the run did not complete"),
-        }),
-        Ok(run::Ended::Paused) => Err(Failed {
-            exit: Exit::Paused,
-            error: anyhow::anyhow!("the run is paused"),
-        }),
-        Err(error) => Err(Failed {
-            exit: Exit::Failure,
-            error,
-        }),
-    }
+    ended_as(e, "run")
 }
 
-/// The exit of `keel follow-up`: as [`ended`], with the refusals that have their own codes.
+/// The exit of `keel follow-up`: as [`ended`] (its refusals have their codes in [`exit_of`]).
 pub(crate) fn followed(e: anyhow::Result<run::Ended>) -> Result<(), Failed> {
-    use keel_actors::runtime::FollowUpError;
-    match e {
-        Ok(run::Ended::NotCompleted) => Err(Failed {
-            exit: Exit::RunNotCompleted,
-            error: anyhow::anyhow!("the follow-up did not complete"),
-        }),
-        Err(error) => {
-            let exit = if let Some(r) = error.downcast_ref::<FollowUpError>() {
-                match r {
-                    FollowUpError::UnknownTask(_) => Exit::NotFound,
-                    FollowUpError::UnknownAgent { .. }
-                    | FollowUpError::EmptyMessage
-                    | FollowUpError::MessageTooLarge { .. } => Exit::Usage,
-                    _ => Exit::Failure,
-                }
-            } else if let Some(ReadError::NotFound { .. }) = error.downcast_ref::<ReadError>() {
-                Exit::NotFound
-            } else if let Some(HomeError::Missing { .. }) = error.downcast_ref::<HomeError>() {
-                Exit::NoHome
-            } else {
-                Exit::Failure
-            };
-            Err(Failed { exit, error })
-        }
-        other => ended(other),
-    }
+    ended_as(e, "follow-up")
 }
 
-/// The exit of `keel status`: not found (3) for an unknown run or a store without runs, no home
-/// (4), failure (1) otherwise.
-pub(crate) fn status(e: anyhow::Result<()>) -> Result<(), Failed> {
-    e.map_err(|error| {
-        let exit = if error.downcast_ref::<run::summary::NoRuns>().is_some() {
-            Exit::NotFound
-        } else if let Some(ReadError::NotFound { .. }) = error.downcast_ref::<ReadError>() {
-            Exit::NotFound
-        } else if let Some(HomeError::Missing { .. }) = error.downcast_ref::<HomeError>() {
-            Exit::NoHome
-        } else {
-            Exit::Failure
-        };
-        Failed { exit, error }
-    })
-}
-
+/// The exit of a command that does not host a run: 0, or the code [`exit_of`] finds.
 pub(crate) fn failure(e: anyhow::Result<()>) -> Result<(), Failed> {
-    e.map_err(|error| Failed {
-        exit: Exit::Failure,
-        error,
-    })
+    e.map_err(Failed::from)
+}
+
+fn ended_as(e: anyhow::Result<run::Ended>, what: &str) -> Result<(), Failed> {
+    match e? {
+        run::Ended::Completed => Ok(()),
+        run::Ended::NotCompleted => Err(Failed {
+            exit: Exit::RunNotCompleted,
+            error: anyhow::anyhow!("the {what} did not complete"),
+        }),
+        run::Ended::Paused => Err(Failed {
+            exit: Exit::Paused,
+            error: anyhow::anyhow!("the {what} is paused"),
+        }),
+    }
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 
 use keel_store::{RunId, Store, TaskId};
 
-use crate::exit::{self, Exit, Failed};
+use crate::exit::{self, Failed};
 use crate::render::Output;
 use crate::run;
 
@@ -77,15 +77,12 @@ impl Read {
             Read::Tree { run, limit } => {
                 let header = match run {
                     Some(run) => catalog.run(run)?,
-                    None => catalog.latest_run()?.ok_or_else(|| Failed {
-                        exit: Exit::NotFound,
-                        error: run::summary::NoRuns.into(),
-                    })?,
+                    None => catalog.latest_run()?.ok_or(run::summary::NoRuns)?,
                 };
                 out.tree(&header, &catalog.tree(header.id, limit)?)?;
             }
             Read::Status { run } => {
-                exit::status(run::summary::status(store, run, out.json()))?;
+                exit::failure(run::summary::status(store, run, out.json()))?;
             }
         }
         Ok(())
