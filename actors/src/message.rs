@@ -597,8 +597,8 @@ pub enum CheckpointInput {
 pub struct ContextRequest {
     /// The task the new session is for.
     pub task: TaskId,
-    /// Fresh (standard preamble when the task has a parent) or resume.
-    pub start: crate::context::SessionStart,
+    /// How the session starts: the standard or the resume preamble.
+    pub start: Continuity,
 }
 
 /// Everything that can happen to a specialist.

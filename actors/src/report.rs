@@ -4,7 +4,7 @@
 use crate::ids::AttemptId;
 use crate::machine::Millis;
 use keel_harness::ErrorCategory;
-use keel_store::TaskId;
+use keel_store::{Task, TaskId, TaskKind, TaskStatus};
 use serde::{Deserialize, Serialize};
 
 /// Most findings one report may carry; more is a malformed report, not a bigger message.
@@ -243,8 +243,10 @@ pub struct SubtaskFailure {
     pub detail: String,
 }
 
-/// How the session of a derived or resumed task gets its continuity: always from keel's store, never
-/// from a native resume (docs/DESIGN.md §6).
+/// How a task's session starts, and with it what its first message carries: always from keel's
+/// store, never from a native resume (docs/DESIGN.md §6). The coordinator decides it for each
+/// attempt; `keel context` derives it from a task's row ([`Continuity::for_task`]); the context
+/// builders take it to build the preamble ([`crate::context::context_for_task`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Continuity {
     /// A fresh subtask: the brief is the whole context.
@@ -260,6 +262,83 @@ pub enum Continuity {
         /// The task whose brief and logs the preamble is built from.
         from: TaskId,
     },
+}
+
+impl Continuity {
+    /// How a new session of `task` starts, read from its row (what `keel context TASK` shows): a
+    /// re-dispatch or a paused task resumes (from the task it replaces, or itself), a task with a
+    /// parent gets the standard preamble, a task without one its brief alone.
+    pub fn for_task(task: &Task) -> Self {
+        if task.kind == TaskKind::Redispatch || task.status == TaskStatus::Paused {
+            let from = match task.kind {
+                TaskKind::Redispatch => task.parent.unwrap_or(task.id),
+                _ => task.id,
+            };
+            return Self::Resume { from };
+        }
+        match task.parent {
+            Some(parent) => Self::Standard { parent },
+            None => Self::Fresh,
+        }
+    }
+
+    /// Whether the session's preamble is built from stored rows (the standard or the resume
+    /// preamble), which the host loads first.
+    pub fn loads_rows(self) -> bool {
+        !matches!(self, Self::Fresh)
+    }
+}
+
+/// The readable JSON of a [`Continuity`] where a person reads it (`keel context --json`):
+/// `{"kind": "fresh"}`, `{"kind": "standard", "parent": ULID}`, `{"kind": "resume", "from": ULID}`.
+/// The wire form of the type (between machines) stays serde's default.
+pub mod continuity_json {
+    use super::Continuity;
+    use keel_store::TaskId;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(tag = "kind", rename_all = "kebab-case")]
+    enum Readable {
+        Fresh,
+        Standard { parent: String },
+        Resume { from: String },
+    }
+
+    /// Writes `continuity` in its readable form.
+    ///
+    /// # Errors
+    /// The serializer's.
+    pub fn serialize<S: Serializer>(continuity: &Continuity, s: S) -> Result<S::Ok, S::Error> {
+        match *continuity {
+            Continuity::Fresh => Readable::Fresh,
+            Continuity::Standard { parent } => Readable::Standard {
+                parent: parent.to_string(),
+            },
+            Continuity::Resume { from } => Readable::Resume {
+                from: from.to_string(),
+            },
+        }
+        .serialize(s)
+    }
+
+    /// Reads the readable form back.
+    ///
+    /// # Errors
+    /// An unknown kind, or an id that is not a ULID.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Continuity, D::Error> {
+        let id = |text: String| {
+            text.parse::<TaskId>()
+                .map_err(<D::Error as serde::de::Error>::custom)
+        };
+        Ok(match Readable::deserialize(d)? {
+            Readable::Fresh => Continuity::Fresh,
+            Readable::Standard { parent } => Continuity::Standard {
+                parent: id(parent)?,
+            },
+            Readable::Resume { from } => Continuity::Resume { from: id(from)? },
+        })
+    }
 }
 
 /// A finding of an earlier step passed to a dependent step, as structured data with its provenance.

@@ -7,8 +7,8 @@
 //! sibling (its effect type has no such variant).
 
 use crate::context::{
-    ContextConfig, LoadError, Redactions, RowSet, Scrubber, SessionStart, ThreadSource,
-    context_for_task, load_resume, load_thread,
+    ContextConfig, LoadError, Redactions, RowSet, Scrubber, ThreadSource, context_for_task,
+    load_resume, load_thread,
 };
 use crate::coordinator::Coordinator;
 use crate::effect::SpecialistEffect;
@@ -598,14 +598,16 @@ pub fn context_rows<S: ThreadSource>(
 ) -> Result<RowSet, LoadError> {
     let mut rows = RowSet::default();
     match request.start {
-        SessionStart::Fresh => {
+        // A fresh session loads nothing (the brief is its context); asked anyway, it gets the rows
+        // of a standard one.
+        Continuity::Fresh | Continuity::Standard { .. } => {
             let view = load_thread(src, request.task, config)?;
             rows.put_task(view.task);
             for t in view.ancestors {
                 rows.put_task(t);
             }
         }
-        SessionStart::Resume => {
+        Continuity::Resume { .. } => {
             let view = load_resume(src, request.task, config)?;
             rows.put_task(view.task);
             for t in view.earlier_attempts {
@@ -641,37 +643,26 @@ impl Machine for Specialist {
                 out.push(SpecialistEffect::Emit(LifecycleEvent::SubagentStart {
                     attempt: self.attempt,
                 }));
-                match self.continuity {
-                    Continuity::Fresh => {
-                        let prompt = self.scrubber.scrub(&self.brief.render()).text.into_owned();
-                        self.start_session(prompt, out);
-                    }
-                    Continuity::Standard { .. } | Continuity::Resume { .. } => {
-                        let start = match self.continuity {
-                            Continuity::Resume { .. } => SessionStart::Resume,
-                            _ => SessionStart::Fresh,
-                        };
-                        self.phase = Phase::Loading;
-                        out.push(SpecialistEffect::LoadContext(ContextRequest {
-                            task: self.attempt.task,
-                            start,
-                        }));
-                    }
+                if self.continuity.loads_rows() {
+                    self.phase = Phase::Loading;
+                    out.push(SpecialistEffect::LoadContext(ContextRequest {
+                        task: self.attempt.task,
+                        start: self.continuity,
+                    }));
+                } else {
+                    let prompt = self.scrubber.scrub(&self.brief.render()).text.into_owned();
+                    self.start_session(prompt, out);
                 }
             }
             SpecialistInput::ContextLoaded(loaded) => {
                 if self.phase != Phase::Loading {
                     return;
                 }
-                let start = match self.continuity {
-                    Continuity::Resume { .. } => SessionStart::Resume,
-                    _ => SessionStart::Fresh,
-                };
                 let built = loaded.and_then(|rows| {
                     context_for_task(
                         &rows,
                         self.attempt.task,
-                        start,
+                        self.continuity,
                         &self.config.context,
                         &self.scrubber,
                     )

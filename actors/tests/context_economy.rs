@@ -13,7 +13,8 @@
 //!   diff) of 1,500 characters;
 //! - the system prompt and tool definitions are the same either way and are left out.
 
-use keel_actors::context::{ContextConfig, RowSet, Scrubber, SessionStart, context_for_task};
+use keel_actors::Continuity;
+use keel_actors::context::{ContextConfig, RowSet, Scrubber, context_for_task};
 use keel_store::{Attachment, AttachmentBody, RunId, Task, TaskId, TaskKind, TaskStatus};
 
 const TURNS_MAX: usize = 24;
@@ -114,7 +115,9 @@ fn economy() -> Vec<Row> {
         let report = match context_for_task(
             &rows,
             TaskId(n as u128 + 1),
-            SessionStart::Fresh,
+            Continuity::Standard {
+                parent: TaskId(n as u128),
+            },
             &config,
             &scrubber,
         ) {

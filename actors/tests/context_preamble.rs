@@ -1,10 +1,10 @@
 //! The context builders, rule by rule, each with its input and the exact text the agent would see.
 
+use keel_actors::Continuity;
 use keel_actors::context::{
-    ContextConfig, CutUnit, LogEntry, PreambleKind, ResumeView, RowSet, Scrubber, Section,
-    SessionStart, ThreadView, Truncation, WalkEnd, context_for_task, is_slash_skill_line,
-    load_resume, load_thread, place_preamble, resolve_native_resume, resume_preamble,
-    standard_preamble,
+    ContextConfig, ContextReport, CutUnit, LogEntry, PreambleKind, ResumeView, RowSet, Scrubber,
+    Section, ThreadView, Truncation, WalkEnd, context_for_task, is_slash_skill_line, load_resume,
+    load_thread, place_preamble, resolve_native_resume, resume_preamble, standard_preamble,
 };
 use keel_store::{
     Attachment, AttachmentBody, LogKind, ObservedSession, RunId, SessionLogRow, Task, TaskId,
@@ -531,12 +531,15 @@ fn standalone_paused_task_gets_a_resume_preamble_from_its_own_rows() {
         TaskId(7),
         row(LogKind::Lifecycle, "paused: graceful shutdown"),
     );
-    assert_eq!(SessionStart::for_task(&t), SessionStart::Resume);
+    assert_eq!(
+        Continuity::for_task(&t),
+        Continuity::Resume { from: TaskId(7) }
+    );
     let config = ContextConfig::default();
     let report = context_for_task(
         &rows,
         TaskId(7),
-        SessionStart::Resume,
+        Continuity::Resume { from: TaskId(7) },
         &config,
         &Scrubber::new(),
     )
@@ -646,7 +649,7 @@ fn keel_context_report_shows_size_cuts_and_redactions() {
     let report = context_for_task(
         &rows,
         TaskId(2),
-        SessionStart::Fresh,
+        Continuity::Standard { parent: TaskId(1) },
         &ContextConfig::default(),
         &Scrubber::new(),
     )
@@ -662,7 +665,14 @@ fn keel_context_report_shows_size_cuts_and_redactions() {
     );
     assert!(shown.starts_with(&expected_head), "{shown}");
     let json = serde_json::to_value(&report).unwrap();
-    assert_eq!(json["start"], "fresh");
+    assert_eq!(json["start"]["kind"], "standard", "{json}");
+    assert_eq!(
+        json["start"]["parent"],
+        id(1),
+        "a ULID, not a number: {json}"
+    );
+    let back: ContextReport = serde_json::from_value(json.clone()).unwrap();
+    assert_eq!(back, report, "the readable form reads back");
     assert_eq!(json["preamble"]["kind"], "standard");
     assert_eq!(json["preamble"]["redactions"]["anthropic-key"], 1);
 }
@@ -715,18 +725,23 @@ fn standard_preamble_drops_the_oldest_pointer_lines_when_the_framing_crowds_the_
 
 #[test]
 fn a_session_resumes_for_a_redispatch_or_a_paused_task() {
-    let t = |kind, status| task(1, None, kind, status, "b");
+    let t = |parent, kind, status| task(2, parent, kind, status, "b");
     assert_eq!(
-        SessionStart::for_task(&t(TaskKind::Redispatch, TaskStatus::Pending)),
-        SessionStart::Resume
+        Continuity::for_task(&t(Some(1), TaskKind::Redispatch, TaskStatus::Pending)),
+        Continuity::Resume { from: TaskId(1) },
+        "a re-dispatch resumes from the task it replaces"
     );
     assert_eq!(
-        SessionStart::for_task(&t(TaskKind::Subtask, TaskStatus::Paused)),
-        SessionStart::Resume
+        Continuity::for_task(&t(Some(1), TaskKind::Subtask, TaskStatus::Paused)),
+        Continuity::Resume { from: TaskId(2) }
     );
     assert_eq!(
-        SessionStart::for_task(&t(TaskKind::Subtask, TaskStatus::Pending)),
-        SessionStart::Fresh
+        Continuity::for_task(&t(Some(1), TaskKind::FollowUp, TaskStatus::Pending)),
+        Continuity::Standard { parent: TaskId(1) }
+    );
+    assert_eq!(
+        Continuity::for_task(&t(None, TaskKind::Root, TaskStatus::Pending)),
+        Continuity::Fresh
     );
 }
 

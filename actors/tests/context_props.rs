@@ -3,10 +3,10 @@
 //! resume preamble carries the brief intact, no registered secret gets through, a slash skill stays on
 //! line one, and building terminates.
 
+use keel_actors::Continuity;
 use keel_actors::context::{
-    ContextConfig, RowSet, Scrubber, SessionStart, ThreadSource, context_for_task,
-    is_slash_skill_line, load_resume, load_thread, place_preamble, resume_preamble,
-    standard_preamble,
+    ContextConfig, RowSet, Scrubber, ThreadSource, context_for_task, is_slash_skill_line,
+    load_resume, load_thread, place_preamble, resume_preamble, standard_preamble,
 };
 use keel_store::{
     Attachment, AttachmentBody, LogKind, RunId, SessionLogRow, Task, TaskId, TaskKind, TaskStatus,
@@ -264,13 +264,19 @@ proptest! {
         let mut scrubber = Scrubber::new();
         scrubber.register_secret(&secret).unwrap();
         let task = TaskId((pick % nodes.len()) as u128 + 1);
-        let start = if resume { SessionStart::Resume } else { SessionStart::Fresh };
+        let start = if resume {
+            Continuity::Resume { from: task }
+        } else {
+            Continuity::for_task(&rows.tasks[&task])
+        };
         let config = ContextConfig::default();
         let report = context_for_task(&rows, task, start, &config, &scrubber).unwrap();
         prop_assert!(!report.prompt.contains(&secret));
         let brief_first = match start {
-            SessionStart::Fresh => rows.tasks[&task].brief.split('\n').next().unwrap_or(""),
-            SessionStart::Resume => {
+            Continuity::Fresh | Continuity::Standard { .. } => {
+                rows.tasks[&task].brief.split('\n').next().unwrap_or("")
+            }
+            Continuity::Resume { .. } => {
                 let view = load_resume(&rows, task, &config).unwrap();
                 let original = view.original().0.id;
                 rows.tasks[&original].brief.split('\n').next().unwrap_or("")
@@ -279,7 +285,7 @@ proptest! {
         let prompt_first = report.prompt.split('\n').next().unwrap_or("");
         if is_slash_skill_line(brief_first) {
             let scrubbed = scrubber.scrub(brief_first).text.into_owned();
-            let scrubbed = if matches!(start, SessionStart::Resume) {
+            let scrubbed = if matches!(start, Continuity::Resume { .. }) {
                 scrubbed.trim_end_matches('\r').to_owned()
             } else {
                 scrubbed

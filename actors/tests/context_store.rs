@@ -1,9 +1,9 @@
 //! `keel context` over a real redb store: the report read through the store is the very report built
 //! from the same rows in memory, for both kinds of session, and a missing task is a typed error.
 
+use keel_actors::Continuity;
 use keel_actors::context::{
-    ContextConfig, ContextError, LoadError, RowSet, Scrubber, SessionStart, context_for_task,
-    context_from_store,
+    ContextConfig, ContextError, LoadError, RowSet, Scrubber, context_for_task, context_from_store,
 };
 use keel_store::{
     Budget, Durability, LogKind, Run, RunId, RunStatus, SessionLogRow, Store, Task, TaskId,
@@ -112,10 +112,10 @@ fn keel_context_reads_the_store_exactly_as_the_rows_in_memory() {
     let config = ContextConfig::default();
     let scrubber = Scrubber::new();
     for (id, start) in [
-        (7, SessionStart::Fresh),
-        (8, SessionStart::Resume),
-        (9, SessionStart::Resume),
-        (1, SessionStart::Fresh),
+        (7, Continuity::Standard { parent: TaskId(6) }),
+        (8, Continuity::Resume { from: TaskId(8) }),
+        (9, Continuity::Resume { from: TaskId(8) }),
+        (1, Continuity::Fresh),
     ] {
         let from_store = context_from_store(&store, TaskId(id), start, &config, &scrubber).unwrap();
         let from_memory = context_for_task(&memory, TaskId(id), start, &config, &scrubber).unwrap();
@@ -123,8 +123,14 @@ fn keel_context_reads_the_store_exactly_as_the_rows_in_memory() {
         assert!(!from_store.prompt.contains("ghp_"));
     }
     // The re-dispatch resumes with the paused task's brief, its skill line first.
-    let report =
-        context_from_store(&store, TaskId(9), SessionStart::Resume, &config, &scrubber).unwrap();
+    let report = context_from_store(
+        &store,
+        TaskId(9),
+        Continuity::Resume { from: TaskId(8) },
+        &config,
+        &scrubber,
+    )
+    .unwrap();
     assert!(
         report
             .prompt
@@ -151,7 +157,7 @@ fn keel_context_of_an_unknown_task_is_a_typed_error() {
     let err = context_from_store(
         &store,
         TaskId(42),
-        SessionStart::Fresh,
+        Continuity::Fresh,
         &ContextConfig::default(),
         &Scrubber::new(),
     )
@@ -164,7 +170,7 @@ fn keel_context_of_an_unknown_task_is_a_typed_error() {
     let err = context_from_store(
         &store,
         TaskId(42),
-        SessionStart::Fresh,
+        Continuity::Fresh,
         &bad,
         &Scrubber::new(),
     )

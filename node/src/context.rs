@@ -1,7 +1,8 @@
 //! `keel context TASK [--resume]`: what the agent will see, before it sees it.
 
+use keel_actors::Continuity;
 use keel_actors::context::{
-    ContextConfig, ContextError, ContextReport, Scrubber, SessionStart, context_from_store,
+    ContextConfig, ContextError, ContextReport, Scrubber, context_from_store,
 };
 use keel_store::{Store, TaskId};
 
@@ -37,14 +38,11 @@ pub(crate) fn build(
             let _ = scrubber.register_secret(&value);
         }
     }
-    let start = if resume {
-        SessionStart::Resume
-    } else {
-        match store.catalog().task(task) {
-            Ok(t) => SessionStart::for_task(&t),
-            // Let the builder report the missing task with its own typed error.
-            Err(_) => SessionStart::Fresh,
-        }
+    let start = match store.catalog().task(task) {
+        Ok(t) if resume => Continuity::Resume { from: t.id },
+        Ok(t) => Continuity::for_task(&t),
+        // Let the builder report the missing task with its own typed error.
+        Err(_) => Continuity::Fresh,
     };
     context_from_store(store, task, start, &ContextConfig::default(), &scrubber)
 }

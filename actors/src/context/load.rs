@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use keel_store::{ReadError, RunScope, SessionLogRow, Store, Task, TaskId, TaskKind, TaskStatus};
+use keel_store::{ReadError, RunScope, SessionLogRow, Store, Task, TaskId, TaskKind};
 use serde::{Deserialize, Serialize};
 
 use super::placement::place_preamble;
@@ -16,6 +16,7 @@ use super::resume::{LogEntry, ResumeView, resume_preamble};
 use super::scrub::Scrubber;
 use super::standard::{ThreadView, WalkEnd, standard_preamble};
 use super::{ContextConfig, ContextConfigError};
+use crate::report::Continuity;
 
 /// Where the loaders read rows from: the store on a coordinator node, or rows already in memory
 /// ([`RowSet`]) in the simulator and tests.
@@ -327,28 +328,6 @@ pub fn load_resume<S: ThreadSource>(
     })
 }
 
-/// How a new session of a task starts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum SessionStart {
-    /// A first session: the standard preamble when the task has a parent, none otherwise.
-    Fresh,
-    /// A session that continues an interrupted one: the resume preamble.
-    Resume,
-}
-
-impl SessionStart {
-    /// The start a task's next session gets: a resume for a re-dispatch or a paused task (a graceful
-    /// shutdown paused it, standalone or not), a fresh start otherwise.
-    pub fn for_task(task: &Task) -> Self {
-        if task.kind == TaskKind::Redispatch || task.status == TaskStatus::Paused {
-            Self::Resume
-        } else {
-            Self::Fresh
-        }
-    }
-}
-
 /// The instruction that ends a resume prompt (after the preamble, which carries the brief itself).
 pub const RESUME_INSTRUCTION: &str =
     "Continue the task above from where it stopped. Report what you finish as usual.";
@@ -358,8 +337,9 @@ pub const RESUME_INSTRUCTION: &str =
 pub struct ContextReport {
     /// The task, as a ULID.
     pub task: String,
-    /// How the session starts.
-    pub start: SessionStart,
+    /// How the session starts (in JSON: `{"kind": "standard", "parent": ULID}` and the like).
+    #[serde(with = "crate::report::continuity_json")]
+    pub start: Continuity,
     /// The preamble, if the session gets one (a fresh root task gets none).
     pub preamble: Option<Preamble>,
     /// The whole first message: the preamble placed into the prompt.
@@ -437,13 +417,21 @@ pub enum ContextError {
 pub fn context_for_task<S: ThreadSource>(
     src: &S,
     task: TaskId,
-    start: SessionStart,
+    start: Continuity,
     config: &ContextConfig,
     scrubber: &Scrubber,
 ) -> Result<ContextReport, ContextError> {
     config.validate()?;
     let (preamble, prompt) = match start {
-        SessionStart::Fresh => {
+        Continuity::Fresh => {
+            // The brief alone, scrubbed like everything else that leaves keel.
+            let task = src
+                .task(task)
+                .map_err(source)?
+                .ok_or(LoadError::TaskNotFound(task))?;
+            (None, scrubber.scrub(&task.brief).text.into_owned())
+        }
+        Continuity::Standard { .. } => {
             let view = load_thread(src, task, config)?;
             let preamble = standard_preamble(&view, config, scrubber);
             // The brief is the prompt; it is scrubbed like everything else that leaves keel.
@@ -454,7 +442,7 @@ pub fn context_for_task<S: ThreadSource>(
             };
             (preamble, prompt)
         }
-        SessionStart::Resume => {
+        Continuity::Resume { .. } => {
             let view = load_resume(src, task, config)?;
             let preamble = resume_preamble(&view, config, scrubber);
             let prompt = resume_prompt(&preamble, &view, scrubber);
@@ -479,7 +467,7 @@ pub fn context_for_task<S: ThreadSource>(
 pub fn context_from_store(
     store: &Store,
     task: TaskId,
-    start: SessionStart,
+    start: Continuity,
     config: &ContextConfig,
     scrubber: &Scrubber,
 ) -> Result<ContextReport, ContextError> {

@@ -24,7 +24,7 @@ mod standard;
 mod text;
 
 pub use load::{
-    ContextError, ContextReport, LoadError, RESUME_INSTRUCTION, RowSet, SessionStart, ThreadSource,
+    ContextError, ContextReport, LoadError, RESUME_INSTRUCTION, RowSet, ThreadSource,
     context_for_task, context_from_store, load_resume, load_thread, resume_prompt,
 };
 pub use placement::{is_slash_skill_line, place_preamble};
