@@ -92,6 +92,23 @@ pub(crate) enum Command {
         #[arg(long, default_value_t = crate::read::TREE_LIMIT_DEFAULT)]
         limit: u32,
     },
+    /// Print a run's audit rows: every hook and permission decision on its tool calls (the latest
+    /// run's when no run is named).
+    Audit {
+        /// The run id; the latest run when left out.
+        run: Option<RunId>,
+        /// Show at most this many rows.
+        #[arg(long, default_value_t = 200)]
+        limit: u32,
+    },
+    /// The hook bridge a session's pre-tool gate runs: forwards the tool call on stdin to the node
+    /// that started the session and exits 0 (allow) or 2 (deny, reason on stderr). Not for humans.
+    #[command(hide = true)]
+    Hook {
+        /// The node's hook endpoint.
+        #[arg(long)]
+        url: String,
+    },
     /// Run one orchestrated job on this home's store (created on first use).
     Run {
         /// The brief.

@@ -25,6 +25,11 @@ pub(crate) struct Config {
     pub(crate) supervisor: SupervisorSection,
     /// Agent profiles.
     pub(crate) agents: Vec<AgentSection>,
+    /// `[[hooks]]`: checks run before tool calls (keel-policy; docs/CONFIG.md).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) hooks: Vec<keel_policy::HookConfig>,
+    /// `[permissions]`: deny, ask and allow rules and the permission mode.
+    pub(crate) permissions: keel_policy::PermissionsConfig,
     /// The HTTP API of `keel serve`.
     pub(crate) server: ServerSection,
     /// `keel node`'s cluster settings.
@@ -252,6 +257,16 @@ pub(crate) enum ConfigError {
         /// What is wrong, as the parser said it.
         message: String,
     },
+    /// A hook or permission rule is invalid; `field` names it (`hooks[1].timeout_ms`).
+    #[error("{}:{line}: {source}", path.display())]
+    Policy {
+        /// The file.
+        path: PathBuf,
+        /// The line of the `[[hooks]]` table or `[permissions]` section concerned (0 if unknown).
+        line: usize,
+        /// The field and what is wrong with it.
+        source: keel_policy::PolicyConfigError,
+    },
     /// Two agent profiles share a name, so assignment would be ambiguous.
     #[error("{}:{line}: agent name {name:?} is used twice", path.display())]
     DuplicateAgent {
@@ -313,8 +328,44 @@ impl Config {
                 });
             }
         }
+        if let Err(source) = config.policy_config().build() {
+            let line = match source.hook_index {
+                Some(i) => nth_line_starting(text, "[[hooks]]", i),
+                None => nth_line_starting(text, "[permissions]", 0),
+            };
+            return Err(ConfigError::Policy {
+                path: path.into(),
+                line,
+                source,
+            });
+        }
         Ok(config)
     }
+
+    /// The policy sections, as keel-policy reads them.
+    pub(crate) fn policy_config(&self) -> keel_policy::PolicyConfig {
+        keel_policy::PolicyConfig {
+            hooks: self.hooks.clone(),
+            permissions: self.permissions.clone(),
+        }
+    }
+
+    /// The validated policy of this configuration (checked by [`Config::parse`]).
+    ///
+    /// # Errors
+    /// The invalid field, for a configuration built other than by parsing.
+    pub(crate) fn policy(&self) -> Result<keel_policy::Policy, keel_policy::PolicyConfigError> {
+        self.policy_config().build()
+    }
+}
+
+/// The 1-based line of the `n`th (0-based) line that starts with `header`, or 0.
+fn nth_line_starting(text: &str, header: &str, n: usize) -> usize {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| l.trim_start().starts_with(header))
+        .nth(n)
+        .map_or(0, |(i, _)| i + 1)
 }
 
 fn line_of(text: &str, byte: usize) -> usize {

@@ -1,7 +1,7 @@
 //! Dispatch: each parsed command to the code that carries it out, with its errors mapped to exit codes.
 
 use crate::cli::{Cli, Command};
-use crate::exit::{Failed, ended, failure, followed};
+use crate::exit::{Exit, Failed, ended, failure, followed};
 use crate::home::Home;
 use crate::read::Read;
 use crate::{context, node_cmd, remote, render, run, serve, store_file};
@@ -33,6 +33,25 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failed> {
         }
         Command::Show { task } => read(&home, &cli_remote, &out, Read::Show { task })?,
         Command::Logs { task, tail } => read(&home, &cli_remote, &out, Read::Logs { task, tail })?,
+        Command::Audit { run, limit } => {
+            let store = home.open_existing()?;
+            let catalog = store.catalog();
+            let run = match run {
+                Some(run) => catalog.run(run)?.id,
+                None => {
+                    catalog
+                        .latest_run()?
+                        .ok_or_else(|| Failed {
+                            exit: Exit::NotFound,
+                            error: run::summary::NoRuns.into(),
+                        })?
+                        .id
+                }
+            };
+            out.audit(run, &catalog.audit(run, 0, limit)?)?;
+        }
+        // Handled in main before the home is located: a gate must answer even without a home.
+        Command::Hook { .. } => {}
         Command::Context { task, resume } => {
             let store = home.open_existing()?;
             out.context(&context::build(&store, task, resume)?)?;

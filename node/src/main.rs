@@ -9,6 +9,7 @@ mod context;
 mod dispatch;
 mod exit;
 mod home;
+mod hook;
 mod node_cmd;
 mod private;
 mod read;
@@ -47,6 +48,9 @@ fn main() -> ExitCode {
             return ExitCode::from(code as u8);
         }
     };
+    if let cli::Command::Hook { url } = &cli.command {
+        return hook::run(url);
+    }
     match dispatch::run(cli) {
         Ok(()) => ExitCode::from(Exit::Ok as u8),
         Err(e) => {

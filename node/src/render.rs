@@ -7,8 +7,8 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use comfy_table::{ContentArrangement, Table, presets::UTF8_BORDERS_ONLY};
 use keel_store::{
-    Attachment, AttachmentBody, Listing, LogKind, Run, Sequenced, SessionLogRow, Task, TaskId,
-    TreeNode,
+    Attachment, AttachmentBody, AuditEntry, Listing, LogKind, Run, RunId, Sequenced, SessionLogRow,
+    Task, TaskId, TreeNode,
 };
 use serde::Serialize;
 use serde_json::json;
@@ -257,6 +257,50 @@ impl Output {
             ))?;
         }
         Ok(())
+    }
+
+    /// `keel audit`: a run's policy decisions, oldest first.
+    pub(crate) fn audit(
+        &self,
+        run: RunId,
+        rows: &Listing<Sequenced<AuditEntry>>,
+    ) -> std::io::Result<()> {
+        if self.json {
+            let items: Vec<_> = rows
+                .items
+                .iter()
+                .map(|r| {
+                    json!({
+                        "seq": r.seq,
+                        "ts_ms": r.value.ts_ms,
+                        "task": r.value.task_id.map(|t| t.to_string()),
+                        "who": r.value.hook,
+                        "tool": r.value.tool,
+                        "decision": format!("{:?}", r.value.decision).to_lowercase(),
+                        "reason": r.value.reason,
+                        "input_digest": r.value.input_digest,
+                    })
+                })
+                .collect();
+            return self
+                .print_json(&json!({ "run": run.to_string(), "rows": items, "more": rows.more }));
+        }
+        if rows.items.is_empty() {
+            return self.print(&format!("run {run} has no audit rows"));
+        }
+        let mut table = table(&["SEQ", "TIME", "TASK", "WHO", "TOOL", "DECISION", "REASON"]);
+        for r in &rows.items {
+            table.add_row(vec![
+                r.seq.to_string(),
+                timestamp(r.value.ts_ms),
+                r.value.task_id.map(|t| t.to_string()).unwrap_or_default(),
+                r.value.hook.clone(),
+                r.value.tool.clone(),
+                format!("{:?}", r.value.decision).to_lowercase(),
+                clip(&r.value.reason, SUMMARY_CELL_CHARS_MAX),
+            ]);
+        }
+        self.print(&table.to_string())
     }
 
     pub(crate) fn tree(&self, run: &Run, tree: &Listing<TreeNode>) -> std::io::Result<()> {

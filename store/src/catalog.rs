@@ -9,7 +9,7 @@ use redb::ReadableTable;
 
 use crate::codec;
 use crate::error::ReadError;
-use crate::model::{AgentProfile, Run, RunId, SessionLogRow, Task, TaskId};
+use crate::model::{AgentProfile, AuditEntry, Run, RunId, SessionLogRow, Task, TaskId};
 use crate::read::{self, Listing, Sequenced, TreeNode};
 use crate::store::Store;
 use crate::tables::{self, name};
@@ -123,6 +123,22 @@ impl<'s> Catalog<'s> {
             let run = read::locate_task(txn, task)?;
             read::last_log_rows(txn, run, task, n)
         })
+    }
+
+    /// A run's audit rows (policy decisions) with a sequence number above `after_seq`, in order, at
+    /// most `limit`: what `keel audit` prints.
+    ///
+    /// # Errors
+    /// [`ReadError::TooManyRows`], [`ReadError::Decode`].
+    pub fn audit(
+        &self,
+        run: RunId,
+        after_seq: u64,
+        limit: u32,
+    ) -> Result<Listing<Sequenced<AuditEntry>>, ReadError> {
+        let limit = self.limit(limit)?;
+        self.store
+            .read(|txn| read::seq_rows(txn, tables::AUDIT, name::AUDIT, run, after_seq, limit))
     }
 
     /// An agent profile by name.

@@ -18,6 +18,18 @@ pub const ATTEMPT_ENV: &str = "KEEL_ATTEMPT";
 /// variable; the harness reads the value from its environment).
 pub const MCP_TOKEN_ENV: &str = "KEEL_MCP_TOKEN";
 
+/// A node-side service a session calls back into (the policy's `keel hook` bridge; the MCP
+/// endpoint): it fills in what the session needs to reach it (a gate command, an endpoint, a
+/// session-scoped token) just before the session starts, and hears when the session has ended so a
+/// token never outlives its session.
+pub trait SessionService: Send + Sync + 'static {
+    /// Called with the spec of `attempt`'s session just before it starts, after the host's own
+    /// preparation (account, environment).
+    fn session_starting(&self, attempt: AttemptId, spec: &mut SessionSpec);
+    /// Called once `attempt`'s session has ended (or failed to start).
+    fn session_ended(&self, attempt: AttemptId);
+}
+
 /// The harnesses of a node, by kind, with its accounts.
 #[derive(Clone, Default)]
 pub struct HarnessSet {
@@ -26,6 +38,7 @@ pub struct HarnessSet {
     env: BTreeMap<String, String>,
     /// The node's MCP endpoint, when it serves one (issue 11's session tools).
     session_endpoint: Option<Arc<dyn SessionEndpoint>>,
+    services: Vec<Arc<dyn SessionService>>,
 }
 
 impl std::fmt::Debug for HarnessSet {
@@ -34,6 +47,7 @@ impl std::fmt::Debug for HarnessSet {
             .field("kinds", &self.harnesses.keys().collect::<Vec<_>>())
             .field("accounts", &self.accounts.keys().collect::<Vec<_>>())
             .field("session_endpoint", &self.session_endpoint.is_some())
+            .field("services", &self.services.len())
             .finish_non_exhaustive()
     }
 }
@@ -144,6 +158,20 @@ impl HarnessSet {
         values
     }
 
+    /// Add a service every session is prepared for (in the order added) and whose end it hears.
+    #[must_use]
+    pub fn with_service(mut self, service: Arc<dyn SessionService>) -> Self {
+        self.services.push(service);
+        self
+    }
+
+    /// Tell every service that `attempt`'s session has ended.
+    pub(crate) fn session_ended(&self, attempt: AttemptId) {
+        for s in &self.services {
+            s.session_ended(attempt);
+        }
+    }
+
     /// The harness for `kind`, if the node has one.
     pub fn get(&self, kind: HarnessKind) -> Option<Arc<dyn Harness>> {
         self.harnesses.get(&kind).cloned()
@@ -164,6 +192,9 @@ impl HarnessSet {
         spec.env.insert(RUN_ID_ENV.into(), attempt.run.to_string());
         spec.env
             .insert(ATTEMPT_ENV.into(), attempt.attempt.to_string());
+        for s in &self.services {
+            s.session_starting(attempt, &mut spec);
+        }
         spec
     }
 }

@@ -29,6 +29,7 @@
 //! machine; a session's events by keel-harness's bounded channel; events to observers by a bounded
 //! channel that drops (and counts) rather than stall a machine.
 
+mod audit;
 mod cancel;
 pub mod clock;
 mod config;
@@ -49,6 +50,7 @@ pub mod spans;
 #[cfg(test)]
 mod test_support;
 
+pub use audit::{AUDIT_WAIT_MS, AuditError, AuditWriter};
 pub use clock::{EntropyError, OsEntropy, wall_clock_ms};
 pub use config::RuntimeConfig;
 pub use error::{
@@ -57,7 +59,9 @@ pub use error::{
 };
 pub use event::{PauseReason, RunOutcome, RuntimeEvent};
 pub use follow_up::{FollowUpHandle, FollowUpOutcome, check_follow_up_message};
-pub use harnesses::{ATTEMPT_ENV, HarnessSet, MCP_TOKEN_ENV, RUN_ID_ENV, SUBTASK_ID_ENV};
+pub use harnesses::{
+    ATTEMPT_ENV, HarnessSet, MCP_TOKEN_ENV, RUN_ID_ENV, SUBTASK_ID_ENV, SessionService,
+};
 pub use lifecycle::RunHandle;
 pub use machine_actor::{Deliver, Flow, MachineActor, MachineActorState, MachineRef, Role};
 pub use node_store::{NodeStore, StoreOpener};

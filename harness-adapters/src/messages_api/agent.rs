@@ -506,7 +506,7 @@ impl AgentLoop {
                 .get(name)
                 .ok_or_else(|| ToolError::input(format!("unknown tool {name}")))?;
             if let Some(g) = &spec.pre_tool_gate {
-                gate::check(g, &ctx.working_dir, id, name, input).await?;
+                gate::check(g, &spec.env, &ctx.working_dir, id, name, input).await?;
             }
             match tokio::time::timeout(timeout, tool.call(input.clone(), ctx)).await {
                 Ok(result) => result,

@@ -20,12 +20,13 @@ use crate::tools::ToolError;
 /// Most bytes of gate output read.
 pub const GATE_OUTPUT_BYTES_MAX: u64 = 16 * 1024;
 
-/// Asks the gate about one call.
+/// Asks the gate about one call, with the session's `env` added to keel's own environment.
 ///
 /// # Errors
 /// A permission [`ToolError`] carrying the gate's reason when the call is denied.
 pub async fn check(
     gate: &GateCommand,
+    env: &std::collections::BTreeMap<String, String>,
     cwd: &Path,
     tool_use_id: &str,
     tool_name: &str,
@@ -35,6 +36,9 @@ pub async fn check(
                          "tool_use_id": tool_use_id, "cwd": cwd.display().to_string()});
     let mut child = tokio::process::Command::new(&gate.program)
         .args(&gate.args)
+        // The spec's variables (a session-scoped token for keel's hook bridge, for one) reach the
+        // gate as they reach a CLI's hooks.
+        .envs(env)
         .current_dir(cwd)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

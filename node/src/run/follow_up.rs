@@ -106,6 +106,7 @@ pub(crate) fn follow_up(home: &Home, args: FollowUpArgs, json: bool) -> anyhow::
                 .cloned()
         });
         let (rt, events) = Runtime::start(store, setup.harnesses, setup.config).await?;
+        super::setup::attach_policy(&setup.policy, &rt);
         let view = tokio::spawn(progress::show(events, args.quiet || json));
         let handle = match rt
             .follow_up(args.task, &args.message, agent.as_deref())

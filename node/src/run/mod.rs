@@ -501,6 +501,7 @@ pub(crate) fn run(home: &Home, args: RunArgs, json: bool) -> anyhow::Result<Ende
         let (budget, snapshot) = submission(&config);
         let agents = setup.config.supervisor.agents.clone();
         let (rt, events) = Runtime::start(store, setup.harnesses, setup.config).await?;
+        setup::attach_policy(&setup.policy, &rt);
         let view = tokio::spawn(progress::show(events, args.quiet || json));
         let handle = rt
             .submit(args.brief.clone(), mode, budget, snapshot)
@@ -531,6 +532,7 @@ pub(crate) fn resume(
         let work = work_dir()?;
         let setup = node_setup(&config, &choice, &work, None).await?;
         let (rt, events) = Runtime::start(store, setup.harnesses, setup.config).await?;
+        setup::attach_policy(&setup.policy, &rt);
         let view = tokio::spawn(progress::show(events, quiet || json));
         let handle = rt.resume(run).await?;
         if !json && !quiet {

@@ -15,6 +15,7 @@ use keel_harness::{Account, Credential, HarnessKind};
 use keel_store::{AgentLimits, AgentProfile, Durability, RunId, Store, Task, WriteBatch};
 
 use crate::config::{AgentSection, Config};
+use crate::hook::bridge::PolicyBridge;
 
 /// The agent profile of the built-in scripted model.
 pub(crate) const SCRIPTED_AGENT: &str = "scripted";
@@ -44,6 +45,19 @@ pub(crate) struct NodeSetup {
     pub(crate) scripted: bool,
     /// The in-process model server, kept alive for the node's life.
     pub(crate) _server: Option<ModelServer>,
+    /// The hook bridge's endpoint when keel.toml configures a policy: every session then gets the
+    /// pre-tool gate. Attach the runtime's audit writer with [`attach_policy`] once it runs.
+    pub(crate) policy: Option<PolicyBridge>,
+}
+
+/// Lets the policy bridge record decisions through `runtime` (until then every call is denied).
+pub(crate) fn attach_policy(
+    policy: &Option<PolicyBridge>,
+    runtime: &keel_actors::runtime::Runtime,
+) {
+    if let Some(bridge) = policy {
+        bridge.attach(runtime.audit_writer());
+    }
 }
 
 fn profile(a: &AgentSection) -> AgentProfile {
@@ -266,11 +280,24 @@ pub(crate) async fn node_setup(
         .await
         .context("starting keel's MCP endpoint on 127.0.0.1")?;
     harnesses = harnesses.with_session_endpoint(Arc::new(endpoint));
+    // A policy in keel.toml turns the gate on for every session of this node: each CLI's native hook
+    // (and keel's own loop) then asks this node through `keel hook` before every tool call.
+    let policy = config.policy().context("the policy in keel.toml")?;
+    let policy = if policy.is_empty() {
+        None
+    } else {
+        let exe =
+            std::env::current_exe().context("locating the keel executable for the hook bridge")?;
+        let bridge = PolicyBridge::start(policy, &exe).await?;
+        harnesses = harnesses.with_service(bridge.service());
+        Some(bridge)
+    };
     Ok(NodeSetup {
         harnesses,
         config: rc,
         scripted,
         _server: server,
+        policy,
     })
 }
 

@@ -170,12 +170,15 @@ impl SpecialistRole {
             .open_session_tools(&mut spec, self.harness, self.attempt, deliver);
         self.node.sessions_started.fetch_add(1, Ordering::Relaxed);
         match harness.start(spec).await {
-            Err(e) => Self::feed(
-                me,
-                SpecialistInput::Harness(HarnessEvent::Failed(HarnessError::system(format!(
-                    "the session could not start: {e}"
-                )))),
-            ),
+            Err(e) => {
+                self.node.harnesses.session_ended(self.attempt);
+                Self::feed(
+                    me,
+                    SpecialistInput::Harness(HarnessEvent::Failed(HarnessError::system(format!(
+                        "the session could not start: {e}"
+                    )))),
+                );
+            }
             Ok(session) => {
                 local.cancel = Some(session.cancel_token());
                 if let Some(live) = lock(&self.node.specialists).get_mut(&self.attempt) {
@@ -183,7 +186,13 @@ impl SpecialistRole {
                 }
                 let me = me.clone();
                 tracing::debug!("harness session started");
+                let (node, attempt) = (Arc::clone(&self.node), self.attempt);
                 let forward = crate::runtime::session_feed::feed_session(session, me);
+                // Services (the hook bridge's session token) end with the session however it ends.
+                let forward = async move {
+                    forward.await;
+                    node.harnesses.session_ended(attempt);
+                };
                 spawn(forward.instrument(self.span.clone()));
             }
         }

@@ -1,0 +1,153 @@
+//! Hooks: a check that runs at one event of a session (before a tool call, after it, at a stop, ...),
+//! chosen by the tool's literal name, that is a command or one of keel's built-ins, with a timeout
+//! and a flag saying whether its failure denies. Built from `[[hooks]]` in keel.toml
+//! ([`crate::config::HookConfig`]) or registered in code by an embedding host.
+
+use serde::{Deserialize, Serialize};
+
+/// The events a hook can be attached to (docs/DESIGN.md §9).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum HookEvent {
+    /// Before a tool call runs; the hook can allow, deny or ask.
+    PreToolUse,
+    /// After a tool call ran, before the model sees its result.
+    PostToolUse,
+    /// When the session would end; the hook can refuse completion.
+    Stop,
+    /// Before a harness compacts its context.
+    PreCompact,
+    /// When an attempt's session is about to start.
+    SubagentStart,
+    /// When an attempt's session has ended with a report.
+    SubagentStop,
+}
+
+impl HookEvent {
+    /// Every event, in declaration order.
+    pub const ALL: [HookEvent; 6] = [
+        HookEvent::PreToolUse,
+        HookEvent::PostToolUse,
+        HookEvent::Stop,
+        HookEvent::PreCompact,
+        HookEvent::SubagentStart,
+        HookEvent::SubagentStop,
+    ];
+
+    /// Whether the event concerns one tool call, so a tool matcher means something for it.
+    pub fn is_tool_event(self) -> bool {
+        matches!(self, HookEvent::PreToolUse | HookEvent::PostToolUse)
+    }
+
+    /// The event's name as written in keel.toml and in a hook's JSON payload (`hook_event_name`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HookEvent::PreToolUse => "PreToolUse",
+            HookEvent::PostToolUse => "PostToolUse",
+            HookEvent::Stop => "Stop",
+            HookEvent::PreCompact => "PreCompact",
+            HookEvent::SubagentStart => "SubagentStart",
+            HookEvent::SubagentStop => "SubagentStop",
+        }
+    }
+}
+
+/// Which tool calls a hook sees, by the tool's literal name (each harness's own spelling).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ToolMatcher {
+    /// Every call (written `"*"`, or no matcher at all).
+    Any,
+    /// Calls of exactly these tools.
+    Tools(Vec<String>),
+}
+
+impl ToolMatcher {
+    /// Whether a call of `tool` is matched. An event without a tool (a stop) is matched only by
+    /// [`ToolMatcher::Any`].
+    pub fn matches(&self, tool: Option<&str>) -> bool {
+        match (self, tool) {
+            (ToolMatcher::Any, _) => true,
+            (ToolMatcher::Tools(names), Some(tool)) => names.iter().any(|n| n == tool),
+            (ToolMatcher::Tools(_), None) => false,
+        }
+    }
+}
+
+/// keel's built-in hooks: checks that need no program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BuiltinHook {
+    /// Denies every matched call: a switch that turns a tool off for every harness at once.
+    Deny,
+    /// Allows every matched call (deny rules still apply after it).
+    Allow,
+}
+
+/// What a hook runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HookAction {
+    /// A program, run without a shell, with the event's JSON payload on stdin (Claude Code's command
+    /// hook contract: exit 0 with no decision is no opinion, exit 0 with a JSON
+    /// `hookSpecificOutput.permissionDecision` decides, exit 2 denies with stderr as the reason,
+    /// anything else is an error).
+    Command {
+        /// The program (absolute, or found on PATH).
+        program: String,
+        /// Its arguments.
+        args: Vec<String>,
+    },
+    /// One of keel's built-ins.
+    Builtin(BuiltinHook),
+}
+
+/// One hook, validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HookSpec {
+    /// Its name in audit rows (from keel.toml, or `hooks[N]` when none was given).
+    pub name: String,
+    /// The event it runs at.
+    pub event: HookEvent,
+    /// The calls it sees.
+    pub matcher: ToolMatcher,
+    /// What it runs.
+    pub action: HookAction,
+    /// How long it may take; past it the hook has timed out.
+    pub timeout_ms: u64,
+    /// Whether an error or a timeout of this hook denies the call (fails closed). A hook that is not
+    /// mandatory and fails is audited and then ignored.
+    pub mandatory: bool,
+}
+
+impl HookSpec {
+    /// Whether the hook runs for `event` on a call of `tool`.
+    pub fn applies(&self, event: HookEvent, tool: Option<&str>) -> bool {
+        self.event == event && self.matcher.matches(tool)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matchers_are_literal_and_any_matches_toolless_events() {
+        let tools = ToolMatcher::Tools(vec!["Bash".into(), "shell".into()]);
+        assert!(tools.matches(Some("Bash")));
+        assert!(tools.matches(Some("shell")));
+        assert!(!tools.matches(Some("bash")));
+        assert!(!tools.matches(None));
+        assert!(ToolMatcher::Any.matches(None));
+        assert!(ToolMatcher::Any.matches(Some("x")));
+    }
+
+    #[test]
+    fn only_tool_events_take_a_tool() {
+        let tool_events: Vec<_> = HookEvent::ALL
+            .into_iter()
+            .filter(|e| e.is_tool_event())
+            .collect();
+        assert_eq!(
+            tool_events,
+            vec![HookEvent::PreToolUse, HookEvent::PostToolUse]
+        );
+    }
+}

@@ -1,0 +1,229 @@
+//! Invariant 12 on the real `keel` path (docs/DESIGN.md §9, §12): a policy in keel.toml turns the
+//! pre-tool gate on for every session; each harness asks the node through `keel hook` before a tool
+//! call runs; a denied call never runs (the file it would create never appears); every decision is an
+//! audit row that `keel audit` shows; a mandatory hook that hangs denies after its timeout.
+//!
+//! Real processes: `keel model-server` (the scripted model on 127.0.0.1), `keel run` on a plan whose
+//! step tells the model to run a shell command, keel's own agent loop, and the four real CLIs
+//! (skipped only with `KEEL_SKIP_REAL_CLIS=1` when they are not installed).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests: a panic is the failure report.
+
+use std::path::Path;
+use std::time::Duration;
+
+use keel_actors::Plan;
+use keel_actors::runtime::scripted;
+use keel_harness::HarnessKind;
+use keel_tests::{Reaped, keel};
+use serde_json::Value;
+
+const WAIT: Duration = Duration::from_secs(240);
+/// The command the denied step asks for; its file must never appear.
+const FORBIDDEN: &str = "echo should-not-run > blocked.txt";
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    url: String,
+    _server: Reaped,
+}
+
+impl Fixture {
+    /// A folder with a keel home whose keel.toml holds `policy`, a plan of two steps (one runs
+    /// [`FORBIDDEN`], one a harmless command), and a scripted model server.
+    fn new(policy: &str) -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let (code, out, err) = run_to_end(keel(dir.path()).unwrap().arg("init"));
+        assert_eq!(code, 0, "{out}{err}");
+        let config = dir.path().join(".keel").join("keel.toml");
+        let mut text = std::fs::read_to_string(&config).unwrap();
+        text.push_str(policy);
+        std::fs::write(&config, text).unwrap();
+        let plan = Plan {
+            steps: vec![
+                // One after the other: two CLI sessions starting at once is not what is tested.
+                scripted::step("harmless", "Say hello.", "echo hello", "shell", &[]).unwrap(),
+                scripted::step(
+                    "forbidden",
+                    "Create the marker file.",
+                    &format!("{FORBIDDEN}; echo made"),
+                    "shell",
+                    &["harmless"],
+                )
+                .unwrap(),
+            ],
+            constraints: Vec::new(),
+        };
+        std::fs::write(
+            dir.path().join(".keel").join("plan.json"),
+            serde_json::to_string(&plan).unwrap(),
+        )
+        .unwrap();
+        let mut cmd = keel(dir.path()).unwrap();
+        cmd.arg("model-server");
+        let mut server = Reaped::spawn(cmd).unwrap();
+        let line = server
+            .line_containing("listening on", Duration::from_secs(30))
+            .unwrap();
+        let url = line.split_whitespace().last().unwrap().to_string();
+        Fixture {
+            dir,
+            url,
+            _server: server,
+        }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `keel run` of the plan on keel's own loop (`None`) or a real CLI; returns its exit code and
+    /// output (the run may fail: the forbidden step never gets its report).
+    fn run(&self, harness: Option<HarnessKind>) -> (i32, String, String) {
+        let mut cmd = keel(self.path()).unwrap();
+        cmd.args(["run", "make a file", "--quiet", "--plan", ".keel/plan.json"]);
+        match harness {
+            None => {
+                cmd.args(["--model-server", &self.url]);
+            }
+            Some(kind) => {
+                cmd.args(["--harness", kind.as_str(), "--model", "keel-scripted-1"])
+                    .env("ANTHROPIC_BASE_URL", &self.url)
+                    .env("ANTHROPIC_API_KEY", "sk-policy-test")
+                    .env("OPENAI_BASE_URL", format!("{}/v1", self.url))
+                    .env("OPENAI_API_KEY", "sk-policy-test");
+            }
+        }
+        run_to_end(&mut cmd)
+    }
+
+    /// `keel --json audit` of the latest run: its rows.
+    fn audit(&self) -> Vec<Value> {
+        let (code, out, err) = run_to_end(keel(self.path()).unwrap().args(["--json", "audit"]));
+        assert_eq!(code, 0, "{out}{err}");
+        let v: Value = serde_json::from_str(out.trim()).unwrap();
+        v["rows"].as_array().unwrap().clone()
+    }
+}
+
+fn run_to_end(cmd: &mut std::process::Command) -> (i32, String, String) {
+    let cmd = std::mem::replace(cmd, std::process::Command::new("true"));
+    let (status, out, err) = Reaped::spawn(cmd).unwrap().wait_output(WAIT).unwrap();
+    (status.code().unwrap_or(-1), out, err)
+}
+
+fn rows_by<'a>(rows: &'a [Value], who: &str, decision: &str) -> Vec<&'a Value> {
+    rows.iter()
+        .filter(|r| r["who"] == who && r["decision"] == decision)
+        .collect()
+}
+
+/// The deny rule's check on one harness: the forbidden file never appears, the denial is audited
+/// with its rule, and the harmless call was audited as allowed (every call asked the node).
+fn deny_rule_case(harness: Option<HarnessKind>) {
+    let fx = Fixture::new("\n[permissions]\ndeny = [\"*(*should-not-run*)\"]\n");
+    let (_code, out, err) = fx.run(harness);
+    assert!(
+        !fx.path().join("blocked.txt").exists(),
+        "{harness:?}: the denied command ran\n{out}\n{err}"
+    );
+    let rows = fx.audit();
+    let denied = rows_by(&rows, "deny-rule", "deny");
+    assert!(
+        !denied.is_empty(),
+        "{harness:?}: no denial audited: {rows:#?}\n{out}\n{err}"
+    );
+    assert!(
+        denied
+            .iter()
+            .all(|r| r["reason"] == "denied by rule *(*should-not-run*)" && r["task"].is_string()),
+        "{rows:#?}"
+    );
+    assert!(
+        !rows_by(&rows, "unmatched", "allow").is_empty(),
+        "{harness:?}: the harmless call was not audited: {rows:#?}"
+    );
+    assert!(
+        rows.iter().all(|r| !r["input_digest"]
+            .as_str()
+            .unwrap()
+            .contains("should-not-run")),
+        "an audit row holds the raw input"
+    );
+}
+
+/// `None` when a CLI is missing and skipping was asked for; panics when it is missing otherwise.
+fn cli_available(kind: HarnessKind) -> Option<()> {
+    use keel_harness::cli::CliFlavor;
+    let binary = match kind {
+        HarnessKind::ClaudeCode => keel_harness::cli::claude::ClaudeCode.binary(),
+        HarnessKind::Codex => keel_harness::cli::codex::Codex.binary(),
+        HarnessKind::Opencode => keel_harness::cli::opencode::Opencode.binary(),
+        HarnessKind::Pi => keel_harness::cli::pi::Pi::default().binary(),
+        _ => return Some(()),
+    };
+    match binary.locate() {
+        Ok(_) => Some(()),
+        Err(e) if std::env::var("KEEL_SKIP_REAL_CLIS").as_deref() == Ok("1") => {
+            eprintln!("skipping {kind} (KEEL_SKIP_REAL_CLIS=1): {e}");
+            None
+        }
+        Err(e) => panic!("{e}; set KEEL_SKIP_REAL_CLIS=1 to skip"),
+    }
+}
+
+#[test]
+fn keels_own_loop_never_runs_a_call_a_deny_rule_refuses_and_audits_it() {
+    deny_rule_case(None);
+}
+
+#[test]
+fn claude_code_never_runs_a_call_a_deny_rule_refuses_and_audits_it() {
+    if cli_available(HarnessKind::ClaudeCode).is_some() {
+        deny_rule_case(Some(HarnessKind::ClaudeCode));
+    }
+}
+
+#[test]
+fn codex_never_runs_a_call_a_deny_rule_refuses_and_audits_it() {
+    if cli_available(HarnessKind::Codex).is_some() {
+        deny_rule_case(Some(HarnessKind::Codex));
+    }
+}
+
+// FIXME(issue 13): opencode through `keel run` in this test fails to start its session (a `system`
+// failure after about two minutes, no log rows) although the same run by hand is gated and audited;
+// not diagnosed yet, so opencode's end-to-end check is missing (its gate has the adapter-level test
+// `opencode_gate` in harness-adapters/tests/cli_conformance.rs).
+
+#[test]
+fn pi_never_runs_a_call_a_deny_rule_refuses_and_audits_it() {
+    if cli_available(HarnessKind::Pi).is_some() {
+        deny_rule_case(Some(HarnessKind::Pi));
+    }
+}
+
+#[test]
+fn a_mandatory_hook_that_hangs_denies_after_its_timeout() {
+    let fx = Fixture::new(
+        "\n[[hooks]]\nname = \"hangs\"\nevent = \"PreToolUse\"\ncommand = [\"sleep\", \"30\"]\ntimeout_ms = 300\n",
+    );
+    let (_code, out, err) = fx.run(None);
+    assert!(
+        !fx.path().join("blocked.txt").exists(),
+        "the call ran past a hung mandatory hook\n{out}\n{err}"
+    );
+    let rows = fx.audit();
+    let errors = rows_by(&rows, "hook:hangs", "error");
+    assert!(!errors.is_empty(), "{rows:#?}\n{out}\n{err}");
+    assert!(
+        errors.iter().all(|r| r["reason"]
+            .as_str()
+            .unwrap()
+            .contains("failed closed: timed out after 300 ms")),
+        "{rows:#?}"
+    );
+    assert!(
+        rows.iter().all(|r| r["decision"] != "allow"),
+        "a call was allowed past the hung hook: {rows:#?}"
+    );
+}
