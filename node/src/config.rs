@@ -30,6 +30,9 @@ pub(crate) struct Config {
     pub(crate) hooks: Vec<keel_policy::HookConfig>,
     /// `[permissions]`: deny, ask and allow rules and the permission mode.
     pub(crate) permissions: keel_policy::PermissionsConfig,
+    /// `[[gates]]`: checks on allowed calls from the store (the counting gate).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) gates: Vec<keel_policy::GateConfig>,
     /// The HTTP API of `keel serve`.
     pub(crate) server: ServerSection,
     /// `keel node`'s cluster settings.
@@ -331,6 +334,14 @@ impl Config {
         if let Err(source) = config.policy_config().build() {
             let line = match source.hook_index {
                 Some(i) => nth_line_starting(text, "[[hooks]]", i),
+                None if source.field.starts_with("gates[") => {
+                    let i = source.field["gates[".len()..]
+                        .split(']')
+                        .next()
+                        .and_then(|n| n.parse().ok())
+                        .unwrap_or(0);
+                    nth_line_starting(text, "[[gates]]", i)
+                }
                 None => nth_line_starting(text, "[permissions]", 0),
             };
             return Err(ConfigError::Policy {
@@ -347,6 +358,7 @@ impl Config {
         keel_policy::PolicyConfig {
             hooks: self.hooks.clone(),
             permissions: self.permissions.clone(),
+            gates: self.gates.clone(),
         }
     }
 

@@ -237,6 +237,8 @@ pub struct Policy {
     pub unmatched: Unmatched,
     /// How long an `ask` waits for a human before it is denied, in milliseconds.
     pub ask_timeout_ms: u64,
+    /// Gates applied to a call the chain allowed ([`crate::gate::apply_gates`]).
+    pub gates: Vec<crate::gate::CountGate>,
 }
 
 impl Policy {
@@ -249,6 +251,7 @@ impl Policy {
             && self.mode.is_none()
             && self.allow.is_empty()
             && self.unmatched == Unmatched::Allow
+            && self.gates.is_empty()
     }
 
     /// The hooks that run for `event` on a call of `tool`, in their fixed order: the order of

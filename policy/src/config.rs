@@ -6,6 +6,7 @@ use keel_harness::PermissionMode;
 use serde::{Deserialize, Serialize};
 
 use crate::chain::{Policy, Unmatched};
+use crate::gate::{CountGate, GateScope};
 use crate::hook::{BuiltinHook, HookAction, HookEvent, HookSpec, ToolMatcher};
 use crate::rule::Rule;
 
@@ -32,6 +33,45 @@ pub struct PolicyConfig {
     pub hooks: Vec<HookConfig>,
     /// `[permissions]`.
     pub permissions: PermissionsConfig,
+    /// `[[gates]]`.
+    pub gates: Vec<GateConfig>,
+}
+
+/// The kinds of gate (docs/CONFIG.md). Only `count` is built; the others are refused by
+/// [`PolicyConfig::build`] rather than accepted and not enforced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GateKind {
+    /// At most `max_calls` calls matching `rule` per task or run.
+    Count,
+    /// A tool only after another succeeded in the task (not built).
+    Prerequisite,
+    /// A tool only with a token issued by an earlier step (not built).
+    Token,
+    /// A numeric field summed over the run, refused past a cap (not built).
+    Cap,
+}
+
+/// One `[[gates]]` table.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GateConfig {
+    /// Its name in audit rows (`gate:<name>`); unique.
+    pub name: String,
+    /// Which kind.
+    pub kind: GateKind,
+    /// The calls it applies to, as a permission rule (`"Bash(git push*)"`).
+    pub rule: String,
+    /// For `count`: how many calls may run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_calls: Option<u32>,
+    /// For `count`: per `task` (the default) or per `run`.
+    #[serde(default = "gate_scope_default")]
+    pub per: GateScope,
+}
+
+fn gate_scope_default() -> GateScope {
+    GateScope::Task
 }
 
 /// One `[[hooks]]` table.
@@ -162,7 +202,44 @@ impl PolicyConfig {
                 format!("must be 1 to {ASK_TIMEOUT_S_MAX} seconds"),
             ));
         }
+        let mut gates: Vec<CountGate> = Vec::with_capacity(self.gates.len());
+        for (i, g) in self.gates.iter().enumerate() {
+            let field = |name: &str| format!("gates[{i}].{name}");
+            if g.name.trim().is_empty() || g.name.len() > HOOK_NAME_BYTES_MAX {
+                return Err(err(
+                    field("name"),
+                    format!("a name is 1 to {HOOK_NAME_BYTES_MAX} bytes"),
+                ));
+            }
+            if gates.iter().any(|o| o.name == g.name) {
+                return Err(err(field("name"), format!("{:?} names two gates", g.name)));
+            }
+            if g.kind != GateKind::Count {
+                return Err(err(
+                    field("kind"),
+                    format!(
+                        "{:?} gates are not built yet (only \"count\"); a gate that never checks \
+                         would be a silent gap",
+                        g.kind
+                    ),
+                ));
+            }
+            let rule = g
+                .rule
+                .parse()
+                .map_err(|e| err(field("rule"), format!("{e}")))?;
+            let Some(max_calls) = g.max_calls else {
+                return Err(err(field("max_calls"), "a count gate needs max_calls"));
+            };
+            gates.push(CountGate {
+                name: g.name.clone(),
+                rule,
+                max_calls,
+                per: g.per,
+            });
+        }
         Ok(Policy {
+            gates,
             hooks,
             deny: rules("deny", &p.deny)?,
             ask: rules("ask", &p.ask)?,
@@ -396,6 +473,28 @@ ask_timeout_s = 60
             "[permissions]\nask_timeout_s = 0\n",
             "permissions.ask_timeout_s",
             "seconds",
+        );
+    }
+
+    #[test]
+    fn gates_build_and_unbuilt_kinds_are_refused() {
+        let policy = parse(
+            "[[gates]]\nname = \"push\"\nkind = \"count\"\nrule = \"Bash(git push*)\"\nmax_calls = 2\nper = \"run\"\n",
+        )
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(policy.gates.len(), 1);
+        assert_eq!(policy.gates[0].per, GateScope::Run);
+        assert!(!policy.is_empty());
+        check_err(
+            "[[gates]]\nname = \"p\"\nkind = \"cap\"\nrule = \"x\"\n",
+            "gates[0].kind",
+            "not built yet",
+        );
+        check_err(
+            "[[gates]]\nname = \"p\"\nkind = \"count\"\nrule = \"x\"\n",
+            "gates[0].max_calls",
+            "needs max_calls",
         );
     }
 

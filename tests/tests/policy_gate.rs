@@ -14,7 +14,8 @@ use std::time::Duration;
 use keel_actors::Plan;
 use keel_actors::runtime::scripted;
 use keel_harness::HarnessKind;
-use keel_tests::{Reaped, keel};
+use keel_store::{HookDecision, RunId, Store, StoreConfig};
+use keel_tests::{Reaped, keel, wait_for};
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(240);
@@ -40,16 +41,17 @@ impl Fixture {
         std::fs::write(&config, text).unwrap();
         let plan = Plan {
             steps: vec![
-                // One after the other: two CLI sessions starting at once is not what is tested.
-                scripted::step("harmless", "Say hello.", "echo hello", "shell", &[]).unwrap(),
+                // In parallel: a real CLI's shell output does not carry the scripted report, so a
+                // step after a failed one would be skipped.
                 scripted::step(
                     "forbidden",
                     "Create the marker file.",
                     &format!("{FORBIDDEN}; echo made"),
                     "shell",
-                    &["harmless"],
+                    &[],
                 )
                 .unwrap(),
+                scripted::step("harmless", "Say hello.", "echo hello", "shell", &[]).unwrap(),
             ],
             constraints: Vec::new(),
         };
@@ -225,5 +227,102 @@ fn a_mandatory_hook_that_hangs_denies_after_its_timeout() {
     assert!(
         rows.iter().all(|r| r["decision"] != "allow"),
         "a call was allowed past the hung hook: {rows:#?}"
+    );
+}
+
+/// A counting gate counts from the store: calls let through before a SIGKILL of the node still
+/// count after `keel resume`, so the run never gets more than `max_calls` of them.
+#[test]
+fn a_counting_gate_survives_a_sigkill_of_the_node() {
+    let fx = Fixture::new(
+        "\n[[gates]]\nname = \"count\"\nkind = \"count\"\nrule = \"*(*counted*)\"\nmax_calls = 2\nper = \"run\"\n",
+    );
+    // Four steps in a chain, each one counted call.
+    let steps: Vec<_> = (0..4)
+        .map(|i| {
+            let deps: Vec<String> = if i == 0 {
+                Vec::new()
+            } else {
+                vec![format!("s{}", i - 1)]
+            };
+            let deps: Vec<&str> = deps.iter().map(String::as_str).collect();
+            scripted::step(
+                &format!("s{i}"),
+                "Echo the counted word.",
+                &format!("echo counted-{i}"),
+                "shell",
+                &deps,
+            )
+            .unwrap()
+        })
+        .collect();
+    let plan = Plan {
+        steps,
+        constraints: Vec::new(),
+    };
+    std::fs::write(
+        fx.path().join(".keel").join("plan.json"),
+        serde_json::to_string(&plan).unwrap(),
+    )
+    .unwrap();
+    let mut cmd = keel(fx.path()).unwrap();
+    cmd.args([
+        "run",
+        "count",
+        "--plan",
+        ".keel/plan.json",
+        "--model-server",
+        &fx.url,
+    ]);
+    let mut node = Reaped::spawn(cmd).unwrap();
+    let line = node
+        .line_containing("started in", Duration::from_secs(60))
+        .unwrap();
+    let run: RunId = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let store = Store::open_read_only(
+        fx.path().join(".keel").join("keel.redb"),
+        StoreConfig::default(),
+    )
+    .unwrap();
+    let gate_rows = |decision: HookDecision| {
+        store
+            .run(run)
+            .audit(0, 1000)
+            .map(|l| l.items)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|r| r.value.hook == "gate:count" && r.value.decision == decision)
+            .count()
+    };
+    wait_for(WAIT, "a counted call before the kill", || {
+        (gate_rows(HookDecision::Allow) >= 1).then_some(())
+    })
+    .unwrap();
+    node.kill();
+    let (code, out, err) = run_to_end(keel(fx.path()).unwrap().args([
+        "resume",
+        &run.to_string(),
+        "--model-server",
+        &fx.url,
+    ]));
+    assert!(code == 0 || code == 5, "resume: {code}\n{out}\n{err}");
+    let rows = fx.audit();
+    let allowed = rows_by(&rows, "gate:count", "allow");
+    let denied = rows_by(&rows, "gate:count", "deny");
+    assert_eq!(
+        allowed.len(),
+        2,
+        "the gate let more than its count through across the kill: {rows:#?}"
+    );
+    assert!(
+        !denied.is_empty(),
+        "the third counted call was not denied: {rows:#?}"
+    );
+    assert!(
+        denied.iter().all(|r| r["reason"]
+            .as_str()
+            .unwrap()
+            .contains("at most 2 calls matching *(*counted*) per run; 2 already ran")),
+        "{rows:#?}"
     );
 }

@@ -1,6 +1,6 @@
 //! Policy decisions made durable: the audit rows of a tool call's verdict go through the checkpoint
 //! actor (the only writer) as a host stage, and the caller waits for the commit before the tool may
-//! run (docs/DESIGN.md §12, invariant 12).
+//! run (docs/DESIGN.md §12, invariant 12); and read back, for the gates that count from them.
 
 use super::Runtime;
 use super::node::Node;
@@ -29,7 +29,13 @@ pub enum AuditError {
     /// The commit failed or did not answer in time.
     #[error("the audit rows were not made durable: {0}")]
     NotDurable(String),
+    /// The rows could not be read.
+    #[error("the audit rows could not be read: {0}")]
+    Read(String),
 }
+
+/// Most audit rows [`AuditWriter::read_all`] reads for one run.
+pub const AUDIT_ROWS_READ_MAX: usize = 1_000_000;
 
 impl AuditWriter {
     /// Appends `entries` to `run`'s audit table as one durable commit, and returns once it is
@@ -43,6 +49,38 @@ impl AuditWriter {
         node.stage_host(run, ops, Duration::from_millis(AUDIT_WAIT_MS))
             .await
             .map_err(AuditError::NotDurable)
+    }
+
+    /// Every audit row of `run`, oldest first, read on the blocking pool: what a gate counts. Reads
+    /// pages of the store's row limit, at most [`AUDIT_ROWS_READ_MAX`] rows.
+    ///
+    /// # Errors
+    /// [`AuditError::Read`] (a gate must then deny: it cannot count).
+    pub async fn read_all(&self, run: RunId) -> Result<Vec<AuditEntry>, AuditError> {
+        let node = self.node.upgrade().ok_or(AuditError::Stopped)?;
+        node.read(move |store| {
+            let scope = store.run(run);
+            let page = u32::try_from(store.limits().read_rows_max).unwrap_or(u32::MAX);
+            let mut rows = Vec::new();
+            let mut after = 0;
+            loop {
+                let listing = scope.audit(after, page)?;
+                if let Some(last) = listing.items.last() {
+                    after = last.seq;
+                }
+                rows.extend(listing.items.into_iter().map(|r| r.value));
+                if !listing.more {
+                    return Ok(Ok(rows));
+                }
+                if rows.len() >= AUDIT_ROWS_READ_MAX {
+                    return Ok(Err(AuditError::Read(format!(
+                        "run {run} has more than {AUDIT_ROWS_READ_MAX} audit rows"
+                    ))));
+                }
+            }
+        })
+        .await
+        .map_err(|e| AuditError::Read(e.to_string()))?
     }
 }
 

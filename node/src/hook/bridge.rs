@@ -45,6 +45,8 @@ struct Inner {
     sessions: Mutex<BTreeMap<String, SessionScope>>,
     audit: OnceLock<AuditWriter>,
     gate: GateCommand,
+    /// Held from reading a gate's count to writing the row that counts the call.
+    gates_serial: tokio::sync::Mutex<()>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -99,6 +101,7 @@ impl PolicyBridge {
             sessions: Mutex::new(BTreeMap::new()),
             audit: OnceLock::new(),
             gate,
+            gates_serial: tokio::sync::Mutex::new(()),
         });
         let app = Router::new()
             .route(HOOK_PATH, post(decide))
@@ -219,6 +222,7 @@ async fn decide(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Bytes
             "keel: the hook payload names no tool_name (denied)".into(),
         );
     };
+    let started = std::time::Instant::now();
     let call = ToolCall::new(
         tool.clone(),
         payload.get("tool_input").cloned().unwrap_or(Value::Null),
@@ -231,7 +235,38 @@ async fn decide(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Bytes
     let outcomes =
         keel_policy::run::run_hooks(&inner.policy, HookEvent::PreToolUse, Some(&tool), &payload)
             .await;
+    let Some(audit) = inner.audit.get() else {
+        return answer(
+            StatusCode::SERVICE_UNAVAILABLE,
+            Decision::Deny,
+            "keel: the node is not ready to record decisions (denied)".into(),
+        );
+    };
     let verdict = inner.policy.decide(&call, scope.mode, &outcomes);
+    // A gated call is decided one at a time, from the count in the store to the durable row that
+    // counts it, so two concurrent calls cannot both take the last place.
+    let gated = inner.policy.gates.iter().any(|g| g.rule.matches(&call));
+    let _one_at_a_time = if gated {
+        Some(inner.gates_serial.lock().await)
+    } else {
+        None
+    };
+    let verdict = if gated && verdict.decision == Decision::Allow {
+        match audit.read_all(scope.attempt.run).await {
+            Ok(rows) => keel_policy::apply_gates(&inner.policy.gates, &call, verdict, |g| {
+                g.count(&rows, Some(scope.attempt.task))
+            }),
+            Err(e) => {
+                return answer(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    Decision::Deny,
+                    format!("keel: a gate's count could not be read, so the call is denied: {e}"),
+                );
+            }
+        }
+    } else {
+        verdict
+    };
     let mut entries = verdict.audit_entries(wall_clock_ms(), Some(scope.attempt.task), &call);
     let (decision, reason) = match verdict.decision {
         Decision::Ask => {
@@ -255,13 +290,6 @@ async fn decide(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Bytes
         }
         d => (d, verdict.reason.clone()),
     };
-    let Some(audit) = inner.audit.get() else {
-        return answer(
-            StatusCode::SERVICE_UNAVAILABLE,
-            Decision::Deny,
-            "keel: the node is not ready to record decisions (denied)".into(),
-        );
-    };
     if let Err(e) = audit.append(scope.attempt.run, entries).await {
         return answer(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -269,6 +297,12 @@ async fn decide(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Bytes
             format!("keel: the decision could not be recorded, so the call is denied: {e}"),
         );
     }
-    tracing::info!(tool = %tool, decision = ?decision, by = %verdict.decided_by, "tool call decided");
+    tracing::info!(
+        tool = %tool,
+        decision = ?decision,
+        by = %verdict.decided_by,
+        elapsed_us = started.elapsed().as_micros() as u64,
+        "tool call decided and audited"
+    );
     answer(StatusCode::OK, decision, reason)
 }
