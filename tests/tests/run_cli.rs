@@ -140,3 +140,58 @@ fn keel_demo_narrates_a_crash_a_checkpoint_and_a_harness_switch() {
     );
     assert!(out.contains("finished: Completed"), "{out}");
 }
+
+/// `git` in `dir`, which must succeed.
+fn git(dir: &std::path::Path, args: &[&str]) {
+    let out = std::process::Command::new("git")
+        .args(["-c", "user.name=keel", "-c", "user.email=keel@localhost"])
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "git {args:?}: {out:?}");
+}
+
+#[test]
+fn the_survey_of_a_git_repository_leaves_out_what_git_ignores() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path();
+    std::fs::write(repo.join("main.rs"), "// TODO: everything\nfn main() {}\n").unwrap();
+    std::fs::write(repo.join("lib.rs"), "pub fn f() {}\n").unwrap();
+    std::fs::write(repo.join(".gitignore"), "/target\n").unwrap();
+    // Build output, as a fresh clone has it after `cargo build`: larger than anything tracked,
+    // more numerous, and with a TODO of its own.
+    let target = repo.join("target/release");
+    std::fs::create_dir_all(&target).unwrap();
+    std::fs::write(target.join("keel"), vec![b'x'; 100_000]).unwrap();
+    for i in 0..5 {
+        std::fs::write(target.join(format!("dep-{i}.json")), "{} // TODO\n").unwrap();
+    }
+    git(repo, &["init", "-q"]);
+    git(repo, &["add", "main.rs", ".gitignore"]);
+    git(repo, &["commit", "-q", "-m", "first"]);
+    // lib.rs is untracked but not ignored: part of the repository's survey.
+
+    let mut cmd = keel(repo).unwrap();
+    cmd.args(["run", "survey this repository"]);
+    let (status, out, err) = Reaped::spawn(cmd)
+        .unwrap()
+        .wait_output(Duration::from_secs(120))
+        .unwrap();
+    assert!(status.success(), "keel run failed: {status}\n{out}\n{err}");
+    let run = out
+        .lines()
+        .find_map(|l| l.strip_prefix("run ")?.split_whitespace().next())
+        .unwrap()
+        .to_string();
+    let synthesis =
+        std::fs::read_to_string(repo.join(".keel/synthesis").join(format!("{run}.md"))).unwrap();
+    // .gitignore, main.rs, lib.rs: not target/, not keel's own folder.
+    assert!(synthesis.contains("files: 3"), "{synthesis}");
+    assert!(
+        synthesis.contains("most common extension: rs 2 files"),
+        "{synthesis}"
+    );
+    assert!(synthesis.contains("largest: main.rs"), "{synthesis}");
+    assert!(synthesis.contains("todo markers: 1"), "{synthesis}");
+}

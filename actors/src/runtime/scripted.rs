@@ -92,9 +92,17 @@ pub fn step(
     })
 }
 
+/// The files a survey looks at, one path a line: in a git work tree the files git tracks or would
+/// track (`git ls-files --cached --others --exclude-standard`: what `.gitignore` leaves out, a
+/// build's `target/` say, is not part of the repository), elsewhere every file; never keel's own
+/// folder. A tracked file deleted from the working tree is listed by git but fails the later tools,
+/// whose errors are discarded.
+const SURVEY_FILES: &str = "{ git -c core.quotePath=false ls-files --cached --others --exclude-standard 2>/dev/null || find . -path ./.keel -prune -o -type f -print ; } | sed 's#^[.]/##' | grep -v '^[.]keel/'";
+
 /// The deterministic survey plan `keel run` uses with the scripted model: a few real looks at the
-/// working directory, independent of each other, so they run in parallel. The brief is kept on the
-/// run row; every step restates it as a constraint.
+/// working directory's files ([`SURVEY_FILES`]: in a git repository, not what git ignores),
+/// independent of each other, so they run in parallel. The brief is kept on the run row; every
+/// step restates it as a constraint.
 ///
 /// # Errors
 /// Never for the built-in steps; the type keeps the builder honest.
@@ -102,29 +110,35 @@ pub fn survey_plan(brief: &str) -> Result<Plan, ScriptedStepError> {
     let steps = vec![
         step(
             "inventory",
-            "Count the files in the working directory (keel's own folder excluded).",
-            "printf 'files: %s' $(find . -path ./.keel -prune -o -type f -print | wc -l)",
+            "Count the files in the working directory (keel's own folder and what git ignores excluded).",
+            &format!("printf 'files: %s' $({SURVEY_FILES} | wc -l)"),
             "find",
             &[],
         )?,
         step(
             "languages",
             "Find the most common file extension in the working directory.",
-            "find . -path ./.keel -prune -o -type f -name '*.*' -print | sed 's/.*\\.//' | sort | uniq -c | sort -rn | head -n 1 | awk '{print \"most common extension: \" $2 \" (\" $1 \" files)\"}'",
+            &format!(
+                "{SURVEY_FILES} | sed 's#.*/##' | grep '[.]' | sed 's/.*[.]//' | sort | uniq -c | sort -rn | head -n 1 | awk '{{print \"most common extension: \" $2 \" (\" $1 \" files)\"}}'"
+            ),
             "find ext",
             &[],
         )?,
         step(
             "largest",
             "Find the largest file in the working directory.",
-            "find . -path ./.keel -prune -o -type f -printf '%s %p\\n' | sort -rn | head -n 1 | awk '{print \"largest: \" $2 \" \" $1 \" bytes\"}'",
+            &format!(
+                "{SURVEY_FILES} | tr '\\n' '\\0' | xargs -0 -r stat -c '%s %n' | sort -rn | head -n 1 | awk '{{print \"largest: \" $2 \" \" $1 \" bytes\"}}'"
+            ),
             "find size",
             &[],
         )?,
         step(
             "todos",
             "Count TODO and FIXME markers in the working directory.",
-            "printf 'todo markers: %s' $(grep -rIE 'TODO|FIXME' --exclude-dir=.keel . | wc -l)",
+            &format!(
+                "printf 'todo markers: %s' $({SURVEY_FILES} | tr '\\n' '\\0' | xargs -0 -r grep -IE 'TODO|FIXME' | wc -l)"
+            ),
             "grep",
             &[],
         )?,
