@@ -45,11 +45,14 @@ pub(crate) enum Command {
     Init,
     /// Check keel.toml and print the configuration keel would use (defaults filled in).
     Config,
-    /// List runs, oldest first.
+    /// List runs, newest first, a page at a time, saying how many older runs are not shown.
     Runs {
         /// Show at most this many.
         #[arg(long, default_value_t = crate::read::RUNS_LIMIT_DEFAULT)]
         limit: u32,
+        /// Only runs older than this one (the last run of the page before): the next page.
+        #[arg(long, value_name = "RUN")]
+        before: Option<RunId>,
     },
     /// List tasks, of one run or of all runs.
     Tasks {

@@ -27,7 +27,9 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failed> {
                 eprintln!("keel: warning: {looser}");
             }
         }
-        Command::Runs { limit } => read(&home, &cli_remote, &out, Read::Runs { limit })?,
+        Command::Runs { limit, before } => {
+            read(&home, &cli_remote, &out, Read::Runs { limit, before })?
+        }
         Command::Tasks { run, limit } => {
             read(&home, &cli_remote, &out, Read::Tasks { run, limit })?
         }

@@ -8,8 +8,8 @@ use crate::exit::{self, Failed};
 use crate::render::Output;
 use crate::run;
 
-/// `keel runs` shows at most this many when no `--limit` is given.
-pub(crate) const RUNS_LIMIT_DEFAULT: u32 = 200;
+/// `keel runs` shows at most this many (the newest) when no `--limit` is given.
+pub(crate) const RUNS_LIMIT_DEFAULT: u32 = 20;
 /// `keel tasks` shows at most this many when no `--limit` is given.
 pub(crate) const TASKS_LIMIT_DEFAULT: u32 = 500;
 /// `keel tree` reads at most this many tasks when no `--limit` is given.
@@ -24,6 +24,8 @@ pub(crate) enum Read {
     Runs {
         /// Most runs shown.
         limit: u32,
+        /// Only runs older than this one: the next page.
+        before: Option<RunId>,
     },
     /// `keel tasks`.
     Tasks {
@@ -66,7 +68,9 @@ impl Read {
     pub(crate) fn print(self, store: &Store, out: &Output) -> Result<(), Failed> {
         let catalog = store.catalog();
         match self {
-            Read::Runs { limit } => out.runs(&catalog.runs(limit)?)?,
+            Read::Runs { limit, before } => {
+                out.runs(&catalog.runs_newest_first(before, limit)?, limit)?
+            }
             Read::Tasks { run, limit } => out.tasks(&catalog.tasks(run, limit)?)?,
             Read::Show { task } => {
                 let task = catalog.task(task)?;

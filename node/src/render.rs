@@ -7,8 +7,8 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use comfy_table::{ContentArrangement, Table, presets::UTF8_BORDERS_ONLY};
 use keel_store::{
-    Attachment, AttachmentBody, AuditEntry, Listing, LogKind, Run, RunId, Sequenced, SessionLogRow,
-    Task, TaskId, TreeNode,
+    Attachment, AttachmentBody, AuditEntry, Listing, LogKind, Run, RunId, RunPage, Sequenced,
+    SessionLogRow, Task, TaskId, TreeNode,
 };
 use serde::Serialize;
 use serde_json::json;
@@ -94,10 +94,22 @@ impl Output {
         write!(out, "{report}")
     }
 
-    pub(crate) fn runs(&self, runs: &Listing<Run>) -> std::io::Result<()> {
+    /// A page of runs, newest first, then how many older runs it leaves out and the command that
+    /// shows them (`limit` is the page's size, repeated in that command).
+    pub(crate) fn runs(&self, runs: &RunPage, limit: u32) -> std::io::Result<()> {
+        let next = runs
+            .items
+            .last()
+            .filter(|_| runs.older > 0)
+            .map(|last| format!("keel runs --before {} --limit {limit}", last.id));
         if self.json {
             let items: Vec<_> = runs.items.iter().map(run_json).collect();
-            return self.print_json(&json!({ "runs": items, "more": runs.more }));
+            return self.print_json(&json!({
+                "runs": items,
+                "more": runs.older > 0,
+                "older": runs.older,
+                "next": next,
+            }));
         }
         if runs.items.is_empty() {
             return self.print("no runs yet");
@@ -112,7 +124,14 @@ impl Output {
             ]);
         }
         self.print(&table.to_string())?;
-        self.more(runs.more)
+        match next {
+            Some(next) => self.print(&format!(
+                "{} older {} not shown: {next}",
+                runs.older,
+                if runs.older == 1 { "run" } else { "runs" }
+            )),
+            None => Ok(()),
+        }
     }
 
     pub(crate) fn tasks(&self, tasks: &Listing<Task>) -> std::io::Result<()> {

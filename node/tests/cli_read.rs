@@ -248,6 +248,109 @@ fn tasks_show_logs_and_tree_explain_a_populated_store() {
     assert_eq!(v["runs"][0]["status"], "Completed");
 }
 
+/// Writes `n` runs with ids 1..=n (so run n is the newest), each with its number in its brief.
+fn runs_numbered(store_path: &Path, n: u128) {
+    let store = Store::open(store_path).unwrap();
+    let mut batch = WriteBatch::new();
+    for r in 1..=n {
+        let run = RunId(r);
+        batch.push(
+            store
+                .run(run)
+                .stage_create_run(Run {
+                    id: run,
+                    brief: format!("run number {r}"),
+                    plan: None,
+                    status: RunStatus::Completed,
+                    budget: Budget::default(),
+                    created_ms: 1_700_000_000_000 + r as u64,
+                    updated_ms: 1_700_000_000_000 + r as u64,
+                    config_snapshot: String::new(),
+                    outcome: None,
+                })
+                .unwrap(),
+        );
+    }
+    store.commit_group(batch, Durability::Immediate).unwrap();
+}
+
+#[test]
+fn runs_are_listed_newest_first_a_page_at_a_time_saying_what_is_not_shown() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join(".keel");
+    assert_eq!(keel(&home, &["init"]).status.code(), Some(0));
+    runs_numbered(&home.join("keel.redb"), 250);
+    let briefs = |v: &serde_json::Value| -> Vec<String> {
+        v["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["brief"].as_str().unwrap().to_string())
+            .collect()
+    };
+
+    // The first page: the newest runs, and how many older ones it leaves out.
+    let out = keel(&home, &["runs", "--limit", "3", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        briefs(&v),
+        ["run number 250", "run number 249", "run number 248"]
+    );
+    assert_eq!(v["older"], 247, "{v}");
+    assert_eq!(v["more"], true);
+    let last = RunId(248).to_string();
+    assert_eq!(
+        v["next"].as_str(),
+        Some(format!("keel runs --before {last} --limit 3").as_str())
+    );
+
+    // The next page starts before the last run shown.
+    let out = keel(
+        &home,
+        &["runs", "--limit", "3", "--before", &last, "--json"],
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        briefs(&v),
+        ["run number 247", "run number 246", "run number 245"]
+    );
+    assert_eq!(v["older"], 244);
+
+    // The last page leaves nothing out.
+    let out = keel(
+        &home,
+        &[
+            "runs",
+            "--limit",
+            "3",
+            "--before",
+            &RunId(3).to_string(),
+            "--json",
+        ],
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(briefs(&v), ["run number 2", "run number 1"]);
+    assert_eq!(v["older"], 0);
+    assert!(v["next"].is_null());
+
+    // For people: the newest first, then the count of what is not shown and how to see it.
+    let text = stdout(&keel(&home, &["runs"]));
+    let newest = text.find("run number 250").unwrap();
+    let older = text.find("run number 249").unwrap();
+    assert!(newest < older, "{text}");
+    assert!(
+        !text.contains("run number 230"),
+        "the default page is 20 runs: {text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "230 older runs not shown: keel runs --before {} --limit 20",
+            RunId(231)
+        )),
+        "{text}"
+    );
+}
+
 #[test]
 fn unknown_ids_exit_3_and_malformed_ids_exit_2() {
     let dir = tempfile::tempdir().unwrap();

@@ -10,7 +10,7 @@ use redb::ReadableTable;
 use crate::codec;
 use crate::error::ReadError;
 use crate::model::{AgentProfile, AuditEntry, Run, RunId, SessionLogRow, Task, TaskId};
-use crate::read::{self, Listing, Sequenced, TreeNode};
+use crate::read::{self, Listing, RunPage, Sequenced, TreeNode};
 use crate::store::Store;
 use crate::tables::{self, name};
 
@@ -37,6 +37,32 @@ impl<'s> Catalog<'s> {
     pub fn runs(&self, limit: u32) -> Result<Listing<Run>, ReadError> {
         let limit = self.limit(limit)?;
         self.store.read(|txn| read::runs(txn, limit))
+    }
+
+    /// Runs newest first, older than `before` when given (the last run of the page before), at
+    /// most `limit`, with the count of older runs the page leaves out: what `keel runs` lists.
+    ///
+    /// # Errors
+    /// [`ReadError::TooManyRows`] if `limit` is over the read limit; [`ReadError::Decode`].
+    pub fn runs_newest_first(
+        &self,
+        before: Option<RunId>,
+        limit: u32,
+    ) -> Result<RunPage, ReadError> {
+        let limit = self.limit(limit)?;
+        self.store
+            .read(|txn| read::runs_newest_first(txn, before, limit))
+    }
+
+    /// The runs that are not terminal (pending, running, paused), oldest first, at most `limit`,
+    /// found among every run of the store (not only the first page): what a restarted node takes
+    /// up again and what `keel status` lists.
+    ///
+    /// # Errors
+    /// [`ReadError::TooManyRows`] if `limit` is over the read limit; [`ReadError::Decode`].
+    pub fn open_runs(&self, limit: u32) -> Result<Listing<Run>, ReadError> {
+        let limit = self.limit(limit)?;
+        self.store.read(|txn| read::open_runs(txn, limit))
     }
 
     /// The newest run (the highest id: run ids are ULIDs, which sort by creation time), or `None`

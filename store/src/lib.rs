@@ -60,7 +60,7 @@ pub use guard::{Corruption, is_storage_panic};
 pub use limits::{LimitError, Limits};
 pub use maintenance::{Backup, COMPACTION_PASSES_MAX, Compaction, Integrity, MaintenanceError};
 pub use model::*;
-pub use read::{Listing, Sequenced, TreeNode};
+pub use read::{Listing, RunPage, Sequenced, TreeNode};
 pub use redaction::{Redaction, SecretKind};
 pub use scope::RunScope;
 pub use sim_disk::{PENDING_OPS_MAX, SimDisk, TornCrashUnavailable};

@@ -21,6 +21,16 @@ pub struct Listing<T> {
     pub more: bool,
 }
 
+/// One page of runs, newest first, with how many older runs it leaves out: a list that stops at
+/// its limit says so, and the next page starts before its last run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunPage {
+    /// The runs, newest first.
+    pub items: Vec<Run>,
+    /// How many runs are older than the last one shown.
+    pub older: u64,
+}
+
 /// A row of an ordered per-run or per-task table, with its sequence number.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sequenced<T> {
@@ -159,6 +169,56 @@ pub(crate) fn runs(txn: &ReadTransaction, limit: usize) -> Result<Listing<Run>, 
             break;
         }
         items.push(codec::decode(name::RUNS, &RunId(k.value()), v.value())?);
+    }
+    Ok(Listing { items, more })
+}
+
+/// Runs newest first (the highest ids: ULIDs sort by creation time), only those older than
+/// `before` when given, at most `limit`, and the count of older runs left out (counted by key,
+/// without decoding them).
+pub(crate) fn runs_newest_first(
+    txn: &ReadTransaction,
+    before: Option<RunId>,
+    limit: usize,
+) -> Result<RunPage, ReadError> {
+    let table = txn.open_table(tables::RUNS)?;
+    let mut rows = match before {
+        Some(before) => table.range(..before.0)?,
+        None => table.range::<u128>(..)?,
+    }
+    .rev();
+    let mut items = Vec::new();
+    while items.len() < limit {
+        let Some(entry) = rows.next() else { break };
+        let (k, v) = entry?;
+        items.push(codec::decode(name::RUNS, &RunId(k.value()), v.value())?);
+    }
+    let mut older = 0u64;
+    for entry in rows {
+        entry?;
+        older += 1;
+    }
+    Ok(RunPage { items, older })
+}
+
+/// Every run that is not terminal, in id order (oldest first), at most `limit` of them, however
+/// many terminal runs the store holds: the scan reads every run row, the limit bounds only what
+/// it keeps.
+pub(crate) fn open_runs(txn: &ReadTransaction, limit: usize) -> Result<Listing<Run>, ReadError> {
+    let table = txn.open_table(tables::RUNS)?;
+    let mut items = Vec::new();
+    let mut more = false;
+    for entry in table.iter()? {
+        let (k, v) = entry?;
+        let run: Run = codec::decode(name::RUNS, &RunId(k.value()), v.value())?;
+        if run.status.is_terminal() {
+            continue;
+        }
+        if items.len() == limit {
+            more = true;
+            break;
+        }
+        items.push(run);
     }
     Ok(Listing { items, more })
 }

@@ -94,19 +94,15 @@ pub fn recover_run(store: &Store, run: RunId) -> Result<RecoveredRun, HostError>
     })
 }
 
-/// Every run that is not terminal (running, paused, pending), in the catalog's order, bounded by
-/// [`RECOVERY_RUNS_MAX`]: the runs a restarted node takes up again.
+/// Every run that is not terminal (running, paused, pending), oldest first, found among all the
+/// store's runs however many have finished, at most [`RECOVERY_RUNS_MAX`] of them: the runs a
+/// restarted node takes up again.
 ///
 /// # Errors
 /// [`HostError::Read`].
 pub fn open_runs(store: &Store) -> Result<Vec<RunId>, HostError> {
-    let runs = store.catalog().runs(RECOVERY_RUNS_MAX)?;
-    Ok(runs
-        .items
-        .into_iter()
-        .filter(|r| !r.status.is_terminal())
-        .map(|r| r.id)
-        .collect())
+    let runs = store.catalog().open_runs(RECOVERY_RUNS_MAX)?;
+    Ok(runs.items.into_iter().map(|r| r.id).collect())
 }
 
 /// [`recover_run`] for every run of [`open_runs`]: what a restarted coordinator node hands its
@@ -176,4 +172,51 @@ pub fn load_context(
     config: &ContextConfig,
 ) -> Result<RowSet, String> {
     context_rows(&store.run(run), request, config).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // Tests: a panic is the failure report.
+
+    use super::*;
+    use keel_store::{Budget, Run, RunStatus};
+
+    fn run(id: u128, status: RunStatus) -> Run {
+        Run {
+            id: RunId(id),
+            brief: format!("run {id}"),
+            plan: None,
+            status,
+            budget: Budget::default(),
+            created_ms: 1,
+            updated_ms: 1,
+            config_snapshot: String::new(),
+            outcome: None,
+        }
+    }
+
+    #[test]
+    fn open_runs_finds_an_open_run_behind_more_finished_runs_than_a_page() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("keel.redb")).unwrap();
+        let finished = u128::from(RECOVERY_RUNS_MAX) + 5;
+        let mut batch = WriteBatch::new();
+        for id in 1..=finished {
+            batch.push(
+                store
+                    .run(RunId(id))
+                    .stage_create_run(run(id, RunStatus::Completed))
+                    .unwrap(),
+            );
+        }
+        // The newest run is the one open, past the first page of runs.
+        batch.push(
+            store
+                .run(RunId(finished + 1))
+                .stage_create_run(run(finished + 1, RunStatus::Paused))
+                .unwrap(),
+        );
+        store.commit_group(batch, Durability::Immediate).unwrap();
+        assert_eq!(open_runs(&store).unwrap(), vec![RunId(finished + 1)]);
+    }
 }

@@ -112,7 +112,14 @@ pub(crate) fn read(client: &Client, command: Read, json: bool) -> anyhow::Result
     let format = if json { "json" } else { "text" };
     let latest = |run: Option<RunId>| run.map_or_else(|| "latest".to_owned(), |r| r.to_string());
     let path = match command {
-        Read::Runs { limit } => format!("/v1/runs?limit={limit}"),
+        Read::Runs {
+            limit,
+            before: None,
+        } => format!("/v1/runs?limit={limit}"),
+        Read::Runs {
+            limit,
+            before: Some(before),
+        } => format!("/v1/runs?limit={limit}&before={before}"),
         Read::Tasks {
             run: Some(run),
             limit,

@@ -201,6 +201,8 @@ struct ReadQuery {
     format: Format,
     limit: Option<u32>,
     tail: Option<u32>,
+    /// `GET /v1/runs`: only runs older than this one (the next page).
+    before: Option<String>,
 }
 
 impl ReadQuery {
@@ -280,7 +282,8 @@ async fn runs(
     ApiQuery(q): ApiQuery<ReadQuery>,
 ) -> Result<Response, ApiError> {
     let limit = q.limit(read::RUNS_LIMIT_DEFAULT)?;
-    read(&app, Read::Runs { limit }, q.format).await
+    let before = q.before.as_deref().map(run_id).transpose()?;
+    read(&app, Read::Runs { limit, before }, q.format).await
 }
 
 async fn status(
