@@ -11,6 +11,7 @@ mod exit;
 mod home;
 mod hook;
 mod node_cmd;
+mod outcome;
 mod private;
 mod read;
 mod redact;
@@ -18,6 +19,7 @@ mod remote;
 mod render;
 mod run;
 mod serve;
+mod status;
 mod stdout;
 mod store_file;
 

@@ -86,7 +86,7 @@ impl Read {
                 out.tree(&header, &catalog.tree(header.id, limit)?)?;
             }
             Read::Status { run } => {
-                exit::failure(run::summary::status(store, run, out.json()))?;
+                exit::failure(crate::status::status(store, run, out.json()))?;
             }
         }
         Ok(())

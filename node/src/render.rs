@@ -206,7 +206,8 @@ impl Output {
         lines.push(indent(&task.brief));
         if let Some(outcome) = &task.outcome {
             lines.push("outcome:".into());
-            lines.push(indent(outcome));
+            // A sentence for people; `--json` keeps the stored structure.
+            lines.push(indent(&crate::outcome::lines(outcome).join("\n")));
         }
         for note in &task.progress_notes {
             lines.push(format!("progress    {note}"));

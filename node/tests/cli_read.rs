@@ -601,3 +601,152 @@ fn tree_and_status_without_a_run_id_show_the_latest_run() {
     let v: serde_json::Value = serde_json::from_slice(&named.stdout).unwrap();
     assert_eq!(v["run"], older.to_string());
 }
+
+/// Writes a run with `status`, a root task and one child task per `(id, status, outcome)`.
+fn run_with_tasks(
+    store_path: &Path,
+    run: u128,
+    status: RunStatus,
+    children: &[(u128, TaskStatus, Option<&str>)],
+) -> RunId {
+    let store = Store::open(store_path).unwrap();
+    let run_id = RunId(run);
+    let scope = store.run(run_id);
+    let mut batch = WriteBatch::new();
+    batch.push(
+        scope
+            .stage_create_run(Run {
+                id: run_id,
+                brief: format!("brief of run {run}"),
+                plan: None,
+                status,
+                budget: Budget::default(),
+                created_ms: 1_700_000_000_000,
+                updated_ms: 1_700_000_001_000,
+                config_snapshot: String::new(),
+                outcome: None,
+            })
+            .unwrap(),
+    );
+    let root = run * 1_000;
+    batch.push(
+        scope
+            .stage_create_task(task(run_id, root, None, 0, "root"))
+            .unwrap(),
+    );
+    for (id, status, outcome) in children {
+        let mut t = task(run_id, *id, Some(root), 1, "child");
+        t.status = *status;
+        t.outcome = outcome.map(str::to_owned);
+        batch.push(scope.stage_create_task(t).unwrap());
+    }
+    store.commit_group(batch, Durability::Immediate).unwrap();
+    run_id
+}
+
+/// A failure as the coordinator stores it on a task row.
+const STORED_FAILURE: &str = r#"{"Failed":{"kind":{"harness":"system"},"attempted":"start a claude-code session","partial":[],"retryable":false,"retry_after_ms":null,"detail":"environment variable ANTHROPIC_API_KEY is not set"}}"#;
+
+#[test]
+fn status_shows_paused_and_escalated_runs_with_the_command_that_continues_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join(".keel");
+    assert_eq!(keel(&home, &["init"]).status.code(), Some(0));
+    let db = home.join("keel.redb");
+    let paused = run_with_tasks(
+        &db,
+        1,
+        RunStatus::Paused,
+        &[(1_001, TaskStatus::Paused, None)],
+    );
+    let escalated = run_with_tasks(
+        &db,
+        2,
+        RunStatus::Running,
+        &[(2_001, TaskStatus::Escalated, Some(STORED_FAILURE))],
+    );
+    let latest = run_with_tasks(
+        &db,
+        3,
+        RunStatus::Completed,
+        &[(3_001, TaskStatus::Complete, None)],
+    );
+
+    let text = stdout(&keel(&home, &["status"]));
+    assert!(
+        text.starts_with(&format!("run {latest}: Completed")),
+        "{text}"
+    );
+    assert!(text.contains("other open runs, newest first:"), "{text}");
+    assert!(
+        text.contains(&format!("continue with `keel resume {paused}`")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "1 escalated task a human must look at: `keel show {}`",
+            TaskId(2_001)
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("stop with `keel cancel {escalated}`")),
+        "{text}"
+    );
+    // Newest first: the escalated run (2) before the paused one (1).
+    assert!(
+        text.find(&escalated.to_string()) < text.find(&paused.to_string()),
+        "{text}"
+    );
+
+    let v: serde_json::Value =
+        serde_json::from_slice(&keel(&home, &["status", "--json"]).stdout).unwrap();
+    let others = v["other_open_runs"].as_array().unwrap();
+    assert_eq!(others.len(), 2, "{v}");
+    assert_eq!(others[1]["run"], paused.to_string());
+    assert_eq!(
+        others[1]["next"],
+        format!("continue with `keel resume {paused}`")
+    );
+    assert_eq!(others[0]["escalated_tasks"][0], TaskId(2_001).to_string());
+
+    // A paused run named on its own says how to continue it.
+    let text = stdout(&keel(&home, &["status", &paused.to_string()]));
+    assert!(
+        text.contains(&format!("continue with `keel resume {paused}`")),
+        "{text}"
+    );
+}
+
+#[test]
+fn show_prints_a_failure_as_a_sentence_and_json_keeps_its_structure() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join(".keel");
+    assert_eq!(keel(&home, &["init"]).status.code(), Some(0));
+    run_with_tasks(
+        &home.join("keel.redb"),
+        4,
+        RunStatus::Failed,
+        &[(4_001, TaskStatus::Failed, Some(STORED_FAILURE))],
+    );
+    let task = TaskId(4_001).to_string();
+    let text = stdout(&keel(&home, &["show", &task]));
+    assert!(
+        text.contains(
+            "the harness could not run: environment variable ANTHROPIC_API_KEY is not set"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("attempted: start a claude-code session"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("{\"Failed\""),
+        "raw JSON in the text: {text}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_slice(&keel(&home, &["show", &task, "--json"]).stdout).unwrap();
+    let stored: serde_json::Value = serde_json::from_str(v["outcome"].as_str().unwrap()).unwrap();
+    assert_eq!(stored["Failed"]["kind"]["harness"], "system", "{v}");
+}

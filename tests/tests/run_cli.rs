@@ -195,3 +195,64 @@ fn the_survey_of_a_git_repository_leaves_out_what_git_ignores() {
     assert!(synthesis.contains("largest: main.rs"), "{synthesis}");
     assert!(synthesis.contains("todo markers: 1"), "{synthesis}");
 }
+
+#[test]
+fn a_failed_step_ends_the_run_with_a_sentence_and_json_keeps_the_structure() {
+    let dir = tempfile::tempdir().unwrap();
+    // One step whose session answers with no report at all: every attempt fails as malformed.
+    let plan = keel_actors::Plan {
+        steps: vec![keel_actors::PlanStep {
+            key: "silent".into(),
+            brief: "Say something that is not a report.\nRUN_TOOL: echo nothing to report ;;"
+                .into(),
+            goal: "Say something that is not a report.".into(),
+            quality_criteria: Vec::new(),
+            output_schema: None,
+            assignee: None,
+            depends_on: Vec::new(),
+            estimate_micros: 0,
+        }],
+        constraints: Vec::new(),
+    };
+    std::fs::write(
+        dir.path().join("plan.json"),
+        serde_json::to_string(&plan).unwrap(),
+    )
+    .unwrap();
+    let mut cmd = keel(dir.path()).unwrap();
+    cmd.args(["run", "say nothing", "--plan", "plan.json"]);
+    let (status, out, err) = Reaped::spawn(cmd)
+        .unwrap()
+        .wait_output(Duration::from_secs(120))
+        .unwrap();
+    assert_eq!(status.code(), Some(5), "{out}\n{err}");
+    let failures = out
+        .split("failures:")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no failures in {out}"));
+    assert!(
+        failures.contains("the session's report could not be read"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("{\"Failed\""),
+        "raw JSON at the end of a run: {out}"
+    );
+
+    // The structure stays for scripts: the task's stored failure, typed.
+    let task = failures
+        .lines()
+        .find(|l| l.contains("the session's report could not be read"))
+        .and_then(|l| l.trim().split(':').next())
+        .unwrap()
+        .to_string();
+    let show = keel(dir.path())
+        .unwrap()
+        .args(["--json", "show", &task])
+        .output()
+        .unwrap();
+    let show: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
+    let stored: serde_json::Value =
+        serde_json::from_str(show["outcome"].as_str().unwrap()).unwrap();
+    assert_eq!(stored["Failed"]["kind"], "malformed_report", "{show}");
+}

@@ -1,7 +1,6 @@
 //! What a run left behind, told from the store (the durable truth, not the event stream): outcome,
-//! coverage, what failed and why, and where the synthesis is. Also `keel status`.
+//! coverage, what failed and why, and where the synthesis is.
 
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -9,7 +8,7 @@ use anyhow::Context;
 use keel_actors::host::store::all_tasks;
 use keel_actors::runtime::{FollowUpOutcome, RunOutcome};
 use keel_actors::{CoverageStatus, StepOutcome, Synthesis};
-use keel_store::{Run, RunId, Store, Task, TaskKind, TaskStatus};
+use keel_store::{Run, RunId, Store, Task, TaskStatus};
 use serde_json::json;
 
 use crate::home::Home;
@@ -18,8 +17,6 @@ use crate::stdout::outln;
 
 /// Most characters of one line of the summary.
 const LINE_CHARS_MAX: usize = 160;
-/// Most runs `keel status` lists.
-const STATUS_RUNS_MAX: u32 = 1_000;
 
 fn short(text: &str) -> String {
     // Scrubbed before the cut, so a cut cannot leave half of a secret (issue 16).
@@ -78,14 +75,18 @@ fn markdown(run: &Run, synthesis: &Synthesis) -> String {
     md
 }
 
-fn failures(tasks: &[Task]) -> Vec<(String, String)> {
+/// The failed and escalated tasks: id, why as a sentence, and the stored outcome as JSON (the
+/// structure `--json` keeps; `null` when none was recorded or it is not JSON).
+fn failures(tasks: &[Task]) -> Vec<(String, String, serde_json::Value)> {
     tasks
         .iter()
         .filter(|t| matches!(t.status, TaskStatus::Failed | TaskStatus::Escalated))
         .map(|t| {
+            let stored = t.outcome.as_deref().unwrap_or("no outcome recorded");
             (
                 t.id.to_string(),
-                short(t.outcome.as_deref().unwrap_or("no outcome recorded")),
+                short(&crate::outcome::sentence(stored)),
+                serde_json::from_str(stored).unwrap_or(serde_json::Value::Null),
             )
         })
         .collect()
@@ -180,7 +181,7 @@ pub(crate) fn print(
             "status": format!("{:?}", outcome.status),
             "coverage": synthesis.as_ref().map(|s| &s.coverage),
             "partial_coverage": synthesis.as_ref().map(|s| s.partial_coverage),
-            "failed": failed.iter().map(|(t, why)| json!({"task": t, "why": why})).collect::<Vec<_>>(),
+            "failed": failed.iter().map(|(t, why, outcome)| json!({"task": t, "why": why, "outcome": outcome})).collect::<Vec<_>>(),
             "synthesis_file": synthesis_file,
             "usage": usage.json(),
             "outcome": if synthesis.is_some() { None } else { Some(&outcome.outcome) },
@@ -228,7 +229,7 @@ pub(crate) fn print(
         writeln!(out, "failures: none")?;
     } else {
         writeln!(out, "failures:")?;
-        for (task, why) in &failed {
+        for (task, why, _) in &failed {
             writeln!(out, "  {task}: {why}")?;
         }
     }
@@ -313,60 +314,6 @@ pub(crate) fn follow_up(
 #[derive(Debug, thiserror::Error)]
 #[error("no runs in this store yet: start one with `keel run \"BRIEF\"`")]
 pub(crate) struct NoRuns;
-
-/// `keel status [RUN]`: one run's state, the latest run's when none is named; without a run id it
-/// also lists the other runs that are not finished.
-pub(crate) fn status(store: &Store, run: Option<RunId>, json: bool) -> anyhow::Result<()> {
-    let catalog = store.catalog();
-    let named = run.is_some();
-    let row = match run {
-        Some(run) => catalog.run(run)?,
-        None => catalog.latest_run()?.ok_or(NoRuns)?,
-    };
-    let run = row.id;
-    let tasks = all_tasks(&store.run(run))?;
-    let mut counts: BTreeMap<String, u32> = BTreeMap::new();
-    for t in tasks.iter().filter(|t| t.kind != TaskKind::Root) {
-        *counts.entry(format!("{:?}", t.status)).or_default() += 1;
-    }
-    let others: Vec<Run> = if named {
-        Vec::new()
-    } else {
-        catalog
-            .runs(STATUS_RUNS_MAX)?
-            .items
-            .into_iter()
-            .filter(|r| r.id != run && !r.status.is_terminal())
-            .collect()
-    };
-    if json {
-        let mut value = json!({"run": run.to_string(), "status": format!("{:?}", row.status), "tasks": counts, "brief": row.brief});
-        if !others.is_empty() {
-            value["other_open_runs"] = others
-                .iter()
-                .map(|r| json!({"run": r.id.to_string(), "status": format!("{:?}", r.status), "brief": r.brief}))
-                .collect();
-        }
-        crate::redact::json(&mut value);
-        outln!("{value}")?;
-        return Ok(());
-    }
-    let mut out = crate::stdout::lock();
-    writeln!(out, "run {run}: {:?}", row.status)?;
-    writeln!(out, "brief: {}", short(&row.brief))?;
-    let line: Vec<String> = counts.iter().map(|(k, v)| format!("{v} {k}")).collect();
-    writeln!(out, "tasks: {}", line.join(", "))?;
-    if row.status == keel_store::RunStatus::Paused {
-        writeln!(out, "continue with `keel resume {run}`")?;
-    }
-    if !others.is_empty() {
-        writeln!(out, "other open runs:")?;
-        for r in others {
-            writeln!(out, "  {}  {:?}  {}", r.id, r.status, short(&r.brief))?;
-        }
-    }
-    Ok(())
-}
 
 #[cfg(test)]
 mod tests {
