@@ -45,6 +45,10 @@ pub(crate) enum Command {
     Init,
     /// Check keel.toml and print the configuration keel would use (defaults filled in).
     Config,
+    /// Check what runs need: each configured harness's binary at its pinned version, credentials,
+    /// keel.toml, the store (integrity, size, free disk) and the home's permissions, with what to
+    /// do about each problem (exit 1 when there is one).
+    Doctor,
     /// List runs, newest first, a page at a time, saying how many older runs are not shown.
     Runs {
         /// Show at most this many.

@@ -27,6 +27,7 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failed> {
                 eprintln!("keel: warning: {looser}");
             }
         }
+        Command::Doctor => crate::doctor::doctor(&home, cli.json)?,
         Command::Runs { limit, before } => {
             read(&home, &cli_remote, &out, Read::Runs { limit, before })?
         }
@@ -76,7 +77,11 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failed> {
             };
             match cli_remote.hosting(&home)? {
                 Some(server) => remote::ended(remote::run(&server, args, cli.json), false)?,
-                None => ended(run::run(&home, args, cli.json))?,
+                None => {
+                    // Before anything starts: a missing harness or credential exits 2 naming the fix.
+                    crate::doctor::preflight(&home, &args.choice)?;
+                    ended(run::run(&home, args, cli.json))?
+                }
             }
         }
         Command::Resume {

@@ -7,6 +7,7 @@ mod cli;
 mod config;
 mod context;
 mod dispatch;
+mod doctor;
 mod exit;
 mod home;
 mod hook;

@@ -95,17 +95,22 @@ fn scripted_profile() -> AgentProfile {
 /// are registered with every scrubber keel runs (issue 16).
 pub(crate) const CREDENTIAL_ENV: [&str; 2] = ["ANTHROPIC_API_KEY", "OPENAI_API_KEY"];
 
+/// The environment variable a harness's sessions read their key from (`None` for the scripted
+/// model): one place for the runs and for `keel doctor`'s checks.
+pub(crate) fn credential_env(kind: HarnessKind) -> Option<&'static str> {
+    let [anthropic, openai] = CREDENTIAL_ENV;
+    match kind {
+        HarnessKind::MessagesApi | HarnessKind::ClaudeCode => Some(anthropic),
+        HarnessKind::Codex | HarnessKind::Opencode | HarnessKind::Pi => Some(openai),
+        HarnessKind::Scripted => None,
+    }
+}
+
 /// The account a configured agent bills to: credentials from the environment, by harness.
 fn account_for(kind: HarnessKind, id: &str) -> Account {
-    let [anthropic, openai] = CREDENTIAL_ENV;
-    let credential = match kind {
-        HarnessKind::MessagesApi | HarnessKind::ClaudeCode => {
-            Credential::ApiKeyEnv(anthropic.into())
-        }
-        HarnessKind::Codex | HarnessKind::Opencode | HarnessKind::Pi => {
-            Credential::ApiKeyEnv(openai.into())
-        }
-        HarnessKind::Scripted => Credential::None,
+    let credential = match credential_env(kind) {
+        Some(var) => Credential::ApiKeyEnv(var.into()),
+        None => Credential::None,
     };
     let base_url = match kind {
         HarnessKind::MessagesApi | HarnessKind::ClaudeCode => {
