@@ -194,6 +194,12 @@ impl Specialist {
         self.reply_to
     }
 
+    /// The session's usage so far, folded from the harness's reports without double counting, and
+    /// what it costs ([`spend_micros`], never less than already charged to the budget).
+    pub fn usage(&self) -> (TokenCounts, u64) {
+        (self.usage.total(), self.spent_micros)
+    }
+
     /// Whether it has exited.
     pub fn is_done(&self) -> bool {
         self.phase == Phase::Done

@@ -4,7 +4,7 @@
 
 use crate::wire::ToCoordinator;
 use crate::worker::{EXIT_REASON, WorkerShared, lock};
-use keel_actors::runtime::{Deliver, Flow, MachineRef, Role, UsageWatch, wall_clock_ms};
+use keel_actors::runtime::{Deliver, Flow, MachineRef, Role, UsageSeen, wall_clock_ms};
 use keel_actors::{
     AttemptId, IdempotencyKey, Specialist, SpecialistEffect, SpecialistInput, SpecialistStart,
 };
@@ -17,7 +17,7 @@ use tracing::{Instrument, Span};
 #[derive(Default)]
 pub(crate) struct WorkerLocal {
     cancel: Option<CancelToken>,
-    usage: UsageWatch,
+    usage: UsageSeen,
 }
 
 /// Hosts one specialist attempt on a worker.
@@ -137,21 +137,24 @@ impl Role for WorkerSpecialistRole {
         self.span.clone()
     }
 
-    fn before(&self, input: &SpecialistInput, local: &mut WorkerLocal) {
+    fn before(&self, input: &SpecialistInput, _local: &mut WorkerLocal) {
         if let SpecialistInput::Harness(event) = input
             && event.is_terminal()
         {
             // The session is over: its endpoint token stops working now.
             self.close_session_tools();
         }
-        let price = self.worker.config.specialist.micros_per_mtok;
-        if let Some((tokens, spent_micros)) = local.usage.observe(input, price) {
+    }
+
+    fn after(&self, specialist: &Specialist, local: &mut WorkerLocal) -> Flow {
+        if let Some((tokens, spent_micros)) = local.usage.change(specialist) {
             self.worker.send(&ToCoordinator::Usage {
                 attempt: self.attempt,
                 tokens,
                 spent_micros,
             });
         }
+        Flow::Continue
     }
 
     async fn execute(

@@ -59,6 +59,10 @@ pub enum Mutation {
     /// Invariant 8: the host opens each run's budget ledger at the supervisor with a hundred times
     /// the run's limit.
     LooseBudget,
+    /// Invariant 8: the host loses a run's budget trip on its way to the coordinator and rebuilds the
+    /// run's ledger at the supervisor without the trip (as a restarted supervisor that forgot it
+    /// would), so the coordinator goes on dispatching and the supervisor admits after the trip.
+    ForgetBudgetTrip,
     /// Invariant 9: the host writes a task row under another run's id.
     WriteAnotherRunsRow,
     /// Invariant 9: the host's context read hands a specialist a task row of another run.

@@ -355,6 +355,34 @@ fn invariant_8_an_admission_past_the_budget_is_caught() {
 }
 
 #[test]
+fn invariant_8_an_admission_after_the_budget_tripped_is_caught() {
+    // Steps estimated at one micro-dollar each, but a session spends 3,600 (1,200 tokens at the
+    // specialists' price): the spend of the first sessions trips the run's limit of 5,000 while they
+    // run, two at a time. The mutant host loses the trip on its way to the coordinator and rebuilds
+    // the ledger without it, so the coordinator goes on dispatching and later steps are admitted.
+    let keys = ["a", "b", "c", "d", "e", "f"];
+    let steps = keys.iter().map(|k| step(k, &[], None, 1)).collect();
+    let mut config = WorldConfig::calm(
+        123,
+        vec![run_spec(rid(1), "mutants", plan(steps), Some(5_000))],
+    );
+    config.supervisor.specialists_max = 2;
+    for key in keys {
+        for ordinal in 1..=4 {
+            config
+                .harness_script
+                .insert((key.to_string(), ordinal), HarnessBehaviour::Success);
+        }
+    }
+    caught(
+        config,
+        Mutation::ForgetBudgetTrip,
+        Invariant::LimitsHold,
+        "admitted after run",
+    );
+}
+
+#[test]
 fn invariant_9_a_row_written_under_another_run_is_caught() {
     caught(
         steps_world(111, &["a"], HarnessBehaviour::Success),

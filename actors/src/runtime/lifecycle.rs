@@ -148,7 +148,7 @@ impl Runtime {
             entropy: Mutex::new(entropy),
             started_keys: Mutex::new(crate::host::StartedKeys::default()),
             sessions_started: AtomicU64::new(0),
-            writer: OnceLock::new(),
+            writer: Mutex::new(None),
             remote: OnceLock::new(),
         });
         let (writes, batches) = std::sync::mpsc::channel();
@@ -158,11 +158,11 @@ impl Runtime {
         let writer = std::thread::Builder::new()
             .name("keel-store-writer".into())
             .spawn(move || super::node::store_writer(weak, batches));
-        writer.map_err(|e| SpawnError {
+        let store_writer = writer.map_err(|e| SpawnError {
             what: "store writer",
             detail: e.to_string(),
         })?;
-        let _ = node.writer.set(writes);
+        *lock(&node.writer) = Some(writes);
         let (checkpoint, _) = Actor::spawn(
             None,
             MachineActor::new(CheckpointRole {
@@ -202,6 +202,7 @@ impl Runtime {
                 node,
                 slots,
                 reopening: tokio::sync::Mutex::new(()),
+                store_writer,
             },
             rx,
         ))
@@ -390,7 +391,8 @@ impl Runtime {
         }
     }
 
-    /// Stop every actor of the node (after [`Runtime::pause`], or when every run is done).
+    /// Stop every actor of the node (after [`Runtime::pause`], or when every run is done), then
+    /// close the store writer's queue and wait for its thread to finish the commits it was given.
     pub async fn shutdown(self) {
         let coordinators: Vec<_> = lock(&self.node.coordinators)
             .values()
@@ -414,5 +416,12 @@ impl Runtime {
                 .stop_and_wait(Some("node shutdown".into()), Some(Duration::from_secs(5)))
                 .await;
         }
+        // Closing the queue ends the writer thread once it has done the commits it was given; a
+        // commit handed over later finds no queue and fails as "the store writer thread is gone".
+        // Joined so a process that exits after this leaves no commit, and no reference to the
+        // store, on a thread it does not wait for (a store closed mid-commit needs a repair).
+        drop(lock(&self.node.writer).take());
+        let thread = self.store_writer;
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
     }
 }

@@ -68,7 +68,7 @@ pub use node_store::{NodeStore, StoreOpener};
 pub use observe::{RuntimeObserver, refusal_reason};
 pub use pause::PauseSummary;
 pub use remote::{RemoteHosts, RemoteInbox};
-pub use session_feed::{UsageWatch, feed_session};
+pub use session_feed::{UsageSeen, feed_session};
 pub use spans::SPAN_TARGET;
 
 use keel_store::{RunId, Store};
@@ -84,6 +84,8 @@ pub struct Runtime {
     /// Held while a run that no coordinator hosts is rebuilt ([`Runtime::resume`],
     /// [`Runtime::follow_up`]), so two calls cannot both rebuild one run.
     reopening: tokio::sync::Mutex<()>,
+    /// The store writer thread, joined by [`Runtime::shutdown`].
+    store_writer: std::thread::JoinHandle<()>,
 }
 
 impl std::fmt::Debug for Runtime {

@@ -5,7 +5,7 @@
 use super::machine_actor::{Deliver, MachineRef};
 use crate::message::SpecialistInput;
 use crate::specialist::Specialist;
-use keel_harness::{HarnessError, HarnessEvent, RunningSession, TokenCounts, UsageAccumulator};
+use keel_harness::{HarnessError, HarnessEvent, RunningSession, TokenCounts};
 
 /// Stream `session`'s events into the specialist `me` until the terminal event. A session that ends
 /// without one is reported as a failed session; if the specialist is gone the session is cancelled
@@ -44,34 +44,27 @@ pub async fn feed_session(mut session: RunningSession, me: MachineRef<Specialist
     }
 }
 
-/// A session's usage as observers see it (the machine folds its own copy for the budget): the
-/// harness's reports folded without double counting, told once per change.
+/// What observers (the progress view, a worker's coordinator) were last told of a specialist's usage,
+/// so they hear of each change once. The figures are the machine's own ([`Specialist::usage`]): the
+/// harness's reports are folded in one place, and the budget and the view show the same number.
 #[derive(Debug, Default)]
-pub struct UsageWatch {
-    usage: UsageAccumulator,
-    sent: Option<TokenCounts>,
+pub struct UsageSeen {
+    told: Option<TokenCounts>,
 }
 
-impl UsageWatch {
-    /// Look at an input of the specialist: for a usage report that changes the total, the new total
-    /// and what it costs at `micros_per_mtok` ([`crate::specialist::spend_micros`]).
-    pub fn observe(
-        &mut self,
-        input: &SpecialistInput,
-        micros_per_mtok: u64,
-    ) -> Option<(TokenCounts, u64)> {
-        let SpecialistInput::Harness(HarnessEvent::Usage(report)) = input else {
-            return None;
+impl UsageSeen {
+    /// After the machine took an input: its usage and spend if they changed since the last call (a
+    /// session that has reported nothing yet has nothing to tell).
+    pub fn change(&mut self, specialist: &Specialist) -> Option<(TokenCounts, u64)> {
+        let (tokens, spent_micros) = specialist.usage();
+        let unchanged = match self.told {
+            Some(told) => told == tokens,
+            None => tokens == TokenCounts::default(),
         };
-        self.usage.record(report);
-        let tokens = self.usage.total();
-        if self.sent == Some(tokens) {
+        if unchanged {
             return None;
         }
-        self.sent = Some(tokens);
-        Some((
-            tokens,
-            crate::specialist::spend_micros(&tokens, micros_per_mtok),
-        ))
+        self.told = Some(tokens);
+        Some((tokens, spent_micros))
     }
 }

@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 
 use keel_actors::host::{self, HostError};
 use keel_actors::{
-    AttemptId, CheckpointInput, CheckpointWriter, Coordinator, CoordinatorInput, Effect, Envelope,
-    Machine, SpecialistInput, SpecialistMsg, Supervisor, SupervisorInput, TimerKey,
+    AttemptId, CheckpointInput, CheckpointWriter, Coordinator, CoordinatorInput, CoordinatorMsg,
+    Effect, Envelope, Machine, SpecialistInput, SpecialistMsg, Supervisor, SupervisorInput,
+    SupervisorMsg, TimerKey,
 };
 use keel_store::RunId;
 
@@ -129,6 +130,26 @@ impl World {
             .coord_effect(self.event_no, self.now, from_run, &effect, sup);
         let inc = Some(self.coord_inc);
         match effect {
+            Effect::Send(Envelope::Coordinator {
+                run,
+                msg: CoordinatorMsg::BudgetTripped { .. },
+            }) if self.config.mutation == Some(Mutation::ForgetBudgetTrip) => {
+                for msg in [
+                    SupervisorMsg::CloseRun { run },
+                    SupervisorMsg::OpenRun {
+                        run,
+                        budget: keel_store::Budget::default(),
+                    },
+                ] {
+                    self.schedule(
+                        self.now,
+                        Ev::Sup {
+                            input: SupervisorInput::Msg(msg),
+                            inc,
+                        },
+                    );
+                }
+            }
             Effect::Send(envelope) => match envelope {
                 Envelope::Coordinator { run, msg } => self.schedule(
                     self.now,

@@ -140,8 +140,9 @@ pub(crate) struct Node {
     pub(crate) entropy: Mutex<OsEntropy>,
     pub(crate) started_keys: Mutex<crate::host::StartedKeys>,
     pub(crate) sessions_started: AtomicU64,
-    /// The store writer thread's queue (see [`store_writer`]); set once at start.
-    pub(crate) writer: OnceLock<std::sync::mpsc::Sender<(CommitBatch, tracing::Span)>>,
+    /// The store writer thread's queue (see [`store_writer`]): set at start, taken (closed) by
+    /// `Runtime::shutdown` so the thread ends once it has done the commits it was given.
+    pub(crate) writer: Mutex<Option<std::sync::mpsc::Sender<(CommitBatch, tracing::Span)>>>,
     /// The cluster layer that hosts specialists on other nodes, once attached.
     pub(crate) remote: OnceLock<crate::runtime::remote::Remote>,
 }

@@ -95,8 +95,8 @@ impl Node {
 pub(crate) struct SpecialistLocal {
     cancel: Option<CancelToken>,
     result: Option<AttemptResult>,
-    /// The session's usage as observers see it (the machine folds its own copy for the budget).
-    usage: crate::runtime::UsageWatch,
+    /// What the progress view was last told of the session's usage.
+    usage: crate::runtime::UsageSeen,
 }
 
 /// Hosts one specialist attempt: runs its harness session and streams the session's events into it.
@@ -207,21 +207,24 @@ impl Role for SpecialistRole {
         self.span.clone()
     }
 
-    fn before(&self, input: &SpecialistInput, local: &mut SpecialistLocal) {
+    fn before(&self, input: &SpecialistInput, _local: &mut SpecialistLocal) {
         if let SpecialistInput::Harness(event) = input
             && event.is_terminal()
         {
             // The session is over: its token stops working now, not when the result is acknowledged.
             self.close_session_tools();
         }
-        let price = self.node.config.specialist.micros_per_mtok;
-        if let Some((tokens, spent_micros)) = local.usage.observe(input, price) {
+    }
+
+    fn after(&self, specialist: &Specialist, local: &mut SpecialistLocal) -> Flow {
+        if let Some((tokens, spent_micros)) = local.usage.change(specialist) {
             self.node.emit(RuntimeEvent::Usage {
                 attempt: self.attempt,
                 tokens,
                 spent_micros,
             });
         }
+        Flow::Continue
     }
 
     async fn execute(

@@ -43,7 +43,7 @@ impl Node {
             _ => spans::commit_span(batch.stages.len()),
         };
         let id = batch.id;
-        let sent = match self.writer.get() {
+        let sent = match &*super::lock(&self.writer) {
             Some(tx) => tx.send((batch, span)).is_ok(),
             None => false,
         };
