@@ -3,6 +3,7 @@
 
 pub mod fan_out;
 pub mod secrets;
+pub mod serve;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests: a panic is the failure report.
 
 use keel_tests::secrets::{self, leaked, lost};
+use keel_tests::serve::Server;
 use keel_tests::{Reaped, keel};
 use serde_json::{Value, json};
 use std::path::Path;
@@ -55,9 +56,10 @@ fn with<'a>(json: &[&'a str], rest: &[&'a str]) -> Vec<&'a str> {
 }
 
 /// Every read command of `keel`, in both formats, for the run and each of its tasks: (what, stdout).
-fn every_output(dir: &Path, run: &str) -> Vec<(String, String)> {
+/// `keel_in` makes the command: local, or against a server (`--server`).
+fn every_output(keel_in: impl Fn() -> Command, run: &str) -> Vec<(String, String)> {
     let read = |args: &[&str]| {
-        let out = keel_with_key(dir).args(args).output().unwrap();
+        let out = keel_in().args(args).output().unwrap();
         // `keel status` exits with the run's code (5: not completed).
         let code = out.status.code();
         assert!(
@@ -77,7 +79,7 @@ fn every_output(dir: &Path, run: &str) -> Vec<(String, String)> {
         outputs.push(read(&with(j, &["tree", run])));
         outputs.push(read(&with(j, &["status", run])));
     }
-    let tasks = keel_with_key(dir)
+    let tasks = keel_in()
         .args(["--json", "tasks", "--run", run])
         .output()
         .unwrap();
@@ -103,7 +105,7 @@ fn check_nothing_leaked(dir: &Path, run: &str, run_out: &str, log_stream: &str) 
     assert_eq!(leaked(&store), Vec::<&str>::new(), "the store file");
     assert_eq!(lost(&store), Vec::<&str>::new(), "look-alikes in the store");
     assert_eq!(leaked(run_out.as_bytes()), Vec::<&str>::new(), "{run_out}");
-    for (what, text) in every_output(dir, run) {
+    for (what, text) in every_output(|| keel_with_key(dir), run) {
         assert_eq!(
             leaked(text.as_bytes()),
             Vec::<&str>::new(),
@@ -201,6 +203,42 @@ fn a_tool_printing_credentials_on_the_scripted_model_leaves_none_anywhere() {
         synthesis.contains("token [REDACTED:github-token]"),
         "{synthesis}"
     );
+
+    // The HTTP API is a way out too: every read through `keel serve`, and its raw JSON.
+    let server = Server::start(dir.path());
+    for (what, text) in every_output(|| server.keel(dir.path()), &run) {
+        assert_eq!(
+            leaked(text.as_bytes()),
+            Vec::<&str>::new(),
+            "{what} through the server:\n{text}"
+        );
+    }
+    let token = server.token();
+    let (status, body) = server.request(
+        "GET",
+        &format!("/v1/runs/{run}/tasks?format=json"),
+        Some(&token),
+        None,
+    );
+    assert_eq!(status, 200, "{body}");
+    let tasks: Value = serde_json::from_str(&body).unwrap();
+    let mut raw = body.clone();
+    for task in tasks["tasks"].as_array().unwrap() {
+        let id = task["id"].as_str().unwrap();
+        for path in [
+            format!("/v1/tasks/{id}?format=json"),
+            format!("/v1/tasks/{id}/logs?format=json"),
+        ] {
+            let (status, body) = server.request("GET", &path, Some(&token), None);
+            assert_eq!(status, 200, "{path}: {body}");
+            raw.push_str(&body);
+        }
+    }
+    assert!(
+        raw.contains("REDACTED"),
+        "the API showed no redaction: {raw}"
+    );
+    assert_eq!(leaked(raw.as_bytes()), Vec::<&str>::new(), "the API's JSON");
 }
 
 /// The same corpus printed by a tool run through a real CLI against `keel model-server` (the

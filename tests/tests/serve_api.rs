@@ -3,14 +3,13 @@
 //! the server that holds their home, two runs at once, and a run's event stream to its end.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests: a panic is the failure report.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
+use keel_tests::serve::Server;
 use keel_tests::{Reaped, keel};
 
-/// How long a server may take to start (a cold binary on a loaded machine).
+/// How long a stopped server may take to exit.
 const START_WAIT: Duration = Duration::from_secs(120);
 /// How long a scripted run may take.
 const RUN_WAIT: Duration = Duration::from_secs(180);
@@ -26,95 +25,6 @@ fn folder() -> tempfile::TempDir {
     std::fs::write(dir.path().join("lib.rs"), "pub fn f() {}\n").unwrap();
     std::fs::write(dir.path().join("notes.md"), "# notes\n").unwrap();
     dir
-}
-
-/// A running `keel serve` in a folder, on a free port.
-struct Server {
-    process: Reaped,
-    addr: String,
-    url: String,
-    token_file: PathBuf,
-}
-
-impl Server {
-    fn start(dir: &Path) -> Self {
-        let mut cmd = keel(dir).unwrap();
-        cmd.args(["serve", "--listen", "127.0.0.1:0"]);
-        let mut process = Reaped::spawn(cmd).unwrap();
-        let line = process.line_containing("listening on", START_WAIT).unwrap();
-        let url = line
-            .split("listening on ")
-            .nth(1)
-            .and_then(|rest| rest.split_whitespace().next())
-            .unwrap()
-            .to_string();
-        let addr = url.trim_start_matches("http://").to_string();
-        Server {
-            process,
-            addr,
-            url,
-            token_file: dir.join(".keel/api-token"),
-        }
-    }
-
-    fn token(&self) -> String {
-        std::fs::read_to_string(&self.token_file)
-            .unwrap()
-            .trim()
-            .to_string()
-    }
-
-    /// One request over a fresh connection; the status and the body.
-    fn request(
-        &self,
-        method: &str,
-        path: &str,
-        token: Option<&str>,
-        body: Option<&[u8]>,
-    ) -> (u16, String) {
-        let mut stream = TcpStream::connect(&self.addr).unwrap();
-        stream.set_read_timeout(Some(RUN_WAIT)).unwrap();
-        let mut head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n",
-            self.addr
-        );
-        if let Some(token) = token {
-            head.push_str(&format!("Authorization: Bearer {token}\r\n"));
-        }
-        if let Some(body) = body {
-            head.push_str(&format!(
-                "Content-Type: application/json\r\nContent-Length: {}\r\n",
-                body.len()
-            ));
-        }
-        head.push_str("\r\n");
-        stream.write_all(head.as_bytes()).unwrap();
-        if let Some(body) = body {
-            // The server may answer (413) and close before it has read all of a large body.
-            let _ = stream.write_all(body);
-        }
-        let mut raw = Vec::new();
-        let _ = stream.read_to_end(&mut raw);
-        let text = String::from_utf8_lossy(&raw).to_string();
-        let status = text
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| panic!("no status line in {text:?}"));
-        let body = text
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        (status, body)
-    }
-
-    /// A `keel` command against this server.
-    fn keel(&self, dir: &Path) -> std::process::Command {
-        let mut cmd = keel(dir).unwrap();
-        cmd.args(["--server", &self.url, "--token-file"])
-            .arg(&self.token_file);
-        cmd
-    }
 }
 
 fn runs_in(body: &str) -> usize {
