@@ -7,6 +7,8 @@ use keel_harness::ErrorCategory;
 use keel_store::{Task, TaskId, TaskKind, TaskStatus};
 use serde::{Deserialize, Serialize};
 
+mod normalise;
+
 /// Most findings one report may carry; more is a malformed report, not a bigger message.
 pub const FINDINGS_MAX: usize = 256;
 /// Most gaps one report may list.
@@ -459,32 +461,77 @@ impl SubtaskBrief {
     }
 }
 
-/// Find the report in a session's final text: the whole text if it is a report, else the last
-/// fenced ```json block, else the span from the last line that opens a `{` to the end.
-///
-/// # Errors
-/// The JSON error of the best candidate when none parses.
-pub fn parse_report(final_text: &str) -> Result<SubagentReport, String> {
-    let trimmed = final_text.trim();
-    if let Ok(r) = serde_json::from_str::<SubagentReport>(trimmed) {
-        return Ok(r);
-    }
+/// A report read from a session's final text, with what had to be normalised to read it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadReport {
+    /// The report.
+    pub report: SubagentReport,
+    /// What was changed to read it, one phrase each (empty for a report written exactly to its
+    /// shape): the specialist records it on the session's log.
+    pub normalised: Vec<String>,
+}
+
+/// Where a report may stand in a final text, best first: the whole text, the last fenced ```json
+/// block, then the spans from each of the last 64 `{` to the end (the last opening first).
+fn candidates(trimmed: &str) -> (Vec<&str>, usize) {
+    let mut found = vec![trimmed];
     if let Some(start) = trimmed.rfind("```json") {
         let body = &trimmed[start + "```json".len()..];
-        let body = body.split("```").next().unwrap_or(body).trim();
-        if let Ok(r) = serde_json::from_str::<SubagentReport>(body) {
-            return Ok(r);
-        }
+        found.push(body.split("```").next().unwrap_or(body).trim());
     }
-    let mut last_err = String::from("no JSON object in the final text");
+    let openings = found.len();
     // Bounded: at most 64 candidate openings from the end.
     for (i, _) in trimmed.match_indices('{').rev().take(64) {
-        match serde_json::from_str::<SubagentReport>(trimmed[i..].trim()) {
-            Ok(r) => return Ok(r),
-            Err(e) => last_err = e.to_string(),
+        found.push(trimmed[i..].trim());
+    }
+    (found, openings)
+}
+
+/// Find the report in a session's final text ([`candidates`]), read exactly as written; failing
+/// that, read with the common variants of a real model's writing normalised (see
+/// `report::normalise`: a confidence as a fraction or a percentage, a status in other words, a
+/// missing list, summary or task id, which is then `expected`).
+///
+/// # Errors
+/// The exact JSON error of the best candidate read as written, when none reads either way.
+pub fn read_report(final_text: &str, expected: Option<TaskId>) -> Result<ReadReport, String> {
+    let trimmed = final_text.trim();
+    let (candidates, openings) = candidates(trimmed);
+    let mut last_err = String::from("no JSON object in the final text");
+    for (i, candidate) in candidates.iter().enumerate() {
+        match serde_json::from_str::<SubagentReport>(candidate) {
+            Ok(report) => {
+                return Ok(ReadReport {
+                    report,
+                    normalised: Vec::new(),
+                });
+            }
+            Err(e) if i >= openings => last_err = e.to_string(),
+            Err(_) => {}
+        }
+    }
+    let expected = expected.map(|t| t.to_string());
+    for candidate in &candidates {
+        let Ok(mut value) = serde_json::from_str::<serde_json::Value>(candidate) else {
+            continue;
+        };
+        let normalised = normalise::normalise(&mut value, expected.as_deref());
+        if normalised.is_empty() {
+            continue;
+        }
+        if let Ok(report) = serde_json::from_value::<SubagentReport>(value) {
+            return Ok(ReadReport { report, normalised });
         }
     }
     Err(last_err)
+}
+
+/// [`read_report`] without a task to fill in: the report alone.
+///
+/// # Errors
+/// As [`read_report`].
+pub fn parse_report(final_text: &str) -> Result<SubagentReport, String> {
+    read_report(final_text, None).map(|r| r.report)
 }
 
 /// Task ids as ULID text in reports, the form an agent reads in its brief and writes back.
@@ -499,5 +546,55 @@ mod task_id_text {
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<TaskId, D::Error> {
         let text = String::deserialize(d)?;
         text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // Tests: a panic is the failure report.
+
+    use super::*;
+
+    const TASK: TaskId = TaskId(0x01AB_CDEF);
+
+    #[test]
+    fn a_report_written_slightly_off_is_read_and_the_changes_are_said() {
+        let text = r#"Done. {"status": "Completed", "findings": [{"claim": "c", "source": "s", "confidence": 0.9}, {"claim": "d", "source": "t", "confidence_permille": "85%"}], "summary": "ok"}"#;
+        let read = read_report(text, Some(TASK)).unwrap();
+        assert_eq!(read.report.subtask_id, TASK);
+        assert_eq!(read.report.status, ReportStatus::Complete);
+        assert_eq!(read.report.findings[0].confidence_permille, 900);
+        assert_eq!(read.report.findings[1].confidence_permille, 850);
+        assert!(read.report.gaps.is_empty());
+        let said = read.normalised.join("; ");
+        assert!(said.contains("subtask_id missing"), "{said}");
+        assert!(
+            said.contains("status \"Completed\" read as \"complete\""),
+            "{said}"
+        );
+        assert!(
+            said.contains("finding 0: confidence 0.9 read as 900 per mille"),
+            "{said}"
+        );
+        assert!(said.contains("gaps missing"), "{said}");
+    }
+
+    #[test]
+    fn an_exact_report_is_not_normalised_and_a_broken_one_keeps_its_exact_error() {
+        let exact = format!(
+            r#"{{"subtask_id":"{TASK}","status":"complete","findings":[],"gaps":[],"summary":"s"}}"#
+        );
+        assert!(
+            read_report(&exact, Some(TASK))
+                .unwrap()
+                .normalised
+                .is_empty()
+        );
+        let broken = r#"{"subtask_id": 7, "status": "complete""#;
+        let e = read_report(broken, Some(TASK)).unwrap_err();
+        assert!(e.contains("EOF") || e.contains("line 1"), "{e}");
+        // A confidence out of any range is left for the report's check to refuse.
+        let loud = r#"{"status":"complete","findings":[{"claim":"c","source":"s","confidence":5000}],"summary":"s"}"#;
+        assert!(read_report(loud, Some(TASK)).is_err());
     }
 }

@@ -20,7 +20,7 @@ use crate::message::{
 };
 use crate::report::{
     AttemptResult, Continuity, FailureKind, Finding, SubagentReport, SubtaskBrief, SubtaskFailure,
-    TEXT_BYTES_MAX, bounded, parse_report,
+    TEXT_BYTES_MAX, bounded, read_report,
 };
 use crate::session_tool::{SessionAnswer, SessionRequest, SessionToolCall, ToolRefusal};
 use keel_harness::{
@@ -422,7 +422,14 @@ impl Specialist {
                 stop_reason,
                 final_text,
             } => {
-                let outcome = self.outcome_of(stop_reason, &final_text);
+                let mut normalised = Vec::new();
+                let outcome = self.outcome_of(stop_reason, &final_text, &mut normalised);
+                if !normalised.is_empty() {
+                    // The durable record of how a report written slightly off was read.
+                    let detail = normalised.join("\n");
+                    let summary = format!("report normalised: {}", normalised.join("; "));
+                    self.log(LogKind::Lifecycle, summary, detail, now, out);
+                }
                 self.finish(outcome, now, out);
             }
             HarnessEvent::Failed(error) => {
@@ -432,10 +439,13 @@ impl Specialist {
         }
     }
 
+    /// The attempt's result from the session's end; `normalised` gets what was changed to read a
+    /// report written slightly off.
     fn outcome_of(
         &self,
         stop_reason: StopReason,
         final_text: &str,
+        normalised: &mut Vec<String>,
     ) -> Result<SubagentReport, SubtaskFailure> {
         if !stop_reason.is_success() {
             let (kind, retryable) = match &stop_reason {
@@ -452,7 +462,7 @@ impl Specialist {
                 format!("the session stopped with {stop_reason}, which is not a success"),
             ));
         }
-        let report = parse_report(final_text).map_err(|e| {
+        let read = read_report(final_text, Some(self.attempt.task)).map_err(|e| {
             self.failure(
                 FailureKind::MalformedReport,
                 true,
@@ -460,7 +470,8 @@ impl Specialist {
                 format!("the final output is not a report: {e}"),
             )
         })?;
-        let mut report = report.bound();
+        *normalised = read.normalised;
+        let mut report = read.report.bound();
         if self.brief.aliases.contains(&report.subtask_id) {
             report.subtask_id = self.attempt.task;
         }

@@ -530,3 +530,34 @@ fn a_failure_is_scrubbed_too() {
     assert_eq!(f.detail, "invalid x-api-key [REDACTED:anthropic-key]");
     assert!(!format!("{out:?}").contains(&key));
 }
+
+#[test]
+fn a_report_written_slightly_off_is_accepted_and_the_normalisation_is_logged() {
+    let text = format!(
+        "Here it is:\n{{\"subtask_id\":\"{TASK}\",\"status\":\"complete\",\"findings\":[{{\"claim\":\"c\",\"source\":\"DESIGN.md#3\",\"confidence\":0.9}}],\"summary\":\"s\"}}"
+    );
+    let (_, out) = check(vec![
+        SpecialistInput::Begin,
+        SpecialistInput::Harness(HarnessEvent::Finished {
+            stop_reason: StopReason::EndTurn,
+            final_text: text,
+        }),
+    ]);
+    let report = finished(&out)[0].outcome.clone().unwrap();
+    assert_eq!(report.findings[0].confidence_permille, 900);
+    let said: Vec<String> = out
+        .iter()
+        .filter_map(|e| match e {
+            SpecialistEffect::Reply(_, SpecialistReply::Logs { rows }) => Some(rows),
+            _ => None,
+        })
+        .flatten()
+        .map(|(_, row)| row.summary.clone())
+        .filter(|s| s.starts_with("report normalised"))
+        .collect();
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(
+        said[0].contains("finding 0: confidence 0.9 read as 900 per mille"),
+        "{said:?}"
+    );
+}

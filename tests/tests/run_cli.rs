@@ -196,16 +196,18 @@ fn the_survey_of_a_git_repository_leaves_out_what_git_ignores() {
     assert!(synthesis.contains("todo markers: 1"), "{synthesis}");
 }
 
-#[test]
-fn a_failed_step_ends_the_run_with_a_sentence_and_json_keeps_the_structure() {
-    let dir = tempfile::tempdir().unwrap();
-    // One step whose session answers with no report at all: every attempt fails as malformed.
+/// `keel run` of a plan of one step whose brief is `what` and has the scripted model run `command`
+/// in the shell (and nothing else: the report is whatever the command prints).
+fn run_one_step(
+    dir: &std::path::Path,
+    what: &str,
+    command: &str,
+) -> (std::process::ExitStatus, String, String) {
     let plan = keel_actors::Plan {
         steps: vec![keel_actors::PlanStep {
-            key: "silent".into(),
-            brief: "Say something that is not a report.\nRUN_TOOL: echo nothing to report ;;"
-                .into(),
-            goal: "Say something that is not a report.".into(),
+            key: "only".into(),
+            brief: format!("{what}\nRUN_TOOL: {command} ;;"),
+            goal: what.into(),
             quality_criteria: Vec::new(),
             output_schema: None,
             assignee: None,
@@ -214,17 +216,24 @@ fn a_failed_step_ends_the_run_with_a_sentence_and_json_keeps_the_structure() {
         }],
         constraints: Vec::new(),
     };
-    std::fs::write(
-        dir.path().join("plan.json"),
-        serde_json::to_string(&plan).unwrap(),
-    )
-    .unwrap();
-    let mut cmd = keel(dir.path()).unwrap();
-    cmd.args(["run", "say nothing", "--plan", "plan.json"]);
-    let (status, out, err) = Reaped::spawn(cmd)
+    std::fs::write(dir.join("plan.json"), serde_json::to_string(&plan).unwrap()).unwrap();
+    let mut cmd = keel(dir).unwrap();
+    cmd.args(["run", what, "--plan", "plan.json"]);
+    Reaped::spawn(cmd)
         .unwrap()
         .wait_output(Duration::from_secs(120))
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn a_failed_step_ends_the_run_with_a_sentence_and_json_keeps_the_structure() {
+    let dir = tempfile::tempdir().unwrap();
+    // One step whose session answers with no report at all: every attempt fails as malformed.
+    let (status, out, err) = run_one_step(
+        dir.path(),
+        "Say something that is not a report.",
+        "echo nothing to report",
+    );
     assert_eq!(status.code(), Some(5), "{out}\n{err}");
     let failures = out
         .split("failures:")
@@ -255,4 +264,42 @@ fn a_failed_step_ends_the_run_with_a_sentence_and_json_keeps_the_structure() {
     let stored: serde_json::Value =
         serde_json::from_str(show["outcome"].as_str().unwrap()).unwrap();
     assert_eq!(stored["Failed"]["kind"], "malformed_report", "{show}");
+}
+
+#[test]
+fn a_report_written_slightly_off_is_accepted_and_the_log_says_how_it_was_read() {
+    let dir = tempfile::tempdir().unwrap();
+    // The session's report as a model might write it: confidence as a fraction, no gaps, the
+    // status capitalised.
+    let report = r#"{\"subtask_id\":\"%s\",\"status\":\"Complete\",\"findings\":[{\"claim\":\"hello\",\"source\":\"shell\",\"confidence\":0.9}],\"summary\":\"said hello\"}"#;
+    let (status, out, err) = run_one_step(
+        dir.path(),
+        "Say hello.",
+        &format!("printf '{report}' \"$KEEL_SUBTASK_ID\" >&2"),
+    );
+    assert!(status.success(), "{out}\n{err}");
+    assert!(out.contains("coverage: 1 of 1 steps complete"), "{out}");
+    let tasks = keel(dir.path())
+        .unwrap()
+        .args(["--json", "tasks"])
+        .output()
+        .unwrap();
+    let tasks: serde_json::Value = serde_json::from_slice(&tasks.stdout).unwrap();
+    let step = tasks["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["kind"] == "Subtask")
+        .unwrap();
+    let logs = keel(dir.path())
+        .unwrap()
+        .args(["--json", "logs", step["id"].as_str().unwrap()])
+        .output()
+        .unwrap();
+    let logs = String::from_utf8_lossy(&logs.stdout);
+    assert!(logs.contains("report normalised"), "{logs}");
+    assert!(
+        logs.contains("confidence 0.9 read as 900 per mille"),
+        "{logs}"
+    );
 }
