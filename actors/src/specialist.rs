@@ -627,7 +627,7 @@ pub fn context_rows<S: ThreadSource>(
         Continuity::Resume { .. } => {
             let view = load_resume(src, request.task, config)?;
             rows.put_task(view.task);
-            for t in view.earlier_attempts {
+            for t in view.earlier_attempts.into_iter().chain(view.delegated) {
                 rows.put_task(t);
             }
             for entry in view.log {

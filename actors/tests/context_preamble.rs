@@ -438,6 +438,7 @@ fn resume_preamble_drops_the_oldest_steps_first_and_counts_them() {
         earlier_attempts: vec![],
         walk_end: WalkEnd::Root,
         log,
+        delegated: vec![],
     };
     // A small cap so that only a few of the last 50 step lines fit.
     let config = ContextConfig {
@@ -493,6 +494,7 @@ fn resume_preamble_never_cuts_the_brief_even_over_the_cap() {
             seq: 0,
             row: row(LogKind::ToolUse, "Read a"),
         }],
+        delegated: vec![],
     };
     let config = ContextConfig {
         resume_tokens_max: 1_000,

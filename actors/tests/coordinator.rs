@@ -564,11 +564,10 @@ fn delegate(turn: u32, call: &str) -> HarnessEvent {
     )
 }
 
-#[test]
-fn a_lead_recovered_after_a_crash_keeps_the_turns_it_has_not_used() {
-    // The lead's first attempt delegates turn 1 and keeps working; the node crashes once that turn's
-    // step is durable. The resumed lead asks turn 1 again (it is answered again, not run twice) and
-    // then a new turn 2, which must run: a recovered lead used to count every turn as taken.
+/// A lead run whose first session delegates `x` in its turn 1, a node crash once `x` is durable, and
+/// the lead's second session (a new attempt on the root task) emitting `resumed` before it reports;
+/// run to its end.
+fn lead_restarted_after_turn_one(resumed: Vec<HarnessEvent>) -> World {
     let mut lead_task = None;
     let script: Script = Box::new(move |a, _spec| {
         // The first session is the lead's, on the run's root task; its restart keeps that task.
@@ -576,14 +575,12 @@ fn a_lead_recovered_after_a_crash_keeps_the_turns_it_has_not_used() {
         if lead && a.attempt == 1 {
             vec![delegate(1, "x")]
         } else if lead {
-            vec![
-                delegate(1, "x"),
-                delegate(2, "y"),
-                HarnessEvent::Finished {
-                    stop_reason: StopReason::EndTurn,
-                    final_text: report_json(a.task, "complete", "lead"),
-                },
-            ]
+            let mut events = resumed.clone();
+            events.push(HarnessEvent::Finished {
+                stop_reason: StopReason::EndTurn,
+                final_text: report_json(a.task, "complete", "lead"),
+            });
+            events
         } else {
             vec![HarnessEvent::Finished {
                 stop_reason: StopReason::EndTurn,
@@ -610,16 +607,49 @@ fn a_lead_recovered_after_a_crash_keeps_the_turns_it_has_not_used() {
     }
     w.crash_and_recover();
     w.run(100_000);
+    w
+}
+
+/// Sessions other than the lead's whose prompt holds `what`.
+fn sessions_with(w: &World, what: &str) -> usize {
+    let lead = w.specs[0].0.task;
+    w.specs
+        .iter()
+        .filter(|(a, s)| a.task != lead && s.prompt.contains(what))
+        .count()
+}
+
+#[test]
+fn a_lead_recovered_after_a_crash_keeps_the_turns_it_has_not_used() {
+    // The resumed lead asks turn 1 again (it is answered again, not run twice) and then a new turn
+    // 2, which must run: a recovered lead used to count every turn as taken.
+    let w = lead_restarted_after_turn_one(vec![delegate(1, "x"), delegate(2, "y")]);
     assert_eq!(w.run_status(), Some(RunStatus::Completed));
     let keys: Vec<String> = w.coordinator.steps().into_iter().map(|s| s.0).collect();
     assert_eq!(keys, vec!["lead", "t1.0", "t2.0"], "{:#?}", w.decisions());
-    let lead = w.specs[0].0.task;
-    let x_runs = w
-        .specs
-        .iter()
-        .filter(|(a, s)| a.task != lead && s.prompt.contains("do x"))
-        .count();
-    assert_eq!(x_runs, 1, "turn 1 asked again is answered, not run again");
+    assert_eq!(
+        sessions_with(&w, "do x"),
+        1,
+        "turn 1 asked again is answered, not run again"
+    );
+}
+
+#[test]
+fn a_new_session_of_the_lead_is_not_taken_for_a_repeat_of_the_old_sessions_turns() {
+    // The new session numbers its turns from 1 again: its turn 1 asks for z, a subtask nobody
+    // delegated, so z must run (a turn number alone used to identify a delegation: z was answered
+    // with x's outcome). Its turn 2 asks for x again, which an earlier session delegated and whose
+    // report is durable: it is answered from that report, never run twice.
+    let w = lead_restarted_after_turn_one(vec![delegate(1, "z"), delegate(2, "x")]);
+    assert_eq!(w.run_status(), Some(RunStatus::Completed));
+    let keys: Vec<String> = w.coordinator.steps().into_iter().map(|s| s.0).collect();
+    assert_eq!(keys, vec!["lead", "t1.0", "t2.0"], "{:#?}", w.decisions());
+    assert_eq!(sessions_with(&w, "do z"), 1, "the new session's turn 1 ran");
+    assert_eq!(
+        sessions_with(&w, "do x"),
+        1,
+        "x, asked again by the new session, ran once"
+    );
 }
 
 #[test]

@@ -50,6 +50,16 @@ pub trait ThreadSource {
         let _ = (id, max);
         Ok(None)
     }
+
+    /// The tasks whose parent is `id`, oldest first, at most `max`: what a resumed lead's preamble
+    /// lists as the subtasks it delegated. A source that cannot list children answers none.
+    ///
+    /// # Errors
+    /// When the source cannot be read.
+    fn children(&self, id: TaskId, max: usize) -> Result<Vec<Task>, Self::Error> {
+        let _ = (id, max);
+        Ok(Vec::new())
+    }
 }
 
 /// Rows held in memory: a real, bounded source for the simulator and tests (ordered maps, deterministic),
@@ -111,6 +121,17 @@ impl ThreadSource for RowSet {
         }
         Ok(Some(chain))
     }
+
+    /// Task ids are minted in time order, so id order is creation order.
+    fn children(&self, id: TaskId, max: usize) -> Result<Vec<Task>, Self::Error> {
+        Ok(self
+            .tasks
+            .values()
+            .filter(|t| t.parent == Some(id))
+            .take(max)
+            .cloned()
+            .collect())
+    }
 }
 
 /// The store, through one run's scope: a task of another run is not found here, by construction
@@ -145,6 +166,15 @@ impl ThreadSource for RunScope<'_> {
             Ok(chain) => Ok(Some(chain)),
             // A dangling link: the step-by-step walk finds where and says so.
             Err(ReadError::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn children(&self, id: TaskId, max: usize) -> Result<Vec<Task>, Self::Error> {
+        let max = u32::try_from(max).unwrap_or(u32::MAX);
+        match RunScope::children(self, id, max) {
+            Ok(listing) => Ok(listing.items),
+            Err(ReadError::NotFound { .. }) => Ok(Vec::new()),
             Err(e) => Err(e),
         }
     }
@@ -320,11 +350,27 @@ pub fn load_resume<S: ThreadSource>(
         );
     }
     let log = per_attempt.into_iter().rev().flatten().collect();
+    // The subtasks delegated from the task and its earlier attempts (a lead's; a re-dispatch of the
+    // lead delegates under the run's root), oldest first.
+    let delegated_max = usize::from(config.delegated_max);
+    let mut delegated: Vec<Task> = Vec::new();
+    for attempt in std::iter::once(&task).chain(earlier_attempts.iter()) {
+        let children = src.children(attempt.id, delegated_max).map_err(source)?;
+        delegated.extend(
+            children
+                .into_iter()
+                .filter(|t| t.kind == TaskKind::Subtask && t.id != task.id),
+        );
+    }
+    delegated.sort_by_key(|t| t.id);
+    delegated.dedup_by_key(|t| t.id);
+    delegated.truncate(delegated_max);
     Ok(ResumeView {
         task,
         earlier_attempts,
         walk_end,
         log,
+        delegated,
     })
 }
 

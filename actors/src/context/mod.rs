@@ -6,7 +6,7 @@
 //! - [`standard_preamble`] for a task with a parent: the parent inline, older ancestors one line each,
 //!   under a hard cap (8,000 characters by default);
 //! - [`resume_preamble`] for an interrupted task: the original brief verbatim, then the last session
-//!   steps, steering messages and progress notes, under a hard cap (16,000 characters by default).
+//!   steps, steering messages, progress notes and (for a lead) the subtasks it delegated, under a hard cap (16,000 characters by default).
 //!
 //! Every field is scrubbed of secrets ([`Scrubber`]) before it is cut. [`place_preamble`] puts the result
 //! into the prompt without displacing a slash skill from line one. [`load_thread`] and [`load_resume`]
@@ -69,6 +69,13 @@ pub struct ContextConfig {
     pub ancestor_line_chars_max: u16,
     /// Attachments of the parent listed (default 16).
     pub attachments_max: u8,
+    /// Delegated subtasks a resumed lead's preamble lists (default 32, the oldest first).
+    #[serde(default = "default_delegated_max")]
+    pub delegated_max: u8,
+}
+
+fn default_delegated_max() -> u8 {
+    32
 }
 
 impl Default for ContextConfig {
@@ -87,6 +94,7 @@ impl Default for ContextConfig {
             note_chars_max: 500,
             ancestor_line_chars_max: 200,
             attachments_max: 16,
+            delegated_max: default_delegated_max(),
         }
     }
 }
@@ -154,7 +162,7 @@ impl ContextConfig {
                 });
             }
         }
-        let limits: [(&'static str, u32, u32); 10] = [
+        let limits: [(&'static str, u32, u32); 11] = [
             ("ancestors_max", self.ancestors_max.into(), 16),
             (
                 "redispatch_chain_max",
@@ -177,6 +185,7 @@ impl ContextConfig {
                 2_000,
             ),
             ("attachments_max", self.attachments_max.into(), 64),
+            ("delegated_max", self.delegated_max.into(), 128),
         ];
         for (field, got, max) in limits {
             if got == 0 || got > max {

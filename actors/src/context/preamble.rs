@@ -46,6 +46,8 @@ pub enum Section {
     Steering,
     /// The progress notes (resume).
     ProgressNotes,
+    /// The subtasks a lead delegated, with their outcomes (resume).
+    Delegated,
     /// The whole text: a last-resort cut that only a cap below the framing's own size can cause.
     Whole,
 }
@@ -60,6 +62,7 @@ impl fmt::Display for Section {
             Self::Steps => "session steps",
             Self::Steering => "steering messages",
             Self::ProgressNotes => "progress notes",
+            Self::Delegated => "delegated subtasks",
             Self::Whole => "whole preamble",
         })
     }

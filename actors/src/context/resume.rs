@@ -11,10 +11,13 @@
 //! - tool_use: Read src/lib.rs
 //! ## Steering messages (oldest first)        (when there are some)
 //! ## Progress notes (oldest first)           (when there are some)
+//! ## Subtasks you delegated (oldest first)     (a lead's, when there are some)
+//! - ID [complete] goal: report complete: its summary
 //! </keel-context>
 //! ```
 //!
-//! Over the cap the oldest step lines go first, then the oldest steering messages, then the oldest notes;
+//! Over the cap the oldest step lines go first, then the oldest steering messages, then the oldest notes,
+//! then the oldest delegated subtasks;
 //! every cut leaves a `[truncated: N ...]` line. The brief is never cut: when the brief alone is larger
 //! than the cap, the brief wins and the preamble says what it left out (`brief_over_cap`).
 
@@ -25,8 +28,9 @@ use super::preamble::{
     Blocks, CutUnit, Preamble, PreambleKind, Section, Truncation, cut, enforce_cap,
 };
 use super::scrub::{Redactions, Scrubber};
-use super::standard::{Clean, WalkEnd};
+use super::standard::{Clean, WalkEnd, status_label};
 use super::text::{chars, fit, one_line};
+use crate::report::StepOutcome;
 
 /// One session log row and where it comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,6 +55,10 @@ pub struct ResumeView {
     pub walk_end: WalkEnd,
     /// Session log rows of the task and its earlier attempts, oldest first.
     pub log: Vec<LogEntry>,
+    /// The subtasks the task and its earlier attempts delegated (a lead's), oldest first, at most
+    /// [`ContextConfig::delegated_max`]: a resumed lead is told what it already asked for and how each
+    /// ended, so it does not ask again for work that is done.
+    pub delegated: Vec<Task>,
 }
 
 impl ResumeView {
@@ -193,6 +201,23 @@ pub fn resume_preamble(view: &ResumeView, config: &ContextConfig, scrubber: &Scr
         truncations.push(cut(Section::ProgressNotes, note_cut, CutUnit::Characters));
     }
 
+    // Delegated subtasks, oldest first, one line each with where they stand.
+    let mut delegated_cut = 0usize;
+    let delegated: Vec<String> = view
+        .delegated
+        .iter()
+        .map(|t| {
+            let prefix = format!("- {} [{}] ", t.id, status_label(t.status));
+            let room = step_max.saturating_sub(chars(&prefix));
+            let (body, c) = line(&delegated_line(t), room, scrubber, &mut redactions);
+            delegated_cut += c;
+            format!("{prefix}{body}")
+        })
+        .collect();
+    if delegated_cut > 0 {
+        truncations.push(cut(Section::Delegated, delegated_cut, CutUnit::Characters));
+    }
+
     let sections = [
         Part::new(
             "## Last session steps (oldest first)",
@@ -212,10 +237,22 @@ pub fn resume_preamble(view: &ResumeView, config: &ContextConfig, scrubber: &Scr
             notes_over,
             "older progress notes",
         ),
+        Part::new(
+            "## Subtasks you delegated (oldest first; asking for one again gets its outcome, never a second run)",
+            delegated,
+            0,
+            "older delegated subtasks",
+        ),
+    ];
+    const SECTIONS: [Section; 4] = [
+        Section::Steps,
+        Section::Steering,
+        Section::ProgressNotes,
+        Section::Delegated,
     ];
     let fixed = head.chars() + 1 + footer.len();
-    let mut dropped = [0usize; 3];
-    let total = |dropped: &[usize; 3]| -> usize {
+    let mut dropped = [0usize; 4];
+    let total = |dropped: &[usize; 4]| -> usize {
         fixed
             + sections
                 .iter()
@@ -223,7 +260,7 @@ pub fn resume_preamble(view: &ResumeView, config: &ContextConfig, scrubber: &Scr
                 .map(|(s, d)| s.chars(*d))
                 .sum::<usize>()
     };
-    // Oldest step lines first, then steering, then notes.
+    // Oldest step lines first, then steering, then notes, then delegated subtasks.
     'cut: while total(&dropped) > chars_max {
         for (i, s) in sections.iter().enumerate() {
             if dropped[i] < s.lines.len() {
@@ -238,16 +275,18 @@ pub fn resume_preamble(view: &ResumeView, config: &ContextConfig, scrubber: &Scr
     let brief_over_cap = if total(&dropped) > chars_max {
         // Even with every optional line gone the framing does not fit: the brief wins over the cap.
         let all = |i: usize| sections[i].lines.len() + sections[i].pre_dropped;
-        for (i, section) in [Section::Steps, Section::Steering, Section::ProgressNotes]
-            .into_iter()
-            .enumerate()
-        {
+        for (i, section) in SECTIONS.into_iter().enumerate() {
             if all(i) > 0 {
                 truncations.push(cut(section, all(i), CutUnit::Items));
             }
         }
+        let subtasks = if all(3) > 0 {
+            format!(", {} delegated subtasks", all(3))
+        } else {
+            String::new()
+        };
         blocks.push(format!(
-            "[truncated: {} steps, {} steering messages, {} progress notes left out: the brief alone fills the {chars_max}-character cap]",
+            "[truncated: {} steps, {} steering messages, {} progress notes{subtasks} left out: the brief alone fills the {chars_max}-character cap]",
             all(0),
             all(1),
             all(2)
@@ -255,11 +294,7 @@ pub fn resume_preamble(view: &ResumeView, config: &ContextConfig, scrubber: &Scr
         blocks.push(footer);
         blocks.chars() > chars_max
     } else {
-        for ((s, d), section) in sections.iter().zip(dropped).zip([
-            Section::Steps,
-            Section::Steering,
-            Section::ProgressNotes,
-        ]) {
+        for ((s, d), section) in sections.iter().zip(dropped).zip(SECTIONS) {
             if d + s.pre_dropped > 0 {
                 truncations.push(cut(section, d + s.pre_dropped, CutUnit::Items));
             }
@@ -353,6 +388,36 @@ fn line(
     let flat = one_line(&clean.text);
     let fitted = fit(&flat, clean.chars, clean.unseen, max_chars);
     (fitted.text, fitted.cut_chars)
+}
+
+/// What a delegated subtask's line says after its id and status: its goal, then how it ended (from
+/// its outcome row) or that it has not ended yet.
+fn delegated_line(task: &Task) -> String {
+    let goal = if task.goal.is_empty() {
+        "(no goal)"
+    } else {
+        &task.goal
+    };
+    let outcome = task
+        .outcome
+        .as_deref()
+        .and_then(|o| serde_json::from_str::<StepOutcome>(o).ok());
+    let ended = match outcome {
+        Some(StepOutcome::Report(r)) => format!("report {}: {}", report_label(r.status), r.summary),
+        Some(StepOutcome::Failed(f)) => format!("failed: {}", f.detail),
+        Some(StepOutcome::Skipped { reason }) => format!("skipped: {reason}"),
+        None if task.status.is_terminal() => "ended without an outcome".to_owned(),
+        None => "not ended yet (it runs on; asking for it again waits for it)".to_owned(),
+    };
+    format!("{goal}: {ended}")
+}
+
+fn report_label(status: crate::report::ReportStatus) -> &'static str {
+    match status {
+        crate::report::ReportStatus::Complete => "complete",
+        crate::report::ReportStatus::Partial => "partial",
+        crate::report::ReportStatus::Blocked => "blocked",
+    }
 }
 
 fn chain_note(end: WalkEnd) -> String {

@@ -9,7 +9,7 @@
 //! the old attempt is refused as stale), or not started yet. Nothing is guessed: a run without a root
 //! task ends as failed, and a finished run stays finished.
 
-use super::lead::{Lead, TurnsSeen};
+use super::lead::{Lead, LeadTurn};
 use super::snapshot::{Snapshot, StepSnapshot};
 use super::staging::Then;
 use super::step::{BackoffNext, Step};
@@ -106,7 +106,7 @@ impl RunState {
             .lead
             .as_ref()
             .and_then(|l| l.active.as_ref())
-            .map(|(_, steps)| steps.clone())
+            .map(|t| t.calls.iter().map(|(i, _)| *i).collect())
             .unwrap_or_default();
         let resume: Vec<usize> = state
             .steps
@@ -258,10 +258,11 @@ impl RunState {
         (done, redispatch)
     }
 
-    /// A lead run's own step (on the root task) when the snapshot had none, and its delegation turns:
-    /// the turns it took are taken (a resumed lead that asks one again gets the answer again), a turn
-    /// whose steps are all durable is answered, and the open turns run in order, so they still
-    /// finish and the lead keeps the turns it has not used.
+    /// A lead run's own step (on the root task) when the snapshot had none, and its delegation turns.
+    /// The session that asked for them is gone (the lead runs again as a new attempt, whose turns
+    /// number from 1), so they come back without an owner: the open ones run in order, the first
+    /// active and the rest queued, and the turns taken still count against the limit. A new session
+    /// asking again for one of these subtasks gets its step (lead.rs), never a second one.
     fn restore_lead(&mut self, row: &Run, root: TaskId) {
         if self.steps.is_empty() {
             let mut step = Step::new(
@@ -293,37 +294,35 @@ impl RunState {
                 None => untold.push(i),
             }
         }
+        // An older checkpoint does not say which turn asked for what: its delegations count as one
+        // turn each (an upper bound on the turns used) and the open ones finish as one turn.
+        let untold_count = u32::try_from(untold.len()).unwrap_or(u32::MAX);
         if !untold.is_empty() {
-            // An older checkpoint: which turn asked for what is unknown, so every turn counts as
-            // taken and the open delegations finish as one turn.
-            let open: Vec<usize> = delegated
-                .into_iter()
-                .filter(|&i| self.steps[i].status != StepStatus::Done)
-                .collect();
-            if let Some(l) = self.lead.as_mut() {
-                l.turns_seen = TurnsSeen::Recovered;
-                if !open.is_empty() {
-                    l.active = Some((0, open));
-                }
+            for (n, &i) in untold.iter().enumerate() {
+                self.steps[i].turn = Some(u32::try_from(n).unwrap_or(u32::MAX).saturating_add(1));
             }
-            return;
+            turns = BTreeMap::from([(0, untold)]);
         }
         let newest = turns.keys().next_back().copied().unwrap_or(0);
-        let mut answered = BTreeMap::new();
         let mut open = std::collections::VecDeque::new();
         for (turn, steps) in turns {
             if steps
                 .iter()
-                .all(|&i| self.steps[i].status == StepStatus::Done)
+                .any(|&i| self.steps[i].status != StepStatus::Done)
             {
-                answered.insert(turn, self.turn_results(&steps));
-            } else {
-                open.push_back((turn, steps));
+                let calls = steps
+                    .into_iter()
+                    .map(|i| (i, self.steps[i].call_id.clone().unwrap_or_default()))
+                    .collect();
+                open.push_back(LeadTurn {
+                    owner: None,
+                    turn,
+                    calls,
+                });
             }
         }
         if let Some(l) = self.lead.as_mut() {
-            l.turns_seen = TurnsSeen::UpTo(newest);
-            l.answered = answered;
+            l.turns_taken = newest.max(untold_count);
             l.active = open.pop_front();
             l.queue = open;
         }

@@ -45,8 +45,9 @@ pub struct StepSnapshot {
     /// For a lead's delegation: the lead's call id.
     #[serde(default)]
     pub call_id: Option<String>,
-    /// For a lead's delegation: the delegation turn that asked for it (absent in checkpoints written
-    /// before it was kept: a lead recovered from one takes every turn as used).
+    /// For a lead's delegation: the run-wide number of the delegation turn that asked for it, counted
+    /// over every session of the lead (absent in checkpoints written before it was kept: a lead
+    /// recovered from one counts one turn per delegated step as used).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn: Option<u32>,
     /// For a follow-up: the task id the host chose for it (kept so a follow-up queued before a

@@ -65,8 +65,11 @@ pub(super) struct Step {
     pub(super) assignment: Option<Assignment>,
     /// For a lead's delegation: the lead's call id.
     pub(super) call_id: Option<String>,
-    /// For a lead's delegation: the delegation turn that asked for it.
+    /// For a lead's delegation: the run-wide number of the delegation turn that asked for it.
     pub(super) turn: Option<u32>,
+    /// For a lead's delegation: the lead attempt that asked for it (`None` once recovered: that
+    /// session is gone). Another attempt of the lead asking for the same subtask gets this step.
+    pub(super) delegated_by: Option<AttemptId>,
     /// The newest failure, for the verdict and the dead letter.
     pub(super) last_failure: Option<SubtaskFailure>,
     /// For a follow-up: the task whose thread it continues (its parent is that thread's newest task).
@@ -98,6 +101,7 @@ impl Step {
             assignment: None,
             call_id: None,
             turn: None,
+            delegated_by: None,
             last_failure: None,
             thread: None,
             requested_task: None,
