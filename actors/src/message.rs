@@ -78,6 +78,15 @@ pub struct Assignment {
     pub model: String,
     /// The account the session bills to.
     pub account: String,
+    /// The profile's tools: the session's allowed tools (empty: the harness's default set).
+    #[serde(default)]
+    pub tools: Vec<String>,
+    /// The profile's system prompt, appended to the harness's own (empty: none).
+    #[serde(default)]
+    pub system_prompt: String,
+    /// The profile's most model turns per session (`None`: the node's default session limit).
+    #[serde(default)]
+    pub turns_max: Option<u32>,
 }
 
 /// Why a spawn was refused: a typed answer, never a hang (docs/DESIGN.md §4).
@@ -617,8 +626,22 @@ pub enum SpecialistInput {
     /// A tool call of its session, from the host's MCP endpoint; answered with
     /// [`crate::SpecialistEffect::AnswerTool`] (always: a call of an ended session is refused).
     ToolCall(crate::session_tool::SessionToolCall),
+    /// A secret the host minted for its session (the MCP endpoint's bearer token), delivered before
+    /// any event of that session: registered with its scrubber, so a session that echoes it leaves
+    /// it in no row, answer or preamble (issue 16).
+    SessionSecret(SessionSecret),
     /// A timer it set fired.
     Timer(SpecialistTimer),
+}
+
+/// A secret a host minted for one session. Its `Debug` never shows the value (inputs are traced).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionSecret(pub String);
+
+impl std::fmt::Debug for SessionSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SessionSecret(..)")
+    }
 }
 
 /// Something a run did that an operator or embedding host may want to hear about (docs/DESIGN.md §8).

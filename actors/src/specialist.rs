@@ -249,11 +249,23 @@ impl Specialist {
             self.config.working_dir.clone(),
         );
         spec.limits = self.config.session_limits;
+        // The agent profile's settings (docs/HARNESSES.md says what each harness does with them).
+        if let Some(turns) = self.assignment.turns_max {
+            spec.limits.turns_max = turns;
+        }
+        spec.allowed_tools = self.assignment.tools.clone();
+        let mut system: Vec<&str> = Vec::new();
+        if !self.assignment.system_prompt.trim().is_empty() {
+            system.push(&self.assignment.system_prompt);
+        }
         if self.config.session_tools == SessionToolPath::Endpoint
             && matches!(self.kind, TaskKind::Root | TaskKind::Redispatch)
             && self.brief.step == crate::coordinator::LEAD_STEP_KEY
         {
-            spec.append_system_prompt = Some(LEAD_INSTRUCTIONS.into());
+            system.push(LEAD_INSTRUCTIONS);
+        }
+        if !system.is_empty() {
+            spec.append_system_prompt = Some(system.join("\n\n"));
         }
         spec.account = Account {
             id: self.assignment.account.clone(),
@@ -757,6 +769,10 @@ impl Machine for Specialist {
                     let answer = ingest::scrub_answer(&self.scrubber, answer);
                     out.push(SpecialistEffect::AnswerTool { call_id, answer });
                 }
+            }
+            SpecialistInput::SessionSecret(secret) => {
+                // A value the scrubber refuses (too short) is no credential; nothing to register.
+                let _ = self.scrubber.register_secret(&secret.0);
             }
             SpecialistInput::ToolCall(call) => {
                 let call = ingest::scrub_tool_call(&self.scrubber, call);

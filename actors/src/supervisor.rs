@@ -624,6 +624,11 @@ pub fn resolve_assignment(profile: &AgentProfile, harness: HarnessKind) -> Assig
         harness,
         model: crate::routing::model_for(profile).to_string(),
         account: profile.account.clone(),
+        // The profile's session settings reach every session it runs (issue 11): its spec's
+        // allowed tools, appended system prompt and turn ceiling (0 in a profile: not set).
+        tools: profile.tools.clone(),
+        system_prompt: profile.system_prompt.clone(),
+        turns_max: (profile.limits.turns_max > 0).then_some(profile.limits.turns_max),
     }
 }
 

@@ -1021,6 +1021,9 @@ fn settle(c: &mut Coordinator, first: Vec<Effect>, rng: &mut SplitMix64) -> Vec<
                         agent: "scout".into(),
                         harness: keel_harness::HarnessKind::Scripted,
                         model: "m".into(),
+                        tools: Vec::new(),
+                        system_prompt: String::new(),
+                        turns_max: None,
                         account: "a".into(),
                     }),
                 });

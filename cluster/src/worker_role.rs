@@ -89,7 +89,12 @@ impl WorkerSpecialistRole {
                     .is_ok()
             })
         };
-        harnesses.open_session_tools(&mut spec, self.harness, self.attempt, deliver);
+        if let Some(token) =
+            harnesses.open_session_tools(&mut spec, self.harness, self.attempt, deliver)
+        {
+            // Registered with the specialist's scrubber before the session can print it.
+            Self::feed(me, SpecialistInput::SessionSecret(token));
+        }
         match harness.start(spec).await {
             Err(e) => Self::fail(me, format!("the session could not start: {e}")),
             Ok(session) => {

@@ -5,6 +5,7 @@ use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use keel_actors::AttemptId;
+use keel_actors::context::Scrubber;
 use keel_actors::session_tool::{
     self, DeliverToolCall, EndpointUnavailable, SESSION_TOOLS, SessionAccess, SessionAnswer,
     SessionEndpoint, SessionRequest,
@@ -38,6 +39,9 @@ pub struct EndpointConfig {
     pub call_timeout: Duration,
     /// Longest wait for a `delegate` call (its subtasks run to their end first).
     pub delegate_timeout: Duration,
+    /// What every answer and error body passes on its way out (issue 16): the node's scrubber, with
+    /// the credentials it knows registered; the caller's own token is added per call.
+    pub scrubber: Scrubber,
 }
 
 impl Default for EndpointConfig {
@@ -46,6 +50,7 @@ impl Default for EndpointConfig {
             bind: SocketAddr::from(([127, 0, 0, 1], 0)),
             call_timeout: Duration::from_secs(60),
             delegate_timeout: Duration::from_secs(4 * 3600),
+            scrubber: Scrubber::new(),
         }
     }
 }
@@ -216,6 +221,14 @@ async fn require_token(State(shared): State<Shared>, request: Request, next: Nex
     next.run(request).await
 }
 
+/// The bearer token of a call's HTTP request.
+fn bearer_of(context: &RequestContext<RoleServer>) -> Option<String> {
+    context
+        .extensions
+        .get::<http::request::Parts>()
+        .and_then(|parts| bearer(&parts.headers).map(str::to_owned))
+}
+
 /// The MCP server handler: lists keel's tools and runs their calls.
 #[derive(Clone)]
 struct KeelTools(Shared);
@@ -243,14 +256,31 @@ impl KeelTools {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let token = context
-            .extensions
-            .get::<http::request::Parts>()
-            .and_then(|parts| bearer(&parts.headers).map(str::to_owned))
-            .ok_or_else(|| ErrorData::invalid_request("no session token", None))?;
+        let token = bearer_of(&context);
+        // Every way out is scrubbed, the caller's own token included (issue 16).
+        let mut scrubber = self.0.config.scrubber.clone();
+        if let Some(t) = &token {
+            let _ = scrubber.register_secret(t);
+        }
+        self.answer(request, token, &scrubber)
+            .await
+            .map_err(|mut e| {
+                e.message = scrubber.scrub(&e.message).text.into_owned().into();
+                e
+            })
+    }
+
+    async fn answer(
+        &self,
+        request: CallToolRequestParams,
+        token: Option<String>,
+        scrubber: &Scrubber,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let token = token.ok_or_else(|| ErrorData::invalid_request("no session token", None))?;
         let args = serde_json::Value::Object(request.arguments.unwrap_or_default());
         let parsed = session_tool::parse_request(&request.name, &args).map_err(|e| {
-            ErrorData::invalid_params(e.to_string(), Some(serde_json::json!({"field": e.field})))
+            let field = scrubber.scrub(&e.field).text.into_owned();
+            ErrorData::invalid_params(e.to_string(), Some(serde_json::json!({ "field": field })))
         })?;
         let timeout = match parsed {
             SessionRequest::Delegate { .. } => self.0.config.delegate_timeout,
@@ -265,7 +295,9 @@ impl KeelTools {
                 CallError::Revoked => ErrorData::invalid_request(e.to_string(), None),
                 CallError::TimedOut(_) => ErrorData::internal_error(e.to_string(), None),
             })?;
-        let content = vec![ContentBlock::text(answer.text())];
+        let content = vec![ContentBlock::text(
+            scrubber.scrub(&answer.text()).text.into_owned(),
+        )];
         let result = if answer.is_error() {
             CallToolResult::error(content)
         } else {

@@ -188,3 +188,69 @@ async fn a_lead_delegates_three_subtasks_in_one_call_and_ends_with_their_reports
     assert!(answer.contains("Report"), "{answer}");
     n.rt.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_that_echoes_its_mcp_token_leaves_it_nowhere_in_the_store() {
+    // The step's command prints the session's own token (and keeps a copy for the test): the
+    // specialist registered the token with its scrubber before the session started, so the tool
+    // result, the report's finding and every row hold a redaction marker instead (issue 16).
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("token-copy");
+    let command = format!(
+        "printf %s \"$KEEL_MCP_TOKEN\" > {}; echo token=$KEEL_MCP_TOKEN",
+        copy.display()
+    );
+    // Turn 1 runs the command; then the step's REPORT_AFTER_TOOL rule reports.
+    let n = node(Script::from_turns(vec![ScriptTurn {
+        tool_calls: vec![ScriptToolCall {
+            name: None,
+            input: None,
+            shell: Some(command),
+        }],
+        ..ScriptTurn::default()
+    }]))
+    .await;
+    let plan = Plan {
+        steps: vec![keel_actors::PlanStep {
+            key: "echo-token".into(),
+            brief: "Print the token. REPORT_AFTER_TOOL".into(),
+            goal: "print the token".into(),
+            quality_criteria: Vec::new(),
+            output_schema: None,
+            assignee: None,
+            depends_on: Vec::new(),
+            estimate_micros: 0,
+        }],
+        constraints: vec![],
+    };
+    let handle =
+        n.rt.submit("token".into(), RunMode::Plan(plan), None, "test".into())
+            .await
+            .unwrap();
+    let run = handle.id();
+    let outcome = tokio::time::timeout(Duration::from_secs(60), handle.finished())
+        .await
+        .expect("the run finishes")
+        .unwrap();
+    assert_eq!(outcome.status, RunStatus::Completed, "{}", outcome.outcome);
+    let token = std::fs::read_to_string(&copy).unwrap();
+    assert_eq!(token.len(), 64, "the session saw its token: {token:?}");
+    let tasks = n.store.run(run).tasks(None, 100).unwrap().items;
+    let task = tasks.iter().find(|t| t.kind != TaskKind::Root).unwrap();
+    let outcome_text = task.outcome.clone().unwrap_or_default();
+    assert!(!outcome_text.contains(&token), "{outcome_text}");
+    let log = n.store.run(run).last_log_rows(task.id, 200).unwrap();
+    assert!(
+        log.iter().any(|r| r.value.kind == LogKind::ToolResult
+            && r.value.detail.contains("token=[REDACTED:")
+            && !r.value.redactions.is_empty()),
+        "the tool result holds the marker and counts the redaction: {log:#?}"
+    );
+    n.rt.shutdown().await;
+    drop(n.endpoint);
+    let bytes = std::fs::read(n._dir.path().join("keel.redb")).unwrap();
+    assert!(
+        !bytes.windows(token.len()).any(|w| w == token.as_bytes()),
+        "the token is in the store file"
+    );
+}

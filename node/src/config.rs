@@ -37,6 +37,41 @@ pub(crate) struct Config {
     pub(crate) server: ServerSection,
     /// `keel node`'s cluster settings.
     pub(crate) node: crate::node_cmd::NodeSection,
+    /// `[context]`: the preamble budgets, the same for the runtime and `keel context`.
+    pub(crate) context: ContextSection,
+}
+
+/// `[context]`: the caps of the two preambles (docs/DESIGN.md §6), in tokens of four characters.
+/// The runtime's sessions and `keel context` read them from here, so what `keel context` prints is
+/// what a session gets.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct ContextSection {
+    /// Cap of the standard preamble (a follow-up's, a derived task's), in tokens.
+    pub(crate) standard_tokens_max: u32,
+    /// Cap of the resume preamble (a crashed, paused or retried task's), in tokens.
+    pub(crate) resume_tokens_max: u32,
+}
+
+impl Default for ContextSection {
+    fn default() -> Self {
+        let d = keel_actors::context::ContextConfig::default();
+        Self {
+            standard_tokens_max: d.standard_tokens_max,
+            resume_tokens_max: d.resume_tokens_max,
+        }
+    }
+}
+
+impl ContextSection {
+    /// The builders' limits with these caps (every other limit at its default).
+    pub(crate) fn context_config(&self) -> keel_actors::context::ContextConfig {
+        keel_actors::context::ContextConfig {
+            standard_tokens_max: self.standard_tokens_max,
+            resume_tokens_max: self.resume_tokens_max,
+            ..keel_actors::context::ContextConfig::default()
+        }
+    }
 }
 
 /// `[server]`: the HTTP API `keel serve` answers on (docs/API.md).
@@ -270,6 +305,16 @@ pub(crate) enum ConfigError {
         /// The field and what is wrong with it.
         source: keel_policy::PolicyConfigError,
     },
+    /// A preamble cap of `[context]` outside what the builders accept.
+    #[error("{}:{line}: [context]: {source}", path.display())]
+    Context {
+        /// The file.
+        path: PathBuf,
+        /// The line of the `[context]` table.
+        line: usize,
+        /// Which cap, and its range.
+        source: keel_actors::context::ContextConfigError,
+    },
     /// Two agent profiles share a name, so assignment would be ambiguous.
     #[error("{}:{line}: agent name {name:?} is used twice", path.display())]
     DuplicateAgent {
@@ -330,6 +375,13 @@ impl Config {
                     name: agent.name.clone(),
                 });
             }
+        }
+        if let Err(source) = config.context.context_config().validate() {
+            return Err(ConfigError::Context {
+                path: path.into(),
+                line: nth_line_starting(text, "[context]", 0),
+                source,
+            });
         }
         if let Err(source) = config.policy_config().build() {
             let line = match source.hook_index {

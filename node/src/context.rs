@@ -24,11 +24,13 @@ const CREDENTIAL_VARS: &[&str] = &[
     "STRIPE_SECRET_KEY",
 ];
 
-/// Builds the report with the default caps and the credentials of this environment registered.
+/// Builds the report with the caps of keel.toml's `[context]` (what the runtime's sessions get) and
+/// the credentials of this environment registered.
 pub(crate) fn build(
     store: &Store,
     task: TaskId,
     resume: bool,
+    config: &ContextConfig,
 ) -> Result<ContextReport, ContextError> {
     let mut scrubber = Scrubber::new();
     for var in CREDENTIAL_VARS {
@@ -44,5 +46,5 @@ pub(crate) fn build(
         // Let the builder report the missing task with its own typed error.
         Err(_) => Continuity::Fresh,
     };
-    context_from_store(store, task, start, &ContextConfig::default(), &scrubber)
+    context_from_store(store, task, start, config, &scrubber)
 }

@@ -57,7 +57,8 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failed> {
         Command::Hook { .. } => {}
         Command::Context { task, resume } => {
             let store = home.open_existing()?;
-            out.context(&context::build(&store, task, resume)?)?;
+            let caps = home.config()?.context.context_config();
+            out.context(&context::build(&store, task, resume, &caps)?)?;
         }
         Command::Tree { run, limit } => read(&home, &cli_remote, &out, Read::Tree { run, limit })?,
         Command::Run {

@@ -3,6 +3,7 @@
 //! are node configuration, not persisted task data), and the environment a session sees.
 
 use crate::ids::AttemptId;
+use crate::message::SessionSecret;
 use crate::session_tool::{DeliverToolCall, SESSION_TOOL_SERVER, SessionEndpoint};
 use keel_harness::{Account, Credential, Harness, HarnessKind, McpEndpoint, SessionSpec};
 use std::collections::BTreeMap;
@@ -94,22 +95,22 @@ impl HarnessSet {
     }
 
     /// Opens the attempt's session on the endpoint (its token minted, its calls going to `deliver`)
-    /// and names the endpoint in the spec, the token in its environment. Returns whether the session
-    /// got the tools; without them (no endpoint, pi, no token) the spec is unchanged.
+    /// and names the endpoint in the spec, the token in its environment. Returns the token when the
+    /// session got the tools, for the host to hand its specialist as a
+    /// [`SpecialistInput::SessionSecret`](crate::SpecialistInput::SessionSecret) before the session
+    /// starts (so an echo of it is scrubbed at ingest); without the tools (no endpoint, pi, no
+    /// token) the spec is unchanged.
     pub fn open_session_tools(
         &self,
         spec: &mut SessionSpec,
         kind: HarnessKind,
         attempt: AttemptId,
         deliver: DeliverToolCall,
-    ) -> bool {
-        let Some(endpoint) = self
+    ) -> Option<SessionSecret> {
+        let endpoint = self
             .session_endpoint
             .as_ref()
-            .filter(|_| self.serves_session_tools(kind))
-        else {
-            return false;
-        };
+            .filter(|_| self.serves_session_tools(kind))?;
         match endpoint.open(attempt, deliver) {
             Ok(access) => {
                 spec.mcp_endpoint = Some(McpEndpoint {
@@ -117,12 +118,22 @@ impl HarnessSet {
                     url: access.url,
                     bearer_token_env: Some(MCP_TOKEN_ENV.into()),
                 });
-                spec.env.insert(MCP_TOKEN_ENV.into(), access.token);
-                true
+                spec.env.insert(MCP_TOKEN_ENV.into(), access.token.clone());
+                // A profile that narrows the tools still gets keel's own (names as MCP clients
+                // offer them), or it could neither report nor delegate.
+                if !spec.allowed_tools.is_empty() {
+                    for tool in crate::session_tool::SESSION_TOOLS {
+                        let name = format!("mcp__{SESSION_TOOL_SERVER}__{tool}");
+                        if !spec.allowed_tools.contains(&name) {
+                            spec.allowed_tools.push(name);
+                        }
+                    }
+                }
+                Some(SessionSecret(access.token))
             }
             Err(e) => {
                 tracing::warn!(%attempt, error = %e, "the session runs without keel's tools");
-                false
+                None
             }
         }
     }

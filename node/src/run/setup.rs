@@ -176,6 +176,8 @@ pub(crate) async fn node_setup(
     rc.supervisor.spawn_interval_ms = 60_000 / u64::from(sup.spawns_per_minute.get()).max(1);
     rc.supervisor.subtask_timeout_ms = u64::from(sup.subtask_timeout_s.get()) * 1000;
     rc.specialist.working_dir = work_dir.to_path_buf();
+    // The preamble caps of keel.toml's [context]; `keel context` reads the same section.
+    rc.specialist.context = config.context.context_config();
     // The credentials keel reads, whether or not an agent uses them: a session that prints one
     // leaves none in the store (the runtime adds every account's own).
     for name in CREDENTIAL_ENV {
@@ -281,7 +283,15 @@ pub(crate) async fn node_setup(
     }
     rc.supervisor.agents = agents;
     // keel's session tools for every session of a harness with an MCP client (issue 11).
-    let endpoint = keel_mcp::McpEndpoint::start(keel_mcp::EndpointConfig::default())
+    // Its answers and error bodies are scrubbed with the credentials this node knows (issue 16).
+    let mut endpoint_config = keel_mcp::EndpointConfig {
+        scrubber: rc.specialist.scrubber.clone(),
+        ..keel_mcp::EndpointConfig::default()
+    };
+    for value in harnesses.credential_values() {
+        let _ = endpoint_config.scrubber.register_secret(&value);
+    }
+    let endpoint = keel_mcp::McpEndpoint::start(endpoint_config)
         .await
         .context("starting keel's MCP endpoint on 127.0.0.1")?;
     harnesses = harnesses.with_session_endpoint(Arc::new(endpoint));

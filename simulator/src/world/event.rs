@@ -247,6 +247,7 @@ fn spec_input_name(i: &SpecialistInput) -> String {
             HarnessEvent::Finished { stop_reason, .. } => format!("harness finished {stop_reason}"),
             HarnessEvent::Failed(e) => format!("harness failed {}", e.category),
         },
+        SpecialistInput::SessionSecret(_) => "session secret".into(),
         SpecialistInput::Timer(t) => format!("timer {t:?}"),
     }
 }

@@ -165,9 +165,14 @@ impl SpecialistRole {
             let me = me.clone();
             Box::new(move |call| Self::feed_tool_call(&me, call))
         };
-        self.node
-            .harnesses
-            .open_session_tools(&mut spec, self.harness, self.attempt, deliver);
+        if let Some(token) =
+            self.node
+                .harnesses
+                .open_session_tools(&mut spec, self.harness, self.attempt, deliver)
+        {
+            // Registered before the session can print it: the mailbox delivers this first.
+            Self::feed(me, SpecialistInput::SessionSecret(token));
+        }
         self.node.sessions_started.fetch_add(1, Ordering::Relaxed);
         match harness.start(spec).await {
             Err(e) => {
