@@ -236,6 +236,15 @@ pub(crate) enum Command {
     },
     /// A narrated scenario: a worker crash, recovery from the checkpoint, a harness switch.
     Demo,
+    /// Print the shell completion script (bash, zsh, fish, elvish, powershell), e.g.
+    /// `keel completions bash > ~/.local/share/bash-completion/completions/keel`.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print keel's man page (roff), generated from these definitions: `keel man > keel.1`.
+    Man,
     /// Look after the store file: check it, back it up, compact it.
     Store {
         #[command(subcommand)]

@@ -179,6 +179,8 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failed> {
             ended(node_cmd::node(&home, args, cli.json))?;
         }
         Command::Demo => failure(run::demo::demo(&home))?,
+        Command::Completions { shell } => crate::shell::completions(shell)?,
+        Command::Man => crate::shell::man()?,
         Command::Bench {
             fan_out,
             runs,

@@ -20,6 +20,7 @@ mod remote;
 mod render;
 mod run;
 mod serve;
+mod shell;
 mod status;
 mod stdout;
 mod store_file;
