@@ -1,0 +1,266 @@
+//! The real Claude Code (the pinned CLI, against the scripted model server) calling keel's MCP tools
+//! through `keel run` and `keel follow-up` (issue 11):
+//!
+//! - as a lead, it calls `delegate` with three subtasks in one turn; the three specialists (Claude
+//!   Code sessions too) run as one parallel turn; the lead gets the three reports and the run
+//!   completes with its synthesis;
+//! - as a follow-up, it calls `get_task_details` on the parent its preamble names and gets that
+//!   task's brief and status.
+//!
+//! Skipped only with `KEEL_SKIP_REAL_CLIS=1` when Claude Code is not installed.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests: a panic is the failure report.
+
+use keel_harness::cli::CliFlavor;
+use keel_store::{RunId, RunStatus, TaskKind, TaskStatus};
+use keel_tests::fan_out::{reader, subtasks};
+use keel_tests::{Reaped, keel, recorded_bodies};
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::time::Duration;
+
+const WAIT: Duration = Duration::from_secs(180);
+
+/// Whether the real Claude Code is installed; `false` (with the reason printed) only when
+/// `KEEL_SKIP_REAL_CLIS=1` allows skipping.
+fn claude_code() -> bool {
+    match keel_harness::cli::claude::ClaudeCodeHarness::claude_code()
+        .flavor()
+        .binary()
+        .locate()
+    {
+        Ok(_) => true,
+        Err(e) if std::env::var("KEEL_SKIP_REAL_CLIS").as_deref() == Ok("1") => {
+            eprintln!("skipping Claude Code (KEEL_SKIP_REAL_CLIS=1): {e}");
+            false
+        }
+        Err(e) => panic!(
+            "{e}\nthis test needs the real Claude Code CLI: run `{}`, or set KEEL_SKIP_REAL_CLIS=1",
+            keel_harness::cli::INSTALL_COMMAND
+        ),
+    }
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    work: PathBuf,
+    record: PathBuf,
+    _server: Reaped,
+    url: String,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let work = dir.path().join("work");
+        let record = dir.path().join("requests");
+        std::fs::create_dir_all(&work).unwrap();
+        std::fs::write(work.join("lib.rs"), "pub fn f() {}\n").unwrap();
+        let init = keel(&work).unwrap().arg("init").output().unwrap();
+        assert!(init.status.success(), "{init:?}");
+        let mut cmd = keel(&work).unwrap();
+        cmd.args(["model-server", "--record-dir"]).arg(&record);
+        let mut server = Reaped::spawn(cmd).unwrap();
+        let line = server
+            .line_containing("listening on", Duration::from_secs(30))
+            .unwrap();
+        let url = line.trim_start_matches("listening on ").trim().to_string();
+        Fixture {
+            _dir: dir,
+            work,
+            record,
+            _server: server,
+            url,
+        }
+    }
+
+    /// An agent profile `claude` on Claude Code in keel.toml.
+    fn add_claude(&self) {
+        let config = self.work.join(".keel/keel.toml");
+        let mut text = std::fs::read_to_string(&config).unwrap();
+        text.push_str(
+            "\n[[agents]]\nname = \"claude\"\nharness = \"claude-code\"\nmodel = \"keel-scripted-1\"\naccount = \"local\"\n",
+        );
+        std::fs::write(&config, text).unwrap();
+    }
+
+    /// `keel ARGS` with Claude Code pointed at the scripted model server.
+    fn keel(&self, args: &[&str]) -> std::process::Command {
+        let mut cmd = keel(&self.work).unwrap();
+        cmd.args(args)
+            .env("ANTHROPIC_BASE_URL", &self.url)
+            .env("ANTHROPIC_API_KEY", "sk-claude-tools-test");
+        cmd
+    }
+
+    fn finish(&self, cmd: std::process::Command) -> (i32, String, String) {
+        let (status, out, err) = Reaped::spawn(cmd).unwrap().wait_output(WAIT).unwrap();
+        (status.code().unwrap_or(-1), out, err)
+    }
+}
+
+/// The text of every tool result in a recorded request (Anthropic's wire shape).
+fn tool_results(body: &Value) -> Vec<String> {
+    body["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
+        .filter(|c| c["type"] == "tool_result")
+        .map(|c| match &c["content"] {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        })
+        .collect()
+}
+
+/// A subtask the scripted model carries out on any harness: it runs `echo part N done` and then
+/// reports with that line as its finding.
+fn part(i: usize) -> Value {
+    json!({
+        "id": format!("part-{i}"),
+        "brief": format!("Part {i}. REPORT_AFTER_TOOL\nRUN_TOOL: echo part {i} done ;;"),
+        "goal": format!("part {i}"),
+    })
+}
+
+#[test]
+fn claude_code_as_a_lead_delegates_three_subtasks_in_one_call_and_ends_with_its_synthesis() {
+    if !claude_code() {
+        return;
+    }
+    let fx = Fixture::new();
+    fx.add_claude();
+    let brief = format!(
+        "Lead the three parts. REPORT_AFTER_TOOL\nCALL_TOOL: mcp__keel__delegate {}",
+        json!({"subtasks": [part(1), part(2), part(3)]})
+    );
+    let (code, out, err) = fx.finish(fx.keel(&["run", &brief, "--agent", "claude"]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    let run: RunId = out
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("run ")?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap();
+    let store = reader(&fx.work);
+    let row = store.catalog().run(run).unwrap();
+    assert_eq!(row.status, RunStatus::Completed, "{row:?}\n{out}\n{err}");
+    // Three subtasks, each a Claude Code session that reported.
+    let tasks = subtasks(&store, run);
+    assert_eq!(tasks.len(), 3, "{tasks:#?}");
+    for t in &tasks {
+        assert_eq!(t.kind, TaskKind::Subtask);
+        assert_eq!(t.status, TaskStatus::Complete, "{t:#?}");
+        assert_eq!(t.assignee.as_deref(), Some("claude"));
+    }
+    // One delegation turn of three calls, dispatched together.
+    let root = store
+        .run(run)
+        .tasks(None, 100)
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|t| t.kind == TaskKind::Root)
+        .unwrap();
+    assert_eq!(root.status, TaskStatus::Complete);
+    let log = store.run(run).last_log_rows(root.id, 500).unwrap();
+    assert!(
+        log.iter().any(|r| r
+            .value
+            .summary
+            .contains("dispatch delegation turn 1: 3 calls in parallel")),
+        "{log:#?}"
+    );
+    // The lead's delegate call was answered with the three reports, and the lead read them: the
+    // model saw the answer in Claude Code's next request, and the lead's report is its synthesis.
+    let bodies = recorded_bodies(&fx.record);
+    let answer = bodies
+        .iter()
+        .flat_map(tool_results)
+        .find(|r| r.contains("part-1") && r.contains("part-2") && r.contains("part-3"))
+        .expect("the lead's delegate answer reached Claude Code");
+    for i in 1..=3 {
+        assert!(answer.contains(&format!("part {i} done")), "{answer}");
+    }
+    assert!(root.outcome.is_some(), "{root:#?}");
+    let synthesis = row.outcome.clone().unwrap_or_default();
+    for i in 1..=3 {
+        assert!(
+            synthesis.contains(&format!("part {i} done"))
+                || out.contains(&format!("part {i} done")),
+            "the synthesis covers part {i}: {synthesis}\n{out}"
+        );
+    }
+}
+
+/// The survey run on keel's own loop: the parent of the follow-ups; returns the run and the task
+/// whose brief holds `needle`.
+fn survey(fx: &Fixture, needle: &str) -> (RunId, keel_store::Task) {
+    let (code, out, err) = fx.finish(fx.keel(&["run", "survey", "--model-server", &fx.url]));
+    assert_eq!(code, 0, "{out}\n{err}");
+    let run: RunId = out
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("run ")?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap();
+    let store = reader(&fx.work);
+    let task = subtasks(&store, run)
+        .into_iter()
+        .find(|t| t.brief.contains(needle))
+        .unwrap();
+    (run, task)
+}
+
+fn follow_up(fx: &Fixture, parent: &str, message: &str) -> std::process::Command {
+    fx.keel(&["follow-up", parent, message, "--agent", "claude"])
+}
+
+#[test]
+fn claude_code_reads_an_ancestor_its_preamble_names_with_get_task_details() {
+    if !claude_code() {
+        return;
+    }
+    let fx = Fixture::new();
+    let (_run, parent) = survey(&fx, "most common file extension");
+    fx.add_claude();
+    let parent_id = parent.id.to_string();
+
+    let message = format!(
+        "Read the parent task. REPORT_AFTER_TOOL\nCALL_TOOL: mcp__keel__get_task_details {}",
+        json!({ "task_id": parent_id })
+    );
+    let before = recorded_bodies(&fx.record).len();
+    let (code, out, err) = fx.finish(follow_up(&fx, &parent_id, &message));
+    assert_eq!(code, 0, "{out}\n{err}");
+    let bodies = recorded_bodies(&fx.record);
+    let new = &bodies[before..];
+    let opening = new
+        .iter()
+        .find(|b| b.to_string().contains("kind=\\\"standard\\\""))
+        .expect("the follow-up's session was recorded");
+    assert!(
+        opening
+            .to_string()
+            .contains(&format!("## Parent task {parent_id}")),
+        "the preamble names the parent"
+    );
+    let details = new
+        .iter()
+        .flat_map(tool_results)
+        .find(|r| r.contains(&parent_id))
+        .expect("Claude Code got the answer of get_task_details");
+    assert!(
+        details.contains("most common file extension"),
+        "the parent's brief: {details}"
+    );
+    assert!(details.contains("Complete"), "its status: {details}");
+}
