@@ -8,6 +8,7 @@ pub mod checkpoint;
 pub mod context;
 pub mod coordinator;
 pub mod effect;
+pub mod escalation;
 pub mod host;
 pub mod ids;
 pub mod machine;

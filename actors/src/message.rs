@@ -290,6 +290,18 @@ pub enum CoordinatorMsg {
         /// Why, one line.
         reason: String,
     },
+    /// A human answered an escalation of one of the run's tasks; the host made the answer durable
+    /// (the escalation's resolution and the task's steering row) before it sends this. A task that
+    /// waits for it starts its next attempt.
+    ///
+    /// # Delivery
+    /// Local cast from the host. Idempotent: a task that no longer waits for it is left alone.
+    EscalationAnswered {
+        /// The escalation.
+        escalation: keel_store::EscalationId,
+        /// Its task.
+        task: TaskId,
+    },
 }
 
 /// What a specialist tells its coordinator.
@@ -517,6 +529,9 @@ pub struct RecoveredRun {
     pub tasks: Vec<Task>,
     /// Every idempotency record of the run.
     pub idempotency: Vec<IdempotencyRecord>,
+    /// The run's open escalations that pause a task: such a task waits for its answer instead of
+    /// running again.
+    pub escalations: Vec<keel_store::Escalation>,
 }
 
 /// Everything that can happen to a coordinator.

@@ -7,8 +7,9 @@
 //! split across transactions, which is how a step result and its done-marker land together.
 
 use keel_store::{
-    AuditEntry, Checkpoint, DeadLetter, Escalation, IdempotencyRecord, ManifestEntry, Run, RunId,
-    RunScope, SessionLogRow, StageError, StagedWrite, Task, TaskId,
+    AuditEntry, Checkpoint, DeadLetter, Escalation, EscalationId, EscalationResolution,
+    IdempotencyRecord, ManifestEntry, Run, RunId, RunScope, SessionLogRow, StageError, StagedWrite,
+    Task, TaskId,
 };
 
 /// One store write, run-scoped by the [`Stage`] that carries it.
@@ -42,6 +43,13 @@ pub enum PersistOp {
     AppendAudit(AuditEntry),
     /// `stage_append_escalation`: a hand-off to a human.
     AppendEscalation(Escalation),
+    /// `stage_resolve_escalation`: a human's answer (or an approval's expiry); the first stays.
+    ResolveEscalation {
+        /// The escalation.
+        id: EscalationId,
+        /// How it closes.
+        resolution: EscalationResolution,
+    },
 }
 
 impl PersistOp {
@@ -64,6 +72,9 @@ impl PersistOp {
             PersistOp::RecordIdempotency(r) => scope.stage_record_idempotency(r),
             PersistOp::AppendAudit(a) => scope.stage_append_audit(a),
             PersistOp::AppendEscalation(e) => scope.stage_append_escalation(e),
+            PersistOp::ResolveEscalation { id, resolution } => {
+                scope.stage_resolve_escalation(id, resolution)
+            }
         }
     }
 
@@ -81,6 +92,7 @@ impl PersistOp {
             PersistOp::RecordIdempotency(_) => "record_idempotency",
             PersistOp::AppendAudit(_) => "append_audit",
             PersistOp::AppendEscalation(_) => "append_escalation",
+            PersistOp::ResolveEscalation { .. } => "resolve_escalation",
         }
     }
 }

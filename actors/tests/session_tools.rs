@@ -402,8 +402,68 @@ fn escalate_records_a_self_contained_escalation_before_it_answers() {
         answers_to(&w, "e1").as_slice(),
         [SessionAnswer::Recorded { .. }]
     ));
-    let e = w.store.escalations.last().expect("an escalation row");
+    let e = w
+        .store
+        .escalations
+        .last()
+        .expect("an escalation row")
+        .clone();
     assert_eq!(e.task_id, Some(a.task));
     assert_eq!(e.asked, "which spec wins?");
-    assert!(e.recommended_action.contains("v1 | v2"));
+    assert_eq!(e.options, vec!["v1".to_string(), "v2".to_string()]);
+    assert_eq!(e.waiting, keel_store::EscalationWait::Task);
+    assert!(
+        e.recommended_action.contains("\"v1\", \"v2\""),
+        "{}",
+        e.recommended_action
+    );
+    // The task waits for the human, durably; its session was stopped and nothing else starts.
+    assert_eq!(w.coordinator.steps()[0].1, StepStatus::AwaitingHuman);
+    assert_eq!(
+        w.store.tasks[&a.task].status,
+        keel_store::TaskStatus::Paused
+    );
+    assert!(!w.specs.iter().any(|(x, _)| x.attempt > a.attempt));
+    // A recovered coordinator keeps waiting instead of running the task again.
+    let rows = w.store.recovered(a.run);
+    let mut recovered = Coordinator::new(CoordinatorConfig::default());
+    let mut out = Vec::new();
+    recovered.handle(
+        CoordinatorInput::Recovered(Box::new(rows)),
+        1,
+        &mut SplitMix64(9),
+        &mut out,
+    );
+    assert_eq!(recovered.steps()[0].1, StepStatus::AwaitingHuman);
+    // The answer (made durable by the host) starts the task's next attempt with a resume preamble.
+    w.queue.push_back(Ev::Coord(CoordinatorInput::Msg(
+        CoordinatorMsg::EscalationAnswered {
+            escalation: e.id,
+            task: a.task,
+        },
+    )));
+    settle(&mut w);
+    let next = w
+        .specs
+        .iter()
+        .find(|(x, _)| x.task == a.task && x.attempt == a.attempt + 1)
+        .expect("the task's next attempt started");
+    assert!(
+        next.1.prompt.contains("Resum") || next.1.prompt.contains("resum"),
+        "{}",
+        next.1.prompt
+    );
+    // Answering again changes nothing.
+    w.queue.push_back(Ev::Coord(CoordinatorInput::Msg(
+        CoordinatorMsg::EscalationAnswered {
+            escalation: e.id,
+            task: a.task,
+        },
+    )));
+    settle(&mut w);
+    assert!(
+        !w.specs
+            .iter()
+            .any(|(x, _)| x.task == a.task && x.attempt > a.attempt + 1)
+    );
 }

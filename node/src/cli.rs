@@ -168,6 +168,26 @@ pub(crate) enum Command {
         /// The run id.
         run: RunId,
     },
+    /// List escalations waiting for a human (of one run, or of every run), each with what was
+    /// asked, what was tried, why it stopped and a recommended action.
+    Escalations {
+        /// The run id; every run when left out.
+        run: Option<RunId>,
+        /// Answered and expired ones too.
+        #[arg(long)]
+        all: bool,
+        /// Show at most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
+    /// Answer an escalation: a paused task resumes with the answer in its preamble, a tool call
+    /// waiting for an approval runs (`allow`) or is denied (`deny`).
+    Answer {
+        /// The escalation id (from `keel escalations`).
+        escalation: keel_store::EscalationId,
+        /// The answer (one of the escalation's options, when it has some).
+        text: String,
+    },
     /// Show one run's state (the latest run's when no run is named) and which other runs are open.
     Status {
         /// The run id; the latest run when left out.

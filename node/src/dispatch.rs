@@ -131,6 +131,29 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failed> {
             }
             None => failure(run::cancel(&home, id, cli.json))?,
         },
+        Command::Escalations { run, all, limit } => match remote::target(
+            &home,
+            cli_remote.server.as_deref(),
+            cli_remote.token_file.as_deref(),
+            false,
+        )
+        .map_err(|e| remote::exit_of(e, false))?
+        {
+            Some(server) => remote::escalations(&server, run, all, limit, cli.json)
+                .map_err(|e| remote::exit_of(e, false))?,
+            None => failure(crate::escalations::print_list(
+                &home.open_existing()?,
+                run,
+                all,
+                limit,
+                cli.json,
+            ))?,
+        },
+        Command::Answer { escalation, text } => match cli_remote.hosting(&home)? {
+            Some(server) => remote::answer(&server, escalation, &text, cli.json)
+                .map_err(|e| remote::exit_of(e, true))?,
+            None => crate::escalations::answer_local(&home, escalation, &text, cli.json)?,
+        },
         Command::Status { run: id } => read(&home, &cli_remote, &out, Read::Status { run: id })?,
         Command::Serve { listen, harness } => failure(serve::serve(
             &home,

@@ -8,6 +8,7 @@ mod config;
 mod context;
 mod dispatch;
 mod doctor;
+mod escalations;
 mod exit;
 mod home;
 mod hook;

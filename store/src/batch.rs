@@ -6,8 +6,9 @@
 //! cannot be built without that run's scope, and the scope only ever tags writes with its own run.
 
 use crate::model::{
-    AgentProfile, AuditEntry, Checkpoint, DeadLetter, Escalation, IdempotencyRecord, ManifestEntry,
-    Run, RunId, SessionLogRow, Task, TaskId,
+    AgentProfile, AuditEntry, Checkpoint, DeadLetter, Escalation, EscalationId,
+    EscalationResolution, IdempotencyRecord, ManifestEntry, Run, RunId, SessionLogRow, Task,
+    TaskId,
 };
 
 /// A write that passed its limits and run checks and waits to be committed by
@@ -83,13 +84,20 @@ pub(crate) enum RunOp {
     UpdateRun(Run),
     CreateTask(Task),
     UpdateTask(Task),
-    AppendLog { task: TaskId, row: SessionLogRow },
+    AppendLog {
+        task: TaskId,
+        row: SessionLogRow,
+    },
     PutCheckpoint(Checkpoint),
     AppendManifest(ManifestEntry),
     AppendDeadLetter(DeadLetter),
     RecordIdempotency(IdempotencyRecord),
     AppendAudit(AuditEntry),
     AppendEscalation(Escalation),
+    ResolveEscalation {
+        id: EscalationId,
+        resolution: EscalationResolution,
+    },
     PutBlob(Vec<u8>),
     PutAgent(AgentProfile),
 }
@@ -189,11 +197,16 @@ pub enum Applied {
         /// Its sequence number within its run.
         seq: u64,
     },
-    /// An escalation was appended.
+    /// An escalation was appended (or was already there under its id: appending it again changes
+    /// nothing).
     EscalationAppended {
         /// Its sequence number within its run.
         seq: u64,
     },
+    /// An escalation was closed now.
+    EscalationResolved,
+    /// The escalation was closed before: the first resolution stays. Carries it.
+    EscalationAlreadyResolved(EscalationResolution),
     /// A blob was stored; reference it with [`crate::AttachmentBody::Blob`].
     BlobStored {
         /// The blob's key within its run.

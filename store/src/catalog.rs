@@ -9,7 +9,9 @@ use redb::ReadableTable;
 
 use crate::codec;
 use crate::error::ReadError;
-use crate::model::{AgentProfile, AuditEntry, Run, RunId, SessionLogRow, Task, TaskId};
+use crate::model::{
+    AgentProfile, AuditEntry, Escalation, EscalationId, Run, RunId, SessionLogRow, Task, TaskId,
+};
 use crate::read::{self, Listing, RunPage, Sequenced, TreeNode};
 use crate::store::Store;
 use crate::tables::{self, name};
@@ -165,6 +167,76 @@ impl<'s> Catalog<'s> {
         let limit = self.limit(limit)?;
         self.store
             .read(|txn| read::seq_rows(txn, tables::AUDIT, name::AUDIT, run, after_seq, limit))
+    }
+
+    /// One escalation by its id: its run, its sequence number and the row.
+    ///
+    /// # Errors
+    /// [`ReadError::NotFound`], [`ReadError::Decode`].
+    pub fn escalation(
+        &self,
+        id: EscalationId,
+    ) -> Result<(RunId, Sequenced<Escalation>), ReadError> {
+        self.store.read(|txn| {
+            let not_found = || ReadError::NotFound {
+                what: "escalation",
+                key: id.to_string(),
+            };
+            let (run, seq) = txn
+                .open_table(tables::ESCALATION_IDS)?
+                .get(id.0)?
+                .map(|g| g.value())
+                .ok_or_else(not_found)?;
+            let table = txn.open_table(tables::ESCALATIONS)?;
+            let row = table.get((run, seq))?.ok_or_else(not_found)?;
+            let value = codec::decode(
+                name::ESCALATIONS,
+                &format_args!("{}/{seq}", RunId(run)),
+                row.value(),
+            )?;
+            Ok((RunId(run), Sequenced { seq, value }))
+        })
+    }
+
+    /// Escalations of one run, or of every run (by run, then in the order they were raised), the
+    /// open ones only if `open_only`, at most `limit`: what `keel escalations` prints.
+    ///
+    /// # Errors
+    /// [`ReadError::TooManyRows`], [`ReadError::Decode`].
+    pub fn escalations(
+        &self,
+        run: Option<RunId>,
+        open_only: bool,
+        limit: u32,
+    ) -> Result<Listing<(RunId, Sequenced<Escalation>)>, ReadError> {
+        let limit = self.limit(limit)?;
+        self.store.read(|txn| {
+            let table = txn.open_table(tables::ESCALATIONS)?;
+            let range = match run {
+                Some(r) => table.range((r.0, 0u64)..=(r.0, u64::MAX))?,
+                None => table.range::<(u128, u64)>(..)?,
+            };
+            let mut items = Vec::new();
+            let mut more = false;
+            for entry in range {
+                let (k, v) = entry?;
+                let (run, seq) = k.value();
+                let value: Escalation = codec::decode(
+                    name::ESCALATIONS,
+                    &format_args!("{}/{seq}", RunId(run)),
+                    v.value(),
+                )?;
+                if open_only && !value.is_open() {
+                    continue;
+                }
+                if items.len() == limit {
+                    more = true;
+                    break;
+                }
+                items.push((RunId(run), Sequenced { seq, value }));
+            }
+            Ok(Listing { items, more })
+        })
     }
 
     /// An agent profile by name.

@@ -17,8 +17,10 @@ use std::fmt;
 /// [`DecodeError::SchemaFromFuture`]; rows with this or an older known version decode.
 ///
 /// History: 1, the first; 2, a session log row records what the scrubber removed from it
-/// (`SessionLogRow::redactions`); every other record type is laid out as in version 1.
-pub const SCHEMA_VERSION: u8 = 2;
+/// (`SessionLogRow::redactions`); 3, an escalation has an id, options, what waits for it and its
+/// resolution (`Escalation::{id, options, waiting, resolution}`). Every other record type is laid
+/// out as in version 1.
+pub const SCHEMA_VERSION: u8 = 3;
 
 /// The oldest schema version this build still decodes.
 pub const SCHEMA_VERSION_MIN: u8 = 1;
@@ -95,6 +97,20 @@ mod v1 {
     use crate::model::{LogKind, UnixMillis};
     use serde::Deserialize;
 
+    /// An escalation as versions 1 and 2 wrote it (no id: nothing could answer it).
+    #[derive(Deserialize)]
+    pub(super) struct Escalation {
+        pub(super) ts_ms: UnixMillis,
+        pub(super) task_id: Option<crate::model::TaskId>,
+        pub(super) trigger: crate::model::EscalationTrigger,
+        pub(super) account: String,
+        pub(super) asked: String,
+        pub(super) attempted: String,
+        pub(super) diagnosis: String,
+        pub(super) amount_micros: Option<u64>,
+        pub(super) recommended_action: String,
+    }
+
     /// A session log row as version 1 wrote it (no redaction counts: nothing was scrubbed at ingest).
     #[derive(Deserialize)]
     pub(super) struct SessionLogRow {
@@ -107,8 +123,10 @@ mod v1 {
 
 impl Record for crate::model::SessionLogRow {
     fn decode_older(version: u8, body: &[u8]) -> Result<(Self, usize), String> {
-        // Only version 1 is older than the current layout.
-        let _ = version;
+        // Version 2 is laid out as version 3; only version 1 is older than the current layout.
+        if version >= 2 {
+            return decode_body(body);
+        }
         let (old, read) = decode_body::<v1::SessionLogRow>(body)?;
         let row = Self {
             ts_ms: old.ts_ms,
@@ -116,6 +134,31 @@ impl Record for crate::model::SessionLogRow {
             summary: old.summary,
             detail: old.detail,
             redactions: Vec::new(),
+        };
+        Ok((row, read))
+    }
+}
+
+impl Record for crate::model::Escalation {
+    fn decode_older(version: u8, body: &[u8]) -> Result<(Self, usize), String> {
+        // Versions 1 and 2 wrote the same layout. Such a row waited for nothing and has no id (id 0):
+        // it is shown, never answered.
+        let _ = version;
+        let (old, read) = decode_body::<v1::Escalation>(body)?;
+        let row = Self {
+            id: crate::model::EscalationId(0),
+            ts_ms: old.ts_ms,
+            task_id: old.task_id,
+            trigger: old.trigger,
+            account: old.account,
+            asked: old.asked,
+            attempted: old.attempted,
+            diagnosis: old.diagnosis,
+            amount_micros: old.amount_micros,
+            recommended_action: old.recommended_action,
+            options: Vec::new(),
+            waiting: crate::model::EscalationWait::Nothing,
+            resolution: None,
         };
         Ok((row, read))
     }
@@ -149,7 +192,6 @@ unchanged_since_v1!(
     crate::model::DeadLetter,
     crate::model::IdempotencyRecord,
     crate::model::AuditEntry,
-    crate::model::Escalation,
     crate::model::AgentProfile,
 );
 

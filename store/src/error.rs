@@ -10,7 +10,7 @@
 use crate::codec::{DecodeError, EncodeError};
 use crate::guard::{CarriesCorruption, Corruption, storage_corrupted};
 use crate::limits::LimitError;
-use crate::model::{RunId, TaskId};
+use crate::model::{EscalationId, RunId, TaskId};
 
 /// Opening (or creating) a store failed. The variants tell apart what an operator does next: wait
 /// for (or stop) the other process, fix a permission, restore a backup, free space.
@@ -232,6 +232,17 @@ pub enum ItemError {
     ParentChanged {
         /// The task being updated.
         task: TaskId,
+    },
+    /// The escalation id is already used by another run: escalation ids are unique store-wide.
+    #[error("escalation id {0} is already taken")]
+    EscalationIdTaken(EscalationId),
+    /// No escalation with this id in this run.
+    #[error("escalation {id} not found in run {run}")]
+    EscalationNotFound {
+        /// The run looked in.
+        run: RunId,
+        /// The escalation looked for.
+        id: EscalationId,
     },
     /// An attachment references a blob that does not exist in this run.
     #[error("blob {0} not found in this run")]

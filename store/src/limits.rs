@@ -7,7 +7,8 @@
 
 use crate::model::{
     AgentProfile, Attachment, AttachmentBody, AuditEntry, Checkpoint, DeadLetter, Escalation,
-    IdempotencyRecord, ManifestEntry, ManifestOutcome, Run, SessionLogRow, Task,
+    EscalationResolution, EscalationWait, IdempotencyRecord, ManifestEntry, ManifestOutcome, Run,
+    SessionLogRow, Task,
 };
 
 /// The ceilings the store enforces. Sizes are in bytes of UTF-8 (or raw bytes for blobs), counts in
@@ -250,7 +251,26 @@ impl Limits {
         self.text("escalation.asked", &e.asked)?;
         self.text("escalation.attempted", &e.attempted)?;
         self.text("escalation.diagnosis", &e.diagnosis)?;
-        self.text("escalation.recommended_action", &e.recommended_action)
+        self.text("escalation.recommended_action", &e.recommended_action)?;
+        self.items("escalation.options", e.options.len())?;
+        for option in &e.options {
+            self.key("escalation.options[]", option)?;
+        }
+        if let EscalationWait::ToolCall { tool, .. } = &e.waiting {
+            self.key("escalation.waiting.tool", tool)?;
+        }
+        if let Some(resolution) = &e.resolution {
+            self.check_resolution(resolution)?;
+        }
+        Ok(())
+    }
+
+    /// Checks an escalation's resolution (a human's answer).
+    pub fn check_resolution(&self, r: &EscalationResolution) -> Result<(), LimitError> {
+        match r {
+            EscalationResolution::Answered { text, .. } => self.text("escalation.answer", text),
+            EscalationResolution::Expired { .. } => Ok(()),
+        }
     }
 
     /// Checks an agent profile.

@@ -273,6 +273,7 @@ fn copy_tables(
         copy(source, target, tables::IDEMPOTENCY)?,
         copy(source, target, tables::AUDIT)?,
         copy(source, target, tables::ESCALATIONS)?,
+        copy(source, target, tables::ESCALATION_IDS)?,
         copy(source, target, tables::BLOBS)?,
         copy(source, target, tables::AGENTS)?,
         copy(source, target, tables::RUN_AGENTS)?,

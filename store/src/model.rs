@@ -51,6 +51,11 @@ ulid_id!(
     /// Identifies a task across the whole store. A task belongs to exactly one run.
     TaskId
 );
+ulid_id!(
+    /// Identifies an escalation across the whole store (what `keel answer` names). An escalation
+    /// belongs to exactly one run; its id is minted by whoever raises it.
+    EscalationId
+);
 
 /// A string that is not a valid ULID was given where a run or task id was expected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -429,9 +434,47 @@ pub enum EscalationTrigger {
     NoProgress,
 }
 
+/// What waits for an escalation's answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EscalationWait {
+    /// Nothing: the escalation informs a human (rows written before escalations could be answered
+    /// decode as this).
+    Nothing,
+    /// The task is paused until the answer; then a new session of it starts with the answer in its
+    /// preamble.
+    Task,
+    /// A tool call waits for an approval (an `ask` rule): allowed when answered with an approval,
+    /// denied otherwise and when `deadline_ms` passes first.
+    ToolCall {
+        /// The tool, by its literal name.
+        tool: String,
+        /// When the call is denied if nobody answered.
+        deadline_ms: UnixMillis,
+    },
+}
+
+/// How an escalation was closed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EscalationResolution {
+    /// A human answered.
+    Answered {
+        /// When.
+        ts_ms: UnixMillis,
+        /// The answer, as given.
+        text: String,
+    },
+    /// Nobody answered before what waited gave up (an approval's deadline).
+    Expired {
+        /// When.
+        ts_ms: UnixMillis,
+    },
+}
+
 /// A hand-off to a human. Self-contained: whoever picks it up needs nothing else to act on it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Escalation {
+    /// Its id, unique store-wide.
+    pub id: EscalationId,
     /// When it was raised.
     pub ts_ms: UnixMillis,
     /// The task it concerns, if any.
@@ -448,8 +491,21 @@ pub struct Escalation {
     pub diagnosis: String,
     /// The amount in micro-dollars, where money is involved.
     pub amount_micros: Option<u64>,
-    /// What the human is recommended to do.
+    /// What the human is recommended to do, computed from the case.
     pub recommended_action: String,
+    /// The answers the asker can act on (empty: any text).
+    pub options: Vec<String>,
+    /// What waits for the answer.
+    pub waiting: EscalationWait,
+    /// How it was closed; `None` while it is open.
+    pub resolution: Option<EscalationResolution>,
+}
+
+impl Escalation {
+    /// Whether it still waits for a human.
+    pub fn is_open(&self) -> bool {
+        self.resolution.is_none()
+    }
 }
 
 /// Ceilings for one agent profile; the supervisor and the agent loop enforce them.

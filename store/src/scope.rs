@@ -4,8 +4,9 @@ use crate::batch::{RunOp, StagedWrite};
 use crate::codec;
 use crate::error::{ReadError, StageError};
 use crate::model::{
-    AgentProfile, AuditEntry, Checkpoint, DeadLetter, Escalation, IdempotencyRecord, ManifestEntry,
-    Run, RunId, SessionLogRow, Task, TaskId,
+    AgentProfile, AuditEntry, Checkpoint, DeadLetter, Escalation, EscalationId,
+    EscalationResolution, IdempotencyRecord, ManifestEntry, Run, RunId, SessionLogRow, Task,
+    TaskId,
 };
 use crate::read::{self, Listing, Sequenced};
 use crate::store::Store;
@@ -488,6 +489,23 @@ impl<'s> RunScope<'s> {
         Ok(StagedWrite::for_run(
             self.run,
             RunOp::AppendEscalation(escalation),
+        ))
+    }
+
+    /// Stages the resolution of one of this run's escalations: the first resolution stays (a later
+    /// one commits as [`crate::Applied::EscalationAlreadyResolved`] and changes nothing).
+    ///
+    /// # Errors
+    /// [`StageError::Limit`] for an answer over the text limit.
+    pub fn stage_resolve_escalation(
+        &self,
+        id: EscalationId,
+        resolution: EscalationResolution,
+    ) -> Result<StagedWrite, StageError> {
+        self.store.limits().check_resolution(&resolution)?;
+        Ok(StagedWrite::for_run(
+            self.run,
+            RunOp::ResolveEscalation { id, resolution },
         ))
     }
 

@@ -15,7 +15,9 @@ use crate::codec::{self, DecodeError};
 use crate::error::{CommitError, ItemError, OpenError, ReadError, StageError};
 use crate::guard::guarded;
 use crate::limits::{LimitError, Limits};
-use crate::model::{AgentProfile, AttachmentBody, IdempotencyRecord, Run, RunId, Task, TaskId};
+use crate::model::{
+    AgentProfile, AttachmentBody, Escalation, IdempotencyRecord, Run, RunId, Task, TaskId,
+};
 use crate::scope::RunScope;
 use crate::tables::{self, Row, name};
 
@@ -184,6 +186,7 @@ impl Store {
             txn.open_table(tables::IDEMPOTENCY)?;
             txn.open_table(tables::AUDIT)?;
             txn.open_table(tables::ESCALATIONS)?;
+            txn.open_table(tables::ESCALATION_IDS)?;
             txn.open_table(tables::BLOBS)?;
             txn.open_table(tables::AGENTS)?;
             txn.open_table(tables::RUN_AGENTS)?;
@@ -499,6 +502,7 @@ struct Writer<'t> {
     idempotency: Lazy<'t, (u128, &'static str), Row>,
     audit: Lazy<'t, (u128, u64), Row>,
     escalations: Lazy<'t, (u128, u64), Row>,
+    escalation_ids: Lazy<'t, u128, (u128, u64)>,
     blobs: Lazy<'t, (u128, u128), &'static [u8]>,
     agents: Lazy<'t, &'static str, Row>,
     run_agents: Lazy<'t, (u128, &'static str), Row>,
@@ -521,6 +525,7 @@ impl<'t> Writer<'t> {
             idempotency: Lazy::new(txn, tables::IDEMPOTENCY),
             audit: Lazy::new(txn, tables::AUDIT),
             escalations: Lazy::new(txn, tables::ESCALATIONS),
+            escalation_ids: Lazy::new(txn, tables::ESCALATION_IDS),
             blobs: Lazy::new(txn, tables::BLOBS),
             agents: Lazy::new(txn, tables::AGENTS),
             run_agents: Lazy::new(txn, tables::RUN_AGENTS),
@@ -732,12 +737,42 @@ impl<'t> Writer<'t> {
             }
             RunOp::AppendEscalation(e) => {
                 self.require_run(run)?;
+                if let Some(g) = self.escalation_ids.open()?.get(e.id.0)? {
+                    let (owner, seq) = g.value();
+                    if owner != run.0 {
+                        return Err(ItemError::EscalationIdTaken(e.id).into());
+                    }
+                    return Ok(Applied::EscalationAppended { seq });
+                }
                 let seq = next_seq(&*self.escalations.open()?, run.0, name::ESCALATIONS)?;
                 let bytes = codec::encode(name::ESCALATIONS, &e)?;
                 self.escalations
                     .open()?
                     .insert((run.0, seq), bytes.as_slice())?;
+                self.escalation_ids.open()?.insert(e.id.0, (run.0, seq))?;
                 Ok(Applied::EscalationAppended { seq })
+            }
+            RunOp::ResolveEscalation { id, resolution } => {
+                let id = *id;
+                let located = self.escalation_ids.open()?.get(id.0)?.map(|g| g.value());
+                let Some((owner, seq)) = located.filter(|(owner, _)| *owner == run.0) else {
+                    return Err(ItemError::EscalationNotFound { run, id }.into());
+                };
+                let mut row: Escalation = match self.escalations.open()?.get((owner, seq))? {
+                    Some(g) => {
+                        codec::decode(name::ESCALATIONS, &format_args!("{run}/{seq}"), g.value())?
+                    }
+                    None => return Err(ItemError::EscalationNotFound { run, id }.into()),
+                };
+                if let Some(first) = row.resolution {
+                    return Ok(Applied::EscalationAlreadyResolved(first));
+                }
+                row.resolution = Some(resolution.clone());
+                let bytes = codec::encode(name::ESCALATIONS, &row)?;
+                self.escalations
+                    .open()?
+                    .insert((owner, seq), bytes.as_slice())?;
+                Ok(Applied::EscalationResolved)
             }
             RunOp::RecordIdempotency(record) => {
                 self.require_run(run)?;

@@ -35,6 +35,10 @@ pub(crate) const AUDIT: TableDefinition<'_, (u128, u64), Row> = TableDefinition:
 /// (run, seq) -> Escalation.
 pub(crate) const ESCALATIONS: TableDefinition<'_, (u128, u64), Row> =
     TableDefinition::new("escalations");
+/// escalation id -> (run, seq): keeps escalation ids unique store-wide and lets `keel answer` find
+/// one by its id alone.
+pub(crate) const ESCALATION_IDS: TableDefinition<'_, u128, (u128, u64)> =
+    TableDefinition::new("escalation_ids");
 /// (run, blob key) -> raw bytes of an attachment or output stored by reference.
 pub(crate) const BLOBS: TableDefinition<'_, (u128, u128), &[u8]> = TableDefinition::new("blobs");
 /// agent name -> AgentProfile (store-wide: profiles are shared by all runs).

@@ -163,8 +163,10 @@ fn sample_audit() -> Vec<AuditEntry> {
     .collect()
 }
 
+/// The escalation of the version 1 fixture, as this build reads it (no id, waits for nothing).
 fn sample_escalation() -> Escalation {
     Escalation {
+        id: EscalationId(0),
         ts_ms: 12,
         task_id: Some(TaskId(4)),
         trigger: EscalationTrigger::HumanRequested,
@@ -174,6 +176,9 @@ fn sample_escalation() -> Escalation {
         diagnosis: "refund above the cap".into(),
         amount_micros: Some(150_000_000),
         recommended_action: "approve the refund".into(),
+        options: Vec::new(),
+        waiting: EscalationWait::Nothing,
+        resolution: None,
     }
 }
 
@@ -253,6 +258,23 @@ fn version_2_fixtures_still_decode() {
         },
     ];
     check_fixture_of(2, "session_log_row", &row);
+}
+
+/// Version 3: an escalation has an id, options, what waits for it and its resolution.
+#[test]
+fn version_3_fixtures_still_decode() {
+    let mut e = sample_escalation();
+    e.id = EscalationId(0x0191_0000_0000_0000_0000_0000_0000_0042);
+    e.options = vec!["allow".into(), "deny".into()];
+    e.waiting = EscalationWait::ToolCall {
+        tool: "Pay".into(),
+        deadline_ms: 99,
+    };
+    e.resolution = Some(EscalationResolution::Answered {
+        ts_ms: 50,
+        text: "allow".into(),
+    });
+    check_fixture_of(3, "escalation", &e);
 }
 
 #[test]
@@ -428,7 +450,7 @@ proptest! {
         round_trip(&DeadLetter { ts_ms: ts, task_id: task, subject: a.clone(), payload: b.clone(), reason: c.clone(), attempts: n })?;
         round_trip(&IdempotencyRecord { key: a.clone(), ts_ms: ts, task_id: task, effect: b.clone(), result: Some(c.clone()) })?;
         round_trip(&AuditEntry { ts_ms: ts, task_id: task, hook: a.clone(), tool: b.clone(), decision: HookDecision::Defer, reason: c.clone(), input_digest: a.clone(), rewritten: true })?;
-        round_trip(&Escalation { ts_ms: ts, task_id: task, trigger: EscalationTrigger::NoProgress, account: a.clone(), asked: b.clone(), attempted: c.clone(), diagnosis: a.clone(), amount_micros: amount, recommended_action: b.clone() })?;
+        round_trip(&Escalation { id: EscalationId(u128::from(ts)), ts_ms: ts, task_id: task, trigger: EscalationTrigger::NoProgress, account: a.clone(), asked: b.clone(), attempted: c.clone(), diagnosis: a.clone(), amount_micros: amount, recommended_action: b.clone(), options: vec![c.clone()], waiting: EscalationWait::Task, resolution: Some(EscalationResolution::Expired { ts_ms: ts }) })?;
         round_trip(&AgentProfile { name: a.clone(), description: b.clone(), harness: c.clone(), model: a.clone(), account: b, tools: vec![c.clone()], system_prompt: c, limits: AgentLimits { turns_max: n, tokens_max: ts, timeout_ms: ts, spend_micros_max: amount } })?;
     }
 

@@ -505,6 +505,7 @@ fn other_records_round_trip_through_the_store() {
         rewritten: false,
     };
     let esc = Escalation {
+        id: EscalationId(77),
         ts_ms: 8,
         task_id: Some(TaskId(4)),
         trigger: EscalationTrigger::PolicyGap,
@@ -514,6 +515,12 @@ fn other_records_round_trip_through_the_store() {
         diagnosis: "no rule".into(),
         amount_micros: Some(12_000_000),
         recommended_action: "approve".into(),
+        options: vec!["allow".into(), "deny".into()],
+        waiting: EscalationWait::ToolCall {
+            tool: "Pay".into(),
+            deadline_ms: 90,
+        },
+        resolution: None,
     };
     let profile = AgentProfile {
         name: "researcher".into(),
@@ -544,6 +551,86 @@ fn other_records_round_trip_through_the_store() {
     assert_eq!(store.agent_profile("researcher").unwrap(), profile);
     assert_eq!(store.catalog().agents(10).unwrap().items, vec![profile]);
     assert!(store.run(RunId(2)).checkpoint().unwrap().is_none());
+}
+
+#[test]
+fn an_escalation_is_found_by_id_resolved_once_and_listed_while_open() {
+    let (_dir, store) = open_temp();
+    create_run(&store, 1);
+    create_run(&store, 2);
+    let scope = store.run(RunId(1));
+    let esc = |id: u128| Escalation {
+        id: EscalationId(id),
+        ts_ms: 8,
+        task_id: None,
+        trigger: EscalationTrigger::HumanRequested,
+        account: String::new(),
+        asked: "which?".into(),
+        attempted: "x".into(),
+        diagnosis: "y".into(),
+        amount_micros: None,
+        recommended_action: "answer".into(),
+        options: Vec::new(),
+        waiting: EscalationWait::Task,
+        resolution: None,
+    };
+    let commit = |w: StagedWrite| store.commit_one(w, Durability::Immediate);
+    commit(scope.stage_append_escalation(esc(5)).unwrap()).unwrap();
+    commit(scope.stage_append_escalation(esc(6)).unwrap()).unwrap();
+    // Appending an id again changes nothing; another run cannot take it.
+    commit(scope.stage_append_escalation(esc(5)).unwrap()).unwrap();
+    assert_eq!(scope.escalations(0, 10).unwrap().items.len(), 2);
+    assert!(commit(store.run(RunId(2)).stage_append_escalation(esc(5)).unwrap()).is_err());
+    let (run, row) = store.catalog().escalation(EscalationId(6)).unwrap();
+    assert_eq!((run, row.seq), (RunId(1), 2));
+    let answered = EscalationResolution::Answered {
+        ts_ms: 9,
+        text: "json".into(),
+    };
+    let first = commit(
+        scope
+            .stage_resolve_escalation(EscalationId(5), answered.clone())
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(first, Applied::EscalationResolved);
+    let again = commit(
+        scope
+            .stage_resolve_escalation(EscalationId(5), EscalationResolution::Expired { ts_ms: 10 })
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(again, Applied::EscalationAlreadyResolved(answered.clone()));
+    // Another run's scope cannot resolve it.
+    assert!(
+        commit(
+            store
+                .run(RunId(2))
+                .stage_resolve_escalation(EscalationId(6), answered)
+                .unwrap()
+        )
+        .is_err()
+    );
+    let open = store.catalog().escalations(None, true, 10).unwrap();
+    assert_eq!(open.items.len(), 1);
+    assert_eq!(open.items[0].1.value.id, EscalationId(6));
+    assert_eq!(
+        store
+            .catalog()
+            .escalations(Some(RunId(1)), false, 10)
+            .unwrap()
+            .items
+            .len(),
+        2
+    );
+    assert!(
+        store
+            .catalog()
+            .escalations(Some(RunId(2)), false, 10)
+            .unwrap()
+            .items
+            .is_empty()
+    );
 }
 
 #[test]

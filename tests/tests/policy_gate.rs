@@ -81,6 +81,11 @@ impl Fixture {
     /// `keel run` of the plan on keel's own loop (`None`) or a real CLI; returns its exit code and
     /// output (the run may fail: the forbidden step never gets its report).
     fn run(&self, harness: Option<HarnessKind>) -> (i32, String, String) {
+        run_to_end(&mut self.run_command(harness))
+    }
+
+    /// The `keel run` command of [`Fixture::run`], not started.
+    fn run_command(&self, harness: Option<HarnessKind>) -> std::process::Command {
         let mut cmd = keel(self.path()).unwrap();
         cmd.args(["run", "make a file", "--quiet", "--plan", ".keel/plan.json"]);
         match harness {
@@ -95,7 +100,7 @@ impl Fixture {
                     .env("OPENAI_API_KEY", "sk-policy-test");
             }
         }
-        run_to_end(&mut cmd)
+        cmd
     }
 
     /// `keel --json audit` of the latest run: its rows.
@@ -204,12 +209,134 @@ fn pi_never_runs_a_call_a_deny_rule_refuses_and_audits_it() {
     }
 }
 
+/// `keel --json escalations` in `dir` (`--all` too when asked): the listed escalations.
+fn escalations(dir: &Path, all: bool) -> Vec<Value> {
+    let mut cmd = keel(dir).unwrap();
+    cmd.args(["--json", "escalations"]);
+    if all {
+        cmd.arg("--all");
+    }
+    let (code, out, err) = run_to_end(&mut cmd);
+    assert_eq!(code, 0, "{out}{err}");
+    let v: Value = serde_json::from_str(out.trim()).unwrap();
+    v["escalations"].as_array().unwrap().clone()
+}
+
+/// An `ask` rule on one harness: the call waits for a human; `keel answer ID allow` from another
+/// process lets it run (the file appears), and the ask and the approval are audit rows.
+fn ask_answered_case(harness: Option<HarnessKind>) {
+    let fx =
+        Fixture::new("\n[permissions]\nask = [\"*(*should-not-run*)\"]\nask_timeout_s = 180\n");
+    let run = Reaped::spawn(fx.run_command(harness)).unwrap();
+    let open = wait_for(WAIT, "an approval escalation", || {
+        let list = escalations(fx.path(), false);
+        (!list.is_empty()).then_some(list)
+    })
+    .unwrap();
+    let e = &open[0];
+    assert_eq!(e["trigger"], "policy_gap", "{e:#}");
+    assert_eq!(e["waiting"]["kind"], "tool_call", "{e:#}");
+    assert_eq!(e["options"], serde_json::json!(["allow", "deny"]));
+    let id = e["id"].as_str().unwrap();
+    assert!(
+        e["recommended_action"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("keel answer {id} allow")),
+        "{e:#}"
+    );
+    assert!(
+        !fx.path().join("blocked.txt").exists(),
+        "{harness:?}: the call ran before its approval"
+    );
+    let (code, out, err) = run_to_end(keel(fx.path()).unwrap().args(["answer", id, "allow"]));
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("the waiting tool call is decided"), "{out}");
+    let (_status, out, err) = run.wait_output(WAIT).unwrap();
+    assert!(
+        fx.path().join("blocked.txt").exists(),
+        "{harness:?}: the approved call did not run\n{out}\n{err}"
+    );
+    let rows = fx.audit();
+    assert!(!rows_by(&rows, "ask-rule", "ask").is_empty(), "{rows:#?}");
+    let approved = rows_by(&rows, "approval", "allow");
+    assert_eq!(approved.len(), 1, "{rows:#?}");
+    assert!(
+        approved[0]["reason"].as_str().unwrap().contains(id),
+        "{rows:#?}"
+    );
+    let all = escalations(fx.path(), true);
+    assert_eq!(all[0]["status"], "answered", "{all:#?}");
+}
+
+/// An `ask` nobody answers: the call is denied once its timeout passes, the denial is audited and
+/// the escalation is recorded as expired.
+fn ask_unanswered_case(harness: Option<HarnessKind>) {
+    let fx = Fixture::new("\n[permissions]\nask = [\"*(*should-not-run*)\"]\nask_timeout_s = 2\n");
+    let (_code, out, err) = fx.run(harness);
+    assert!(
+        !fx.path().join("blocked.txt").exists(),
+        "{harness:?}: an unanswered ask ran\n{out}\n{err}"
+    );
+    let rows = fx.audit();
+    assert!(!rows_by(&rows, "ask-rule", "ask").is_empty(), "{rows:#?}");
+    let denied = rows_by(&rows, "approval", "deny");
+    assert!(!denied.is_empty(), "{harness:?}: {rows:#?}\n{out}\n{err}");
+    assert!(
+        denied
+            .iter()
+            .all(|r| r["reason"].as_str().unwrap().contains("timed out")),
+        "{rows:#?}"
+    );
+    assert!(rows_by(&rows, "approval", "allow").is_empty(), "{rows:#?}");
+    let all = escalations(fx.path(), true);
+    assert!(
+        !all.is_empty() && all.iter().all(|e| e["status"] == "expired"),
+        "{all:#?}"
+    );
+}
+
+#[test]
+fn keels_own_loop_runs_an_asked_call_once_keel_answer_approves_it() {
+    ask_answered_case(None);
+}
+
+#[test]
+fn keels_own_loop_denies_an_asked_call_nobody_answers_after_its_timeout() {
+    ask_unanswered_case(None);
+}
+
+#[test]
+fn claude_code_runs_an_asked_call_once_keel_answer_approves_it() {
+    if cli_available(HarnessKind::ClaudeCode).is_some() {
+        ask_answered_case(Some(HarnessKind::ClaudeCode));
+    }
+}
+
+#[test]
+fn claude_code_denies_an_asked_call_nobody_answers_after_its_timeout() {
+    if cli_available(HarnessKind::ClaudeCode).is_some() {
+        ask_unanswered_case(Some(HarnessKind::ClaudeCode));
+    }
+}
+
 #[test]
 fn a_mandatory_hook_that_hangs_denies_after_its_timeout() {
+    hung_hook_case(None);
+}
+
+#[test]
+fn claude_code_a_mandatory_hook_that_hangs_denies_after_its_timeout() {
+    if cli_available(HarnessKind::ClaudeCode).is_some() {
+        hung_hook_case(Some(HarnessKind::ClaudeCode));
+    }
+}
+
+fn hung_hook_case(harness: Option<HarnessKind>) {
     let fx = Fixture::new(
         "\n[[hooks]]\nname = \"hangs\"\nevent = \"PreToolUse\"\ncommand = [\"sleep\", \"30\"]\ntimeout_ms = 300\n",
     );
-    let (_code, out, err) = fx.run(None);
+    let (_code, out, err) = fx.run(harness);
     assert!(
         !fx.path().join("blocked.txt").exists(),
         "the call ran past a hung mandatory hook\n{out}\n{err}"

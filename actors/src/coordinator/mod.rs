@@ -112,6 +112,9 @@ pub enum StepStatus {
     Committing,
     /// Its outcome is durable (report, parked failure, or skipped).
     Done,
+    /// Its session escalated to a human (`escalate`): the task is paused until the answer, then its
+    /// next attempt starts with the answer in its preamble.
+    AwaitingHuman,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -392,6 +395,9 @@ impl RunState {
                     now,
                     out,
                 );
+            }
+            CoordinatorInput::Msg(CoordinatorMsg::EscalationAnswered { escalation, task }) => {
+                self.on_escalation_answered(escalation, task, now, rng, out);
             }
             CoordinatorInput::Msg(CoordinatorMsg::Specialist { from, reply }) => {
                 self.on_reply(from, reply, now, rng, out);

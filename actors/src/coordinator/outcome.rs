@@ -12,9 +12,7 @@ use crate::persist::PersistOp;
 use crate::report::{
     AttemptResult, FailureKind, StepOutcome, SubtaskFailure, TEXT_BYTES_MAX, bounded,
 };
-use keel_store::{
-    DeadLetter, Escalation, EscalationTrigger, ManifestEntry, ManifestOutcome, TaskStatus,
-};
+use keel_store::{DeadLetter, EscalationTrigger, ManifestEntry, ManifestOutcome, TaskStatus};
 
 impl RunState {
     pub(super) fn skip(
@@ -56,7 +54,7 @@ impl RunState {
         index: usize,
         failure: SubtaskFailure,
         reason: String,
-        escalate: Option<EscalationTrigger>,
+        escalate: Option<(EscalationTrigger, keel_store::EscalationId)>,
         now: Millis,
         out: &mut Vec<Effect>,
     ) {
@@ -87,23 +85,22 @@ impl RunState {
             reason: bounded(reason.clone(), TEXT_BYTES_MAX),
             attempts,
         }));
-        if let Some(trigger) = escalate {
-            ops.push(PersistOp::AppendEscalation(Escalation {
-                ts_ms: now,
-                task_id: task,
-                trigger,
-                account: self.steps[index]
-                    .assignment
-                    .as_ref()
-                    .map(|a| a.account.clone())
-                    .unwrap_or_default(),
-                asked: bounded(self.steps[index].spec.brief.clone(), TEXT_BYTES_MAX),
-                attempted: failure.attempted.clone(),
-                diagnosis: bounded(reason.clone(), TEXT_BYTES_MAX),
-                amount_micros: None,
-                recommended_action:
-                    "review the dead-lettered step and re-run it or adjust the plan".into(),
-            }));
+        if let Some((trigger, id)) = escalate {
+            let account = self.steps[index]
+                .assignment
+                .as_ref()
+                .map(|a| a.account.clone())
+                .unwrap_or_default();
+            let case = crate::escalation::NoProgressCase {
+                step: key.clone(),
+                brief: self.steps[index].spec.brief.clone(),
+                failure: failure.clone(),
+                reason: reason.clone(),
+                attempts,
+            };
+            let mut escalation = crate::escalation::no_progress(id, now, task, account, case);
+            escalation.trigger = trigger;
+            ops.push(PersistOp::AppendEscalation(escalation));
         }
         ops.push(PersistOp::AppendManifest(ManifestEntry {
             ts_ms: now,
@@ -159,6 +156,10 @@ impl RunState {
         }
         let current = self.steps[index].current(self.id);
         let status = self.steps[index].status;
+        if current == Some(from) && status == StepStatus::AwaitingHuman {
+            // The escalated attempt ended (its session was stopped): settled, not judged.
+            return self.on_escalated_attempt_end(index, from, result.spent_micros, now, out);
+        }
         if current != Some(from)
             || !matches!(
                 status,
@@ -421,7 +422,8 @@ impl RunState {
                 } else {
                     EscalationTrigger::NoProgress
                 };
-                self.park(index, failure, reason, Some(trigger), now, out);
+                let id = crate::escalation::mint_escalation_id(now, rng);
+                self.park(index, failure, reason, Some((trigger, id)), now, out);
             }
             Verdict::GiveUp { reason } => self.park(index, failure, reason, None, now, out),
         }
@@ -495,7 +497,7 @@ impl RunState {
                 self.on_delegate(from, turn, calls, now, rng, out);
             }
             SpecialistReply::Tool { call_id, request } => {
-                self.on_tool(from, call_id, request, now, out);
+                self.on_tool(from, call_id, request, now, rng, out);
             }
         }
     }

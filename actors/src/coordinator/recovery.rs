@@ -43,6 +43,7 @@ impl RunState {
             checkpoint,
             tasks,
             idempotency,
+            escalations,
         } = rows;
         if row.status.is_terminal() {
             // Nothing more happens to a finished run: a host that recovers one gets a terminal
@@ -76,7 +77,12 @@ impl RunState {
             state.rebuild_plan(&row);
         }
         let attempts = attempts_started(&idempotency);
-        let (done, redispatch) = state.restore_steps(snap_steps, &attempts);
+        let waiting: BTreeMap<TaskId, keel_store::EscalationId> = escalations
+            .iter()
+            .filter(|e| e.is_open() && e.waiting == keel_store::EscalationWait::Task)
+            .filter_map(|e| e.task_id.map(|t| (t, e.id)))
+            .collect();
+        let (done, redispatch) = state.restore_steps(snap_steps, &attempts, &waiting);
         if lead {
             state.restore_lead(&row, root.id);
         }
@@ -191,6 +197,7 @@ impl RunState {
         &mut self,
         snapshots: Vec<StepSnapshot>,
         attempts: &BTreeMap<TaskId, u32>,
+        waiting: &BTreeMap<TaskId, keel_store::EscalationId>,
     ) -> (u32, u32) {
         let run_id = self.id;
         let mut redispatch = 0u32;
@@ -244,6 +251,15 @@ impl RunState {
                     step.outcome = Some(outcome);
                     step.status = StepStatus::Done;
                     done += 1;
+                }
+                None if step.current_task.is_some_and(|t| waiting.contains_key(&t)) => {
+                    // Its session escalated to a human who has not answered yet: it keeps waiting
+                    // (the answer starts its next attempt).
+                    step.status = StepStatus::AwaitingHuman;
+                    step.awaiting = step
+                        .current_task
+                        .and_then(|t| waiting.get(&t))
+                        .map(|&id| (id, true));
                 }
                 None if step.current_task.is_some() => {
                     // Dispatched but not acknowledged: run again as the next attempt, with a resume

@@ -1,5 +1,6 @@
 //! A session's tool calls at its coordinator (docs/DESIGN.md §10): progress notes and findings are
-//! staged durable before the answer, an escalation is recorded, and `get_task_details` is answered
+//! staged durable before the answer, an escalation pauses the task until a human answers (then its
+//! next attempt resumes with the answer), and `get_task_details` is answered
 //! from the run's task rows, which the coordinator holds in full (only its own run's, so a session
 //! can never read another run). `delegate` does not come here: the specialist turns it into a
 //! delegation turn ([`super::lead`]).
@@ -8,16 +9,17 @@ use super::staging::Then;
 use super::{Phase, RunState, StepStatus};
 use crate::context::Scrubber;
 use crate::effect::Effect;
+use crate::escalation::{HumanRequest, human_requested, mint_escalation_id};
 use crate::ids::AttemptId;
-use crate::machine::Millis;
-use crate::message::SpecialistMsg;
+use crate::machine::{Entropy, Millis};
+use crate::message::{SpecialistMsg, SupervisorMsg};
 use crate::persist::PersistOp;
 use crate::report::{Finding, bounded};
 use crate::session_tool::{
     DETAILS_CHARS_MAX, FINDINGS_ATTACHMENT_PREFIX, FINDINGS_CALLS_PER_TASK_MAX, NOTE_BYTES_MAX,
     NOTES_PER_TASK_MAX, SessionAnswer, SessionRequest, TaskDetails, ToolRefusal,
 };
-use keel_store::{Attachment, AttachmentBody, Escalation, EscalationTrigger, Task, TaskId};
+use keel_store::{Attachment, AttachmentBody, EscalationId, Task, TaskId, TaskStatus};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Most answers remembered per run (a repeated call older than that is answered as ended).
@@ -43,6 +45,7 @@ impl RunState {
         call_id: String,
         request: SessionRequest,
         now: Millis,
+        rng: &mut dyn Entropy,
         out: &mut Vec<Effect>,
     ) {
         let key = (from, call_id);
@@ -160,41 +163,69 @@ impl RunState {
                 question,
                 options,
             } => {
-                let index = index.unwrap_or(0);
+                let Some(index) = index else {
+                    return self.answer_tool(
+                        from,
+                        call_id,
+                        SessionAnswer::Refused(ToolRefusal::SessionEnded),
+                        out,
+                    );
+                };
+                let Some(mut row) = self.tasks.get(&from.task).cloned() else {
+                    return self.answer_tool(
+                        from,
+                        call_id,
+                        SessionAnswer::Refused(ToolRefusal::SessionEnded),
+                        out,
+                    );
+                };
+                let id = mint_escalation_id(now, rng);
                 let account = self.steps[index]
                     .assignment
                     .as_ref()
                     .map(|a| a.account.clone())
                     .unwrap_or_default();
                 let step = self.steps[index].spec.key.clone();
-                let options_text = if options.is_empty() {
-                    String::from("answer in your own words")
-                } else {
-                    format!("choose one of: {}", options.join(" | "))
+                let request = HumanRequest {
+                    step: step.clone(),
+                    attempt: from.attempt,
+                    reason,
+                    question,
+                    options,
+                    progress_notes: row.progress_notes.clone(),
                 };
-                let escalation = Escalation {
-                    ts_ms: now,
-                    task_id: Some(from.task),
-                    trigger: EscalationTrigger::HumanRequested,
-                    account,
-                    asked: bounded(question, 4 * 1024),
-                    attempted: format!("step {step}, attempt {} asked a human", from.attempt),
-                    diagnosis: bounded(reason, 4 * 1024),
-                    amount_micros: None,
-                    recommended_action: bounded(options_text, 4 * 1024),
-                };
+                let escalation = human_requested(id, now, from.task, account, request);
+                // From here on the attempt's result is settled, never judged: the task waits for
+                // the human whatever its session does before it is stopped.
+                self.steps[index].status = StepStatus::AwaitingHuman;
+                self.steps[index].awaiting = Some((id, false));
+                row.status = TaskStatus::Paused;
+                row.updated_ms = now;
+                self.tasks.insert(row.id, row.clone());
                 self.decide(
                     now,
-                    format!("step {step}: its session escalated to a human"),
+                    format!(
+                        "step {step}: its session escalated to a human (escalation {id}); task {} is paused until `keel answer {id}`",
+                        from.task
+                    ),
                 );
                 let answer = SessionAnswer::Recorded {
-                    what: "escalation (a human sees it; keep working with your best judgement meanwhile)".into(),
+                    what: format!(
+                        "escalation {id}: a human will answer. End your turn now: this session is stopped, and your task continues in a new session whose preamble has the answer"
+                    ),
                 };
-                self.stage_tool(
-                    from,
-                    call_id,
-                    vec![PersistOp::AppendEscalation(escalation)],
-                    answer,
+                self.tools.in_flight.insert((from, call_id.clone()));
+                self.stage(
+                    vec![
+                        PersistOp::AppendEscalation(escalation),
+                        PersistOp::UpdateTask(row),
+                    ],
+                    Then::Escalated {
+                        attempt: from,
+                        call_id,
+                        answer,
+                    },
+                    false,
                     now,
                     out,
                 );
@@ -223,6 +254,103 @@ impl RunState {
         self.tools.in_flight.remove(&(attempt, call_id.clone()));
         self.remember(attempt, call_id.clone(), answer.clone());
         self.answer_tool(attempt, call_id, answer, out);
+    }
+
+    /// An `escalate` call's escalation and paused task are durable: answer the call, then stop the
+    /// session (the answer goes first, so the model reads it; a session's end answers nothing more).
+    pub(super) fn on_escalation_durable(
+        &mut self,
+        attempt: AttemptId,
+        call_id: String,
+        answer: SessionAnswer,
+        out: &mut Vec<Effect>,
+    ) {
+        self.on_tool_durable(attempt, call_id, answer, out);
+        self.to_specialist(
+            attempt,
+            SpecialistMsg::Cancel {
+                reason: "the task waits for a human's answer to its escalation".into(),
+            },
+            out,
+        );
+    }
+
+    /// The escalated attempt ended (stopped, or it finished first): its spend is settled with the
+    /// supervisor once, its result acknowledged and not judged; the step keeps waiting.
+    pub(super) fn on_escalated_attempt_end(
+        &mut self,
+        index: usize,
+        from: AttemptId,
+        spent_micros: u64,
+        now: Millis,
+        out: &mut Vec<Effect>,
+    ) {
+        if let Some((id, settled @ false)) = self.steps[index].awaiting.as_mut() {
+            let id = *id;
+            *settled = true;
+            let key = self.steps[index].spec.key.clone();
+            self.send(
+                SupervisorMsg::Settle {
+                    attempt: from,
+                    spent_micros,
+                    outcome: Ok(()),
+                },
+                out,
+            );
+            self.row.budget.spent_micros =
+                self.row.budget.spent_micros.saturating_add(spent_micros);
+            self.row.updated_ms = now;
+            self.decide(
+                now,
+                format!(
+                    "step {key}: attempt {from} stopped; waiting for the answer to escalation {id}"
+                ),
+            );
+            let row = self.row.clone();
+            self.stage(
+                vec![PersistOp::UpdateRun(row)],
+                Then::Nothing,
+                false,
+                now,
+                out,
+            );
+        }
+        self.to_specialist(from, SpecialistMsg::Ack, out);
+    }
+
+    /// A human answered escalation `id` of `task` (the host made the answer durable, with the
+    /// steering row the next session reads): the task's next attempt starts with a resume preamble.
+    /// An answer for a step that does not wait for it only leaves a decision row.
+    pub(super) fn on_escalation_answered(
+        &mut self,
+        id: EscalationId,
+        task: TaskId,
+        now: Millis,
+        rng: &mut dyn Entropy,
+        out: &mut Vec<Effect>,
+    ) {
+        let index = self.by_task.get(&task).copied();
+        let waiting = index.filter(|&i| {
+            self.steps[i].status == StepStatus::AwaitingHuman
+                && self.steps[i].awaiting.is_some_and(|(a, _)| a == id)
+                && self.steps[i].current_task == Some(task)
+        });
+        let Some(index) = waiting.filter(|_| self.phase == Phase::Running) else {
+            self.decide(
+                now,
+                format!(
+                    "escalation {id} of task {task} answered; nothing of this run waits for it"
+                ),
+            );
+            return;
+        };
+        let key = self.steps[index].spec.key.clone();
+        self.steps[index].awaiting = None;
+        self.decide(
+            now,
+            format!("step {key}: escalation {id} answered; task {task} resumes with the answer"),
+        );
+        self.begin_attempt(index, None, now, rng, out);
     }
 
     fn stage_tool(

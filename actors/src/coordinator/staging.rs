@@ -39,6 +39,13 @@ pub(super) enum Then {
         call_id: String,
         answer: crate::session_tool::SessionAnswer,
     },
+    /// A session's `escalate` call whose escalation and paused task these are: answered once they
+    /// are durable, then its session is stopped (the task waits for the human).
+    Escalated {
+        attempt: AttemptId,
+        call_id: String,
+        answer: crate::session_tool::SessionAnswer,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -277,6 +284,11 @@ impl RunState {
                 call_id,
                 answer,
             } => self.on_tool_durable(attempt, call_id, answer, out),
+            Then::Escalated {
+                attempt,
+                call_id,
+                answer,
+            } => self.on_escalation_durable(attempt, call_id, answer, out),
             Then::Finished { status, outcome } => {
                 self.phase = Phase::Done(status);
                 out.push(Effect::Emit(LifecycleEvent::RunFinished(RunOutcome {

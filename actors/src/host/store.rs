@@ -86,12 +86,36 @@ pub fn recover_run(store: &Store, run: RunId) -> Result<RecoveredRun, HostError>
     let checkpoint = scope.checkpoint()?;
     let tasks = all_tasks(&scope)?;
     let idempotency = idempotency_records(&scope)?;
+    let escalations = waiting_escalations(&scope)?;
     Ok(RecoveredRun {
         run: row,
         checkpoint,
         tasks,
         idempotency,
+        escalations,
     })
+}
+
+/// The run's open escalations that pause a task, read in pages of the store's row limit.
+fn waiting_escalations(scope: &RunScope<'_>) -> Result<Vec<keel_store::Escalation>, HostError> {
+    let mut open = Vec::new();
+    let mut after = 0;
+    loop {
+        let listing = scope.escalations(after, RECOVERY_PAGE_ROWS)?;
+        if let Some(last) = listing.items.last() {
+            after = last.seq;
+        }
+        open.extend(
+            listing
+                .items
+                .into_iter()
+                .map(|r| r.value)
+                .filter(|e| e.is_open() && e.waiting == keel_store::EscalationWait::Task),
+        );
+        if !listing.more {
+            return Ok(open);
+        }
+    }
 }
 
 /// Every run that is not terminal (running, paused, pending), oldest first, found among all the

@@ -135,6 +135,7 @@ impl Runtime {
             checkpoint: OnceLock::new(),
             waiters: Mutex::new(BTreeMap::new()),
             host_acks: Mutex::new(BTreeMap::new()),
+            approvals: Mutex::new(BTreeMap::new()),
             next_host_ticket: AtomicU64::new(0),
             events: Some(tx),
             events_dropped: AtomicU64::new(0),

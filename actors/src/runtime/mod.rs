@@ -34,6 +34,7 @@ mod cancel;
 pub mod clock;
 mod config;
 mod error;
+mod escalation;
 mod event;
 mod follow_up;
 mod harnesses;
@@ -56,6 +57,10 @@ pub use config::RuntimeConfig;
 pub use error::{
     CancelError, FollowUpError, HostWriteError, ResumeError, SpawnError, StartError,
     StoreReadError, SubmitError, WaitError,
+};
+pub use escalation::{
+    AnswerError, Answered, ApprovalDesk, ApprovalEnd, ApprovalError, Delivered,
+    ESCALATION_WRITE_WAIT_MS,
 };
 pub use event::{PauseReason, RunOutcome, RuntimeEvent};
 pub use follow_up::{FollowUpHandle, FollowUpOutcome, check_follow_up_message};

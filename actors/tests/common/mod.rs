@@ -108,6 +108,11 @@ impl MemStore {
                 PersistOp::RecordIdempotency(r) => self.idempotency.push(r),
                 PersistOp::AppendAudit(_) => {}
                 PersistOp::AppendEscalation(e) => self.escalations.push(e),
+                PersistOp::ResolveEscalation { id, resolution } => {
+                    for e in self.escalations.iter_mut().filter(|e| e.id == id) {
+                        e.resolution.get_or_insert(resolution.clone());
+                    }
+                }
             }
         }
     }
@@ -130,6 +135,7 @@ impl MemStore {
                 .cloned()
                 .collect(),
             idempotency: self.idempotency.clone(),
+            escalations: self.escalations.clone(),
         }
     }
 }

@@ -20,7 +20,13 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::Response;
 use axum::routing::post;
 use keel_actors::AttemptId;
-use keel_actors::runtime::{AUDIT_WAIT_MS, AuditWriter, SessionService, wall_clock_ms};
+use keel_actors::escalation::{
+    ApprovalCase, approval as approval_escalation, approves, mint_escalation_id,
+};
+use keel_actors::runtime::{
+    AUDIT_WAIT_MS, ApprovalDesk, ApprovalEnd, AuditWriter, ESCALATION_WRITE_WAIT_MS, OsEntropy,
+    SessionService, wall_clock_ms,
+};
 use keel_harness::{GateCommand, PermissionMode, SessionSpec};
 use keel_policy::{Decision, HookEvent, Policy, ToolCall};
 use keel_store::AuditEntry;
@@ -44,6 +50,8 @@ struct Inner {
     policy: Policy,
     sessions: Mutex<BTreeMap<String, SessionScope>>,
     audit: OnceLock<AuditWriter>,
+    /// Where an `ask` raises its approval and waits for the answer.
+    desk: OnceLock<ApprovalDesk>,
     gate: GateCommand,
     /// Held from reading a gate's count to writing the row that counts the call.
     gates_serial: tokio::sync::Mutex<()>,
@@ -87,6 +95,9 @@ impl PolicyBridge {
             .context("binding the hook bridge's endpoint on 127.0.0.1")?;
         let addr = listener.local_addr()?;
         let hooks_ms: u64 = policy.hooks.iter().map(|h| h.timeout_ms).sum();
+        // An `ask` (from a rule or a hook) waits for a human up to its timeout, then records its
+        // end: the gate waits that long too, so the node's decision is never cut off.
+        let ask_ms = policy.ask_timeout_ms + 2 * ESCALATION_WRITE_WAIT_MS + AUDIT_WAIT_MS;
         let gate = GateCommand {
             program: keel_exe.display().to_string(),
             args: vec![
@@ -94,12 +105,13 @@ impl PolicyBridge {
                 "--url".into(),
                 format!("http://{addr}{HOOK_PATH}"),
             ],
-            timeout_ms: hooks_ms + AUDIT_WAIT_MS + GATE_MARGIN_MS,
+            timeout_ms: hooks_ms + ask_ms + AUDIT_WAIT_MS + GATE_MARGIN_MS,
         };
         let inner = Arc::new(Inner {
             policy,
             sessions: Mutex::new(BTreeMap::new()),
             audit: OnceLock::new(),
+            desk: OnceLock::new(),
             gate,
             gates_serial: tokio::sync::Mutex::new(()),
         });
@@ -120,9 +132,10 @@ impl PolicyBridge {
         Ok(PolicyBridge { inner, addr, stop })
     }
 
-    /// Where decisions are made durable; until it is set every call is denied.
-    pub(crate) fn attach(&self, audit: AuditWriter) {
+    /// Where decisions are made durable and approvals wait; until it is set every call is denied.
+    pub(crate) fn attach(&self, audit: AuditWriter, desk: ApprovalDesk) {
         let _ = self.inner.audit.set(audit);
+        let _ = self.inner.desk.set(desk);
     }
 
     /// The service that gives each session its gate and token.
@@ -246,7 +259,7 @@ async fn decide(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Bytes
     // A gated call is decided one at a time, from the count in the store to the durable row that
     // counts it, so two concurrent calls cannot both take the last place.
     let gated = inner.policy.gates.iter().any(|g| g.rule.matches(&call));
-    let _one_at_a_time = if gated {
+    let serial = if gated {
         Some(inner.gates_serial.lock().await)
     } else {
         None
@@ -270,23 +283,20 @@ async fn decide(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Bytes
     let mut entries = verdict.audit_entries(wall_clock_ms(), Some(scope.attempt.task), &call);
     let (decision, reason) = match verdict.decision {
         Decision::Ask => {
-            // Approvals (an escalation answered by `keel answer`) are not built yet: an ask is
-            // denied, and the audit says so.
-            let reason = format!(
-                "{}; keel cannot ask a human yet, so the call is denied",
-                verdict.reason
-            );
-            entries.push(AuditEntry {
-                ts_ms: wall_clock_ms(),
-                task_id: Some(scope.attempt.task),
-                hook: "approval".into(),
-                tool: tool.clone(),
-                decision: keel_store::HookDecision::Deny,
-                reason: reason.clone(),
-                input_digest: call.input_digest(),
-                rewritten: false,
-            });
-            (Decision::Deny, reason)
+            // The ask itself is durable before anyone is asked; the gate's lock (if any) is not
+            // held while a human thinks.
+            drop(serial);
+            if let Err(e) = audit.append(scope.attempt.run, entries).await {
+                return answer(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    Decision::Deny,
+                    format!("keel: the decision could not be recorded, so the call is denied: {e}"),
+                );
+            }
+            let (decision, reason, row) =
+                approval(&inner, scope, &tool, &call, &verdict, &payload, audit).await;
+            entries = vec![row];
+            (decision, reason)
         }
         d => (d, verdict.reason.clone()),
     };
@@ -305,4 +315,104 @@ async fn decide(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Bytes
         "tool call decided and audited"
     );
     answer(StatusCode::OK, decision, reason)
+}
+
+/// An `ask`: raises an approval escalation (the policy-gap trigger) with the call's case, waits for
+/// `keel answer` up to the policy's timeout, and answers the decision with its audit row: allowed
+/// when a human approved, denied when a human refused, when the timeout passed first, or when the
+/// escalation could not be raised.
+async fn approval(
+    inner: &Inner,
+    scope: SessionScope,
+    tool: &str,
+    call: &ToolCall,
+    verdict: &keel_policy::Verdict,
+    payload: &Value,
+    audit: &AuditWriter,
+) -> (Decision, String, AuditEntry) {
+    let row = |decision: keel_store::HookDecision, reason: String| AuditEntry {
+        ts_ms: wall_clock_ms(),
+        task_id: Some(scope.attempt.task),
+        hook: "approval".into(),
+        tool: tool.to_owned(),
+        decision,
+        reason,
+        input_digest: call.input_digest(),
+        rewritten: false,
+    };
+    let deny = |reason: String| {
+        let entry = row(keel_store::HookDecision::Deny, reason.clone());
+        (Decision::Deny, reason, entry)
+    };
+    let Some(desk) = inner.desk.get() else {
+        return deny(format!(
+            "{}; keel cannot ask a human here, so the call is denied",
+            verdict.reason
+        ));
+    };
+    let now = wall_clock_ms();
+    let id = match OsEntropy::from_os() {
+        Ok(mut rng) => mint_escalation_id(now, &mut rng),
+        Err(e) => {
+            return deny(format!(
+                "keel: no escalation id ({e}), so the call is denied"
+            ));
+        }
+    };
+    let approved_before = audit
+        .read_all(scope.attempt.run)
+        .await
+        .map(|rows| {
+            rows.iter()
+                .filter(|r| {
+                    r.task_id == Some(scope.attempt.task)
+                        && r.hook == "approval"
+                        && r.tool == tool
+                        && r.decision == keel_store::HookDecision::Allow
+                })
+                .count()
+        })
+        .unwrap_or(0);
+    let input = payload.get("tool_input").unwrap_or(&Value::Null);
+    let case = ApprovalCase {
+        tool: tool.to_owned(),
+        subject: call.subject().unwrap_or_else(|| tool.to_owned()),
+        asked_by: format!("{} ({})", verdict.reason, verdict.decided_by),
+        amount_micros: amount_micros(input),
+        deadline_ms: now.saturating_add(inner.policy.ask_timeout_ms),
+        approved_before: u32::try_from(approved_before).unwrap_or(u32::MAX),
+    };
+    let escalation = approval_escalation(id, now, scope.attempt.task, String::new(), case);
+    let wait = std::time::Duration::from_millis(inner.policy.ask_timeout_ms);
+    tracing::info!(escalation = %id, tool = %tool, "a tool call waits for a human's approval");
+    match desk
+        .raise_and_wait(scope.attempt.run, escalation, wait)
+        .await
+    {
+        Ok(ApprovalEnd::Answered(text)) if approves(&text) => {
+            let reason = format!("approved by a human (escalation {id})");
+            let entry = row(keel_store::HookDecision::Allow, reason.clone());
+            (Decision::Allow, reason, entry)
+        }
+        Ok(ApprovalEnd::Answered(text)) => deny(format!(
+            "refused by a human (escalation {id}: {text}); do not retry this call"
+        )),
+        Ok(ApprovalEnd::Expired) => deny(format!(
+            "timed out: nobody answered escalation {id} within {} s, so the call is denied",
+            inner.policy.ask_timeout_ms / 1000
+        )),
+        Err(e) => deny(format!(
+            "keel could not ask a human ({e}), so the call is denied"
+        )),
+    }
+}
+
+/// The amount a tool call moves, when its input names one: `amount_micros` (an integer) or `amount`
+/// (a number of dollars).
+fn amount_micros(input: &Value) -> Option<u64> {
+    if let Some(m) = input.get("amount_micros").and_then(Value::as_u64) {
+        return Some(m);
+    }
+    let dollars = input.get("amount").and_then(Value::as_f64)?;
+    (dollars.is_finite() && dollars >= 0.0).then(|| (dollars * 1_000_000.0).round() as u64)
 }

@@ -20,9 +20,9 @@ pub(crate) const HOOK_TOKEN_ENV: &str = "KEEL_HOOK_TOKEN";
 pub(crate) const HOOK_PATH: &str = "/v1/hook";
 /// The largest payload forwarded: a tool input is bounded by the model's output.
 pub(crate) const PAYLOAD_BYTES_MAX: usize = 1024 * 1024;
-/// How long `keel hook` waits for the node at most; the gate wrapper's own timeout is usually
-/// shorter and wins.
-const ANSWER_WAIT_MS_MAX: u64 = 15 * 60 * 1000;
+/// How long `keel hook` waits for the node at most (an `ask` may wait a day for a human); the gate
+/// wrapper's own timeout, which counts the policy's ask timeout, is shorter and wins.
+const ANSWER_WAIT_MS_MAX: u64 = 25 * 60 * 60 * 1000;
 /// The gate contract's exit codes.
 const EXIT_ALLOW: u8 = 0;
 const EXIT_DENY: u8 = 2;

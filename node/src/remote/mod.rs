@@ -319,3 +319,56 @@ pub(crate) fn cancel(client: &Client, run: RunId, json: bool) -> anyhow::Result<
     }
     Ok(())
 }
+
+/// `keel escalations` on a server.
+pub(crate) fn escalations(
+    client: &Client,
+    run: Option<RunId>,
+    all: bool,
+    limit: u32,
+    json: bool,
+) -> anyhow::Result<()> {
+    let run = run.map(|r| format!("&run={r}")).unwrap_or_default();
+    let answer: serde_json::Value = tokio_runtime()?
+        .block_on(client.get_json(&format!("/v1/escalations?all={all}&limit={limit}{run}")))?;
+    if json {
+        outln!("{}", serde_json::to_string_pretty(&answer)?)?;
+        return Ok(());
+    }
+    let items = answer["escalations"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if items.is_empty() {
+        outln!("no {}escalations", if all { "" } else { "open " })?;
+    }
+    for e in items {
+        let text = |k: &str| e[k].as_str().unwrap_or_default().to_owned();
+        outln!(
+            "escalation {}  {}  {}",
+            text("id"),
+            text("trigger"),
+            text("status")
+        )?;
+        outln!("  run {}  task {}", text("run"), text("task"))?;
+        outln!("  asked:       {}", text("asked"))?;
+        outln!("  why:         {}", text("diagnosis"))?;
+        outln!("  recommended: {}", text("recommended_action"))?;
+    }
+    Ok(())
+}
+
+/// `keel answer` on a server.
+pub(crate) fn answer(
+    client: &Client,
+    escalation: keel_store::EscalationId,
+    text: &str,
+    json: bool,
+) -> anyhow::Result<()> {
+    let outcome: crate::escalations::AnswerOutcome =
+        tokio_runtime()?.block_on(client.post_json(
+            &format!("/v1/escalations/{escalation}/answer"),
+            &serde_json::json!({ "answer": text }),
+        ))?;
+    outcome.print(json)
+}

@@ -214,7 +214,7 @@ pub(crate) enum Hosted<T> {
 }
 
 /// Wait for `finished` while hosting `run`: a `keel cancel` request (its control file) is passed to
-/// the run; SIGINT or SIGTERM ends the wait with [`Hosted::Signal`] (the caller pauses the node).
+/// the run, and `keel answer`'s answers to the runtime; SIGINT or SIGTERM ends the wait with [`Hosted::Signal`] (the caller pauses the node).
 pub(crate) async fn host_until<T>(
     home: &Home,
     rt: &Runtime,
@@ -236,13 +236,15 @@ pub(crate) async fn host_until<T>(
             },
             _ = term.recv() => return Ok(Hosted::Signal),
             _ = int.recv() => return Ok(Hosted::Signal),
-            () = tokio::time::sleep(CONTROL_POLL), if !cancel_sent => {
-                if control.exists() {
+            () = tokio::time::sleep(CONTROL_POLL) => {
+                if !cancel_sent && control.exists() {
                     let reason = std::fs::read_to_string(&control).unwrap_or_default();
                     rt.cancel(run, reason.trim());
                     let _ = std::fs::remove_file(&control);
                     cancel_sent = true;
                 }
+                // `keel answer` from another terminal (docs/DESIGN.md §9).
+                crate::escalations::take_answers(home, rt).await;
             }
         }
     }

@@ -56,7 +56,7 @@ pub(crate) fn attach_policy(
     runtime: &keel_actors::runtime::Runtime,
 ) {
     if let Some(bridge) = policy {
-        bridge.attach(runtime.audit_writer());
+        bridge.attach(runtime.audit_writer(), runtime.approval_desk());
     }
 }
 

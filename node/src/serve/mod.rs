@@ -19,6 +19,7 @@
 pub(crate) mod auth;
 pub(crate) mod discovery;
 mod error;
+mod escalations;
 mod hub;
 mod metrics;
 mod routes;

@@ -85,7 +85,7 @@ type Shared = Arc<App>;
 
 impl App {
     /// The store the runtime writes (its current handle: opened again after a failed write).
-    fn store(&self) -> Result<Arc<Store>, ApiError> {
+    pub(super) fn store(&self) -> Result<Arc<Store>, ApiError> {
         Ok(self.rt.store()?)
     }
 }
@@ -106,6 +106,12 @@ pub(crate) fn router(app: Shared) -> Router {
         .route("/v1/tasks/{task}/logs", get(logs))
         .route("/v1/tasks/{task}/follow-ups", post(follow_up))
         .route("/v1/follow-ups/{task}/summary", get(follow_up_summary))
+        .route("/v1/escalations", get(super::escalations::list))
+        .route("/v1/escalations/{id}", get(super::escalations::show))
+        .route(
+            "/v1/escalations/{id}/answer",
+            post(super::escalations::answer),
+        )
         .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(app.body_bytes_max))
         .route_layer(middleware::from_fn_with_state(
@@ -149,7 +155,7 @@ async fn readyz(State(app): State<Shared>) -> Result<&'static str, ApiError> {
 }
 
 /// A JSON body, refused with a 4xx that names the problem (axum's own text) when it is not one.
-struct ApiJson<T>(T);
+pub(super) struct ApiJson<T>(pub(super) T);
 
 impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
@@ -167,7 +173,7 @@ fn json_rejection(e: JsonRejection) -> ApiError {
 }
 
 /// Query parameters, refused with a 400 that names the problem.
-struct ApiQuery<T>(T);
+pub(super) struct ApiQuery<T>(pub(super) T);
 
 impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
     type Rejection = ApiError;
@@ -211,7 +217,7 @@ impl ReadQuery {
     }
 }
 
-fn bounded(name: &str, n: u32) -> Result<u32, ApiError> {
+pub(super) fn bounded(name: &str, n: u32) -> Result<u32, ApiError> {
     if n == 0 || n > READ_LIMIT_MAX {
         return Err(ApiError::bad_request(format!(
             "{name} must be between 1 and {READ_LIMIT_MAX}, not {n}"
@@ -251,7 +257,7 @@ fn run_or_latest(text: &str) -> Result<Option<RunId>, ApiError> {
 }
 
 /// Run blocking work (store reads, the render code) on the blocking pool.
-async fn blocking<T: Send + 'static>(
+pub(super) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(f)

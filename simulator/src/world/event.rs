@@ -150,6 +150,13 @@ fn coord_input_name(i: &CoordinatorInput) -> String {
                 };
                 format!("from {} {what}", attempt_short(from))
             }
+            CoordinatorMsg::EscalationAnswered { escalation, task } => {
+                format!(
+                    "escalation-answered({} {})",
+                    short(escalation.0),
+                    short(task.0)
+                )
+            }
             CoordinatorMsg::Durable { ticket } => format!("durable({ticket})"),
             CoordinatorMsg::PersistFailed { ticket, .. } => format!("persist-failed({ticket})"),
             CoordinatorMsg::Admission { attempt, answer } => {

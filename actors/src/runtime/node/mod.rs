@@ -118,6 +118,8 @@ pub(crate) struct Node {
     pub(crate) supervisor: OnceLock<MachineRef<Supervisor>>,
     pub(crate) checkpoint: OnceLock<MachineRef<CheckpointWriter>>,
     pub(crate) waiters: Mutex<BTreeMap<RunId, Vec<Waiter>>>,
+    /// Tool calls waiting for a human's approval, by escalation ([`crate::runtime::ApprovalDesk`]).
+    pub(crate) approvals: Mutex<BTreeMap<keel_store::EscalationId, oneshot::Sender<String>>>,
     /// Waiters of the host's own stages ([`crate::StageOwner::Host`]), by the host's ticket.
     pub(crate) host_acks: Mutex<BTreeMap<u64, oneshot::Sender<Result<(), String>>>>,
     pub(crate) next_host_ticket: AtomicU64,

@@ -1,0 +1,168 @@
+//! Escalations on the real `keel` path (docs/DESIGN.md §9, issues 11 and 13): a session calls the
+//! `escalate` MCP tool, its task pauses durably, `keel escalations` lists the self-contained payload,
+//! `keel answer` refuses a bad answer and changes nothing, and a good answer resumes the task in a
+//! new session whose first request carries the answer.
+//!
+//! Real processes: `keel model-server` (the scripted model on 127.0.0.1, recording every request),
+//! `keel run` on a one-step plan with keel's own agent loop and keel's MCP endpoint, and
+//! `keel escalations` / `keel answer` from other processes while `keel run` holds the store.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests: a panic is the failure report.
+
+use std::path::Path;
+use std::time::Duration;
+
+use keel_actors::Plan;
+use keel_actors::runtime::scripted;
+use keel_tests::{Reaped, keel, recorded_bodies, session_openings, wait_for};
+use serde_json::Value;
+
+const WAIT: Duration = Duration::from_secs(120);
+/// What the scripted session asks.
+const QUESTION: &str = "Which config format should the tool write?";
+
+fn run_to_end(cmd: &mut std::process::Command) -> (i32, String, String) {
+    let cmd = std::mem::replace(cmd, std::process::Command::new("true"));
+    let (status, out, err) = Reaped::spawn(cmd).unwrap().wait_output(WAIT).unwrap();
+    (status.code().unwrap_or(-1), out, err)
+}
+
+/// `keel --json escalations [args]` in `dir`: the listed escalations.
+fn escalations(dir: &Path, args: &[&str]) -> Vec<Value> {
+    let (code, out, err) = run_to_end(
+        keel(dir)
+            .unwrap()
+            .args(["--json", "escalations"])
+            .args(args),
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    let v: Value = serde_json::from_str(out.trim()).unwrap();
+    v["escalations"].as_array().unwrap().clone()
+}
+
+#[test]
+fn an_escalated_task_pauses_until_keel_answer_and_resumes_with_the_answer() {
+    let began = std::time::Instant::now();
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path();
+    let (code, out, err) = run_to_end(keel(home).unwrap().arg("init"));
+    assert_eq!(code, 0, "{out}{err}");
+    let plan = Plan {
+        steps: vec![
+            scripted::step(
+                "decide",
+                "Write the config file.",
+                "echo resumed-after-answer",
+                "shell",
+                &[],
+            )
+            .unwrap(),
+        ],
+        constraints: Vec::new(),
+    };
+    std::fs::write(
+        home.join(".keel").join("plan.json"),
+        serde_json::to_string(&plan).unwrap(),
+    )
+    .unwrap();
+    // The session's first request calls `escalate`; everything after follows the prompt rules.
+    let script = serde_json::json!({"turns": [{"tool_calls": [{
+        "name": "mcp__keel__escalate",
+        "input": {"reason": "the spec names two formats", "question": QUESTION, "options": ["json", "toml"]},
+    }]}]});
+    std::fs::write(home.join("script.json"), script.to_string()).unwrap();
+    let records = home.join("records");
+    let mut cmd = keel(home).unwrap();
+    cmd.args(["model-server", "--script", "script.json", "--record-dir"])
+        .arg(&records);
+    let mut server = Reaped::spawn(cmd).unwrap();
+    let line = server
+        .line_containing("listening on", Duration::from_secs(30))
+        .unwrap();
+    let url = line.split_whitespace().last().unwrap().to_string();
+    eprintln!("model server up after {:?}", began.elapsed());
+
+    let mut cmd = keel(home).unwrap();
+    cmd.args([
+        "run",
+        "write the config",
+        "--quiet",
+        "--plan",
+        ".keel/plan.json",
+        "--model-server",
+        &url,
+    ]);
+    let run = Reaped::spawn(cmd).unwrap();
+
+    // The escalation is listed while `keel run` holds the store, with its whole payload.
+    let open = wait_for(WAIT, "an open escalation", || {
+        let list = escalations(home, &[]);
+        (!list.is_empty()).then_some(list)
+    })
+    .unwrap();
+    eprintln!("escalation listed after {:?}", began.elapsed());
+    assert_eq!(open.len(), 1, "{open:#?}");
+    let e = &open[0];
+    assert_eq!(e["trigger"], "human_requested");
+    assert_eq!(e["status"], "open");
+    assert_eq!(e["asked"], QUESTION);
+    assert_eq!(e["diagnosis"], "the spec names two formats");
+    assert_eq!(e["options"], serde_json::json!(["json", "toml"]));
+    assert_eq!(e["waiting"]["kind"], "task");
+    let recommended = e["recommended_action"].as_str().unwrap();
+    assert!(
+        recommended.contains("\"json\", \"toml\"")
+            && recommended.contains(e["id"].as_str().unwrap()),
+        "{recommended}"
+    );
+    let id = e["id"].as_str().unwrap().to_string();
+    let task = e["task"].as_str().unwrap().to_string();
+    // The task is paused, durably.
+    let (code, out, err) = run_to_end(keel(home).unwrap().args(["--json", "show", &task]));
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("\"Paused\""), "{out}");
+
+    // Bad answers are refused with the field's problem and change nothing.
+    let (code, out, err) = run_to_end(keel(home).unwrap().args(["answer", &id, "yaml"]));
+    assert_eq!(code, 2, "not an option\n{out}{err}");
+    assert!(err.contains("json, toml"), "{err}");
+    let (code, out, err) =
+        run_to_end(
+            keel(home)
+                .unwrap()
+                .args(["answer", "01ARZ3NDEKTSV4RRFFQ69G5FAV", "json"]),
+        );
+    assert_eq!(code, 3, "unknown escalation\n{out}{err}");
+    assert_eq!(
+        escalations(home, &[]).len(),
+        1,
+        "a refused answer closed it"
+    );
+
+    // The answer goes to the process holding the store, which resumes the task.
+    let (code, out, err) = run_to_end(keel(home).unwrap().args(["answer", &id, "TOML"]));
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("resumes now"), "{out}");
+    eprintln!("answered after {:?}", began.elapsed());
+    let (status, out, err) = run.wait_output(WAIT).unwrap();
+    eprintln!("run ended after {:?}", began.elapsed());
+    assert_eq!(status.code(), Some(0), "the run completes\n{out}\n{err}");
+
+    // The answer is recorded as the option spells it; nothing is open any more.
+    assert!(escalations(home, &[]).is_empty());
+    let all = escalations(home, &["--all"]);
+    assert_eq!(all[0]["status"], "answered");
+    assert_eq!(all[0]["answer"], "toml");
+    // A second answer is refused.
+    let (code, _, err) = run_to_end(keel(home).unwrap().args(["answer", &id, "json"]));
+    assert_ne!(code, 0, "{err}");
+
+    // Two sessions of the task: the second's first request carries the human's answer.
+    let openings = session_openings(&recorded_bodies(&records));
+    assert_eq!(openings.len(), 2, "{openings:#?}");
+    assert!(!openings[0].contains("The human answered"));
+    assert!(
+        openings[1].contains("The human answered: toml") && openings[1].contains(QUESTION),
+        "{}",
+        openings[1]
+    );
+}
