@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use keel_actors::Plan;
 use keel_actors::runtime::scripted;
+use keel_store::{RunId, Store, StoreConfig, TaskKind};
 use keel_tests::{Reaped, keel, recorded_bodies, session_openings, wait_for};
 use serde_json::Value;
 
@@ -39,69 +40,104 @@ fn escalations(dir: &Path, args: &[&str]) -> Vec<Value> {
     v["escalations"].as_array().unwrap().clone()
 }
 
+/// A keel home in a temporary folder with a one-step plan, and a scripted model server (recording
+/// every request in `records/`) whose first answer calls `escalate`; everything after follows the
+/// prompt rules (the step's command prints its report).
+struct Fixture {
+    dir: tempfile::TempDir,
+    url: String,
+    _server: Reaped,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path();
+        let (code, out, err) = run_to_end(keel(home).unwrap().arg("init"));
+        assert_eq!(code, 0, "{out}{err}");
+        let plan = Plan {
+            steps: vec![
+                scripted::step(
+                    "decide",
+                    "Write the config file.",
+                    "echo resumed-after-answer",
+                    "shell",
+                    &[],
+                )
+                .unwrap(),
+            ],
+            constraints: Vec::new(),
+        };
+        std::fs::write(
+            home.join(".keel").join("plan.json"),
+            serde_json::to_string(&plan).unwrap(),
+        )
+        .unwrap();
+        let script = serde_json::json!({"turns": [{"tool_calls": [{
+            "name": "mcp__keel__escalate",
+            "input": {"reason": "the spec names two formats", "question": QUESTION, "options": ["json", "toml"]},
+        }]}]});
+        std::fs::write(home.join("script.json"), script.to_string()).unwrap();
+        let mut cmd = keel(home).unwrap();
+        cmd.args([
+            "model-server",
+            "--script",
+            "script.json",
+            "--record-dir",
+            "records",
+        ]);
+        let mut server = Reaped::spawn(cmd).unwrap();
+        let line = server
+            .line_containing("listening on", Duration::from_secs(60))
+            .unwrap();
+        let url = line.split_whitespace().last().unwrap().to_string();
+        Fixture {
+            dir,
+            url,
+            _server: server,
+        }
+    }
+
+    fn home(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `keel run` of the plan on keel's own loop, started.
+    fn start(&self, verb: &[&str]) -> Reaped {
+        let mut cmd = keel(self.home()).unwrap();
+        cmd.args(verb)
+            .args(["--quiet", "--model-server", &self.url]);
+        Reaped::spawn(cmd).unwrap()
+    }
+
+    /// The one open escalation, once it is listed.
+    fn open_escalation(&self) -> Value {
+        let open = wait_for(WAIT, "an open escalation", || {
+            let list = escalations(self.home(), &[]);
+            (!list.is_empty()).then_some(list)
+        })
+        .unwrap();
+        assert_eq!(open.len(), 1, "{open:#?}");
+        open[0].clone()
+    }
+
+    /// The sessions' first requests, in order.
+    fn openings(&self) -> Vec<String> {
+        session_openings(&recorded_bodies(&self.home().join("records")))
+    }
+}
+
 #[test]
 fn an_escalated_task_pauses_until_keel_answer_and_resumes_with_the_answer() {
     let began = std::time::Instant::now();
-    let dir = tempfile::tempdir().unwrap();
-    let home = dir.path();
-    let (code, out, err) = run_to_end(keel(home).unwrap().arg("init"));
-    assert_eq!(code, 0, "{out}{err}");
-    let plan = Plan {
-        steps: vec![
-            scripted::step(
-                "decide",
-                "Write the config file.",
-                "echo resumed-after-answer",
-                "shell",
-                &[],
-            )
-            .unwrap(),
-        ],
-        constraints: Vec::new(),
-    };
-    std::fs::write(
-        home.join(".keel").join("plan.json"),
-        serde_json::to_string(&plan).unwrap(),
-    )
-    .unwrap();
-    // The session's first request calls `escalate`; everything after follows the prompt rules.
-    let script = serde_json::json!({"turns": [{"tool_calls": [{
-        "name": "mcp__keel__escalate",
-        "input": {"reason": "the spec names two formats", "question": QUESTION, "options": ["json", "toml"]},
-    }]}]});
-    std::fs::write(home.join("script.json"), script.to_string()).unwrap();
-    let records = home.join("records");
-    let mut cmd = keel(home).unwrap();
-    cmd.args(["model-server", "--script", "script.json", "--record-dir"])
-        .arg(&records);
-    let mut server = Reaped::spawn(cmd).unwrap();
-    let line = server
-        .line_containing("listening on", Duration::from_secs(30))
-        .unwrap();
-    let url = line.split_whitespace().last().unwrap().to_string();
+    let fx = Fixture::new();
+    let home = fx.home();
     eprintln!("model server up after {:?}", began.elapsed());
-
-    let mut cmd = keel(home).unwrap();
-    cmd.args([
-        "run",
-        "write the config",
-        "--quiet",
-        "--plan",
-        ".keel/plan.json",
-        "--model-server",
-        &url,
-    ]);
-    let run = Reaped::spawn(cmd).unwrap();
+    let run = fx.start(&["run", "write the config", "--plan", ".keel/plan.json"]);
 
     // The escalation is listed while `keel run` holds the store, with its whole payload.
-    let open = wait_for(WAIT, "an open escalation", || {
-        let list = escalations(home, &[]);
-        (!list.is_empty()).then_some(list)
-    })
-    .unwrap();
+    let e = fx.open_escalation();
     eprintln!("escalation listed after {:?}", began.elapsed());
-    assert_eq!(open.len(), 1, "{open:#?}");
-    let e = &open[0];
     assert_eq!(e["trigger"], "human_requested");
     assert_eq!(e["status"], "open");
     assert_eq!(e["asked"], QUESTION);
@@ -157,11 +193,65 @@ fn an_escalated_task_pauses_until_keel_answer_and_resumes_with_the_answer() {
     assert_ne!(code, 0, "{err}");
 
     // Two sessions of the task: the second's first request carries the human's answer.
-    let openings = session_openings(&recorded_bodies(&records));
+    let openings = fx.openings();
     assert_eq!(openings.len(), 2, "{openings:#?}");
     assert!(!openings[0].contains("The human answered"));
     assert!(
         openings[1].contains("The human answered: toml") && openings[1].contains(QUESTION),
+        "{}",
+        openings[1]
+    );
+}
+
+/// The wait is durable: `keel run` is killed while the task waits, `keel answer` (no process holds
+/// the store) records the answer, and `keel resume` runs the task once more with it; the task never
+/// ran while nobody had answered.
+#[test]
+fn an_escalation_survives_a_sigkill_and_keel_resume_continues_with_the_answer() {
+    let fx = Fixture::new();
+    let home = fx.home();
+    let run = fx.start(&["run", "write the config", "--plan", ".keel/plan.json"]);
+    let e = fx.open_escalation();
+    let id = e["id"].as_str().unwrap().to_string();
+    let run_id = e["run"].as_str().unwrap().to_string();
+    run.kill();
+    // Resumed before the answer: the task keeps waiting (no new session starts).
+    let mut cmd = keel(home).unwrap();
+    cmd.args(["resume", &run_id, "--model-server", &fx.url]);
+    let mut resumed = Reaped::spawn(cmd).unwrap();
+    resumed.line_containing("resumed in", WAIT).unwrap();
+    // Its rebuilt coordinator decided what to run again (a decision row on the run's root task):
+    // nothing, since the only task waits for the human.
+    let store = Store::open_read_only(home.join(".keel").join("keel.redb"), StoreConfig::default())
+        .unwrap();
+    let run_key: RunId = run_id.parse().unwrap();
+    let decision = wait_for(WAIT, "the recovery's decision row", || {
+        let tasks = store.run(run_key).tasks(None, 100).ok()?.items;
+        let root = tasks.iter().find(|t| t.kind == TaskKind::Root)?;
+        let rows = store.run(run_key).last_log_rows(root.id, 500).ok()?;
+        rows.into_iter()
+            .map(|r| r.value.summary)
+            .find(|s| s.contains("recovered from checkpoint"))
+    })
+    .unwrap();
+    assert!(decision.contains("0 to run again"), "{decision}");
+    resumed.kill();
+    assert_eq!(fx.openings().len(), 1, "a waiting task ran again");
+    let (code, out, err) = run_to_end(keel(home).unwrap().args(["answer", &id, "json"]));
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("keel resume"), "{out}");
+    let (code, out, err) = run_to_end(keel(home).unwrap().args([
+        "resume",
+        &run_id,
+        "--quiet",
+        "--model-server",
+        &fx.url,
+    ]));
+    assert_eq!(code, 0, "the resumed run completes\n{out}\n{err}");
+    let openings = fx.openings();
+    assert_eq!(openings.len(), 2, "{openings:#?}");
+    assert!(
+        openings[1].contains("The human answered: json"),
         "{}",
         openings[1]
     );

@@ -197,10 +197,12 @@ fn codex_never_runs_a_call_a_deny_rule_refuses_and_audits_it() {
     }
 }
 
-// FIXME(issue 13): opencode through `keel run` in this test fails to start its session (a `system`
-// failure after about two minutes, no log rows) although the same run by hand is gated and audited;
-// not diagnosed yet, so opencode's end-to-end check is missing (its gate has the adapter-level test
-// `opencode_gate` in harness-adapters/tests/cli_conformance.rs).
+#[test]
+fn opencode_never_runs_a_call_a_deny_rule_refuses_and_audits_it() {
+    if cli_available(HarnessKind::Opencode).is_some() {
+        deny_rule_case(Some(HarnessKind::Opencode));
+    }
+}
 
 #[test]
 fn pi_never_runs_a_call_a_deny_rule_refuses_and_audits_it() {

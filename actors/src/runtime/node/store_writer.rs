@@ -65,7 +65,7 @@ impl Node {
                 PersistOp::AppendEscalation(e) => Some(RuntimeEvent::Escalation {
                     run,
                     task: e.task_id,
-                    reason: e.diagnosis.clone(),
+                    reason: format!("escalation {}: {}", e.id, e.diagnosis),
                 }),
                 _ => None,
             })
