@@ -282,7 +282,9 @@ pub enum CoordinatorMsg {
     /// new follow-up. Refused (a logged decision) when `parent` is not a task of this run, when the run
     /// is no longer running, when `task` names a task that exists, or past the step bound.
     FollowUp(FollowUpRequest),
-    /// An operator cancels the run.
+    /// An operator cancels the run. A run whose own work is all done (reopened for a follow-up)
+    /// ends only its open follow-ups and ends again with a synthesis: its outcome is never
+    /// replaced by a cancel.
     ///
     /// # Delivery
     /// Local cast from the host. Idempotent; ignored once the run is terminal.
@@ -301,6 +303,18 @@ pub enum CoordinatorMsg {
         escalation: keel_store::EscalationId,
         /// Its task.
         task: TaskId,
+    },
+    /// An operator cancels one task's step (a follow-up, most often; `keel cancel TASK`): its
+    /// attempt stops and its task ends `Cancelled`; the run goes on.
+    ///
+    /// # Delivery
+    /// Local cast from the host. Idempotent; ignored (a logged decision) for a task that is not an
+    /// open step of this run, or once the run is terminal.
+    CancelTask {
+        /// The task (any task of the step's re-dispatch chain, or a queued follow-up's id).
+        task: TaskId,
+        /// Why, one line.
+        reason: String,
     },
 }
 

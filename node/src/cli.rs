@@ -163,9 +163,11 @@ pub(crate) enum Command {
         #[arg(long)]
         detach: bool,
     },
-    /// Cancel a run (through the process running it, if one is).
+    /// Cancel a run, or one task's step (a follow-up), through the process running it if one is.
+    /// A run or task that has ended is refused; a run reopened for follow-ups keeps its outcome
+    /// (only its follow-ups end).
     Cancel {
-        /// The run id.
+        /// The run id, or a task id (its step is cancelled; the run goes on).
         run: RunId,
     },
     /// List escalations waiting for a human (of one run, or of every run), each with what was

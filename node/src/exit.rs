@@ -64,6 +64,10 @@ fn exit_of(error: &anyhow::Error) -> Exit {
             matches!(e, ContextError::Load(LoadError::TaskNotFound(_))).then_some(Exit::NotFound)
         } else if cause.downcast_ref::<run::summary::NoRuns>().is_some() {
             Some(Exit::NotFound)
+        } else if let Some(e) = cause.downcast_ref::<run::CancelRefused>() {
+            matches!(e, run::CancelRefused::Unknown(_)).then_some(Exit::NotFound)
+        } else if let Some(e) = cause.downcast_ref::<keel_actors::runtime::CancelError>() {
+            matches!(e, keel_actors::runtime::CancelError::UnknownTask(_)).then_some(Exit::NotFound)
         } else if let Some(e) = cause.downcast_ref::<FollowUpError>() {
             match e {
                 FollowUpError::UnknownTask(_) => Some(Exit::NotFound),

@@ -1,5 +1,6 @@
 //! Follow-ups: derived tasks queued on a thread, started one at a time per thread.
 
+use super::staging::Then;
 use super::step::Step;
 use super::{Phase, RunState, StepStatus};
 use crate::effect::Effect;
@@ -13,7 +14,12 @@ use std::collections::BTreeSet;
 impl RunState {
     /// Queue a follow-up step on the thread of `request.parent` (it starts when the thread is free:
     /// see [`ready_follow_ups`]). Returns whether it was queued; a refusal is a logged decision.
-    pub(super) fn queue_follow_up(&mut self, request: FollowUpRequest, now: Millis) -> bool {
+    pub(super) fn queue_follow_up(
+        &mut self,
+        request: FollowUpRequest,
+        now: Millis,
+        out: &mut Vec<Effect>,
+    ) -> bool {
         let FollowUpRequest {
             parent,
             brief,
@@ -53,6 +59,9 @@ impl RunState {
         step.thread = Some(parent);
         step.requested_task = task;
         self.steps.push(step);
+        // In the checkpoint at once (its spec and the task id the host chose): a follow-up whose id
+        // the host has handed out survives a crash even while it waits for its thread.
+        self.stage(Vec::new(), Then::Nothing, true, now, out);
         true
     }
 }
@@ -103,7 +112,7 @@ impl RunState {
         rng: &mut dyn Entropy,
         out: &mut Vec<Effect>,
     ) {
-        if self.queue_follow_up(request, now) {
+        if self.queue_follow_up(request, now, out) {
             self.advance(now, rng, out);
         }
     }

@@ -8,6 +8,7 @@
 //! explained afterwards. Its state is rebuilt after a crash from the rows the store returns
 //! ([`CoordinatorInput::Recovered`]); acknowledged work is never run again.
 
+mod cancel;
 mod follow_up;
 mod lead;
 mod lifecycle;
@@ -389,12 +390,10 @@ impl RunState {
                 self.on_follow_up(request, now, rng, out);
             }
             CoordinatorInput::Msg(CoordinatorMsg::Cancel { reason }) => {
-                self.finish_with(
-                    RunStatus::Cancelled,
-                    format!("cancelled: {reason}"),
-                    now,
-                    out,
-                );
+                self.on_cancel(reason, now, out);
+            }
+            CoordinatorInput::Msg(CoordinatorMsg::CancelTask { task, reason }) => {
+                self.on_cancel_task(task, reason, now, out);
             }
             CoordinatorInput::Msg(CoordinatorMsg::EscalationAnswered { escalation, task }) => {
                 self.on_escalation_answered(escalation, task, now, rng, out);

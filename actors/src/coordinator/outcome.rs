@@ -192,9 +192,15 @@ impl RunState {
         match status {
             StepStatus::Committing => return, // a duplicate while its result is being made durable
             StepStatus::Done => {
-                if self.steps[index].accepted == Some(from) {
-                    self.to_specialist(from, SpecialistMsg::Ack, out);
-                }
+                let msg = if self.steps[index].accepted == Some(from) {
+                    SpecialistMsg::Ack
+                } else {
+                    // Ended without it (cancelled): the attempt stops resending.
+                    SpecialistMsg::Cancel {
+                        reason: "the step has ended".into(),
+                    }
+                };
+                self.to_specialist(from, msg, out);
                 return;
             }
             _ => {}
@@ -218,12 +224,7 @@ impl RunState {
                         task_id: Some(from.task),
                         outcome: ManifestOutcome::Processed,
                     }));
-                    self.row.budget.spent_micros = self
-                        .row
-                        .budget
-                        .spent_micros
-                        .saturating_add(result.spent_micros);
-                    self.row.updated_ms = now;
+                    self.charge(index, now);
                     ops.push(PersistOp::UpdateRun(self.row.clone()));
                     self.decide(
                         now,
@@ -275,6 +276,10 @@ impl RunState {
         out: &mut Vec<Effect>,
     ) {
         let key = self.steps[index].spec.key.clone();
+        if self.charge(index, now) {
+            let ops = vec![PersistOp::UpdateRun(self.row.clone())];
+            self.stage(ops, Then::Nothing, false, now, out);
+        }
         self.decide(
             now,
             format!(
@@ -285,7 +290,7 @@ impl RunState {
             ),
         );
         self.steps[index].status = StepStatus::AwaitingVerdict;
-        self.steps[index].last_failure = Some(failure.clone());
+        self.count_failure(index, failure.clone(), now, out);
         // The task row is left as it is, in memory as in the store: the decision the verdict leads to
         // ends it, with that decision's writes (a restart reopens it, a re-dispatch fails it beside its
         // replacement, a park fails or escalates it, a run's end cancels it).
@@ -297,6 +302,38 @@ impl RunState {
             },
             out,
         );
+    }
+
+    /// Add what the step's current attempt spent beyond what is already charged to the run
+    /// row's budget; whether the row changed (the caller stages it). Every attempt's spend reaches
+    /// the run's budget this way, whatever ends the attempt, so `run_budget_usd` holds across
+    /// pauses, crashes and failures (a recovered run opens the supervisor's ledger at this sum).
+    pub(super) fn charge(&mut self, index: usize, now: Millis) -> bool {
+        let step = &mut self.steps[index];
+        let delta = step.spent_micros.saturating_sub(step.charged_micros);
+        if delta == 0 {
+            return false;
+        }
+        step.charged_micros = step.spent_micros;
+        self.row.budget.spent_micros = self.row.budget.spent_micros.saturating_add(delta);
+        self.row.updated_ms = now;
+        true
+    }
+
+    /// A failed attempt counts against the step's retry budget, and the failure is kept as the
+    /// step's newest, both in the checkpoint at once: recovery restores them, so a crash neither
+    /// forgets a failure nor turns an interrupted attempt into one.
+    fn count_failure(
+        &mut self,
+        index: usize,
+        failure: SubtaskFailure,
+        now: Millis,
+        out: &mut Vec<Effect>,
+    ) {
+        let step = &mut self.steps[index];
+        step.failures = step.failures.saturating_add(1);
+        step.last_failure = Some(failure);
+        self.stage(Vec::new(), Then::Nothing, true, now, out);
     }
 
     /// The supervisor's verdict on a failed attempt, applied if it is still about the current attempt
@@ -351,7 +388,7 @@ impl RunState {
                 one_line(&failure.detail)
             ),
         );
-        self.steps[index].last_failure = Some(failure);
+        self.count_failure(index, failure, now, out);
         self.apply_verdict(index, verdict, now, rng, out);
     }
 
@@ -376,10 +413,10 @@ impl RunState {
                 retry_after_ms: None,
                 detail: "no failure recorded".into(),
             });
-        let spent = self.steps[index].attempts_total >= attempts_max;
+        let spent = self.steps[index].failures >= attempts_max;
         match verdict {
             Verdict::Restart { .. } | Verdict::Reroute { .. } if spent => {
-                let reason = format!("retry budget spent after {attempts_max} attempts");
+                let reason = format!("retry budget spent after {attempts_max} failed attempts");
                 self.park(index, failure, reason, None, now, out);
             }
             Verdict::Restart { after_ms } => {
@@ -484,6 +521,11 @@ impl RunState {
                 if self.steps[index].current(self.id) == Some(from) {
                     let s = &mut self.steps[index];
                     s.spent_micros = s.spent_micros.max(spent_micros);
+                    // Durable as it is reported: a pause or a crash does not take it back.
+                    if self.charge(index, now) {
+                        let ops = vec![PersistOp::UpdateRun(self.row.clone())];
+                        self.stage(ops, Then::Nothing, false, now, out);
+                    }
                     self.send(
                         SupervisorMsg::Spend {
                             attempt: from,

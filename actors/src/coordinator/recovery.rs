@@ -104,7 +104,7 @@ impl RunState {
         if let Some(f) = follow_up {
             // Queued before anything moves: a run whose steps are all done would otherwise end
             // again at once, before the follow-up is part of it.
-            state.queue_follow_up(f, now);
+            state.queue_follow_up(f, now, out);
         }
         // Steps that were dispatched run again; a recovered lead's delegations of its active turn that
         // never started start now (a queued turn starts when the active one is answered).
@@ -217,6 +217,8 @@ impl RunState {
             step.task_history = snap.tasks.clone();
             step.current_task = snap.tasks.last().copied();
             step.attempts_total = snap.attempts_total;
+            step.failures = snap.failures;
+            step.last_failure = snap.last_failure.clone();
             step.agent = snap.agent.clone();
             step.attempt = snap.attempt;
             if let Some(task) = step.current_task {

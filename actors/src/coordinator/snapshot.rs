@@ -3,7 +3,7 @@
 use super::{RunState, SNAPSHOT_VERSION, StepStatus};
 use crate::machine::Millis;
 use crate::plan::PlanStep;
-use crate::report::StepOutcome;
+use crate::report::{StepOutcome, SubtaskFailure};
 use keel_store::{Checkpoint, TaskId};
 use serde::{Deserialize, Serialize};
 
@@ -33,8 +33,15 @@ pub struct StepSnapshot {
     pub tasks: Vec<TaskId>,
     /// The current attempt number of the newest task.
     pub attempt: u32,
-    /// Attempts across all its tasks.
+    /// Attempts across all its tasks, interrupted ones included.
     pub attempts_total: u32,
+    /// Attempts that failed: what the retry budget counts (absent in checkpoints written before it
+    /// was kept, which count none).
+    #[serde(default)]
+    pub failures: u32,
+    /// The step's newest failure, restored with it (a step parked after a recovery says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure: Option<SubtaskFailure>,
     /// The agent the next attempt asks for.
     pub agent: Option<String>,
     /// Set when the step was skipped (no task ever ran it).
@@ -71,6 +78,8 @@ impl RunState {
                     tasks: s.task_history.clone(),
                     attempt: s.attempt,
                     attempts_total: s.attempts_total,
+                    failures: s.failures,
+                    last_failure: s.last_failure.clone(),
                     agent: s.agent.clone(),
                     skipped: match &s.outcome {
                         Some(StepOutcome::Skipped { reason }) => Some(reason.clone()),

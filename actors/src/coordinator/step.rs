@@ -40,8 +40,13 @@ pub(super) struct Step {
     pub(super) task_history: Vec<TaskId>,
     /// The attempt number within `current_task`.
     pub(super) attempt: u32,
-    /// Attempts across all its tasks (what the retry budget counts).
+    /// Attempts across all its tasks, interrupted ones included (a pause or a crash of the node
+    /// interrupts an attempt; recovery starts the next one).
     pub(super) attempts_total: u32,
+    /// Attempts that failed (a failure the coordinator received, or an attempt the supervisor
+    /// lost): what the retry budget, `attempts_per_step_max`, counts. An attempt a pause or a crash
+    /// of the node interrupted is not a failure.
+    pub(super) failures: u32,
     /// The agent the next attempt asks for (a reroute changes it).
     pub(super) agent: Option<String>,
     /// How the current attempt's session gets its context.
@@ -61,6 +66,9 @@ pub(super) struct Step {
     pub(super) log_seq: u32,
     /// What the current attempt has spent, in micro-dollars.
     pub(super) spent_micros: u64,
+    /// How much of `spent_micros` is already in the run row's budget (charged as the attempt
+    /// reports its spend, so an attempt a pause, a crash or a failure ends still counts).
+    pub(super) charged_micros: u64,
     /// Who runs the current attempt, once admitted.
     pub(super) assignment: Option<Assignment>,
     /// For a lead's delegation: the lead's call id.
@@ -93,6 +101,7 @@ impl Step {
             task_history: Vec::new(),
             attempt: 0,
             attempts_total: 0,
+            failures: 0,
             continuity: Continuity::Fresh,
             attempt_epoch: 0,
             status: StepStatus::Waiting,
@@ -101,6 +110,7 @@ impl Step {
             accepted: None,
             log_seq: 0,
             spent_micros: 0,
+            charged_micros: 0,
             assignment: None,
             call_id: None,
             turn: None,
@@ -212,7 +222,7 @@ impl RunState {
     ) {
         let root_depth = self.config.root_depth;
         let attempts_max = self.config.attempts_per_step_max;
-        if self.steps[index].attempts_total >= attempts_max {
+        if self.steps[index].failures >= attempts_max {
             let failure = self.steps[index]
                 .last_failure
                 .clone()
@@ -224,7 +234,7 @@ impl RunState {
                     retry_after_ms: None,
                     detail: String::new(),
                 });
-            let reason = format!("retry budget spent: {attempts_max} attempts");
+            let reason = format!("retry budget spent: {attempts_max} failed attempts");
             self.park(index, failure, reason, None, now, out);
             return;
         }
@@ -352,6 +362,7 @@ impl RunState {
         step.status = StepStatus::Recording;
         step.log_seq = 0;
         step.spent_micros = 0;
+        step.charged_micros = 0;
         step.assignment = None;
         let generation = step.attempt_epoch;
         if step.attempts_total > 1 {

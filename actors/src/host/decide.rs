@@ -9,8 +9,10 @@
 //! | Host call | Function | Writes |
 //! |---|---|---|
 //! | pause (SIGTERM) | [`pause`] | open child tasks `Paused`, the run `Paused` |
-//! | cancel, run not hosted | [`cancel_stored`] | open tasks `Cancelled`, the run `Cancelled` |
+//! | cancel, run not hosted | [`cancel_stored`] | open tasks `Cancelled`, the run `Cancelled` (a reopened run: its follow-ups, the run as it ended) |
 //! | cancel, run hosted | none: `CoordinatorMsg::Cancel` to its coordinator | the coordinator's |
+//! | cancel a task, run not hosted | [`cancel_task_stored`] | the step's newest task `Cancelled` |
+//! | cancel a task, run hosted | none: `CoordinatorMsg::CancelTask` to its coordinator | the coordinator's |
 //! | resume | [`resume`] | a paused run `Running` |
 //! | follow-up | [`follow_up`] | joined: nothing; reopened: the run `Running` |
 //!
@@ -21,7 +23,8 @@
 
 use crate::machine::Millis;
 use crate::persist::PersistOp;
-use keel_store::{Run, RunId, RunStatus, Task, TaskStatus};
+use crate::report::{FailureKind, StepOutcome, SubtaskFailure, TEXT_BYTES_MAX, bounded};
+use keel_store::{Run, RunId, RunStatus, Task, TaskKind, TaskStatus};
 
 /// Why a host refuses to act on a run: the run's state does not allow what was asked.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -49,6 +52,14 @@ pub enum Refusal {
         run: RunId,
         /// Its stored status.
         status: RunStatus,
+    },
+    /// The task's step has already ended (or the task is not one of the run's).
+    #[error("task {task} has already ended{}", status.map(|s| format!(" ({s:?})")).unwrap_or_default())]
+    TaskEnded {
+        /// The task (the newest of its re-dispatch chain).
+        task: keel_store::TaskId,
+        /// Its status, when the task exists.
+        status: Option<TaskStatus>,
     },
     /// The run ended in a way a follow-up does not undo (cancelled, or over its budget).
     #[error("run {run} is {status:?}; a follow-up does not reopen a cancelled or over-budget run")]
@@ -99,8 +110,10 @@ pub fn pause(run: &Run, tasks: &[Task], now: Millis) -> Option<Marks> {
 
 /// A cancel of a run that no coordinator of this host has (a paused run, or one whose process
 /// died): every task that is not terminal becomes `Cancelled` and the run `Cancelled`, with the
-/// reason as its outcome. A run hosted here is cancelled by its coordinator instead
-/// (`CoordinatorMsg::Cancel`), which stops its sessions.
+/// reason as its outcome. A run whose own work is all done (reopened for a follow-up, then paused)
+/// keeps its outcome instead: only its open follow-ups are cancelled, and it ends `Completed` when
+/// any task has a usable report (else `Failed`), as its coordinator would end it. A run hosted here
+/// is cancelled by its coordinator instead (`CoordinatorMsg::Cancel`), which stops its sessions.
 ///
 /// # Errors
 /// [`Refusal::AlreadyRunning`] when `hosted`; [`Refusal::Terminal`] when the run has ended.
@@ -120,22 +133,147 @@ pub fn cancel_stored(
             status: run.status,
         });
     }
+    let own_work_done = tasks
+        .iter()
+        .filter(|t| t.parent.is_some() && !of_follow_up(t, tasks))
+        .all(|t| t.status.is_terminal());
+    let reopened = own_work_done
+        && tasks
+            .iter()
+            .any(|t| !t.status.is_terminal() && of_follow_up(t, tasks));
     let mut ops = Vec::new();
     for task in tasks {
-        if !task.status.is_terminal() {
-            let mut task = task.clone();
-            task.status = TaskStatus::Cancelled;
-            task.updated_ms = now;
-            ops.push(PersistOp::UpdateTask(task));
+        if task.status.is_terminal() || (reopened && task.parent.is_none()) {
+            continue;
         }
+        let mut task = task.clone();
+        task.status = TaskStatus::Cancelled;
+        if task.parent.is_some() {
+            task.outcome = Some(cancelled_outcome(reason));
+        }
+        task.updated_ms = now;
+        ops.push(PersistOp::UpdateTask(task));
     }
-    let tasks = count(&ops);
+    let tasks_marked = count(&ops);
     let mut row = run.clone();
-    row.status = RunStatus::Cancelled;
-    row.outcome = Some(format!("cancelled while not running: {reason}"));
+    if reopened {
+        let usable = tasks
+            .iter()
+            .any(|t| matches!(t.status, TaskStatus::Complete | TaskStatus::Partial));
+        row.status = if usable {
+            RunStatus::Completed
+        } else {
+            RunStatus::Failed
+        };
+        if row.outcome.is_none() {
+            row.outcome = Some(format!("follow-ups cancelled while not running: {reason}"));
+        }
+    } else {
+        row.status = RunStatus::Cancelled;
+        row.outcome = Some(format!("cancelled while not running: {reason}"));
+    }
     row.updated_ms = now;
     ops.push(PersistOp::UpdateRun(row));
-    Ok(Marks { ops, tasks })
+    Ok(Marks {
+        ops,
+        tasks: tasks_marked,
+    })
+}
+
+/// A cancel of one task's step in a run that no coordinator of this host has (a paused run): the
+/// newest task of its re-dispatch chain ends `Cancelled` with a cancelled outcome, which a resume
+/// reads as the step's end (it never runs again); the run is left as it is. A run hosted here gets
+/// `CoordinatorMsg::CancelTask` instead. The root task names the whole run: see [`cancel_stored`].
+///
+/// # Errors
+/// [`Refusal::AlreadyRunning`] when `hosted`; [`Refusal::Terminal`] when the run has ended;
+/// [`Refusal::TaskEnded`] when the step's task has ended (or `task` is not one of `tasks`).
+pub fn cancel_task_stored(
+    hosted: bool,
+    run: &Run,
+    tasks: &[Task],
+    task: keel_store::TaskId,
+    reason: &str,
+    now: Millis,
+) -> Result<Marks, Refusal> {
+    if hosted {
+        return Err(Refusal::AlreadyRunning(run.id));
+    }
+    if run.status.is_terminal() {
+        return Err(Refusal::Terminal {
+            run: run.id,
+            status: run.status,
+        });
+    }
+    let Some(first) = tasks.iter().find(|t| t.id == task) else {
+        return Err(Refusal::TaskEnded { task, status: None });
+    };
+    let mut last = first;
+    // Bounded by the number of tasks: each step moves to a newer task.
+    for _ in 0..tasks.len() {
+        match tasks
+            .iter()
+            .filter(|t| t.kind == TaskKind::Redispatch && t.parent == Some(last.id))
+            .max_by_key(|t| t.id)
+        {
+            Some(next) => last = next,
+            None => break,
+        }
+    }
+    if last.status.is_terminal() {
+        return Err(Refusal::TaskEnded {
+            task: last.id,
+            status: Some(last.status),
+        });
+    }
+    let mut row = last.clone();
+    row.status = TaskStatus::Cancelled;
+    row.outcome = Some(cancelled_outcome(reason));
+    row.updated_ms = now;
+    Ok(Marks {
+        ops: vec![PersistOp::UpdateTask(row)],
+        tasks: 1,
+    })
+}
+
+/// Whether `task` belongs to a follow-up: a follow-up task, or a re-dispatch whose chain starts at
+/// one.
+fn of_follow_up(task: &Task, tasks: &[Task]) -> bool {
+    let mut current = task;
+    // Bounded by the number of tasks: a re-dispatch's parent is an older task.
+    for _ in 0..=tasks.len() {
+        match current.kind {
+            TaskKind::FollowUp => return true,
+            TaskKind::Redispatch => {
+                match current
+                    .parent
+                    .and_then(|p| tasks.iter().find(|t| t.id == p))
+                {
+                    Some(parent) => current = parent,
+                    None => return false,
+                }
+            }
+            _ => return false,
+        }
+    }
+    false
+}
+
+/// The outcome a cancelled step's task keeps: a failure of kind cancelled (what the coordinator
+/// writes for a step it cancels), so a recovery reads the step as ended.
+fn cancelled_outcome(reason: &str) -> String {
+    let outcome = StepOutcome::Failed(SubtaskFailure {
+        kind: FailureKind::Cancelled,
+        attempted: "cancelled while not running".into(),
+        partial: Vec::new(),
+        retryable: false,
+        retry_after_ms: None,
+        detail: bounded(
+            format!("cancelled by an operator: {reason}"),
+            TEXT_BYTES_MAX,
+        ),
+    });
+    serde_json::to_string(&outcome).unwrap_or_else(|_| "{}".into())
 }
 
 /// A resume of a run from its rows (after a crash or a pause). `Ok(Some(marks))`: write them (the

@@ -1,12 +1,30 @@
 //! Cancelling: a run hosted here (through its coordinator), a run no process hosts (through the
-//! store), and killing one attempt the hard way.
+//! store), one task's step (either way), and killing one attempt the hard way.
 
 use super::node::lock;
-use super::{CancelError, Deliver, Runtime, wall_clock_ms};
+use super::{CancelError, Deliver, Runtime, StoreReadError, wall_clock_ms};
 use crate::host::decide::{self, Refusal};
 use crate::ids::AttemptId;
 use crate::message::{CoordinatorInput, CoordinatorMsg};
-use keel_store::RunId;
+use keel_store::{ReadError, RunId, TaskId};
+
+/// What [`Runtime::cancel_task`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskCancel {
+    /// The run is hosted here: its coordinator was told (it ends the step, or the run for its
+    /// root task, durably, in its own time).
+    Sent {
+        /// The task's run.
+        run: RunId,
+    },
+    /// The run is hosted nowhere: its rows were marked in the store.
+    Stored {
+        /// The task's run.
+        run: RunId,
+        /// Tasks marked cancelled.
+        tasks: u32,
+    },
+}
 
 impl Runtime {
     /// Cancel a run hosted here (idempotent; ignored once it is terminal). Returns whether the run
@@ -33,6 +51,60 @@ impl Runtime {
         };
         actor.kill();
         true
+    }
+
+    /// Cancel one task's step (`keel cancel TASK`; a follow-up, most often): for a run hosted here,
+    /// its coordinator stops the step's attempt and ends its task `Cancelled`, and the run goes on
+    /// (a reopened run ends again with a synthesis once nothing else is open); for a run no process
+    /// hosts, the step's newest task is marked `Cancelled` in the store
+    /// ([`decide::cancel_task_stored`]). The run's root task names the whole run, as
+    /// [`Runtime::cancel`] and [`Runtime::cancel_stored`] do it.
+    ///
+    /// # Errors
+    /// [`CancelError::UnknownTask`], [`CancelError::Read`], [`CancelError::Refused`] (the run or
+    /// the step has ended), [`CancelError::Write`].
+    pub async fn cancel_task(&self, task: TaskId, reason: &str) -> Result<TaskCancel, CancelError> {
+        let row = self
+            .node
+            .read(move |store| Ok(store.catalog().task(task)))
+            .await?;
+        let row = match row {
+            Ok(row) => row,
+            Err(ReadError::NotFound { .. }) => return Err(CancelError::UnknownTask(task)),
+            Err(e) => return Err(StoreReadError::Store(e.into()).into()),
+        };
+        let run = row.run_id;
+        if row.parent.is_none() {
+            if self.cancel(run, reason) {
+                return Ok(TaskCancel::Sent { run });
+            }
+            let tasks = self.cancel_stored(run, reason).await?;
+            return Ok(TaskCancel::Stored { run, tasks });
+        }
+        if let Some(c) = self.node.coordinator(run) {
+            let sent = c
+                .send_message(Deliver(CoordinatorInput::Msg(CoordinatorMsg::CancelTask {
+                    task,
+                    reason: reason.to_owned(),
+                })))
+                .is_ok();
+            if sent {
+                return Ok(TaskCancel::Sent { run });
+            }
+        }
+        let mut rows = self.recover_run(run).await?;
+        let hosted = lock(&self.node.coordinators).contains_key(&run);
+        let marks = decide::cancel_task_stored(
+            hosted,
+            &rows.run,
+            &rows.tasks,
+            task,
+            reason,
+            wall_clock_ms(),
+        )?;
+        let tasks = marks.tasks;
+        self.write_marks(&mut rows.run, marks).await?;
+        Ok(TaskCancel::Stored { run, tasks })
     }
 
     /// Mark a run that no process hosts as cancelled (its row and open tasks), through the

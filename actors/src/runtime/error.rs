@@ -117,12 +117,26 @@ pub enum FollowUpError {
     /// The reopened run's coordinator could not start.
     #[error(transparent)]
     Spawn(#[from] SpawnError),
+    /// The follow-up was handed to the run's coordinator but did not become durable in time (a
+    /// store that stopped committing): its id is not handed out.
+    #[error("follow-up {task} of run {run} was not durable within {waited:?}")]
+    NotDurable {
+        /// The run.
+        run: RunId,
+        /// The follow-up's task id.
+        task: TaskId,
+        /// How long it was waited for.
+        waited: std::time::Duration,
+    },
 }
 
 /// Why [`super::Runtime::cancel_stored`] failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CancelError {
+    /// The task named is not in the store.
+    #[error("no task {0} in the store")]
+    UnknownTask(TaskId),
     /// The run's rows could not be read (unknown run, a disk fault).
     #[error(transparent)]
     Read(#[from] StoreReadError),

@@ -6,6 +6,7 @@ use super::{
     Deliver, FollowUpError, RunHandle, RunOutcome, Runtime, StoreReadError, WaitError,
     wall_clock_ms,
 };
+use crate::coordinator::Snapshot;
 use crate::host::decide::{self, FollowUpRoute, Refusal};
 use crate::ids::mint_task_id;
 use crate::message::{CoordinatorInput, CoordinatorMsg, FOLLOW_UP_BYTES_MAX, FollowUpRequest};
@@ -38,6 +39,12 @@ impl std::fmt::Debug for FollowUpHandle {
     }
 }
 
+/// Most a follow-up waits to be durable before its id is handed out (a commit takes milliseconds;
+/// this bounds a store that stopped committing).
+const DURABLE_WAIT: Duration = Duration::from_secs(30);
+/// How often that wait looks at the store.
+const DURABLE_POLL: Duration = Duration::from_millis(10);
+
 /// How long a follow-up's wait sleeps between looks at whether its run's coordinator is gone.
 const FOLLOW_UP_POLL: Duration = Duration::from_millis(250);
 
@@ -61,6 +68,49 @@ impl FollowUpHandle {
     /// joining a run this runtime was hosting.
     pub fn reopened(&self) -> bool {
         self.reopened
+    }
+
+    /// Wait until the follow-up is durable: its task row is in the store, or its step is in the
+    /// run's checkpoint (queued behind an earlier follow-up of its thread, with the task id it
+    /// will take), so a crash after its id is handed out loses nothing (`keel resume` runs it).
+    /// Also returns once the run's coordinator is gone (it refused the follow-up, or it stopped:
+    /// [`FollowUpHandle::finished`] tells which). [`Runtime::follow_up`] returns only after it.
+    ///
+    /// # Errors
+    /// [`FollowUpError::Read`] when the rows cannot be read, [`FollowUpError::NotDurable`] when
+    /// the follow-up is not durable within [`DURABLE_WAIT`] (a store that stopped committing).
+    async fn durable(&self) -> Result<(), FollowUpError> {
+        let (run, task) = (self.run, self.task);
+        let deadline = tokio::time::Instant::now() + DURABLE_WAIT;
+        loop {
+            let found = self
+                .node
+                .read(move |store| {
+                    let scope = store.run(run);
+                    match scope.task(task) {
+                        Ok(_) => return Ok(true),
+                        Err(ReadError::NotFound { .. }) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                    let queued = scope
+                        .checkpoint()?
+                        .and_then(|c| serde_json::from_str::<Snapshot>(&c.state).ok())
+                        .is_some_and(|s| s.steps.iter().any(|step| step.preset == Some(task)));
+                    Ok(queued)
+                })
+                .await?;
+            if found || !self.node.hosts(run, self.generation) {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(FollowUpError::NotDurable {
+                    run,
+                    task,
+                    waited: DURABLE_WAIT,
+                });
+            }
+            tokio::time::sleep(DURABLE_POLL).await;
+        }
     }
 
     /// Wait for the run to end (a reopened run ends once the follow-up is done; a run that was
@@ -109,18 +159,30 @@ impl FollowUpHandle {
                 }
             }
         };
-        let tasks = node
-            .read(move |store| crate::host::store::all_tasks(&store.run(run)))
-            .await?;
-        let Some(first) = tasks.iter().find(|t| t.id == task).cloned() else {
-            return Err(WaitError::FollowUpRefused { run, parent });
-        };
-        Ok(FollowUpOutcome {
-            last: chain_end(&tasks, &first),
-            task: first,
-            run: outcome,
-        })
+        follow_up_outcome(&node, task, parent, outcome).await
     }
+}
+
+/// How the follow-up `task` (asked on `parent`) ended in a run that ended with `outcome`, from its
+/// rows.
+async fn follow_up_outcome(
+    node: &Arc<Node>,
+    task: TaskId,
+    parent: TaskId,
+    outcome: RunOutcome,
+) -> Result<FollowUpOutcome, WaitError> {
+    let run = outcome.run;
+    let tasks = node
+        .read(move |store| crate::host::store::all_tasks(&store.run(run)))
+        .await?;
+    let Some(first) = tasks.iter().find(|t| t.id == task).cloned() else {
+        return Err(WaitError::FollowUpRefused { run, parent });
+    };
+    Ok(FollowUpOutcome {
+        last: chain_end(&tasks, &first),
+        task: first,
+        run: outcome,
+    })
 }
 
 /// The newest task of `first`'s re-dispatch chain (`first` itself when it was never re-dispatched):
@@ -180,6 +242,21 @@ pub fn check_follow_up_message(message: &str) -> Result<(), FollowUpError> {
 }
 
 impl Runtime {
+    /// How the follow-up `task` (asked on `parent`) ended, read from the store once its run has
+    /// ended with `outcome`: what [`FollowUpHandle::finished`] answers, for a host that stopped
+    /// waiting on the handle (a signal arrived as the run ended).
+    ///
+    /// # Errors
+    /// [`WaitError::FollowUpRefused`] when the run has no such task; [`WaitError::Read`].
+    pub async fn follow_up_outcome(
+        &self,
+        task: TaskId,
+        parent: TaskId,
+        outcome: RunOutcome,
+    ) -> Result<FollowUpOutcome, WaitError> {
+        follow_up_outcome(&self.node, task, parent, outcome).await
+    }
+
     /// Ask a follow-up on `task`'s thread: a new task of kind `FollowUp` whose parent is the newest
     /// task of that thread, served a standard preamble built from keel's rows (the parent's brief
     /// and outcome, its ancestors), its model resolved from its assignee's profile (`agent`, or
@@ -240,8 +317,8 @@ impl Runtime {
             agent: agent.map(str::to_owned),
             task: Some(preset),
         };
-        match self.route_follow_up(run, preset, &request, None).await? {
-            Routed::Handle(handle) => Ok(handle),
+        let handle = match self.route_follow_up(run, preset, &request, None).await? {
+            Routed::Handle(handle) => handle,
             Routed::NeedsSlot => {
                 // Waited for without the reopen lock (see `route_follow_up`), then decided again.
                 let slot = self.slot().await?;
@@ -249,14 +326,18 @@ impl Runtime {
                     .route_follow_up(run, preset, &request, Some(slot))
                     .await?
                 {
-                    Routed::Handle(handle) => Ok(handle),
-                    Routed::NeedsSlot => Err(FollowUpError::Spawn(super::SpawnError {
-                        what: "coordinator",
-                        detail: "no run slot for the reopened run".into(),
-                    })),
+                    Routed::Handle(handle) => handle,
+                    Routed::NeedsSlot => {
+                        return Err(FollowUpError::Spawn(super::SpawnError {
+                            what: "coordinator",
+                            detail: "no run slot for the reopened run".into(),
+                        }));
+                    }
                 }
             }
-        }
+        };
+        handle.durable().await?;
+        Ok(handle)
     }
 
     /// Decide where `request` goes, under the reopen lock, and carry it out: join the hosted run,

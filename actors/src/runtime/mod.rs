@@ -52,6 +52,7 @@ pub mod spans;
 mod test_support;
 
 pub use audit::{AUDIT_ROWS_READ_MAX, AUDIT_WAIT_MS, AuditError, AuditWriter};
+pub use cancel::TaskCancel;
 pub use clock::{EntropyError, OsEntropy, wall_clock_ms};
 pub use config::RuntimeConfig;
 pub use error::{

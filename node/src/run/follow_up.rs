@@ -14,7 +14,9 @@ use keel_actors::runtime::{FollowUpOutcome, Runtime};
 use keel_store::TaskId;
 
 use super::setup::{self, HarnessChoice, node_setup, work_dir};
-use super::{Ended, Hosted, detach, host_until, init_logs, node_store, pause, progress, summary};
+use super::{
+    Ended, Hosted, Stopped, detach, host_until, init_logs, node_store, pause, progress, summary,
+};
 use crate::home::Home;
 
 /// `keel follow-up`'s arguments.
@@ -136,14 +138,30 @@ pub(crate) fn follow_up(home: &Home, args: FollowUpArgs, json: bool) -> anyhow::
                 work.display()
             )?;
         }
-        let ended = match host_until(home, &rt, run, handle.finished()).await {
+        let parent = handle.parent();
+        let ended = match host_until(home, &rt, handle.finished()).await {
             Ok(Hosted::Ended(outcome)) => {
                 let usage = super::view_usage(&rt, view).await;
                 summary::follow_up(home, &*rt.store()?, &outcome, &usage, json)
                     .context("printing the summary")
                     .map(|()| ended_of(&outcome))
             }
-            Ok(Hosted::Signal) => pause(&rt, run, view, json).await,
+            Ok(Hosted::Signal) => match pause(&rt, run, view, json).await {
+                Ok(Stopped::Paused) => Ok(Ended::Paused),
+                // The run ended as the signal came: report the end the store holds.
+                Ok(Stopped::RunEnded(outcome, view)) => {
+                    match rt.follow_up_outcome(task, parent, outcome).await {
+                        Ok(outcome) => {
+                            let usage = super::view_usage(&rt, view).await;
+                            summary::follow_up(home, &*rt.store()?, &outcome, &usage, json)
+                                .context("printing the summary")
+                                .map(|()| ended_of(&outcome))
+                        }
+                        Err(e) => Err(e.into()),
+                    }
+                }
+                Err(e) => Err(e),
+            },
             Ok(Hosted::Paused(reason)) => super::paused(run, view, &reason, json),
             Err(e) => Err(e),
         };
@@ -155,14 +173,7 @@ pub(crate) fn follow_up(home: &Home, args: FollowUpArgs, json: bool) -> anyhow::
 /// A store held by another keel process is [`FollowUpError::StoreHeld`] (what to do about it
 /// names the run); any other open failure (damaged, not permitted) stays itself.
 fn held_or(e: anyhow::Error, run: keel_store::RunId) -> anyhow::Error {
-    let held = matches!(
-        e.downcast_ref::<crate::home::HomeError>(),
-        Some(crate::home::HomeError::Open {
-            reason: keel_store::OpenError::Locked,
-            ..
-        })
-    );
-    if held {
+    if super::is_locked(&e) {
         FollowUpError::StoreHeld {
             run,
             detail: crate::exit::sentence(&e),

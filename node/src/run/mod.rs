@@ -9,6 +9,7 @@
 //! continues from the checkpoint.
 
 pub(crate) mod bench;
+pub(crate) mod control;
 pub(crate) mod demo;
 pub(crate) mod follow_up;
 pub(crate) mod progress;
@@ -36,7 +37,7 @@ use std::io::IsTerminal;
 
 /// How long a graceful shutdown waits for sessions to end before killing them.
 pub(crate) const PAUSE_WAIT: Duration = Duration::from_secs(10);
-/// How often a running node looks for a cancel request from `keel cancel`.
+/// How often a process hosting runs answers `keel cancel` requests (`control.rs`).
 const CONTROL_POLL: Duration = Duration::from_millis(200);
 /// Most bytes of a plan file.
 const PLAN_BYTES_MAX: u64 = 4 * 1024 * 1024;
@@ -185,10 +186,6 @@ pub(crate) fn read_plan(path: &Path) -> anyhow::Result<Plan> {
     Ok(plan)
 }
 
-fn control_file(home: &Home, run: RunId) -> PathBuf {
-    home.dir().join("control").join(format!("{run}.cancel"))
-}
-
 /// Write the run's id (and a follow-up's task id after it) where `--detach` (or a script) waits
 /// for it, when asked to.
 pub(crate) fn announce(run: RunId, task: Option<keel_store::TaskId>) -> anyhow::Result<()> {
@@ -213,20 +210,18 @@ pub(crate) enum Hosted<T> {
     Paused(PauseReason),
 }
 
-/// Wait for `finished` while hosting `run`: a `keel cancel` request (its control file) is passed to
-/// the run, and `keel answer`'s answers to the runtime; SIGINT or SIGTERM ends the wait with [`Hosted::Signal`] (the caller pauses the node).
+/// Wait for `finished` while hosting runs: `keel cancel` requests from other processes are
+/// answered (`control.rs`), and `keel answer`'s answers passed to the runtime; SIGINT or SIGTERM
+/// ends the wait with [`Hosted::Signal`] (the caller pauses the node).
 pub(crate) async fn host_until<T>(
     home: &Home,
     rt: &Runtime,
-    run: RunId,
     finished: impl std::future::Future<Output = Result<T, WaitError>>,
 ) -> anyhow::Result<Hosted<T>> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let control = control_file(home, run);
     tokio::pin!(finished);
-    let mut cancel_sent = false;
     loop {
         tokio::select! {
             r = &mut finished => return match r {
@@ -237,12 +232,7 @@ pub(crate) async fn host_until<T>(
             _ = term.recv() => return Ok(Hosted::Signal),
             _ = int.recv() => return Ok(Hosted::Signal),
             () = tokio::time::sleep(CONTROL_POLL) => {
-                if !cancel_sent && control.exists() {
-                    let reason = std::fs::read_to_string(&control).unwrap_or_default();
-                    rt.cancel(run, reason.trim());
-                    let _ = std::fs::remove_file(&control);
-                    cancel_sent = true;
-                }
+                control::serve_requests(home, rt).await;
                 // `keel answer` from another terminal (docs/DESIGN.md §9).
                 crate::escalations::take_answers(home, rt).await;
             }
@@ -276,9 +266,12 @@ pub(crate) async fn drive(
 ) -> anyhow::Result<Ended> {
     let run = handle.id();
     announce(run, None)?;
-    let outcome = match host_until(home, rt, run, handle.finished()).await? {
-        Hosted::Ended(outcome) => outcome,
-        Hosted::Signal => return pause(rt, run, view, json).await,
+    let (outcome, view) = match host_until(home, rt, handle.finished()).await? {
+        Hosted::Ended(outcome) => (outcome, view),
+        Hosted::Signal => match pause(rt, run, view, json).await? {
+            Stopped::Paused => return Ok(Ended::Paused),
+            Stopped::RunEnded(outcome, view) => (outcome, view),
+        },
         Hosted::Paused(reason) => return paused(run, view, &reason, json),
     };
     let usage = view_usage(rt, view).await;
@@ -290,15 +283,39 @@ pub(crate) async fn drive(
     })
 }
 
+/// How a graceful stop ended.
+pub(crate) enum Stopped {
+    /// The run is paused (said on stdout); `keel resume` continues it.
+    Paused,
+    /// The run had ended (durably) when the signal came: nothing was paused, and the caller
+    /// reports the end the store holds, with the live view's totals.
+    RunEnded(
+        keel_actors::runtime::RunOutcome,
+        tokio::task::JoinHandle<progress::Totals>,
+    ),
+}
+
 /// A graceful stop on SIGINT/SIGTERM: the runtime pauses the run (sessions cancelled, partial work
-/// durable, tasks marked paused) so `keel resume` continues it with resume preambles.
+/// durable, tasks marked paused) so `keel resume` continues it with resume preambles. A run whose
+/// end was already durable is not paused: the store's end is what the caller reports.
 pub(crate) async fn pause(
     rt: &Runtime,
     run: RunId,
     view: tokio::task::JoinHandle<progress::Totals>,
     json: bool,
-) -> anyhow::Result<Ended> {
+) -> anyhow::Result<Stopped> {
     let summary = rt.pause(PAUSE_WAIT).await;
+    if !summary.runs.contains(&run) {
+        let row = rt.store()?.catalog().run(run)?;
+        if row.status.is_terminal() {
+            let outcome = keel_actors::runtime::RunOutcome {
+                run,
+                status: row.status,
+                outcome: row.outcome.unwrap_or_default(),
+            };
+            return Ok(Stopped::RunEnded(outcome, view));
+        }
+    }
     view.abort();
     if json {
         outln!(
@@ -316,7 +333,7 @@ pub(crate) async fn pause(
             summary.tasks_paused
         )?;
     }
-    Ok(Ended::Paused)
+    Ok(Stopped::Paused)
 }
 
 /// The runtime paused the run by itself (a full disk): say why and how to go on, and end as a
@@ -416,12 +433,13 @@ fn detach(home: &Home, what: &str, json: bool) -> anyhow::Result<Ended> {
             serde_json::json!({"run": run, "task": task, "pid": child.id(), "log": log_path})
         )?;
     } else {
-        let subject = match &task {
-            Some(task) => format!("{what} {task} on run {run}"),
-            None => format!("{what} {run}"),
+        // A follow-up is stopped by its task's id: `keel cancel RUN` would name the whole run.
+        let (subject, stop) = match &task {
+            Some(task) => (format!("{what} {task} on run {run}"), task.clone()),
+            None => (format!("{what} {run}"), run.clone()),
         };
         outln!(
-            "{subject} started in the background (pid {}); log {}\nfollow with `keel status {run}`, stop with `keel cancel {run}`",
+            "{subject} started in the background (pid {}); log {}\nfollow with `keel status {run}`, stop with `keel cancel {stop}`",
             child.id(),
             log_path.display()
         )?;
@@ -546,55 +564,181 @@ pub(crate) fn resume(
     })
 }
 
-/// `keel cancel RUN`: cancel it here if no process hosts it, else ask the process that does.
-pub(crate) fn cancel(home: &Home, run: RunId, json: bool) -> anyhow::Result<()> {
+/// What `keel cancel ID` names, read from the store.
+enum CancelTarget {
+    /// A run.
+    Run(keel_store::Run),
+    /// A task (its step is cancelled; the root task names its run), the newest task of its
+    /// re-dispatch chain (whose status is the step's), and its run.
+    Task(keel_store::Task, keel_store::Task, keel_store::Run),
+}
+
+/// Why `keel cancel` refused before asking anyone.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CancelRefused {
+    /// The id is neither a run nor a task of the store.
+    #[error("no run or task {0} in the store")]
+    Unknown(RunId),
+    /// The run has ended: a cancel would change nothing (and never replaces a finished run's
+    /// outcome).
+    #[error("run {run} has already ended ({status:?}); nothing to cancel")]
+    Ended {
+        /// The run.
+        run: RunId,
+        /// How it ended.
+        status: RunStatus,
+    },
+    /// The task's step has ended.
+    #[error("task {task} has already ended ({status:?}); nothing to cancel")]
+    TaskEnded {
+        /// The task (the newest of its re-dispatch chain).
+        task: keel_store::TaskId,
+        /// How it ended.
+        status: keel_store::TaskStatus,
+    },
+}
+
+/// What `id` names in `store`: a run, else a task.
+fn cancel_target(store: &Store, id: RunId) -> anyhow::Result<CancelTarget> {
+    use keel_store::{ReadError, TaskKind};
+    let catalog = store.catalog();
+    match catalog.run(id) {
+        Ok(run) => return Ok(CancelTarget::Run(run)),
+        Err(ReadError::NotFound { .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let task = match catalog.task(keel_store::TaskId(id.0)) {
+        Ok(task) => task,
+        Err(ReadError::NotFound { .. }) => return Err(CancelRefused::Unknown(id).into()),
+        Err(e) => return Err(e.into()),
+    };
+    let run = catalog.run(task.run_id)?;
+    let tasks = keel_actors::host::store::all_tasks(&store.run(run.id))?;
+    let mut last = task.clone();
+    // Bounded by the number of tasks: each step moves to a newer task.
+    for _ in 0..tasks.len() {
+        match tasks
+            .iter()
+            .filter(|t| t.kind == TaskKind::Redispatch && t.parent == Some(last.id))
+            .max_by_key(|t| t.id)
+        {
+            Some(next) => last = next.clone(),
+            None => break,
+        }
+    }
+    Ok(CancelTarget::Task(task, last, run))
+}
+
+/// Refuse what has ended, before anyone is asked: a run that has ended, or a step whose newest
+/// task has.
+fn check_cancellable(target: &CancelTarget) -> Result<(), CancelRefused> {
+    let run = match target {
+        CancelTarget::Run(run) | CancelTarget::Task(_, _, run) => run,
+    };
+    if run.status.is_terminal() {
+        return Err(CancelRefused::Ended {
+            run: run.id,
+            status: run.status,
+        });
+    }
+    if let CancelTarget::Task(named, last, _) = target
+        && named.parent.is_some()
+        && last.status.is_terminal()
+    {
+        return Err(CancelRefused::TaskEnded {
+            task: last.id,
+            status: last.status,
+        });
+    }
+    Ok(())
+}
+
+/// `keel cancel ID`: a run (every open task, or, for a run reopened for follow-ups, those
+/// follow-ups only) or a task (its step; a follow-up, most often). An unknown id and whatever has
+/// ended are refused first, from a read-only open that works beside a running keel. Then: carried
+/// out here when no process holds the store, else asked of the process that does, which answers
+/// (`control.rs`); a request nobody takes is taken back, never left behind.
+pub(crate) fn cancel(home: &Home, id: RunId, json: bool) -> anyhow::Result<()> {
     let reason = "cancelled by an operator";
+    // A store a crash left needing repair cannot be read beside a writer: the writer path decides.
+    let target = match home.open_existing() {
+        Ok(store) => Some(cancel_target(&store, id)?),
+        Err(e @ crate::home::HomeError::Missing { .. }) => return Err(e.into()),
+        Err(_) => None,
+    };
+    if let Some(target) = &target {
+        check_cancellable(target)?;
+    }
     let rt = tokio_runtime()?;
     match open_writer(home) {
         Ok(store) => rt.block_on(async {
+            let target = match target {
+                Some(target) => target,
+                None => {
+                    let target = cancel_target(&store, id)?;
+                    check_cancellable(&target)?;
+                    target
+                }
+            };
             let (node, _events) = Runtime::start(
                 store,
                 keel_actors::runtime::HarnessSet::new(),
                 keel_actors::runtime::RuntimeConfig::default(),
             )
             .await?;
-            let result = node.cancel_stored(run, reason).await;
+            let result = match target {
+                CancelTarget::Task(task, _, _) => node
+                    .cancel_task(task.id, reason)
+                    .await
+                    .map(|done| match done {
+                        keel_actors::runtime::TaskCancel::Stored { run, tasks } => {
+                            (run, tasks, Some(task.id))
+                        }
+                        keel_actors::runtime::TaskCancel::Sent { run } => (run, 0, Some(task.id)),
+                    }),
+                CancelTarget::Run(_) => node.cancel_stored(id, reason).await.map(|t| (id, t, None)),
+            };
             node.shutdown().await;
-            let tasks = result?;
+            let (run, tasks, task) = result?;
             if json {
-                outln!(
-                    "{}",
-                    serde_json::json!({"run": run.to_string(), "status": "cancelled", "tasks_cancelled": tasks})
-                )?;
+                let mut value = serde_json::json!({"run": run.to_string(), "status": "cancelled", "tasks_cancelled": tasks});
+                if let Some(task) = task {
+                    value["task"] = task.to_string().into();
+                }
+                outln!("{value}")?;
+            } else if let Some(task) = task {
+                outln!("task {task} of run {run} cancelled")?;
             } else {
                 outln!("run {run} cancelled ({tasks} open tasks cancelled)")?;
             }
             Ok(())
         }),
-        Err(e) => {
-            // Another process holds the store: it polls for this file and cancels cooperatively.
-            let path = control_file(home, run);
-            if let Some(dir) = path.parent() {
-                crate::private::create_dir(dir)
-                    .with_context(|| format!("creating {}", dir.display()))?;
-            }
-            crate::private::write_file(&path, reason.as_bytes())
-                .with_context(|| format!("writing {}", path.display()))?;
+        Err(e) if is_locked(&e) => {
+            // Another process holds the store: it carries the request out and answers.
+            let answer = control::request(home, id, reason)?;
             if json {
                 outln!(
                     "{}",
-                    serde_json::json!({"run": run.to_string(), "status": "cancel_requested", "control_file": path})
+                    serde_json::json!({"id": id.to_string(), "run": answer.run, "status": answer.status, "tasks_cancelled": answer.tasks, "holder_pid": answer.holder})
                 )?;
             } else {
-                outln!(
-                    "run {run} is held by a running keel process ({}); cancel requested through {}",
-                    crate::exit::sentence(&e),
-                    path.display()
-                )?;
+                outln!("{}", answer.message)?;
             }
             Ok(())
         }
+        Err(e) => Err(e),
     }
+}
+
+/// Whether opening the store failed because another process holds it for writing.
+pub(crate) fn is_locked(e: &anyhow::Error) -> bool {
+    matches!(
+        e.downcast_ref::<crate::home::HomeError>(),
+        Some(crate::home::HomeError::Open {
+            reason: keel_store::OpenError::Locked,
+            ..
+        })
+    )
 }
 
 /// `keel model-server`: serve the scripted model on 127.0.0.1 until SIGINT or SIGTERM.

@@ -174,6 +174,7 @@ fn coord_input_name(i: &CoordinatorInput) -> String {
             }
             CoordinatorMsg::BudgetTripped { .. } => "budget-tripped".into(),
             CoordinatorMsg::Cancel { .. } => "cancel".into(),
+            CoordinatorMsg::CancelTask { task, .. } => format!("cancel-task {}", short(task.0)),
             CoordinatorMsg::FollowUp(f) => format!("follow-up on {}", short(f.parent.0)),
         },
         CoordinatorInput::Timer(t) => format!("timer {t:?}"),
