@@ -109,14 +109,14 @@ pub(crate) fn follow_up(home: &Home, args: FollowUpArgs, json: bool) -> anyhow::
         });
         let (rt, events) = Runtime::start(store, setup.harnesses, setup.config).await?;
         super::setup::attach_policy(&setup.policy, &rt);
-        let view = tokio::spawn(progress::show(events, args.quiet || json));
+        // The follow-up's id is announced once it is durable, by then its session may have
+        // started: the live view starts after the announcement (its events wait in the channel).
         let handle = match rt
             .follow_up(args.task, &args.message, agent.as_deref())
             .await
         {
             Ok(h) => h,
             Err(e) => {
-                view.abort();
                 rt.shutdown().await;
                 return Err(e.into());
             }
@@ -138,6 +138,7 @@ pub(crate) fn follow_up(home: &Home, args: FollowUpArgs, json: bool) -> anyhow::
                 work.display()
             )?;
         }
+        let view = tokio::spawn(progress::show(events, args.quiet || json));
         let parent = handle.parent();
         let ended = match host_until(home, &rt, handle.finished()).await {
             Ok(Hosted::Ended(outcome)) => {
