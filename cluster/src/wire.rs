@@ -21,7 +21,10 @@ use serde::{Deserialize, Serialize};
 /// The protocol version this build speaks. Bump it on any change to the enums below that an older
 /// node could misread (a new variant, a changed field); nodes of different versions refuse each
 /// other's messages with a logged error (docs/OPERATIONS.md: rolling upgrades).
-pub const PROTOCOL_VERSION: u16 = 1;
+///
+/// History: 1, the first cluster; 2, a session log row carries its redactions and an assignment
+/// carries its agent profile's tools, system prompt and turn limit.
+pub const PROTOCOL_VERSION: u16 = 2;
 
 /// Most bytes of one frame (also below ractor_cluster's 16 MiB inbound frame limit).
 pub const FRAME_BYTES_MAX: usize = 8 * 1024 * 1024;

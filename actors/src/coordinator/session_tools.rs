@@ -418,9 +418,10 @@ impl RunState {
 /// [`DETAILS_CHARS_MAX`] characters of text in all.
 fn details_of(row: &Task) -> TaskDetails {
     let scrubber = Scrubber::new();
+    // Scrubbed whole, then cut: a cut first could leave the head of a secret too short for its
+    // pattern to recognise.
     let clean = |text: &str, chars_max: usize| -> String {
-        let cut: String = text.chars().take(chars_max).collect();
-        scrubber.scrub(&cut).text.into_owned()
+        scrubber.scrub(text).text.chars().take(chars_max).collect()
     };
     let reported_findings: Vec<Finding> = row
         .attachments
@@ -454,5 +455,29 @@ fn details_of(row: &Task) -> TaskDetails {
             .iter()
             .map(|n| clean(n, 200))
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session_tool::DETAILS_CHARS_MAX;
+    use keel_store::{RunId, TaskId};
+
+    #[test]
+    fn a_secret_at_the_cut_of_a_long_brief_leaves_none_of_itself() {
+        // The brief is cut at DETAILS_CHARS_MAX / 2 characters, ten characters into the token: a cut
+        // before the scrub would leave the token's head, too short for its pattern.
+        let token = ["ghp", "Zq3xT9vLm2Kp8RwYc4Nf6Hd1Gs5Bj7Ue0AoQ"].join("_");
+        let brief = format!("{} {token} and more", "x".repeat(DETAILS_CHARS_MAX / 2 - 11));
+        let row =
+            super::super::lifecycle::root_task(TaskId(1), RunId(1), 0, brief, "a goal".into(), 0);
+        let details = details_of(&row);
+        assert!(details.brief.chars().count() <= DETAILS_CHARS_MAX / 2);
+        assert!(
+            !details.brief.contains(&token[..10]),
+            "the head of the token survived: {}",
+            &details.brief[details.brief.len() - 20..]
+        );
     }
 }
