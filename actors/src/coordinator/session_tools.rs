@@ -469,7 +469,10 @@ mod tests {
         // The brief is cut at DETAILS_CHARS_MAX / 2 characters, ten characters into the token: a cut
         // before the scrub would leave the token's head, too short for its pattern.
         let token = ["ghp", "Zq3xT9vLm2Kp8RwYc4Nf6Hd1Gs5Bj7Ue0AoQ"].join("_");
-        let brief = format!("{} {token} and more", "x".repeat(DETAILS_CHARS_MAX / 2 - 11));
+        let brief = format!(
+            "{} {token} and more",
+            "x".repeat(DETAILS_CHARS_MAX / 2 - 11)
+        );
         let row =
             super::super::lifecycle::root_task(TaskId(1), RunId(1), 0, brief, "a goal".into(), 0);
         let details = details_of(&row);
