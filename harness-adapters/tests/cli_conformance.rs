@@ -530,9 +530,11 @@ async fn missing_finish_reason_case(cli: Cli) {
         }
         other => panic!("{cli:?}: {other:?}"),
     }
+    // The adapter stops it after its third such step; the CLI may have sent a few more requests
+    // before the stop lands (more on a loaded machine). Far fewer than the 50 scripted either way.
     let n = case.model_requests().len();
     assert!(
-        (3..=6).contains(&n),
+        (3..=10).contains(&n),
         "{cli:?}: {n} requests before the loop was stopped"
     );
 }
