@@ -355,3 +355,17 @@ pub fn session_openings(bodies: &[serde_json::Value]) -> Vec<String> {
         .map(|b| b.to_string())
         .collect()
 }
+
+/// `keel model-server` started in `dir`, recording every request into `record`: the process (killed
+/// when dropped) and the URL it listens on.
+///
+/// # Errors
+/// [`HelperError`] when it cannot start or does not say where it listens within 30 s.
+pub fn model_server(dir: &Path, record: &Path) -> Result<(Reaped, String), HelperError> {
+    let mut cmd = keel(dir)?;
+    cmd.args(["model-server", "--record-dir"]).arg(record);
+    let mut server = Reaped::spawn(cmd)?;
+    let line = server.line_containing("listening on", Duration::from_secs(30))?;
+    let url = line.trim_start_matches("listening on ").trim().to_string();
+    Ok((server, url))
+}

@@ -57,13 +57,7 @@ impl Fixture {
         std::fs::write(work.join("lib.rs"), "pub fn f() {}\n").unwrap();
         let init = keel(&work).unwrap().arg("init").output().unwrap();
         assert!(init.status.success(), "{init:?}");
-        let mut cmd = keel(&work).unwrap();
-        cmd.args(["model-server", "--record-dir"]).arg(&record);
-        let mut server = Reaped::spawn(cmd).unwrap();
-        let line = server
-            .line_containing("listening on", Duration::from_secs(30))
-            .unwrap();
-        let url = line.trim_start_matches("listening on ").trim().to_string();
+        let (server, url) = keel_tests::model_server(&work, &record).unwrap();
         Fixture {
             _dir: dir,
             work,

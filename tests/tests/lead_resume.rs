@@ -37,13 +37,7 @@ fn scenario() -> Scenario {
     std::fs::create_dir_all(&marks).unwrap();
     let init = keel(&work).unwrap().arg("init").output().unwrap();
     assert!(init.status.success(), "{init:?}");
-    let mut cmd = keel(&work).unwrap();
-    cmd.args(["model-server", "--record-dir"]).arg(&record);
-    let mut server = Reaped::spawn(cmd).unwrap();
-    let line = server
-        .line_containing("listening on", Duration::from_secs(30))
-        .unwrap();
-    let url = line.trim_start_matches("listening on ").trim().to_string();
+    let (server, url) = keel_tests::model_server(&work, &record).unwrap();
     Scenario {
         _dir: dir,
         work,

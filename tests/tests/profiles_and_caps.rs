@@ -44,13 +44,7 @@ impl Fixture {
             }
         }
         std::fs::write(&config, text).unwrap();
-        let mut cmd = keel(&work).unwrap();
-        cmd.args(["model-server", "--record-dir"]).arg(&record);
-        let mut server = Reaped::spawn(cmd).unwrap();
-        let line = server
-            .line_containing("listening on", Duration::from_secs(30))
-            .unwrap();
-        let url = line.trim_start_matches("listening on ").trim().to_string();
+        let (server, url) = keel_tests::model_server(&work, &record).unwrap();
         Fixture {
             _dir: dir,
             work,
