@@ -4,7 +4,9 @@
 //! report; every report is made durable (a redb commit with `Durability::Immediate`, group-committed
 //! by the checkpoint actor) before it is acknowledged; then the coordinator writes the synthesis. What
 //! is measured is keel's own cost: actors, messages, context loading, group commits, fsyncs. Runs
-//! are timed sequentially and with several in flight, on a fresh store file in a temporary folder.
+//! are timed sequentially and with several in flight, on a fresh store file in a temporary folder
+//! (`$TMPDIR`); what the store file grew by over the runs, divided by the runs, is the bytes stored
+//! per run.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -106,11 +108,22 @@ fn config(work: &std::path::Path, n: u32, in_flight: u32) -> RuntimeConfig {
     c
 }
 
+/// What one measurement gives.
+struct Measured {
+    runs_per_s: f64,
+    us_per_specialist: f64,
+    commits_per_run: f64,
+    /// What the store file grew by from before the first run to after the runtime's shutdown,
+    /// divided by the runs.
+    bytes_per_run: f64,
+}
+
 /// One measurement: `runs` runs of `n` specialists, `in_flight` at a time.
-async fn measure(n: u32, in_flight: u32, runs: u32) -> anyhow::Result<(f64, f64, f64)> {
+async fn measure(n: u32, in_flight: u32, runs: u32) -> anyhow::Result<Measured> {
     let dir = tempfile::tempdir().context("creating a temporary folder")?;
+    let store_path = dir.path().join("bench.redb");
     let store = Arc::new(Store::open_with(
-        dir.path().join("bench.redb"),
+        &store_path,
         StoreConfig {
             sharing: Sharing::Exclusive,
             ..StoreConfig::default()
@@ -120,6 +133,7 @@ async fn measure(n: u32, in_flight: u32, runs: u32) -> anyhow::Result<(f64, f64,
     let (rt, events) = Runtime::start(store, harnesses, config(dir.path(), n, in_flight)).await?;
     drop(events);
     let rt = Arc::new(rt);
+    let empty = file_size(&store_path)?;
     #[allow(clippy::disallowed_methods)] // A benchmark reads the clock by definition.
     let started = Instant::now();
     let mut handles = Vec::new();
@@ -144,9 +158,21 @@ async fn measure(n: u32, in_flight: u32, runs: u32) -> anyhow::Result<(f64, f64,
     if let Ok(rt) = Arc::try_unwrap(rt) {
         rt.shutdown().await;
     }
-    let runs_per_s = f64::from(runs) / secs;
-    let us_per_specialist = secs * 1e6 / f64::from(runs * n);
-    Ok((runs_per_s, us_per_specialist, commits_per_run))
+    let grown = file_size(&store_path)?.saturating_sub(empty);
+    #[allow(clippy::cast_precision_loss)] // A file size far below 2^52.
+    let bytes_per_run = grown as f64 / f64::from(runs);
+    Ok(Measured {
+        runs_per_s: f64::from(runs) / secs,
+        us_per_specialist: secs * 1e6 / f64::from(runs * n),
+        commits_per_run,
+        bytes_per_run,
+    })
+}
+
+fn file_size(path: &std::path::Path) -> anyhow::Result<u64> {
+    Ok(std::fs::metadata(path)
+        .with_context(|| format!("reading the size of {}", path.display()))?
+        .len())
 }
 
 fn check(status: RunStatus) -> anyhow::Result<()> {
@@ -178,13 +204,17 @@ pub(crate) fn bench(fan_outs: &[u32], runs: u32, in_flight: u32, json: bool) -> 
             // A warm-up run per shape, not measured.
             measure(n, 1, 2).await?;
             for flight in [1, in_flight] {
-                let (rps, us, commits) = measure(n, flight, runs).await?;
-                rows.push((n, flight, rps, us, commits));
+                let m = measure(n, flight, runs).await?;
                 if !json {
                     outln!(
-                        "N={n:<3} in flight={flight:<2} runs={runs:<4} {rps:>9.1} runs/s {us:>9.1} µs/specialist {commits:>6.1} commits/run"
+                        "N={n:<3} in flight={flight:<2} runs={runs:<4} {:>9.1} runs/s {:>9.1} µs/specialist {:>6.1} commits/run {:>9.0} bytes/run",
+                        m.runs_per_s,
+                        m.us_per_specialist,
+                        m.commits_per_run,
+                        m.bytes_per_run
                     )?;
                 }
+                rows.push((n, flight, m));
             }
         }
         Ok::<(), anyhow::Error>(())
@@ -192,8 +222,8 @@ pub(crate) fn bench(fan_outs: &[u32], runs: u32, in_flight: u32, json: bool) -> 
     if json {
         let v: Vec<_> = rows
             .iter()
-            .map(|(n, f, r, u, c)| {
-                serde_json::json!({"specialists": n, "in_flight": f, "runs_per_s": r, "us_per_specialist": u, "commits_per_run": c})
+            .map(|(n, f, m)| {
+                serde_json::json!({"specialists": n, "in_flight": f, "runs_per_s": m.runs_per_s, "us_per_specialist": m.us_per_specialist, "commits_per_run": m.commits_per_run, "bytes_per_run": m.bytes_per_run})
             })
             .collect();
         outln!("{}", serde_json::Value::Array(v))?;
