@@ -69,12 +69,38 @@ pub enum Intervention {
         down_ms: u64,
     },
     /// An operator cancels a run (`keel cancel`): a hosted run gets `CoordinatorMsg::Cancel`; a run
-    /// no coordinator has is cancelled in the store (`host::decide::cancel_stored`).
+    /// no coordinator has is cancelled in the store (`host::decide::cancel_stored`). A cancel of a
+    /// run that has ended is refused and changes nothing (issue 17: a stale cancel request).
     Cancel {
         /// The run.
         run: keel_store::RunId,
         /// Why.
         reason: String,
+    },
+    /// An operator cancels one task's step (`keel cancel TASK`, most often a follow-up): a hosted
+    /// run's coordinator gets `CoordinatorMsg::CancelTask`; for a run no coordinator has, the
+    /// step's newest task is cancelled in the store (`host::decide::cancel_task_stored`). The task
+    /// named is the first the step was dispatched as; nothing happens if none was yet.
+    CancelTask {
+        /// The run.
+        run: keel_store::RunId,
+        /// The plan step (or follow-up key, `f1`, ...) whose task is named.
+        step: String,
+        /// Why.
+        reason: String,
+    },
+    /// A user's follow-up as [`Intervention::FollowUp`], then a crash of the coordinator node right
+    /// after the follow-up's id is announced (issue 17: `keel follow-up` killed once it printed
+    /// the id). The id is announced once the follow-up is durable, as `Runtime::follow_up` does.
+    CrashAfterFollowUp {
+        /// The run.
+        run: keel_store::RunId,
+        /// As in [`Intervention::FollowUp`].
+        step: Option<String>,
+        /// The message.
+        brief: String,
+        /// How long the coordinator node stays down.
+        down_ms: u64,
     },
 }
 

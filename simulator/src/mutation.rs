@@ -78,6 +78,16 @@ pub enum Mutation {
     /// Invariant 15: the host reopens an ended run for a follow-up (marks it running) but rebuilds no
     /// coordinator for it.
     ReopenWithoutCoordinator,
+    /// Invariant 16: the host carries out a cancel of a run that has ended (a stale request, as a
+    /// leftover control file was, issue 17): it writes the run cancelled over its outcome.
+    CancelEndedRun,
+    /// Invariant 17: the host's recovery read hands a restarted coordinator a checkpoint whose every
+    /// step counts each attempt it started as failed (as keel counted before issue 17), so pauses
+    /// and crashes use up a step's retries.
+    CountInterruptedAttempts,
+    /// Invariant 1: the host announces a follow-up's id as soon as it hands the follow-up to the
+    /// coordinator, before it is durable, so a crash right after the announcement loses it.
+    AnnounceFollowUpBeforeDurable,
     /// Invariant 11: the host keeps state across worlds in one process (a process-wide counter that
     /// shifts a timer), so the same seed gives another trace the second time.
     LeakProcessState,

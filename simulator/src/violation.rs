@@ -34,6 +34,12 @@ pub enum Invariant {
     CancelStartsNothing,
     /// 15. A run reopened for a follow-up ends again, with exactly one new synthesis.
     ReopenEndsOnce,
+    /// 16. A cancel never replaces a finished run's outcome: no write marks a run cancelled once
+    ///     it ended completed or failed (a stale cancel, a cancel of a reopened run's follow-up).
+    CancelKeepsOutcome,
+    /// 17. A step's retries count its failures only: a step is parked for a spent retry budget
+    ///     after `attempts_per_step_max` failed attempts only; a pause or a crash fails no attempt.
+    RetriesCountFailures,
     /// The world itself broke a bound (agenda full, event budget spent): a runaway, reported as such.
     WorldBound,
 }
@@ -56,6 +62,8 @@ impl Invariant {
             Self::PauseResumesSame => 13,
             Self::CancelStartsNothing => 14,
             Self::ReopenEndsOnce => 15,
+            Self::CancelKeepsOutcome => 16,
+            Self::RetriesCountFailures => 17,
             Self::WorldBound => 0,
         }
     }

@@ -421,3 +421,77 @@ fn invariant_11_state_kept_across_worlds_is_caught() {
     assert_eq!(violation.invariant, Invariant::SameSeedSameTrace);
     assert_eq!(violation.seed, 114);
 }
+
+// Issue 17's checks (docs/DESIGN.md §12: 14 for one step, 16, 17, and 1 for announced follow-ups).
+
+/// One run of "a" (its first session hanging) and "b", with `interventions`.
+fn state_world(seed: u64, a_hangs: u32, interventions: Vec<(u64, Intervention)>) -> WorldConfig {
+    let steps = vec![step("a", &[], None, 1_000), step("b", &[], None, 1_000)];
+    let mut config = WorldConfig::calm(seed, vec![run_spec(rid(1), "state", plan(steps), None)]);
+    for n in 1..=a_hangs {
+        config
+            .harness_script
+            .insert(("a".into(), n), HarnessBehaviour::Hang);
+    }
+    config.interventions = interventions;
+    config
+}
+
+#[test]
+fn invariant_14_a_step_cancel_the_coordinator_never_hears_of_is_caught() {
+    // Cancelled in the store only: the coordinator's hung attempt times out and it retries "a".
+    let cancel = Intervention::CancelTask {
+        run: rid(1),
+        step: "a".into(),
+        reason: "not needed".into(),
+    };
+    caught(
+        state_world(115, 1, vec![(500, cancel)]),
+        Mutation::CancelAsIfNotHosted,
+        Invariant::CancelStartsNothing,
+        "step a",
+    );
+}
+
+#[test]
+fn invariant_16_a_stale_cancel_carried_out_on_an_ended_run_is_caught() {
+    let cancel = Intervention::Cancel {
+        run: rid(1),
+        reason: "stale".into(),
+    };
+    caught(
+        state_world(116, 0, vec![(30_000, cancel)]),
+        Mutation::CancelEndedRun,
+        Invariant::CancelKeepsOutcome,
+        "ended Completed",
+    );
+}
+
+#[test]
+fn invariant_17_pauses_counted_against_a_steps_retries_are_caught() {
+    let pauses = (0..6)
+        .map(|i| (1_000 + i * 3_000, Intervention::Pause { down_ms: 500 }))
+        .collect();
+    caught(
+        state_world(117, 6, pauses),
+        Mutation::CountInterruptedAttempts,
+        Invariant::RetriesCountFailures,
+        "after 0 failed attempts",
+    );
+}
+
+#[test]
+fn invariant_1_a_follow_up_announced_before_it_is_durable_and_lost_in_a_crash_is_caught() {
+    let follow_up = Intervention::CrashAfterFollowUp {
+        run: rid(1),
+        step: Some("b".into()),
+        brief: "Follow-up: and the edge case?".into(),
+        down_ms: 1_000,
+    };
+    caught(
+        state_world(118, 1, vec![(500, follow_up)]),
+        Mutation::AnnounceFollowUpBeforeDurable,
+        Invariant::NoTaskLost,
+        "was announced",
+    );
+}

@@ -194,3 +194,160 @@ fn invariant_15_a_reopen_without_a_coordinator_is_caught() {
     );
     assert_eq!(violation.seed, 207);
 }
+
+// Issue 17: a run's state under pause, crash, cancel and follow-up, as the simulator draws them.
+
+/// A calm world of one run: "a" (its first sessions scripted by `a_sessions`) and "b" in
+/// parallel, then "c" after both.
+fn held_world(seed: u64, a_sessions: &[HarnessBehaviour]) -> WorldConfig {
+    let plan = Plan {
+        steps: vec![
+            step("a", &[], None, 1_000),
+            step("b", &[], None, 1_000),
+            step("c", &["a", "b"], None, 1_000),
+        ],
+        constraints: vec!["cite sources".into()],
+    };
+    let mut config = WorldConfig::calm(seed, vec![run_spec(rid(1), "state", plan, None)]);
+    for (n, behaviour) in a_sessions.iter().enumerate() {
+        let n = u32::try_from(n).expect("few sessions") + 1;
+        config.harness_script.insert(("a".into(), n), *behaviour);
+    }
+    config
+}
+
+fn task_cancel(at_ms: u64, step: &str) -> (u64, Intervention) {
+    (
+        at_ms,
+        Intervention::CancelTask {
+            run: rid(1),
+            step: step.into(),
+            reason: "not needed".into(),
+        },
+    )
+}
+
+#[test]
+fn a_cancelled_step_ends_and_its_run_goes_on_without_it() {
+    // Hosted: the coordinator is told while "a" hangs; "b" reports, "c" (after "a") is skipped.
+    let mut config = held_world(208, &[HarnessBehaviour::Hang]);
+    config.interventions.push(task_cancel(500, "a"));
+    let report = run(config);
+    clean(&report);
+    assert_eq!(
+        report.observed.step_cancels,
+        vec![(rid(1), "a".to_string())]
+    );
+    assert_eq!(report.observed.sessions_of("a").len(), 1);
+    assert!(report.observed.sessions_of("c").is_empty());
+    // The run is not cancelled: it ends with a synthesis over what it has ("b").
+    assert_eq!(status(&report), RunStatus::Completed);
+
+    // Not hosted: the node is paused, the step's task is cancelled in the store, and the resume
+    // does not run it again.
+    let mut config = held_world(209, &[HarnessBehaviour::Hang]);
+    config
+        .interventions
+        .push((400, Intervention::Pause { down_ms: 2_000 }));
+    config.interventions.push(task_cancel(1_000, "a"));
+    let report = run(config);
+    clean(&report);
+    assert_eq!(report.observed.pauses, 1);
+    assert_eq!(
+        report.observed.step_cancels,
+        vec![(rid(1), "a".to_string())]
+    );
+    assert_eq!(report.observed.sessions_of("a").len(), 1);
+    assert_eq!(status(&report), RunStatus::Completed);
+}
+
+#[test]
+fn a_stale_cancel_of_an_ended_run_changes_nothing_and_a_later_follow_up_completes() {
+    for pause_first in [false, true] {
+        // The follow-up comes at 30 s, after the cancel.
+        let mut config = reopen_world(210);
+        if pause_first {
+            // The ended run is not hosted any more: the cancel goes to the store, which refuses.
+            config
+                .interventions
+                .push((20_000, Intervention::Pause { down_ms: 1_000 }));
+        }
+        config.interventions.push((
+            25_000,
+            Intervention::Cancel {
+                run: rid(1),
+                reason: "stale".into(),
+            },
+        ));
+        let report = run(config);
+        clean(&report);
+        assert!(
+            report.observed.cancels.is_empty(),
+            "pause first: {pause_first}"
+        );
+        if pause_first {
+            assert!(
+                report
+                    .observed
+                    .operator_refusals
+                    .iter()
+                    .any(|(run, why)| *run == rid(1) && why.contains("already Completed")),
+                "{:?}",
+                report.observed.operator_refusals
+            );
+        }
+        assert_eq!(report.observed.reopens, vec![rid(1)]);
+        assert_eq!(status(&report), RunStatus::Completed);
+        assert_eq!(report.observed.sessions_of("f1").len(), 1);
+    }
+}
+
+#[test]
+fn pauses_that_outnumber_a_steps_retries_do_not_use_them_up() {
+    // Six pauses, each while "a" hangs (more than its five retries), then "a" reports.
+    let mut config = held_world(211, &[HarnessBehaviour::Hang; 6]);
+    assert_eq!(config.coordinator.attempts_per_step_max, 5);
+    for i in 0..6 {
+        config
+            .interventions
+            .push((1_000 + i * 3_000, Intervention::Pause { down_ms: 500 }));
+    }
+    let report = run(config);
+    clean(&report);
+    assert_eq!(report.observed.pauses, 6);
+    assert_eq!(report.observed.sessions_of("a").len(), 7);
+    assert!(report.observed.parked_for_retries.is_empty());
+    assert_eq!(status(&report), RunStatus::Completed);
+    assert!(report.observed.sessions_of("c").len() == 1);
+}
+
+fn crash_after_follow_up(at_ms: u64, step: &str) -> (u64, Intervention) {
+    (
+        at_ms,
+        Intervention::CrashAfterFollowUp {
+            run: rid(1),
+            step: Some(step.into()),
+            brief: "Follow-up: and the edge case?".into(),
+            down_ms: 1_000,
+        },
+    )
+}
+
+#[test]
+fn a_crash_right_after_a_follow_up_is_announced_loses_nothing() {
+    // Joined to the running run (while "c" waits for "a" and "b"), and reopening it once ended.
+    for (seed, at_ms) in [(212, 150), (213, 30_000)] {
+        let mut config = chain_world(seed);
+        config.interventions.push(crash_after_follow_up(at_ms, "a"));
+        let report = run(config);
+        clean(&report);
+        assert_eq!(
+            report.observed.follow_ups_announced.len(),
+            1,
+            "at {at_ms} ms"
+        );
+        assert_eq!(report.observed.coordinator_crashes, 1);
+        assert_eq!(report.observed.sessions_of("f1").len(), 1, "at {at_ms} ms");
+        assert_eq!(status(&report), RunStatus::Completed);
+    }
+}

@@ -11,11 +11,15 @@ const SWEEP_SEEDS: u64 = 500;
 fn five_hundred_seeds_break_no_invariant() {
     let mut delegation_answers = 0usize;
     let (mut pauses, mut cancels, mut reopens) = (0u32, 0usize, 0usize);
+    let (mut step_cancels, mut announced, mut many_pauses) = (0usize, 0usize, 0usize);
     let summary = sweep(0, SWEEP_SEEDS, |r| {
         delegation_answers += r.observed.delegation_answers.len();
         pauses += r.observed.pauses;
         cancels += r.observed.cancels.len();
         reopens += r.observed.reopens.len();
+        step_cancels += r.observed.step_cancels.len();
+        announced += r.observed.follow_ups_announced.len();
+        many_pauses += usize::from(r.observed.pauses > 5);
         if let Some(v) = &r.violation {
             // The seed, the event, the reproduction command and the trace up to it.
             eprintln!("{}", explain(v.seed));
@@ -56,6 +60,11 @@ fn five_hundred_seeds_break_no_invariant() {
     // The operator's drawn interventions happened, each kind.
     eprintln!("sweep: {pauses} pauses, {cancels} cancels, {reopens} reopens for a follow-up");
     assert!(pauses > 0 && cancels > 0 && reopens > 0);
+    // Issue 17's: a step's cancel, announced follow-ups, more pauses than a step's retries.
+    eprintln!(
+        "sweep: {step_cancels} step cancels, {announced} follow-ups announced, {many_pauses} seeds with more than five pauses"
+    );
+    assert!(step_cancels > 0 && announced > 0 && many_pauses > 0);
 }
 
 #[test]

@@ -7,9 +7,12 @@
 
 mod observed;
 mod operator;
+mod run_state;
 mod tool_pairing;
 
 pub use observed::{DelegationAnswer, Observed, SessionObs, SpawnObs};
+pub use run_state::RETRY_BUDGET_SPENT;
+use run_state::RunStateChecks;
 use tool_pairing::{Pairing, tool_pairing};
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -64,6 +67,8 @@ pub struct Checker {
     cancelled: BTreeSet<RunId>,
     /// Runs reopened for a follow-up, with the run-finished events seen since (invariant 15).
     reopened: BTreeMap<RunId, u32>,
+    /// Step cancels, failed attempts per step, announced follow-ups (issue 17).
+    run_state: RunStateChecks,
 }
 
 /// The window over which the spawn rate is checked: a GCRA bucket admits at most its burst plus one
@@ -94,6 +99,7 @@ impl Checker {
             admitted_at: std::collections::VecDeque::new(),
             cancelled: BTreeSet::new(),
             reopened: BTreeMap::new(),
+            run_state: RunStateChecks::new(config.coordinator.attempts_per_step_max),
         }
     }
 
@@ -299,6 +305,12 @@ impl Checker {
                     }
                     Envelope::Supervisor(SupervisorMsg::Admit(request)) => {
                         self.depths.insert(request.attempt, request.depth);
+                        self.admitted_step(request.attempt, &request.brief.step);
+                    }
+                    Envelope::Supervisor(msg) => {
+                        if let Some(attempt) = Self::settles_failure(msg) {
+                            self.failure_told(attempt);
+                        }
                     }
                     _ => {}
                 }
@@ -309,6 +321,7 @@ impl Checker {
                         if let keel_actors::PersistOp::CreateTask(t) = op {
                             self.observed.tasks_created.insert(t.id, (t.kind, t.parent));
                         }
+                        self.persisted(event, stage.run, op);
                         if let Some(other) = op_run(op)
                             && other != stage.run
                         {
@@ -331,6 +344,7 @@ impl Checker {
                     start.attempt.run,
                     &format!("its coordinator spawned {}", start.attempt),
                 );
+                self.spawn_after_step_cancel(event, start.attempt, &start.brief.step);
                 let profile_model = crate::setup::model_of(&start.assignment.agent);
                 if profile_model.as_deref() != Some(start.assignment.model.as_str()) {
                     self.fail(
@@ -440,6 +454,7 @@ impl Checker {
             CoordinatorMsg::AttemptLost {
                 attempt, verdict, ..
             } => {
+                self.failure_told(*attempt);
                 self.observed.lost.push(*attempt);
                 self.observed.verdicts.push((*attempt, verdict.clone()));
             }

@@ -140,4 +140,10 @@ pub struct Observed {
     pub pauses: u32,
     /// Operator requests the host's decision refused: (run, why).
     pub operator_refusals: Vec<(RunId, String)>,
+    /// Step cancels that took effect: (run, step key), in order.
+    pub step_cancels: Vec<(RunId, String)>,
+    /// Follow-ups whose id was announced (durable by then): (run, task), in order.
+    pub follow_ups_announced: Vec<(RunId, TaskId)>,
+    /// Steps parked for a spent retry budget: (run, step key, failed attempts the checker saw).
+    pub parked_for_retries: Vec<(RunId, String, usize)>,
 }

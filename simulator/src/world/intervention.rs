@@ -32,6 +32,13 @@ impl World {
             } => self.follow_up(run, step, brief, agent),
             Intervention::Pause { down_ms } => self.pause(down_ms),
             Intervention::Cancel { run, reason } => self.cancel(run, reason),
+            Intervention::CancelTask { run, step, reason } => self.cancel_task(run, step, reason),
+            Intervention::CrashAfterFollowUp {
+                run,
+                step,
+                brief,
+                down_ms,
+            } => self.follow_up_then(run, step, brief, None, Some(down_ms)),
         }
     }
 }

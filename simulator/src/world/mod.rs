@@ -122,6 +122,8 @@ pub struct World {
     host_stages: u64,
     /// Drawn operator interventions still on the agenda.
     operator_pending: u32,
+    /// Follow-ups handed to a coordinator whose id is announced once they are durable.
+    announcing: Vec<operator::Announcing>,
 }
 
 impl std::fmt::Debug for World {
@@ -221,6 +223,7 @@ impl World {
             spec_effects: Vec::new(),
             host_stages: 0,
             operator_pending: 0,
+            announcing: Vec::new(),
             config,
         };
         world.coord = Some(world.fresh_coordinator_node());
@@ -245,31 +248,87 @@ impl World {
     }
 
     /// Draws at most one operator intervention for this seed, from a stream of its own (so a seed that
-    /// draws none runs exactly as before): a pause, a cancel, or a follow-up that joins or reopens.
+    /// draws none runs exactly as before): a pause, a cancel of the run or of one of its steps, a
+    /// follow-up that joins or reopens (and one followed by a crash once its id is announced), a
+    /// series of pauses that outnumbers a step's retries, or a cancel followed by a follow-up (late
+    /// ones find the run ended: the cancel must change nothing).
     fn draw_operator(&mut self) {
         let mut draw = SimRng::new(self.config.seed ^ OPERATOR_STREAM);
         if self.submitted.is_empty() || !draw.chance(self.config.operator_ppm) {
             return;
         }
         let at = draw.range(1_000, self.config.fault_phase_ms + OPERATOR_LATE_MS);
-        let run = self.submitted[draw.index(self.submitted.len())].run;
-        let intervention = match draw.index(3) {
-            0 => Intervention::Pause {
-                down_ms: draw.range(1, OPERATOR_PAUSE_MS_MAX),
-            },
-            1 => Intervention::Cancel {
-                run,
-                reason: "the operator cancelled it".into(),
-            },
-            _ => Intervention::FollowUp {
-                run,
-                step: None,
-                brief: "Follow-up: check the result once more.".into(),
-                agent: None,
-            },
+        let spec = &self.submitted[draw.index(self.submitted.len())];
+        let run = spec.run;
+        let step = match &spec.mode {
+            keel_actors::RunMode::Plan(plan) if !plan.steps.is_empty() => {
+                Some(plan.steps[draw.index(plan.steps.len())].key.clone())
+            }
+            _ => None,
         };
-        self.operator_pending += 1;
-        self.schedule(at, Ev::Operator(intervention));
+        let follow_up = || Intervention::FollowUp {
+            run,
+            step: None,
+            brief: "Follow-up: check the result once more.".into(),
+            agent: None,
+        };
+        let cancel = || Intervention::Cancel {
+            run,
+            reason: "the operator cancelled it".into(),
+        };
+        let mut drawn = Vec::new();
+        match draw.index(7) {
+            0 => drawn.push((
+                at,
+                Intervention::Pause {
+                    down_ms: draw.range(1, OPERATOR_PAUSE_MS_MAX),
+                },
+            )),
+            1 => drawn.push((at, cancel())),
+            2 => drawn.push((at, follow_up())),
+            3 => drawn.push((
+                // Early, while the run's steps are still open.
+                draw.range(100, OPERATOR_PAUSE_MS_MAX),
+                match step {
+                    Some(step) => Intervention::CancelTask {
+                        run,
+                        step,
+                        reason: "the operator cancelled this step".into(),
+                    },
+                    None => cancel(),
+                },
+            )),
+            4 => {
+                // More pauses than a step has retries, close enough together to catch one step.
+                let gap_ms = draw.range(200, OPERATOR_PAUSE_MS_MAX);
+                let pauses = self
+                    .config
+                    .coordinator
+                    .attempts_per_step_max
+                    .saturating_add(1);
+                for i in 0..u64::from(pauses) {
+                    let down_ms = draw.range(1, OPERATOR_PAUSE_MS_MAX / 4);
+                    drawn.push((at + i * gap_ms, Intervention::Pause { down_ms }));
+                }
+            }
+            5 => drawn.push((
+                at,
+                Intervention::CrashAfterFollowUp {
+                    run,
+                    step: None,
+                    brief: "Follow-up: check the result once more.".into(),
+                    down_ms: draw.range(1, OPERATOR_PAUSE_MS_MAX),
+                },
+            )),
+            _ => {
+                drawn.push((at, cancel()));
+                drawn.push((at + draw.range(1, OPERATOR_PAUSE_MS_MAX), follow_up()));
+            }
+        }
+        for (at, intervention) in drawn {
+            self.operator_pending += 1;
+            self.schedule(at, Ev::Operator(intervention));
+        }
     }
 
     fn has_random_faults(&self) -> bool {
@@ -297,6 +356,7 @@ impl World {
             let (n, t) = (self.event_no, self.now);
             self.trace.line(n, t, |s| ev.describe(s));
             self.step(ev);
+            self.announce_durable_follow_ups();
             if let Some(coord) = &self.coord {
                 self.checker.after_event(self.event_no, &coord.supervisor);
             }
@@ -317,6 +377,8 @@ impl World {
         }
         let runs_final = self.runs_final();
         let open_tasks = self.open_tasks(&runs_final);
+        let lost = self.announced_follow_ups_lost();
+        self.checker.announced_follow_ups_kept(self.event_no, &lost);
         self.checker
             .at_end(self.event_no, &runs_final, &open_tasks, self.healed);
         RunReport {

@@ -223,6 +223,18 @@ impl World {
                 }
             }
         }
+        if self.config.mutation == Some(Mutation::CountInterruptedAttempts)
+            && let Some(checkpoint) = rows.checkpoint.as_mut()
+            && let Ok(mut snapshot) =
+                serde_json::from_str::<keel_actors::coordinator::Snapshot>(&checkpoint.state)
+        {
+            for step in &mut snapshot.steps {
+                step.failures = step.failures.max(step.attempts_total);
+            }
+            if let Ok(state) = serde_json::to_string(&snapshot) {
+                checkpoint.state = state;
+            }
+        }
         rows
     }
 
