@@ -1106,3 +1106,58 @@ fn a_run_ending_with_more_tasks_in_flight_than_one_stage_holds_cancels_every_one
     );
     assert_eq!(c.status(), Some(RunStatus::Cancelled));
 }
+
+#[test]
+fn a_recovered_step_keeps_its_failures_and_is_parked_with_its_last_failure() {
+    // One attempt per step: b's first failure spends its retries. A crash once that failure is
+    // durable (in the checkpoint) and before the step is parked: the recovered coordinator parks b
+    // with the failure it had, not with an empty "no attempt".
+    let mut w = World::new(World::default_agents(), failing_once("transient"));
+    w.coord_config.attempts_per_step_max = 1;
+    w.coordinator = Coordinator::new(w.coord_config.clone());
+    w.submit(
+        RunMode::Plan(plan(vec![step("a", &[]), step("b", &[])])),
+        None,
+    );
+    let failures_of_b = |w: &World| -> u32 {
+        let Some(checkpoint) = w.store.checkpoints.get(&w.run) else {
+            return 0;
+        };
+        let snapshot: coordinator::Snapshot = serde_json::from_str(&checkpoint.state).unwrap();
+        snapshot.steps.get(1).map_or(0, |s| s.failures)
+    };
+    while failures_of_b(&w) == 0 {
+        assert!(w.step(), "b's failure never became durable");
+    }
+    assert!(w.store.dead_letters.is_empty(), "parked before the crash");
+    w.crash_and_recover();
+    w.run(100_000);
+    assert_eq!(w.run_status(), Some(RunStatus::Completed));
+    let letter = w
+        .store
+        .dead_letters
+        .iter()
+        .find(|d| d.subject == "step b")
+        .expect("b is parked");
+    assert!(
+        letter
+            .reason
+            .contains("retry budget spent: 1 failed attempts"),
+        "{letter:?}"
+    );
+    let failure: SubtaskFailure = serde_json::from_str(&letter.payload).unwrap();
+    assert_ne!(failure.kind, FailureKind::Refused, "{failure:?}");
+    assert_ne!(failure.attempted, "no attempt", "{failure:?}");
+    assert!(
+        failure.detail.contains("500 from the endpoint"),
+        "{failure:?}"
+    );
+    // The task row says the same.
+    let b = task_of(&w, "b");
+    assert_eq!(b.status, TaskStatus::Failed);
+    assert!(
+        b.outcome
+            .unwrap_or_default()
+            .contains("500 from the endpoint")
+    );
+}
