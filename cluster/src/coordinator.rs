@@ -48,7 +48,12 @@ struct Shared {
     /// When each unacknowledged spawn was handed over (a monotonic clock, for the latency only).
     dispatched: Mutex<BTreeMap<AttemptId, Instant>>,
     latencies_us: Mutex<Vec<u64>>,
+    /// Told each remote dispatch latency as it is measured (the node's `/metrics`).
+    on_dispatch: OnceLock<DispatchObserver>,
 }
+
+/// Told each remote dispatch latency as it is measured (see [`CoordinatorEndpoint::observe_dispatch`]).
+pub type DispatchObserver = Arc<dyn Fn(Duration) + Send + Sync>;
 
 impl Shared {
     fn send(&self, worker: &NodeName, body: &ToWorker) {
@@ -172,6 +177,7 @@ impl CoordinatorEndpoint {
             inbox: OnceLock::new(),
             dispatched: Mutex::new(BTreeMap::new()),
             latencies_us: Mutex::new(Vec::new()),
+            on_dispatch: OnceLock::new(),
         });
         let inbox = runtime.attach_remote(Arc::new(Hosts(Arc::clone(&shared))));
         let _ = shared.inbox.set(inbox);
@@ -187,6 +193,12 @@ impl CoordinatorEndpoint {
             .live_workers()
             .cloned()
             .collect()
+    }
+
+    /// Have `observer` told every remote dispatch latency measured from now on (a node exports
+    /// them as a histogram). Only the first observer set is kept: returns false for a second.
+    pub fn observe_dispatch(&self, observer: DispatchObserver) -> bool {
+        self.shared.on_dispatch.set(observer).is_ok()
     }
 
     /// Remote dispatch latency so far.
@@ -263,7 +275,11 @@ impl Receiver {
                 if let Some(at) = lock(&shared.dispatched).remove(&attempt)
                     && acked
                 {
-                    let us = u64::try_from(at.elapsed().as_micros()).unwrap_or(u64::MAX);
+                    let latency = at.elapsed();
+                    if let Some(observe) = shared.on_dispatch.get() {
+                        observe(latency);
+                    }
+                    let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
                     let mut l = lock(&shared.latencies_us);
                     if l.len() < LATENCIES_MAX {
                         l.push(us);

@@ -23,7 +23,7 @@ pub mod worker;
 mod worker_role;
 
 pub use cookie::{CookieError, read_cookie};
-pub use coordinator::{CoordinatorEndpoint, DispatchStats};
+pub use coordinator::{CoordinatorEndpoint, DispatchObserver, DispatchStats};
 pub use membership::{Membership, MembershipConfig};
 pub use name::{COORDINATOR_GROUP, NodeName, NodeNameError, WORKERS_GROUP, worker_group};
 pub use net::{NetError, NodeServerRef, join_with_backoff, start_node_server};

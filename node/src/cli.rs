@@ -240,6 +240,10 @@ pub(crate) enum Command {
         /// How long a worker's heartbeat keeps it alive at the coordinator, in ms (default 5000).
         #[arg(long, value_name = "MS")]
         lease_ms: Option<u32>,
+        /// Coordinator: the address the HTTP API binds, IP:PORT (default `[server] listen`;
+        /// port 0 picks a free one). Not served with `--run`.
+        #[arg(long, value_name = "ADDR", conflicts_with = "run")]
+        api: Option<std::net::SocketAddr>,
         /// Coordinator: submit this brief once `--wait-workers` workers joined, print the run's
         /// summary and exit with its code.
         #[arg(long, value_name = "BRIEF")]

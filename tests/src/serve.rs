@@ -1,5 +1,7 @@
-//! A running `keel serve` for tests that go through the HTTP API: started on a free port of
-//! 127.0.0.1, raw requests with or without its token, and `keel` commands pointed at it.
+//! A running keel server for tests that go through the HTTP API (`keel serve`, or a cluster's
+//! `keel node` coordinator): started on a free port of 127.0.0.1, raw requests with or without its
+//! token, and `keel` commands pointed at it; and the scripted survey whose summary a remote run
+//! must print as a local run does.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Test helpers: a panic is the failure report.
 
 use std::io::{Read, Write};
@@ -26,6 +28,14 @@ pub struct Server {
     pub token_file: PathBuf,
 }
 
+/// The first whitespace-separated word after `marker` in `line`.
+fn word_after<'a>(line: &'a str, marker: &str) -> &'a str {
+    line.split(marker)
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no {marker:?} in {line:?}"))
+}
+
 impl Server {
     /// Start `keel serve` in `dir` on a free port and wait until it listens.
     ///
@@ -36,12 +46,39 @@ impl Server {
         cmd.args(["serve", "--listen", "127.0.0.1:0"]);
         let mut process = Reaped::spawn(cmd).unwrap();
         let line = process.line_containing("listening on", START_WAIT).unwrap();
-        let url = line
-            .split("listening on ")
-            .nth(1)
-            .and_then(|rest| rest.split_whitespace().next())
-            .unwrap()
-            .to_string();
+        let url = word_after(&line, "listening on ").to_string();
+        Self::of(process, url, dir)
+    }
+
+    /// Start `keel node --role coordinator` in `dir` with its cluster port and its HTTP API on
+    /// free ports of 127.0.0.1 and the cookie in `cookie_file`; the server and the cluster
+    /// address workers join. Its log (stderr) has keel's cluster lines at info.
+    ///
+    /// # Panics
+    /// When it cannot start or does not listen within two minutes.
+    pub fn start_coordinator(dir: &Path, cookie_file: &Path) -> (Self, String) {
+        let mut cmd = keel(dir).unwrap();
+        cmd.env("KEEL_LOG", "error,keel_cluster=info")
+            .args([
+                "node",
+                "--role",
+                "coordinator",
+                "--listen",
+                "127.0.0.1:0",
+                "--api",
+                "127.0.0.1:0",
+                "--cookie-file",
+            ])
+            .arg(cookie_file);
+        let mut process = Reaped::spawn(cmd).unwrap();
+        let line = process.line_containing("listening on", START_WAIT).unwrap();
+        let cluster = word_after(&line, "listening on ").to_string();
+        let line = process.line_containing("HTTP API on", START_WAIT).unwrap();
+        let url = word_after(&line, "HTTP API on ").to_string();
+        (Self::of(process, url, dir), cluster)
+    }
+
+    fn of(process: Reaped, url: String, dir: &Path) -> Self {
         let addr = url.trim_start_matches("http://").to_string();
         Server {
             process,
@@ -119,4 +156,45 @@ impl Server {
             .arg(&self.token_file);
         cmd
     }
+}
+
+/// Put a few files in `dir` for the scripted survey plan to find.
+///
+/// # Panics
+/// When a file cannot be written.
+pub fn survey_files(dir: &Path) {
+    std::fs::write(dir.join("main.rs"), "// TODO: everything\nfn main() {}\n").unwrap();
+    std::fs::write(dir.join("lib.rs"), "pub fn f() {}\n").unwrap();
+    std::fs::write(dir.join("notes.md"), "# notes\n").unwrap();
+}
+
+/// `text` with `dir` and run or task ids (26 upper-case letters and digits) replaced: they differ
+/// between two runs; everything else of a summary must not.
+pub fn normalized(text: &str, dir: &Path) -> String {
+    let mut out = text.replace(&dir.display().to_string(), "DIR");
+    for word in text.split(|c: char| !c.is_ascii_alphanumeric()) {
+        if word.len() == 26
+            && word
+                .chars()
+                .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit())
+        {
+            out = out.replace(word, "ID");
+        }
+    }
+    out
+}
+
+/// `keel run --quiet "survey this folder"` by `cmd`: its summary, [`normalized`] for `dir`, once
+/// it succeeded.
+///
+/// # Panics
+/// When it cannot run or fails.
+pub fn quiet_survey(mut cmd: std::process::Command, dir: &Path) -> String {
+    let out = cmd
+        .args(["run", "--quiet", "survey this folder"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    normalized(&String::from_utf8_lossy(&out.stdout), dir)
 }

@@ -121,6 +121,9 @@ impl Cluster {
                 "--wait-workers",
                 "2",
             ]);
+        } else {
+            // A daemon serves the HTTP API: on a free port, so tests can run side by side.
+            cmd.args(["--api", "127.0.0.1:0"]);
         }
         let mut c = Reaped::spawn(cmd).unwrap();
         c.line_containing("listening on", JOIN_WAIT).unwrap();

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use keel_tests::serve::Server;
+use keel_tests::serve::{Server, normalized, quiet_survey, survey_files};
 use keel_tests::{Reaped, keel};
 
 /// How long a stopped server may take to exit.
@@ -17,13 +17,7 @@ const RUN_WAIT: Duration = Duration::from_secs(180);
 /// A folder with a few files for the scripted survey plan to find.
 fn folder() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("main.rs"),
-        "// TODO: everything\nfn main() {}\n",
-    )
-    .unwrap();
-    std::fs::write(dir.path().join("lib.rs"), "pub fn f() {}\n").unwrap();
-    std::fs::write(dir.path().join("notes.md"), "# notes\n").unwrap();
+    survey_files(dir.path());
     dir
 }
 
@@ -176,33 +170,6 @@ fn requests_need_a_token_and_bad_requests_get_4xx_and_change_nothing() {
     server.process.kill();
 }
 
-/// Run ids and the folder differ between two runs; everything else of a summary must not.
-fn normalized(text: &str, dir: &Path) -> String {
-    let mut out = text.replace(&dir.display().to_string(), "DIR");
-    for word in text.split(|c: char| !c.is_ascii_alphanumeric()) {
-        if word.len() == 26
-            && word
-                .chars()
-                .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit())
-        {
-            out = out.replace(word, "ID");
-        }
-    }
-    out
-}
-
-/// `keel run --quiet "survey this folder"` by `cmd`: its summary with the run ids and `dir`
-/// replaced, once it succeeded.
-fn quiet_survey(mut cmd: std::process::Command, dir: &Path) -> String {
-    let out = cmd
-        .args(["run", "--quiet", "survey this folder"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
-    normalized(&String::from_utf8_lossy(&out.stdout), dir)
-}
-
 #[test]
 fn keel_run_against_a_server_prints_what_a_local_run_prints() {
     let local = folder();
@@ -249,16 +216,19 @@ fn keel_run_against_a_server_prints_what_a_local_run_prints() {
 fn two_runs_at_once_complete_and_the_event_stream_shows_a_run_to_its_end() {
     let dir = folder();
     let server = Server::start(dir.path());
-    let client = tempfile::tempdir().unwrap();
-    let mut one = server.keel(client.path());
+    // Two local `keel run`s on the home the server holds, at once: both go to the server (its
+    // `server.json`), and the one without --quiet shows the live view a local run shows.
+    let mut one = keel(dir.path()).unwrap();
     one.args(["run", "--quiet", "survey this folder"]);
-    let mut two = server.keel(client.path());
-    two.args(["run", "--quiet", "survey this folder again"]);
+    let mut two = keel(dir.path()).unwrap();
+    two.args(["run", "survey this folder again"]);
     let (one, two) = (Reaped::spawn(one).unwrap(), Reaped::spawn(two).unwrap());
-    for run in [one, two] {
+    for (run, live) in [(one, false), (two, true)] {
         let (status, out, err) = run.wait_output(RUN_WAIT).unwrap();
         assert!(status.success(), "{status}\n{out}\n{err}");
         assert!(out.contains(": Completed"), "{out}");
+        // (A local run beside the server would have failed: the store is the server's.)
+        assert_eq!(out.contains("started  "), live, "{out}");
     }
 
     let token = server.token();

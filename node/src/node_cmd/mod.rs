@@ -9,13 +9,18 @@
 //! - `--role all` is both in one process.
 //!
 //! The cookie comes from a file only its owner can read (`--cookie-file`), never from argv. The
-//! cluster port binds exactly `--listen`. `--run BRIEF` makes a coordinator submit one run once
-//! `--wait-workers` workers have joined, print its summary as `keel run` does, and exit with its code.
+//! cluster port binds exactly `--listen`. A coordinator serves `keel serve`'s HTTP API (the same
+//! routes, `node/src/serve`) on `--api` (else `[server] listen`) and announces it in the home's
+//! `server.json`, so `keel run --server URL` and local commands on its home submit to it
+//! (`daemon.rs`). `--run BRIEF` instead makes a coordinator submit one run once `--wait-workers`
+//! workers have joined, print its summary as `keel run` does, and exit with its code.
 
 pub(crate) mod config;
+mod daemon;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
@@ -28,8 +33,9 @@ use keel_store::RunStatus;
 
 use crate::config::LogFormat;
 use crate::home::Home;
-use crate::run::setup::{HarnessChoice, node_setup, work_dir};
+use crate::run::setup::{HarnessChoice, attach_policy, node_setup, work_dir};
 use crate::run::{self, Ended};
+use crate::serve::ApiMetrics;
 use crate::stdout::outln;
 pub(crate) use config::{NodeRole, NodeSection};
 
@@ -54,6 +60,8 @@ pub(crate) struct NodeArgs {
     pub(crate) name: Option<String>,
     pub(crate) capacity: Option<u32>,
     pub(crate) lease_ms: Option<u32>,
+    /// `--api`: where a coordinator daemon serves the HTTP API (else `[server] listen`).
+    pub(crate) api: Option<SocketAddr>,
     pub(crate) choice: HarnessChoice,
     pub(crate) run: Option<String>,
     pub(crate) plan: Option<PathBuf>,
@@ -135,8 +143,17 @@ pub(crate) fn node(home: &Home, args: NodeArgs, json: bool) -> anyhow::Result<En
         let mut coordinator = None;
         if r.role.coordinates() {
             let store = run::node_store(home)?;
+            // A daemon serves the API; with --run the run's live view reads the events instead.
+            let metrics = if args.run.is_none() {
+                Some(ApiMetrics::new()?)
+            } else {
+                None
+            };
+            let mut runtime_config = setup.config.clone();
+            runtime_config.observer = metrics.as_ref().map(ApiMetrics::observer);
             let (rt, events) =
-                Runtime::start(store, setup.harnesses.clone(), setup.config.clone()).await?;
+                Runtime::start(store, setup.harnesses.clone(), runtime_config.clone()).await?;
+            attach_policy(&setup.policy, &rt);
             let membership = MembershipConfig {
                 lease_ms: u64::from(r.lease_ms),
                 ..MembershipConfig::default()
@@ -144,7 +161,15 @@ pub(crate) fn node(home: &Home, args: NodeArgs, json: bool) -> anyhow::Result<En
             let endpoint = CoordinatorEndpoint::start(r.name.clone(), &rt, membership)
                 .await
                 .map_err(|e| anyhow!("the coordinator endpoint did not start: {e}"))?;
-            coordinator = Some((rt, events, endpoint));
+            if let Some(m) = &metrics {
+                endpoint.observe_dispatch(m.dispatch_observer());
+            }
+            let api = metrics.map(|metrics| daemon::Api {
+                metrics,
+                runtime_config,
+                listen: args.api.unwrap_or(config.server.listen),
+            });
+            coordinator = Some((Arc::new(rt), events, endpoint, api));
         }
         let worker = if r.role.works() {
             Some(
@@ -174,8 +199,16 @@ pub(crate) fn node(home: &Home, args: NodeArgs, json: bool) -> anyhow::Result<En
             let _ = std::io::stdout().flush();
         }
         let ended = match coordinator {
-            Some((rt, events, endpoint)) => {
-                let ended = coordinate(home, &rt, events, &endpoint, &args, &setup, &config, json).await;
+            Some((rt, events, endpoint, api)) => {
+                let ended = match api {
+                    Some(api) => {
+                        daemon::serve(home, &config, &setup, &rt, events, api, &work, json).await
+                    }
+                    None => {
+                        coordinate(home, &rt, events, &endpoint, &args, &setup, &config, json)
+                            .await
+                    }
+                };
                 let stats = endpoint.dispatch_stats();
                 tracing::info!(
                     spawns = stats.count,
@@ -185,7 +218,10 @@ pub(crate) fn node(home: &Home, args: NodeArgs, json: bool) -> anyhow::Result<En
                     "remote dispatch latency (spawn handed over to the worker's acknowledgement)"
                 );
                 endpoint.stop();
-                rt.shutdown().await;
+                // Requests the API still answered hold the runtime: it stops with the process then.
+                if let Ok(rt) = Arc::try_unwrap(rt) {
+                    rt.shutdown().await;
+                }
                 ended
             }
             None => {
@@ -202,8 +238,8 @@ pub(crate) fn node(home: &Home, args: NodeArgs, json: bool) -> anyhow::Result<En
     })
 }
 
-/// A coordinator's life: resume what was running, submit `--run`'s brief, host until the run ends
-/// (with `--run`) or a signal pauses the node.
+/// `--run`: resume what was running, submit the brief once `--wait-workers` workers joined, and
+/// host until the run ends.
 #[allow(clippy::too_many_arguments)]
 async fn coordinate(
     home: &Home,
@@ -215,35 +251,11 @@ async fn coordinate(
     config: &crate::config::Config,
     json: bool,
 ) -> anyhow::Result<Ended> {
-    let mut resumed = Vec::new();
-    for id in rt.open_runs().await? {
-        let status = rt.store()?.catalog().run(id)?.status;
-        if status == RunStatus::Running {
-            tracing::info!(run = %id, "resuming a run that was running when this node stopped");
-            resumed.push(rt.resume(id).await?);
-        }
-    }
     let Some(brief) = &args.run else {
-        // A daemon: serve until a signal; resumed runs end by themselves meanwhile.
-        let view = tokio::spawn(run::progress::show(events, true));
-        let waiting = tokio::spawn(async move {
-            for handle in resumed {
-                let run = handle.id();
-                match handle.finished().await {
-                    Ok(outcome) => {
-                        tracing::info!(%run, status = ?outcome.status, "resumed run ended")
-                    }
-                    Err(e) => tracing::warn!(%run, error = %e, "resumed run not finished"),
-                }
-            }
-        });
-        wait_for_signal().await?;
-        waiting.abort();
-        view.abort();
-        let summary = rt.pause(run::PAUSE_WAIT).await;
-        tracing::info!(tasks_paused = summary.tasks_paused, "coordinator paused");
-        return Ok(Ended::Paused);
+        bail!("a coordinator without --run serves the API");
     };
+    // Resumed runs end by themselves; the node exits when the submitted run ends.
+    resume_running(rt).await?;
     let deadline = tokio::time::Instant::now() + WORKERS_WAIT;
     while endpoint.live_workers().len() < args.wait_workers as usize {
         if tokio::time::Instant::now() >= deadline {
@@ -270,6 +282,19 @@ async fn coordinate(
         outln!("run {} started on the cluster", handle.id())?;
     }
     run::drive(home, rt, handle, view, json).await
+}
+
+/// Resume every run that was running when this node stopped; their handles.
+async fn resume_running(rt: &Runtime) -> anyhow::Result<Vec<keel_actors::runtime::RunHandle>> {
+    let mut resumed = Vec::new();
+    for id in rt.open_runs().await? {
+        let status = rt.store()?.catalog().run(id)?.status;
+        if status == RunStatus::Running {
+            tracing::info!(run = %id, "resuming a run that was running when this node stopped");
+            resumed.push(rt.resume(id).await?);
+        }
+    }
+    Ok(resumed)
 }
 
 async fn wait_for_signal() -> anyhow::Result<()> {

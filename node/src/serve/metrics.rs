@@ -1,6 +1,7 @@
 //! Prometheus `/metrics` of `keel serve`: runs and tasks by state (read from the store at each
 //! scrape), spawn refusals by reason and checkpoint commit latency (from the runtime's observer),
-//! harness failures by kind (from the run events), and the runtime's own counters.
+//! harness failures by kind (from the run events), the runtime's own counters, and on a cluster's
+//! coordinator node the remote dispatch latency (from its cluster endpoint).
 
 use std::time::Duration;
 
@@ -22,6 +23,12 @@ const COMMIT_BUCKETS_S: [f64; 12] = [
     0.000_5, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 5.0,
 ];
 
+/// Remote dispatch latency buckets, in seconds: a loopback round trip is a few hundred
+/// microseconds; a burst of spawns on a loaded worker queues for much longer.
+const DISPATCH_BUCKETS_S: [f64; 12] = [
+    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 2.0,
+];
+
 /// Why the metrics could not be built (a programming error in a metric's definition).
 #[derive(Debug, thiserror::Error)]
 #[error("metrics: {0}")]
@@ -41,6 +48,7 @@ pub(crate) struct Metrics {
     events_dropped: IntGauge,
     sessions_started: IntGauge,
     commits: IntGauge,
+    dispatch_seconds: Histogram,
 }
 
 impl Metrics {
@@ -102,6 +110,13 @@ impl Metrics {
             "keel_commits_total",
             "Group commits handed to the store writer.",
         )?;
+        let dispatch_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "keel_remote_dispatch_seconds",
+                "From the supervisor's decision (a spawn handed to the cluster layer) to the worker's acknowledgement that the specialist runs (a cluster's coordinator node only).",
+            )
+            .buckets(DISPATCH_BUCKETS_S.to_vec()),
+        )?;
         registry.register(Box::new(runs.clone()))?;
         registry.register(Box::new(runs_truncated.clone()))?;
         registry.register(Box::new(tasks.clone()))?;
@@ -112,6 +127,7 @@ impl Metrics {
         registry.register(Box::new(events_dropped.clone()))?;
         registry.register(Box::new(sessions_started.clone()))?;
         registry.register(Box::new(commits.clone()))?;
+        registry.register(Box::new(dispatch_seconds.clone()))?;
         Ok(Self {
             registry,
             runs,
@@ -124,7 +140,13 @@ impl Metrics {
             events_dropped,
             sessions_started,
             commits,
+            dispatch_seconds,
         })
+    }
+
+    /// Count one remote dispatch and its latency.
+    pub(crate) fn remote_dispatched(&self, latency: Duration) {
+        self.dispatch_seconds.observe(latency.as_secs_f64());
     }
 
     /// Count one failed attempt.
@@ -213,6 +235,7 @@ mod tests {
         m.commit_ended(Duration::from_millis(3), true);
         m.commit_ended(Duration::from_millis(3), false);
         m.harness_failure("timeout");
+        m.remote_dispatched(Duration::from_micros(300));
         let text = TextEncoder::new()
             .encode_to_string(&m.registry.gather())
             .unwrap();
@@ -234,6 +257,14 @@ mod tests {
         );
         assert!(
             text.contains("keel_harness_failures_total{kind=\"timeout\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("keel_remote_dispatch_seconds_bucket{le=\"0.0005\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("keel_remote_dispatch_seconds_bucket{le=\"0.00025\"} 0"),
             "{text}"
         );
     }

@@ -34,7 +34,7 @@ use std::future::{Future, IntoFuture};
 use std::path::PathBuf;
 
 use anyhow::Context;
-use keel_actors::runtime::{PauseSummary, Runtime, RuntimeEvent, RuntimeObserver};
+use keel_actors::runtime::{PauseSummary, Runtime, RuntimeConfig, RuntimeEvent, RuntimeObserver};
 use tokio::sync::{Semaphore, mpsc};
 
 use crate::config::{Config, LogFormat};
@@ -100,6 +100,13 @@ impl ApiMetrics {
     pub(crate) fn observer(&self) -> Arc<dyn RuntimeObserver> {
         Arc::new(self.0.clone())
     }
+
+    /// What a cluster's coordinator endpoint tells each remote dispatch latency
+    /// (`keel_remote_dispatch_seconds`).
+    pub(crate) fn dispatch_observer(&self) -> Arc<dyn Fn(Duration) + Send + Sync> {
+        let metrics = self.0.clone();
+        Arc::new(move |latency| metrics.remote_dispatched(latency))
+    }
 }
 
 /// The API bound to its address, not yet answering.
@@ -148,9 +155,30 @@ impl ApiServer {
         })
     }
 
-    /// The bound address.
-    pub(crate) fn addr(&self) -> SocketAddr {
-        self.addr
+    /// As [`ApiServer::run`], as the server of `home`: announced in its `server.json` (so local
+    /// commands on the home submit here) once `banner` printed the URL, withdrawn when it stops.
+    ///
+    /// # Errors
+    /// When the announcement cannot be written, `banner` fails, or serving fails.
+    pub(crate) async fn serve_announced(
+        self,
+        home: &Home,
+        shutdown: impl Future<Output = ()>,
+        banner: impl FnOnce(&str) -> std::io::Result<()>,
+    ) -> anyhow::Result<PauseSummary> {
+        discovery::write(home, self.addr)?;
+        let url = discovery::local_url(self.addr);
+        let served = async {
+            banner(&url)?;
+            {
+                use std::io::Write;
+                let _ = crate::stdout::lock().flush();
+            }
+            self.run(shutdown).await
+        }
+        .await;
+        discovery::remove(home);
+        served
     }
 
     /// Answer until `shutdown` resolves; then refuse new work (`/readyz` and run requests answer
@@ -201,8 +229,21 @@ impl ApiServer {
     }
 }
 
+/// The agent profiles a request may name: those of the runtime's supervisor.
+pub(crate) fn agent_names(config: &RuntimeConfig) -> Vec<String> {
+    config
+        .supervisor
+        .agents
+        .iter()
+        .map(|a| a.name.clone())
+        .collect()
+}
+
 /// SIGINT or SIGTERM.
-async fn signalled() -> anyhow::Result<impl Future<Output = ()>> {
+///
+/// # Errors
+/// When the signal handlers cannot be installed.
+pub(crate) async fn signalled() -> anyhow::Result<impl Future<Output = ()>> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
@@ -227,15 +268,11 @@ pub(crate) fn serve(home: &Home, args: ServeArgs, json: bool) -> anyhow::Result<
         let metrics = ApiMetrics::new()?;
         let mut runtime_config = setup.config.clone();
         runtime_config.observer = Some(metrics.observer());
-        let agents = runtime_config
-            .supervisor
-            .agents
-            .iter()
-            .map(|a| a.name.clone())
-            .collect();
+        let agents = agent_names(&runtime_config);
         let runs_in_flight_max = runtime_config.runs_in_flight_max;
         let (rt, events) =
             Runtime::start(store, setup.harnesses.clone(), runtime_config).await?;
+        crate::run::setup::attach_policy(&setup.policy, &rt);
         let rt = Arc::new(rt);
         let hosted = Hosted {
             rt: Arc::clone(&rt),
@@ -250,31 +287,25 @@ pub(crate) fn serve(home: &Home, args: ServeArgs, json: bool) -> anyhow::Result<
             tokens,
         };
         let server = ApiServer::bind(hosted, args.listen.unwrap_or(config.server.listen)).await?;
-        let addr = server.addr();
-        discovery::write(home, addr)?;
-        let url = discovery::local_url(addr);
-        if json {
-            outln!(
-                "{}",
-                serde_json::json!({"url": url, "home": home.dir(), "token_file": token_path, "token_file_created": created, "pid": std::process::id()})
-            )?;
-        } else {
-            if created {
-                outln!("created a token file {} (mode 0600)", token_path.display())?;
-            }
-            outln!(
-                "keel serve: listening on {url} (home {}, token file {})",
-                home.dir().display(),
-                token_path.display()
-            )?;
-        }
-        {
-            use std::io::Write;
-            let _ = crate::stdout::lock().flush();
-        }
-        let served = server.run(signalled().await?).await;
-        discovery::remove(home);
-        let paused = served?;
+        let paused = server
+            .serve_announced(home, signalled().await?, |url| {
+                if json {
+                    outln!(
+                        "{}",
+                        serde_json::json!({"url": url, "home": home.dir(), "token_file": token_path, "token_file_created": created, "pid": std::process::id()})
+                    )
+                } else {
+                    if created {
+                        outln!("created a token file {} (mode 0600)", token_path.display())?;
+                    }
+                    outln!(
+                        "keel serve: listening on {url} (home {}, token file {})",
+                        home.dir().display(),
+                        token_path.display()
+                    )
+                }
+            })
+            .await?;
         if !paused.runs.is_empty() {
             outln!(
                 "paused {} runs ({} open tasks marked paused); continue with `keel resume RUN` or on the next `keel serve`",
