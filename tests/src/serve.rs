@@ -78,6 +78,24 @@ impl Server {
         (Self::of(process, url, dir), cluster)
     }
 
+    /// Each read command of `reads`, run on the home in `home` (beside the server) and through
+    /// the server from `client`: both succeed and print the same.
+    ///
+    /// # Panics
+    /// When one fails or they differ.
+    pub fn assert_reads_match(&self, home: &Path, client: &Path, reads: &[Vec<&str>]) {
+        for args in reads {
+            let here = keel(home).unwrap().args(args).output().unwrap();
+            let there = self.keel(client).args(args).output().unwrap();
+            assert!(here.status.success() && there.status.success(), "{args:?}");
+            assert_eq!(
+                String::from_utf8_lossy(&there.stdout),
+                String::from_utf8_lossy(&here.stdout),
+                "{args:?}"
+            );
+        }
+    }
+
     fn of(process: Reaped, url: String, dir: &Path) -> Self {
         let addr = url.trim_start_matches("http://").to_string();
         Server {
@@ -156,6 +174,35 @@ impl Server {
             .arg(&self.token_file);
         cmd
     }
+}
+
+/// `keel node --role worker` in `dir` (where its sessions work), named `name`, joining the
+/// coordinator node at `cluster` with the cookie in `cookie_file`, its cluster port on a free port
+/// of 127.0.0.1; more flags can be added.
+///
+/// # Panics
+/// When the `keel` binary cannot be built.
+pub fn worker_command(
+    dir: &Path,
+    cluster: &str,
+    name: &str,
+    cookie_file: &Path,
+) -> std::process::Command {
+    let mut cmd = keel(dir).unwrap();
+    cmd.args([
+        "node",
+        "--role",
+        "worker",
+        "--listen",
+        "127.0.0.1:0",
+        "--join",
+        cluster,
+        "--name",
+        name,
+        "--cookie-file",
+    ])
+    .arg(cookie_file);
+    cmd
 }
 
 /// Put a few files in `dir` for the scripted survey plan to find.

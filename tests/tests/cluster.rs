@@ -21,6 +21,7 @@ use keel_cluster::{
 };
 use keel_store::{RunId, RunStatus, TaskStatus};
 use keel_tests::fan_out::{claims, count, expected_claims, openings_of, part, reader, subtasks};
+use keel_tests::serve::worker_command;
 use keel_tests::{Reaped, keel, recorded_bodies, session_openings, wait_for};
 use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
@@ -131,17 +132,8 @@ impl Cluster {
     }
 
     fn worker(&self, name: &str, cookie: &Path) -> Reaped {
-        let mut cmd = keel(&self.work).unwrap();
+        let mut cmd = worker_command(&self.work, &self.coordinator_addr(), name, cookie);
         cmd.env("KEEL_LOG", COORDINATOR_LOG).args([
-            "node",
-            "--role",
-            "worker",
-            "--listen",
-            "127.0.0.1:0",
-            "--join",
-            &self.coordinator_addr(),
-            "--name",
-            name,
             "--capacity",
             "4",
             "--lease-ms",
@@ -149,7 +141,6 @@ impl Cluster {
             "--model-server",
             &self.url,
         ]);
-        cmd.arg("--cookie-file").arg(cookie);
         Reaped::spawn(cmd).unwrap()
     }
 }
@@ -346,19 +337,7 @@ fn a_wrong_cookie_is_refused_and_a_readable_cookie_file_never_starts_a_node() {
     // A cookie file other users may read: refused before the node starts, naming the fix.
     let open = c.work.join("open-cookie");
     write_cookie(&open, COOKIE, 0o644);
-    let mut cmd = keel(&c.work).unwrap();
-    cmd.args([
-        "node",
-        "--role",
-        "worker",
-        "--listen",
-        "127.0.0.1:0",
-        "--join",
-        &c.coordinator_addr(),
-        "--name",
-        "careless",
-    ]);
-    cmd.arg("--cookie-file").arg(&open);
+    let cmd = worker_command(&c.work, &c.coordinator_addr(), "careless", &open);
     let (status, out, err) = Reaped::spawn(cmd).unwrap().wait_output(JOIN_WAIT).unwrap();
     assert!(!status.success(), "{out}");
     assert!(err.contains("accessible to other users"), "{err}");

@@ -7,7 +7,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
-use keel_tests::serve::{Server, quiet_survey, survey_files};
+use keel_tests::serve::{Server, quiet_survey, survey_files, worker_command};
 use keel_tests::{Reaped, keel};
 
 /// How long a worker may take to join (a cold binary on a loaded machine).
@@ -28,22 +28,7 @@ fn keel_run_against_a_coordinator_node_prints_what_a_local_run_prints() {
     std::fs::set_permissions(&cookie, std::fs::Permissions::from_mode(0o600)).unwrap();
     let (mut server, cluster) = Server::start_coordinator(remote.path(), &cookie);
     // The worker works in the same folder, so the survey finds the same files.
-    let mut worker = keel(remote.path()).unwrap();
-    worker
-        .args([
-            "node",
-            "--role",
-            "worker",
-            "--listen",
-            "127.0.0.1:0",
-            "--join",
-            &cluster,
-            "--name",
-            "w1",
-            "--cookie-file",
-        ])
-        .arg(&cookie);
-    let worker = Reaped::spawn(worker).unwrap();
+    let worker = Reaped::spawn(worker_command(remote.path(), &cluster, "w1", &cookie)).unwrap();
     server
         .process
         .stderr_line_containing("worker joined", JOIN_WAIT)
@@ -77,16 +62,11 @@ fn keel_run_against_a_coordinator_node_prints_what_a_local_run_prints() {
     );
 
     // Reads through the API print what the same reads of the store print.
-    for args in [vec!["tree"], vec!["--json", "runs"]] {
-        let here = keel(remote.path()).unwrap().args(&args).output().unwrap();
-        let there = server.keel(client.path()).args(&args).output().unwrap();
-        assert!(here.status.success() && there.status.success(), "{args:?}");
-        assert_eq!(
-            String::from_utf8_lossy(&there.stdout),
-            String::from_utf8_lossy(&here.stdout),
-            "{args:?}"
-        );
-    }
+    server.assert_reads_match(
+        remote.path(),
+        client.path(),
+        &[vec!["tree"], vec!["--json", "runs"]],
+    );
     worker.kill();
     server.process.kill();
 }

@@ -195,20 +195,15 @@ fn keel_run_against_a_server_prints_what_a_local_run_prints() {
         .unwrap();
     let run: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     let run = run["run"].as_str().unwrap().to_string();
-    for args in [
-        vec!["tree", run.as_str()],
-        vec!["status", run.as_str()],
-        vec!["--json", "runs"],
-    ] {
-        let here = keel(remote.path()).unwrap().args(&args).output().unwrap();
-        let there = server.keel(client.path()).args(&args).output().unwrap();
-        assert!(here.status.success() && there.status.success(), "{args:?}");
-        assert_eq!(
-            String::from_utf8_lossy(&there.stdout),
-            String::from_utf8_lossy(&here.stdout),
-            "{args:?}"
-        );
-    }
+    server.assert_reads_match(
+        remote.path(),
+        client.path(),
+        &[
+            vec!["tree", run.as_str()],
+            vec!["status", run.as_str()],
+            vec!["--json", "runs"],
+        ],
+    );
     server.process.kill();
 }
 
