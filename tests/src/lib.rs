@@ -362,8 +362,24 @@ pub fn session_openings(bodies: &[serde_json::Value]) -> Vec<String> {
 /// # Errors
 /// [`HelperError`] when it cannot start or does not say where it listens within 30 s.
 pub fn model_server(dir: &Path, record: &Path) -> Result<(Reaped, String), HelperError> {
+    model_server_with(dir, record, None)
+}
+
+/// [`model_server`] following the script in the file `script` first (`keel model-server --script`),
+/// then the prompt rules.
+///
+/// # Errors
+/// As [`model_server`].
+pub fn model_server_with(
+    dir: &Path,
+    record: &Path,
+    script: Option<&Path>,
+) -> Result<(Reaped, String), HelperError> {
     let mut cmd = keel(dir)?;
     cmd.args(["model-server", "--record-dir"]).arg(record);
+    if let Some(script) = script {
+        cmd.arg("--script").arg(script);
+    }
     let mut server = Reaped::spawn(cmd)?;
     let line = server.line_containing("listening on", Duration::from_secs(30))?;
     let url = line.trim_start_matches("listening on ").trim().to_string();

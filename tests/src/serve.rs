@@ -42,8 +42,20 @@ impl Server {
     /// # Panics
     /// When it cannot start or does not listen within two minutes.
     pub fn start(dir: &Path) -> Self {
+        Self::start_with(dir, &[], &[])
+    }
+
+    /// [`Server::start`] with more arguments for `keel serve` (`--harness`, `--model`, ...) and
+    /// more environment variables.
+    ///
+    /// # Panics
+    /// As [`Server::start`].
+    pub fn start_with(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut cmd = keel(dir).unwrap();
-        cmd.args(["serve", "--listen", "127.0.0.1:0"]);
+        cmd.args(["serve", "--listen", "127.0.0.1:0"]).args(args);
+        for (name, value) in env {
+            cmd.env(name, value);
+        }
         let mut process = Reaped::spawn(cmd).unwrap();
         let line = process.line_containing("listening on", START_WAIT).unwrap();
         let url = word_after(&line, "listening on ").to_string();

@@ -73,6 +73,9 @@ pub(crate) struct Hosted<'a> {
     pub(crate) config: &'a Config,
     /// Whether runs use the built-in scripted model (a brief then gets the survey plan).
     pub(crate) scripted: bool,
+    /// Whether a brief without a plan runs as a lead session, as under `keel run`
+    /// ([`crate::run::setup::NodeSetup::lead_capable`]).
+    pub(crate) lead_capable: bool,
     /// Where sessions work.
     pub(crate) work_dir: PathBuf,
     /// The agent profiles of the runtime's supervisor (a request may name one).
@@ -138,6 +141,7 @@ impl ApiServer {
             tokens: hosted.tokens,
             launch: routes::Launch {
                 scripted: hosted.scripted,
+                lead_capable: hosted.lead_capable,
                 budget_micros,
                 snapshot,
                 agents: hosted.agents,
@@ -281,6 +285,7 @@ pub(crate) fn serve(home: &Home, args: ServeArgs, json: bool) -> anyhow::Result<
             home,
             config: &config,
             scripted: setup.scripted,
+            lead_capable: setup.lead_capable(),
             work_dir: work,
             agents,
             runs_in_flight_max,

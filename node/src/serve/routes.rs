@@ -52,6 +52,8 @@ type FollowUpEnd = Option<Result<FollowUpOutcome, String>>;
 pub(crate) struct Launch {
     /// Whether runs use the built-in scripted model (a brief gets its survey plan).
     pub(crate) scripted: bool,
+    /// Whether a brief without a plan runs as a lead session (as under `keel run`).
+    pub(crate) lead_capable: bool,
     /// A run's budget in micro-dollars.
     pub(crate) budget_micros: Option<u64>,
     /// The configuration snapshot stored with each run.
@@ -398,7 +400,7 @@ async fn submit(
         &body.brief,
         body.plan,
         app.launch.scripted,
-        false,
+        app.launch.lead_capable,
         body.agent,
     )
     .map_err(|e| ApiError::bad_request(format!("brief: {e:#}")))?;
