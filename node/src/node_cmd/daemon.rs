@@ -48,6 +48,9 @@ pub(super) async fn serve(
         home,
         config,
         scripted: setup.scripted,
+        // Sessions on workers get no MCP endpoint, so a brief without a plan runs as one step
+        // (as `keel node --run` does).
+        lead_capable: false,
         work_dir: work_dir.to_path_buf(),
         agents: serve::agent_names(&api.runtime_config),
         runs_in_flight_max: api.runtime_config.runs_in_flight_max,
