@@ -626,3 +626,38 @@ async fn a_reopen_waiting_for_a_run_slot_does_not_hold_up_a_follow_up_that_joins
     assert!(reopened.completed(), "{reopened:?}");
     Arc::into_inner(rt).unwrap().shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_input_a_paused_runs_coordinator_gets_after_the_pause_writes_nothing_over_its_marks() {
+    let (_dir, work, store) = workspace();
+    let gate = work.join("gate");
+    let plan = scripted::fan_out_plan(1, |_| after_gate(&gate, 600, "slow")).unwrap();
+    let (rt, _events) = start(&store, config(&work)).await;
+    let handle = submit(&rt, "pause me", plan).await;
+    let run = handle.id();
+    // The step's session is running.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let tasks = store.run(run).tasks(None, 100).unwrap().items;
+        if tasks
+            .iter()
+            .any(|t| t.kind == TaskKind::Subtask && t.status == TaskStatus::Running)
+        {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the step never ran");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let summary = rt.pause(Duration::from_secs(10)).await;
+    assert_eq!(summary.runs, vec![run]);
+    assert_eq!(store.catalog().run(run).unwrap().status, RunStatus::Paused);
+    // The run's coordinator lives until the runtime shuts down. An input it gets now (here a
+    // cancel; a timer it had set, or a message already in its mailbox, alike) decides, but what it
+    // stages is not written: the run stays paused, as its marks say.
+    assert!(rt.cancel(run, "after the pause"));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let row = store.catalog().run(run).unwrap();
+    assert_eq!(row.status, RunStatus::Paused, "{row:?}");
+    rt.shutdown().await;
+    drop(handle);
+}

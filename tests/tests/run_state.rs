@@ -7,7 +7,9 @@
 //! - cancelling a follow-up ends that follow-up, never the finished run's result;
 //! - `keel cancel` refuses a finished or unknown run, and a request nobody takes does not outlive
 //!   its command;
-//! - a SIGTERM as a run completes reports what the store holds.
+//! - a SIGTERM as a run completes reports what the store holds;
+//! - `keel --server URL cancel TASK` ends a follow-up a `keel serve` hosts, and a coordinator
+//!   `keel node` answers another process's `keel cancel TASK`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests: a panic is the failure report.
 
 use keel_actors::runtime::scripted::fan_out_plan;
@@ -455,4 +457,120 @@ fn a_sigterm_as_the_run_completes_reports_what_the_store_holds() {
     assert_eq!(status.code(), Some(0), "{out}\n{err}");
     assert!(out.contains(&format!("run {run}: Completed")), "{out}");
     assert!(!out.contains("paused"), "{out}");
+}
+
+#[test]
+fn keel_server_cancel_of_a_task_ends_that_follow_up_and_keeps_the_runs_result() {
+    let w = Work::new("");
+    let (run, task) = completed_run(&w);
+    let server = keel_tests::serve::Server::start(&w.work);
+    let remote = |args: &[&str]| -> (i32, String, String) {
+        let mut cmd = server.keel(&w.work);
+        cmd.args(args);
+        let (status, out, err) = Reaped::spawn(cmd).unwrap().wait_output(WAIT).unwrap();
+        (status.code().unwrap_or(-1), out, err)
+    };
+    let gate = w.work.join("follow-up-gate");
+    let (code, out, err) = remote(&[
+        "follow-up",
+        &task.to_string(),
+        &gated_follow_up(&gate, "never"),
+        "--detach",
+    ]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let follow: TaskId = out.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(
+        out.contains(&format!("stop with `keel cancel {follow}`")),
+        "{out}"
+    );
+    wait_for(WAIT, "the follow-up running", || {
+        let t = w.reader().catalog().task(follow).ok()?;
+        (t.status == TaskStatus::Running).then_some(())
+    })
+    .unwrap();
+
+    let (code, out, err) = remote(&["cancel", &follow.to_string()]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains(&format!("task {follow}")), "{out}");
+    let row = wait_completed(&w, run);
+    assert_eq!(row.status, RunStatus::Completed, "{row:?}");
+    assert!(
+        row.outcome.as_deref().unwrap().contains("part 0 done"),
+        "the synthesis keeps the run's result: {row:?}"
+    );
+    let store = w.reader();
+    assert_eq!(
+        store.catalog().task(follow).unwrap().status,
+        TaskStatus::Cancelled
+    );
+    assert_eq!(
+        store.catalog().task(task).unwrap().status,
+        TaskStatus::Complete
+    );
+    drop(store);
+
+    // What has ended is refused (exit 1), an unknown id is not found (exit 3).
+    let (code, out, err) = remote(&["cancel", &follow.to_string()]);
+    assert_eq!(code, 1, "{out}\n{err}");
+    assert!(err.contains("nothing to cancel"), "{err}");
+    let (code, out, err) = remote(&[
+        "cancel",
+        &RunId(0x0190_0000_0000_0000_0000_0000_0000_0042).to_string(),
+    ]);
+    assert_eq!(code, 3, "{out}\n{err}");
+    assert_eq!(
+        w.reader().catalog().run(run).unwrap().status,
+        RunStatus::Completed
+    );
+}
+
+#[test]
+fn a_keel_node_answers_another_processs_cancel() {
+    use std::os::unix::fs::PermissionsExt;
+    let w = Work::new("");
+    // A run killed in its step: the coordinator node resumes it at start and hosts it (its step
+    // waits for a worker; none joins).
+    let (proc_, run) = w.start_run();
+    let task = wait_in_session(&w, run, 1);
+    proc_.kill();
+    let cookie = w.work.join("cookie");
+    std::fs::write(&cookie, "keel-test-cookie-0123456789abcdef").unwrap();
+    std::fs::set_permissions(&cookie, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let mut cmd = w.keel();
+    cmd.env("KEEL_LOG", "error,keel::node_cmd=info").args([
+        "node",
+        "--role",
+        "coordinator",
+        "--listen",
+        "127.0.0.1:0",
+        "--api",
+        "127.0.0.1:0",
+    ]);
+    cmd.arg("--cookie-file").arg(&cookie);
+    let mut node = Reaped::spawn(cmd).unwrap();
+    node.stderr_line_containing("resuming a run", WAIT).unwrap();
+    node.line_containing("HTTP API on", WAIT).unwrap();
+
+    // `keel cancel TASK` in the node's home goes to the node, which ends that step; its run has
+    // nothing else to do and ends.
+    let (code, out, err) = w.output(&["cancel", &task.to_string()]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains(&format!("task {task}")), "{out}");
+    let row = wait_for(WAIT, "the run ended", || {
+        let row = w.reader().catalog().run(run).ok()?;
+        row.status.is_terminal().then_some(row)
+    })
+    .unwrap();
+    assert_ne!(row.status, RunStatus::Cancelled, "{row:?}");
+    assert_eq!(
+        w.reader().catalog().task(task).unwrap().status,
+        TaskStatus::Cancelled
+    );
+    // A cancel of the ended run is refused, and nothing is left behind.
+    let (code, out, err) = w.output(&["cancel", &run.to_string()]);
+    assert_eq!(code, 1, "{out}\n{err}");
+    assert!(w.control_files().is_empty(), "{:?}", w.control_files());
+    sigterm(&node);
+    let (status, out, err) = node.wait_output(WAIT).unwrap();
+    assert!(status.code().is_some(), "{out}\n{err}");
 }

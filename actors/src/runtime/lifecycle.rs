@@ -141,6 +141,7 @@ impl Runtime {
             events_dropped: AtomicU64::new(0),
             pausing: AtomicBool::new(false),
             frozen: AtomicBool::new(false),
+            freeze_gate: Mutex::new(()),
             shut: AtomicBool::new(false),
             halt: Mutex::new(Halt::default()),
             tokio: tokio::runtime::Handle::current(),

@@ -65,7 +65,7 @@ impl Runtime {
                 quiet_polls = 0;
             }
         }
-        node.frozen.store(true, Ordering::Release);
+        node.freeze();
         let runs: Vec<RunId> = lock(&node.coordinators).keys().copied().collect();
         for run in runs {
             if let Some(paused) = node.mark_paused(run, Duration::from_secs(30)).await {
@@ -108,6 +108,9 @@ impl Node {
     /// Mark `run`'s open tasks and the run paused through the checkpoint actor ([`decide::pause`]),
     /// waiting at most `wait`; the number of tasks marked, or `None` when nothing was written.
     async fn mark_paused(self: &Arc<Self>, run: RunId, wait: Duration) -> Option<u32> {
+        // What the coordinator staged before the freeze is written first: the marks are made
+        // from its last rows, and nothing of it lands after them.
+        self.settle_stages(run, wait).await;
         let rows = match self.recover_run(run).await {
             Ok(rows) => rows,
             Err(e) => {
@@ -141,7 +144,7 @@ impl Node {
         }
         tracing::error!(%reason, "pausing every run of the node");
         self.pausing.store(true, Ordering::Release);
-        self.frozen.store(true, Ordering::Release);
+        self.freeze();
         let node = Arc::clone(self);
         self.tokio
             .spawn(async move { node.halt_runs(reason).await });

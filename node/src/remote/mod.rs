@@ -276,7 +276,7 @@ pub(crate) fn follow_up(client: &Client, args: FollowUpArgs, json: bool) -> anyh
                 )?;
             } else {
                 outln!(
-                    "follow-up {task} on run {run} started on {}\nfollow with `keel status {run}`, stop with `keel cancel {run}`",
+                    "follow-up {task} on run {run} started on {}\nfollow with `keel status {run}`, stop with `keel cancel {task}`",
                     client.base()
                 )?;
             }
@@ -300,24 +300,48 @@ pub(crate) fn follow_up(client: &Client, args: FollowUpArgs, json: bool) -> anyh
     })
 }
 
-/// `keel cancel RUN` on a server.
-pub(crate) fn cancel(client: &Client, run: RunId, json: bool) -> anyhow::Result<()> {
-    let answer: serde_json::Value = tokio_runtime()?
-        .block_on(client.post_json(&format!("/v1/runs/{run}/cancel"), &CancelRun::default()))?;
-    if json {
-        outln!("{answer}")?;
-    } else if answer["status"] == "cancelled" {
-        outln!(
-            "run {run} cancelled ({} open tasks cancelled)",
-            answer["tasks_cancelled"]
-        )?;
-    } else {
-        outln!(
-            "run {run}: cancel sent to the keel server hosting it ({})",
-            client.base()
-        )?;
-    }
-    Ok(())
+/// `keel cancel ID` on a server: a run (`POST /v1/runs/{id}/cancel`), else, when the server knows
+/// no such run, a task's step (`POST /v1/tasks/{id}/cancel`).
+pub(crate) fn cancel(client: &Client, id: RunId, json: bool) -> anyhow::Result<()> {
+    tokio_runtime()?.block_on(async {
+        let as_run: Result<serde_json::Value, ClientError> = client
+            .post_json(&format!("/v1/runs/{id}/cancel"), &CancelRun::default())
+            .await;
+        let (answer, task) = match as_run {
+            Err(e) if e.status() == Some(StatusCode::NOT_FOUND) => {
+                let answer: serde_json::Value = client
+                    .post_json(&format!("/v1/tasks/{id}/cancel"), &CancelRun::default())
+                    .await?;
+                (answer, Some(id))
+            }
+            other => (other?, None),
+        };
+        let run = answer["run"].as_str().unwrap_or_default();
+        let cancelled = answer["status"] == "cancelled";
+        if json {
+            outln!("{answer}")?;
+        } else if let Some(task) = task {
+            if cancelled {
+                outln!("task {task} of run {run} cancelled")?;
+            } else {
+                outln!(
+                    "task {task}: cancel sent to the keel server hosting run {run} ({})",
+                    client.base()
+                )?;
+            }
+        } else if cancelled {
+            outln!(
+                "run {run} cancelled ({} open tasks cancelled)",
+                answer["tasks_cancelled"]
+            )?;
+        } else {
+            outln!(
+                "run {run}: cancel sent to the keel server hosting it ({})",
+                client.base()
+            )?;
+        }
+        Ok(())
+    })
 }
 
 /// `keel escalations` on a server.

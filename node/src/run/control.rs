@@ -10,9 +10,10 @@
 //! process sees it, so a leftover can never cancel a run later (issue 17). Files of the older form
 //! (`RUN.cancel`, no deadline) are removed unread.
 //!
-//! Only the commands that host runs in this process (`keel run`, `resume`, `follow-up`) answer; a
-//! `keel serve` gets cancels over its HTTP API instead, and a `keel node` answers nothing (the
-//! command then reports that nobody answered).
+//! The commands that host runs in this process answer (`keel run`, `resume`, `follow-up`, and
+//! `keel node --run`); a `keel serve` and a coordinator node serving the API (`keel node` without
+//! `--run`) announce themselves in `server.json`, so `keel cancel` on their home goes to their HTTP
+//! API instead (`keel --server URL cancel ID`). A worker node never holds the store.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -75,7 +76,7 @@ pub(crate) enum ControlError {
     /// Nobody claimed the request in time (the process holding the store does not answer
     /// requests, or is stuck); it was taken back, so nothing happens later.
     #[error(
-        "the store is held by another keel process that did not take the cancel request within {waited:?} (a `keel node`, or a process that is not hosting runs); nothing was cancelled"
+        "the store is held by another keel process that did not take the cancel request within {waited:?} (a `keel serve`: use `keel --server URL cancel`; or a process that is not hosting runs); nothing was cancelled"
     )]
     NotClaimed {
         /// How long it was waited for.

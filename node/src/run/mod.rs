@@ -653,6 +653,16 @@ fn check_cancellable(target: &CancelTarget) -> Result<(), CancelRefused> {
     Ok(())
 }
 
+/// Refuse a cancel of `id` before anyone is asked: an id that is neither a run nor a task
+/// ([`CancelRefused::Unknown`]), a run that has ended or a step whose newest task has. The HTTP
+/// API's task cancel refuses with it as `keel cancel` does.
+///
+/// # Errors
+/// [`CancelRefused`], or the store's read error.
+pub(crate) fn check_cancel(store: &Store, id: RunId) -> anyhow::Result<()> {
+    Ok(check_cancellable(&cancel_target(store, id)?)?)
+}
+
 /// `keel cancel ID`: a run (every open task, or, for a run reopened for follow-ups, those
 /// follow-ups only) or a task (its step; a follow-up, most often). An unknown id and whatever has
 /// ended are refused first, from a read-only open that works beside a running keel. Then: carried

@@ -143,6 +143,7 @@ impl From<CancelError> for ApiError {
         let message = e.to_string();
         match e {
             CancelError::Read(r) if missing(&r) => Self::not_found(message),
+            CancelError::UnknownTask(_) => Self::not_found(message),
             CancelError::Refused(_) => Self::conflict(message),
             _ => Self::internal(message),
         }

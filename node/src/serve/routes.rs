@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::Stream;
-use keel_actors::runtime::{FollowUpOutcome, RunOutcome, Runtime};
+use keel_actors::runtime::{FollowUpOutcome, RunOutcome, Runtime, TaskCancel};
 use keel_store::{RunId, Store, TaskId};
 use serde::Deserialize;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, watch};
@@ -107,6 +107,7 @@ pub(crate) fn router(app: Shared) -> Router {
         .route("/v1/tasks/{task}", get(show))
         .route("/v1/tasks/{task}/logs", get(logs))
         .route("/v1/tasks/{task}/follow-ups", post(follow_up))
+        .route("/v1/tasks/{task}/cancel", post(cancel_task))
         .route("/v1/follow-ups/{task}/summary", get(follow_up_summary))
         .route("/v1/escalations", get(super::escalations::list))
         .route("/v1/escalations/{id}", get(super::escalations::show))
@@ -452,13 +453,10 @@ async fn resume(
     }))
 }
 
-async fn cancel(
-    State(app): State<Shared>,
-    Path(run): Path<String>,
+/// A cancel's reason from its optional body: none (or `{}`) cancels with the default reason.
+fn cancel_reason(
     body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    let run = run_id(&run)?;
-    // The body is optional: none (or `{}`) cancels with the default reason.
+) -> Result<String, ApiError> {
     let body = body.map_err(|e| ApiError::rejected(e.status(), e.body_text()))?;
     let body: CancelRun = if body.iter().all(u8::is_ascii_whitespace) {
         CancelRun::default()
@@ -473,6 +471,16 @@ async fn cancel(
             keel_actors::FOLLOW_UP_BYTES_MAX
         )));
     }
+    Ok(reason)
+}
+
+async fn cancel(
+    State(app): State<Shared>,
+    Path(run): Path<String>,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let run = run_id(&run)?;
+    let reason = cancel_reason(body)?;
     if app.rt.cancel(run, &reason) {
         return Ok(Json(
             serde_json::json!({"run": run.to_string(), "status": "cancel_requested"}),
@@ -482,6 +490,38 @@ async fn cancel(
     Ok(Json(
         serde_json::json!({"run": run.to_string(), "status": "cancelled", "tasks_cancelled": tasks}),
     ))
+}
+
+/// `keel cancel TASK`: one task's step (a follow-up, most often) ends; the run goes on. What has
+/// ended, and an unknown id, are refused first, as the local command refuses them.
+async fn cancel_task(
+    State(app): State<Shared>,
+    Path(task): Path<String>,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let task = task_id(&task)?;
+    let reason = cancel_reason(body)?;
+    let store = app.store()?;
+    blocking(move || {
+        crate::run::check_cancel(&store, RunId(task.0)).map_err(|e| {
+            let message = format!("{e:#}");
+            match e.downcast_ref::<crate::run::CancelRefused>() {
+                Some(crate::run::CancelRefused::Unknown(_)) => ApiError::not_found(message),
+                Some(_) => ApiError::conflict(message),
+                None => ApiError::internal(message),
+            }
+        })
+    })
+    .await?;
+    Ok(Json(match app.rt.cancel_task(task, &reason).await? {
+        TaskCancel::Sent { run } => serde_json::json!({
+            "task": task.to_string(), "run": run.to_string(), "status": "cancel_requested"
+        }),
+        TaskCancel::Stored { run, tasks } => serde_json::json!({
+            "task": task.to_string(), "run": run.to_string(), "status": "cancelled",
+            "tasks_cancelled": tasks
+        }),
+    }))
 }
 
 async fn follow_up(

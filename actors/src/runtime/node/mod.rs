@@ -127,8 +127,12 @@ pub(crate) struct Node {
     pub(crate) events_dropped: AtomicU64,
     /// Set by a graceful shutdown: no new specialists, results are held back (not acknowledged).
     pub(crate) pausing: AtomicBool,
-    /// Set once the pause marks are being written: coordinators get nothing more.
+    /// Set once the pause marks are being written: coordinators get nothing more, and nothing a
+    /// coordinator stages from then on is written ([`Node::freeze`]).
     pub(crate) frozen: AtomicBool,
+    /// Held while `frozen` is set, and while a coordinator's stage is checked against it and sent,
+    /// so a stage reaches the checkpoint actor before the pause marks or not at all.
+    pub(crate) freeze_gate: Mutex<()>,
     /// Set by [`crate::runtime::Runtime::pause`]: the host is shutting the node down for good.
     pub(crate) shut: AtomicBool,
     /// A pause the node started by itself (a full disk), see [`Node::halt`].
@@ -280,6 +284,9 @@ impl Node {
                     let node = Arc::clone(self);
                     Self::timer(at, move || match key {
                         TimerKey::Coordinator(run, t) => {
+                            if node.frozen.load(Ordering::Acquire) {
+                                return; // a frozen coordinator gets nothing more
+                            }
                             if let Some(c) = node.coordinator(run) {
                                 let _ = c.send_message(crate::runtime::Deliver(
                                     CoordinatorInput::Timer(t),

@@ -64,13 +64,55 @@ impl Node {
                 }
             }
             Envelope::Checkpoint(m) => {
-                if let Some(c) = self.checkpoint.get() {
+                let Some(c) = self.checkpoint.get() else {
+                    return;
+                };
+                if !from_coordinator(&m) {
                     let _ = c.send_message(crate::runtime::Deliver(CheckpointInput::Msg(m)));
+                    return;
                 }
+                // Checked and sent under the gate (see `freeze`): a coordinator's stage reaches the
+                // checkpoint actor before the pause marks are read and staged, or not at all, so
+                // nothing it decides after them is written over them (a paused run set back to
+                // running, its spend or a cancel written after the pause).
+                let _gate = lock(&self.freeze_gate);
+                if self.frozen.load(Ordering::Acquire) {
+                    tracing::debug!("a coordinator's stage after the node froze, dropped");
+                    return;
+                }
+                let _ = c.send_message(crate::runtime::Deliver(CheckpointInput::Msg(m)));
             }
         }
     }
 
+    /// Freeze the node's coordinators: they get no more messages or timers, and their stages are
+    /// no longer sent to the checkpoint actor (a stage already sent is written first, see
+    /// [`Node::settle_stages`]). A pause, and the pause the node starts by itself, freeze before
+    /// they read a run's rows to mark it.
+    pub(crate) fn freeze(&self) {
+        let _gate = lock(&self.freeze_gate);
+        self.frozen.store(true, Ordering::Release);
+    }
+
+    /// Wait (at most `wait`) until every stage sent to the checkpoint actor before now is
+    /// written: an empty stage of the host's own queues behind them, and is answered only after
+    /// they are. After [`Node::freeze`], the rows a pause reads then are the coordinators' last.
+    pub(crate) async fn settle_stages(&self, run: RunId, wait: Duration) {
+        if let Err(e) = self.stage_host(run, Vec::new(), wait).await {
+            tracing::warn!(%run, error = %e, "the stages before the pause did not all settle");
+        }
+    }
+}
+
+/// Whether a message to the checkpoint actor carries a coordinator's stage.
+fn from_coordinator(msg: &CheckpointMsg) -> bool {
+    match msg {
+        CheckpointMsg::Stage(stage) => stage.owner == StageOwner::Coordinator,
+        CheckpointMsg::Stages(stages) => stages.iter().any(|s| s.owner == StageOwner::Coordinator),
+    }
+}
+
+impl Node {
     fn host_ack(&self, ticket: u64, result: Result<(), String>) {
         if let Some(tx) = lock(&self.host_acks).remove(&ticket) {
             let _ = tx.send(result);
