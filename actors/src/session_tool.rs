@@ -63,6 +63,23 @@ pub const DETAILS_CHARS_MAX: usize = 8_000;
 /// The prefix of the task attachments that hold findings a session reported.
 pub const FINDINGS_ATTACHMENT_PREFIX: &str = "reported-findings-";
 
+/// The findings a task's sessions reported through `report_findings`, in the order they were
+/// recorded, read from its row's attachments (what `get_task_details` shows and what a test or
+/// the simulator checks against what a session was told).
+pub fn reported_findings(row: &keel_store::Task) -> Vec<Finding> {
+    row.attachments
+        .iter()
+        .filter(|a| a.name.starts_with(FINDINGS_ATTACHMENT_PREFIX))
+        .filter_map(|a| match &a.body {
+            keel_store::AttachmentBody::Inline(body) => {
+                serde_json::from_str::<Vec<Finding>>(body).ok()
+            }
+            keel_store::AttachmentBody::Blob { .. } => None,
+        })
+        .flatten()
+        .collect()
+}
+
 /// One tool call of a session, as its attempt's specialist receives it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SessionToolCall {

@@ -5,15 +5,21 @@
 //!   Code sessions too) run as one parallel turn; the lead gets the three reports and the run
 //!   completes with its synthesis;
 //! - as a follow-up, it calls `get_task_details` on the parent its preamble names and gets that
-//!   task's brief and status.
+//!   task's brief and status;
+//! - it calls `report_findings`: the findings are in the store before Claude Code's next request
+//!   (which carries the answer), and still there after `keel run` is killed;
+//! - it calls `escalate`: the task pauses, `keel answer` resumes it, and the new session's first
+//!   request carries the human's answer.
 //!
 //! Skipped only with `KEEL_SKIP_REAL_CLIS=1` when Claude Code is not installed.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests: a panic is the failure report.
 
+use keel_actors::session_tool::reported_findings;
+use keel_actors::{Plan, PlanStep};
 use keel_harness::cli::CliFlavor;
 use keel_store::{RunId, RunStatus, TaskKind, TaskStatus};
 use keel_tests::fan_out::{reader, subtasks};
-use keel_tests::{Reaped, keel, recorded_bodies};
+use keel_tests::{Reaped, keel, recorded_bodies, wait_for};
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -50,6 +56,11 @@ struct Fixture {
 
 impl Fixture {
     fn new() -> Fixture {
+        Fixture::scripted(None)
+    }
+
+    /// A keel home with a model server following `script` first (then the prompt rules).
+    fn scripted(script: Option<Value>) -> Fixture {
         let dir = tempfile::tempdir().unwrap();
         let work = dir.path().join("work");
         let record = dir.path().join("requests");
@@ -57,7 +68,16 @@ impl Fixture {
         std::fs::write(work.join("lib.rs"), "pub fn f() {}\n").unwrap();
         let init = keel(&work).unwrap().arg("init").output().unwrap();
         assert!(init.status.success(), "{init:?}");
-        let (server, url) = keel_tests::model_server(&work, &record).unwrap();
+        let script_file = dir.path().join("script.json");
+        if let Some(script) = &script {
+            std::fs::write(&script_file, script.to_string()).unwrap();
+        }
+        let (server, url) = keel_tests::model_server_with(
+            &work,
+            &record,
+            script.is_some().then_some(&*script_file),
+        )
+        .unwrap();
         Fixture {
             _dir: dir,
             work,
@@ -89,6 +109,42 @@ impl Fixture {
     fn finish(&self, cmd: std::process::Command) -> (i32, String, String) {
         let (status, out, err) = Reaped::spawn(cmd).unwrap().wait_output(WAIT).unwrap();
         (status.code().unwrap_or(-1), out, err)
+    }
+
+    /// `keel run` of a one-step plan whose step, on the `claude` profile, has `brief`; started.
+    fn start_one_step(&self, brief: &str) -> Reaped {
+        let plan = Plan {
+            steps: vec![PlanStep {
+                key: "step".into(),
+                brief: brief.into(),
+                goal: "the step's goal".into(),
+                quality_criteria: Vec::new(),
+                output_schema: None,
+                assignee: Some("claude".into()),
+                depends_on: Vec::new(),
+                estimate_micros: 0,
+            }],
+            constraints: Vec::new(),
+        };
+        let file = self.work.join(".keel/plan.json");
+        std::fs::write(&file, serde_json::to_string(&plan).unwrap()).unwrap();
+        Reaped::spawn(self.keel(&[
+            "run",
+            "one step",
+            "--quiet",
+            "--plan",
+            ".keel/plan.json",
+            "--agent",
+            "claude",
+        ]))
+        .unwrap()
+    }
+
+    /// `keel ARGS` in the home, run to its end.
+    fn keel_here(&self, args: &[&str]) -> (i32, String, String) {
+        let mut cmd = keel(&self.work).unwrap();
+        cmd.args(args);
+        self.finish(cmd)
     }
 }
 
@@ -257,4 +313,124 @@ fn claude_code_reads_an_ancestor_its_preamble_names_with_get_task_details() {
         "the parent's brief: {details}"
     );
     assert!(details.contains("Complete"), "its status: {details}");
+}
+
+/// The task rows of the run's step (every task but the root).
+fn step_tasks(work: &std::path::Path) -> Vec<keel_store::Task> {
+    let store = reader(work);
+    let runs = store.catalog().runs(10).unwrap().items;
+    runs.iter().flat_map(|r| subtasks(&store, r.id)).collect()
+}
+
+#[test]
+fn claude_code_reports_findings_that_are_durable_before_its_next_request_and_survive_a_sigkill() {
+    if !claude_code() {
+        return;
+    }
+    // The first answer calls `report_findings`; the next request (the one carrying the tool's
+    // answer) hangs, so the run is frozen right after Claude Code got the answer.
+    let fx = Fixture::scripted(Some(json!({"turns": [
+        {"tool_calls": [{"name": "mcp__keel__report_findings", "input": {"findings": [
+            {"claim": "lib.rs defines f", "source": "lib.rs", "confidence_permille": 900},
+            {"claim": "f takes no arguments", "source": "lib.rs:1"},
+        ]}}]},
+        {"failure": {"kind": "hang", "ms": 240_000}},
+    ]})));
+    fx.add_claude();
+    let run = fx.start_one_step("Look at lib.rs and report what you find as you go.");
+    let answer = wait_for(
+        WAIT,
+        "Claude Code's request carrying the tool's answer",
+        || {
+            recorded_bodies(&fx.record)
+                .iter()
+                .flat_map(tool_results)
+                .find(|r| r.contains("findings"))
+        },
+    )
+    .unwrap();
+    assert!(answer.contains("recorded: 2 findings"), "{answer}");
+    // The answer reached Claude Code only once the findings were durable: they are in the store
+    // file now, while the session waits on the model.
+    let tasks = step_tasks(&fx.work);
+    assert_eq!(tasks.len(), 1, "{tasks:#?}");
+    let findings = reported_findings(&tasks[0]);
+    assert_eq!(findings.len(), 2, "{tasks:#?}");
+    assert_eq!(findings[0].claim, "lib.rs defines f");
+    assert_eq!(findings[0].source, "lib.rs");
+    assert_eq!(findings[0].confidence_permille, 900);
+    assert_eq!(findings[1].source, "lib.rs:1");
+    // A session that dies after reporting keeps what it reported (the store, recovered after the
+    // SIGKILL, still has them).
+    run.kill();
+    let store = keel_store::Store::open(fx.work.join(".keel/keel.redb")).unwrap();
+    let task = store.run(tasks[0].run_id).task(tasks[0].id).unwrap();
+    assert_eq!(reported_findings(&task).len(), 2, "{task:#?}");
+}
+
+#[test]
+fn claude_code_escalates_and_keel_answer_resumes_the_task_with_the_answer_in_its_first_request() {
+    if !claude_code() {
+        return;
+    }
+    const QUESTION: &str = "Which config format should the tool write?";
+    let fx = Fixture::scripted(Some(json!({"turns": [{"tool_calls": [{
+        "name": "mcp__keel__escalate",
+        "input": {"reason": "the spec names two formats", "question": QUESTION, "options": ["json", "toml"]},
+    }]}]})));
+    fx.add_claude();
+    let run = fx.start_one_step(
+        "Write the config file. REPORT_AFTER_TOOL\nRUN_TOOL: echo resumed-after-answer ;;",
+    );
+    let open = wait_for(WAIT, "an open escalation", || {
+        let (code, out, _) = fx.keel_here(&["--json", "escalations"]);
+        let v: Value = serde_json::from_str(out.trim()).ok()?;
+        let list = v["escalations"].as_array()?.clone();
+        (code == 0 && !list.is_empty()).then_some(list)
+    })
+    .unwrap_or_else(|e| {
+        let bodies: Vec<String> = recorded_bodies(&fx.record)
+            .iter()
+            .map(|b| b.to_string().chars().take(3000).collect())
+            .collect();
+        let (_, out, err) = fx.keel_here(&["--json", "escalations"]);
+        panic!(
+            "{e}\nrequests: {bodies:#?}\nescalations: {out}\n{err}\nrun: {}",
+            run.stderr_so_far()
+        )
+    });
+    assert_eq!(open.len(), 1, "{open:#?}");
+    let e = &open[0];
+    assert_eq!(e["trigger"], "human_requested");
+    assert_eq!(e["asked"], QUESTION);
+    assert_eq!(e["options"], json!(["json", "toml"]));
+    let id = e["id"].as_str().unwrap().to_string();
+    // Paused, durably, until the answer.
+    let tasks = step_tasks(&fx.work);
+    assert_eq!(tasks[0].status, TaskStatus::Paused, "{tasks:#?}");
+
+    let (code, out, err) = fx.keel_here(&["answer", &id, "toml"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (status, out, err) = run.wait_output(WAIT).unwrap();
+    assert_eq!(status.code(), Some(0), "the run completes\n{out}\n{err}");
+    let tasks = step_tasks(&fx.work);
+    assert!(
+        tasks.iter().any(|t| t.status == TaskStatus::Complete),
+        "{tasks:#?}"
+    );
+
+    // Two Claude Code sessions (requests without any tool result open a session): the second's
+    // first request carries the human's answer and the question.
+    let openings: Vec<String> = recorded_bodies(&fx.record)
+        .iter()
+        .filter(|b| b.get("messages").is_some() && tool_results(b).is_empty())
+        .map(Value::to_string)
+        .collect();
+    assert_eq!(openings.len(), 2, "{openings:#?}");
+    assert!(!openings[0].contains("The human answered"));
+    assert!(
+        openings[1].contains("The human answered: toml") && openings[1].contains(QUESTION),
+        "{}",
+        openings[1]
+    );
 }

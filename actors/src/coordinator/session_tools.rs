@@ -423,15 +423,8 @@ fn details_of(row: &Task) -> TaskDetails {
     let clean = |text: &str, chars_max: usize| -> String {
         scrubber.scrub(text).text.chars().take(chars_max).collect()
     };
-    let reported_findings: Vec<Finding> = row
-        .attachments
-        .iter()
-        .filter(|a| a.name.starts_with(FINDINGS_ATTACHMENT_PREFIX))
-        .filter_map(|a| match &a.body {
-            AttachmentBody::Inline(body) => serde_json::from_str::<Vec<Finding>>(body).ok(),
-            AttachmentBody::Blob { .. } => None,
-        })
-        .flatten()
+    let reported_findings: Vec<Finding> = crate::session_tool::reported_findings(row)
+        .into_iter()
         .take(DETAILS_ITEMS_MAX)
         .map(|f| Finding {
             claim: clean(&f.claim, 200),

@@ -124,6 +124,10 @@ impl CliFlavor for ClaudeCode {
             args.push(
                 serde_json::json!({"mcpServers": {mcp.server_name.clone(): server}}).to_string(),
             );
+            // Claude Code connects to MCP servers in the background by default, so under load its
+            // first model request can go out before keel's tools are listed ("No such tool
+            // available"); wait for the connection instead.
+            env.insert("MCP_CONNECTION_NONBLOCKING".into(), "false".into());
         }
         if let Some(text) = &spec.append_system_prompt {
             args.push("--append-system-prompt".into());
