@@ -526,6 +526,67 @@ pub fn read_report(final_text: &str, expected: Option<TaskId>) -> Result<ReadRep
     Err(last_err)
 }
 
+/// A session's final text as the report of `task` (or of one of `aliases`, the earlier tasks of its
+/// step, rewritten to `task`): read ([`read_report`]), bounded and verified. One function for the
+/// specialist's verdict and the Stop hook's report check, so both give the same exact error.
+///
+/// # Errors
+/// The exact error, as the attempt's failure detail says it.
+pub fn accept_report(
+    final_text: &str,
+    task: TaskId,
+    aliases: &[TaskId],
+) -> Result<ReadReport, String> {
+    let read = read_report(final_text, Some(task))
+        .map_err(|e| format!("the final output is not a report: {e}"))?;
+    let mut report = read.report.bound();
+    if aliases.contains(&report.subtask_id) {
+        report.subtask_id = task;
+    }
+    report.verify(task).map_err(|e| e.to_string())?;
+    Ok(ReadReport {
+        report,
+        normalised: read.normalised,
+    })
+}
+
+/// What a session whose final text is not a report is sent back with: the exact `error`, then what
+/// to do (docs/DESIGN.md §9, the Stop hook's report check).
+pub fn re_ask_text(error: &str) -> String {
+    format!(
+        "{}: {error}. Reply once more with your report as one JSON object and nothing after it, \
+         every finding with its source. {REPORT_INSTRUCTION}",
+        keel_harness::RE_ASK_MARKER
+    )
+}
+
+/// The Stop hook's report check as a judge (keel's own loop calls it in process; `keel hook stop`
+/// calls [`judge_final_text`] for a CLI's Stop hook).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ReportJudge;
+
+impl keel_harness::StopJudge for ReportJudge {
+    fn judge(&self, check: &keel_harness::StopCheck, final_text: &str) -> Result<(), String> {
+        judge_final_text(&check.report_for, final_text)
+    }
+}
+
+/// Judges a final text against the task ids a report may name (the first is the session's own):
+/// `Ok` when it is a valid report, else the re-ask ([`re_ask_text`]). Ids that are not task ids
+/// leave nothing to check against, so the text passes (the specialist's own verdict still runs).
+///
+/// # Errors
+/// The re-ask text.
+pub fn judge_final_text(report_for: &[String], final_text: &str) -> Result<(), String> {
+    let ids: Vec<TaskId> = report_for.iter().filter_map(|t| t.parse().ok()).collect();
+    let Some((task, aliases)) = ids.split_first() else {
+        return Ok(());
+    };
+    accept_report(final_text, *task, aliases)
+        .map(|_| ())
+        .map_err(|e| re_ask_text(&e))
+}
+
 /// [`read_report`] without a task to fill in: the report alone.
 ///
 /// # Errors

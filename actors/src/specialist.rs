@@ -20,12 +20,12 @@ use crate::message::{
 };
 use crate::report::{
     AttemptResult, Continuity, FailureKind, Finding, SubagentReport, SubtaskBrief, SubtaskFailure,
-    TEXT_BYTES_MAX, bounded, read_report,
+    TEXT_BYTES_MAX, accept_report, bounded,
 };
 use crate::session_tool::{SessionAnswer, SessionRequest, SessionToolCall, ToolRefusal};
 use keel_harness::{
-    Account, ErrorCategory, HarnessError, HarnessEvent, SessionLimits, SessionSpec, StopReason,
-    TokenCounts, UsageAccumulator,
+    Account, ErrorCategory, HarnessError, HarnessEvent, RE_ASKS_MAX, SessionLimits, SessionSpec,
+    StopCheck, StopReason, TokenCounts, UsageAccumulator,
 };
 use keel_store::{LogKind, SessionLogRow, TaskKind};
 use std::collections::{BTreeMap, BTreeSet};
@@ -271,6 +271,16 @@ impl Specialist {
             id: self.assignment.account.clone(),
             ..Account::default()
         };
+        // The Stop hook's report check: every session ends with a report for this task (or one of
+        // the earlier tasks of its step), or gets one more turn with the error.
+        let report_for = std::iter::once(self.attempt.task)
+            .chain(self.brief.aliases.iter().copied())
+            .map(|t| t.to_string())
+            .collect();
+        spec.stop_check = Some(StopCheck {
+            report_for,
+            re_asks_max: RE_ASKS_MAX,
+        });
         self.phase = Phase::Running;
         out.push(SpecialistEffect::StartHarness {
             key: self.attempt.idempotency_key(),
@@ -405,6 +415,17 @@ impl Specialist {
                     out,
                 );
             }
+            HarnessEvent::SentBack { reason } => {
+                // The report check sent the session back once, in the same session (so the same
+                // attempt and key): the durable record that it did, and why.
+                self.log(
+                    LogKind::Lifecycle,
+                    format!("report check: sent back for one more turn: {reason}"),
+                    reason,
+                    now,
+                    out,
+                );
+            }
             HarnessEvent::Usage(report) => {
                 self.usage.record(&report);
                 let total = self.usage.total();
@@ -474,23 +495,10 @@ impl Specialist {
                 format!("the session stopped with {stop_reason}, which is not a success"),
             ));
         }
-        let read = read_report(final_text, Some(self.attempt.task)).map_err(|e| {
-            self.failure(
-                FailureKind::MalformedReport,
-                true,
-                None,
-                format!("the final output is not a report: {e}"),
-            )
-        })?;
+        let read = accept_report(final_text, self.attempt.task, &self.brief.aliases)
+            .map_err(|e| self.failure(FailureKind::MalformedReport, true, None, e))?;
         *normalised = read.normalised;
-        let mut report = read.report.bound();
-        if self.brief.aliases.contains(&report.subtask_id) {
-            report.subtask_id = self.attempt.task;
-        }
-        report
-            .verify(self.attempt.task)
-            .map_err(|e| self.failure(FailureKind::MalformedReport, true, None, e.to_string()))?;
-        Ok(report)
+        Ok(read.report)
     }
 
     fn failure_of(&self, error: &HarnessError, now: Millis) -> SubtaskFailure {

@@ -161,6 +161,12 @@ pub enum HarnessEvent {
         /// The result content, bounded by [`TOOL_RESULT_BYTES_MAX`].
         content: BoundedText,
     },
+    /// The session would have ended, and a Stop hook sent it back for one more turn with this text
+    /// (the report check: its final text was not a valid report). Not terminal.
+    SentBack {
+        /// What the session was told, the exact error included.
+        reason: String,
+    },
     /// Token usage; feed these to a [`crate::usage::UsageAccumulator`], never sum them by hand.
     Usage(UsageReport),
     /// The session ended. `stop_reason.is_success()` tells success from a checkpoint or a refusal.

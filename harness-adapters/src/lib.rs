@@ -13,6 +13,7 @@
 //! - [`messages_api`] (`io`): keel's own agent loop against an Anthropic-compatible endpoint.
 //! - [`tools`] (`io`): the tool registry and the confined built-in tools of keel's loop.
 //! - [`rfc3339`]: the UTC timestamps rate-limit reset headers use.
+//! - [`stop`]: the Stop hook's report check as plain data, and the in-process seam to it.
 //! - [`cli`] (`io`), [`process`] (`io`): the four CLI adapters and their process trees.
 
 #[cfg(feature = "io")]
@@ -30,6 +31,7 @@ pub mod server;
 #[cfg(feature = "io")]
 pub mod session;
 pub mod spec;
+pub mod stop;
 #[cfg(feature = "io")]
 pub mod tools;
 pub mod usage;
@@ -42,4 +44,5 @@ pub use spec::{
     Account, Credential, GateCommand, HarnessKind, McpEndpoint, PermissionMode, SessionLimits,
     SessionSpec,
 };
+pub use stop::{InProcessHooks, RE_ASK_MARKER, RE_ASKS_MAX, StopCheck, StopJudge};
 pub use usage::{TokenCounts, UsageAccumulator, UsageReport, UsageScope};

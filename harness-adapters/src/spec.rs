@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::error::StartError;
+use crate::stop::{InProcessHooks, StopCheck};
 
 /// Upper bound on the prompt a spec may carry, so a runaway preamble builder cannot hand a harness a
 /// prompt no model accepts (1 MiB is far above the preamble caps of docs/DESIGN.md §6).
@@ -192,6 +193,18 @@ pub struct SessionSpec {
     pub mcp_endpoint: Option<McpEndpoint>,
     /// The account to bill and authenticate as.
     pub account: Account,
+    /// The Stop hook's report check: what the final text must be before the session may end
+    /// (docs/DESIGN.md §9); `None` ends it on whatever it says.
+    #[serde(default)]
+    pub stop_check: Option<StopCheck>,
+    /// The command a CLI's native Stop hook runs for `stop_check` (the session's last message on
+    /// stdin as `last_assistant_message`; it prints a `block` decision with the re-ask). Set by the
+    /// host; harnesses without a Stop hook ignore it.
+    #[serde(default)]
+    pub stop_gate: Option<GateCommand>,
+    /// What the host hands keel's own loop in process (the Stop hook's judge). Never serialised.
+    #[serde(skip)]
+    pub in_process: InProcessHooks,
 }
 
 impl SessionSpec {
@@ -214,6 +227,9 @@ impl SessionSpec {
             pre_tool_gate: None,
             mcp_endpoint: None,
             account: Account::default(),
+            stop_check: None,
+            stop_gate: None,
+            in_process: InProcessHooks::default(),
         }
     }
 

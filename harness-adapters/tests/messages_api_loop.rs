@@ -806,3 +806,58 @@ async fn pause_turns_are_capped() {
         "pause_turns_max re-sends after the first pause"
     );
 }
+
+/// A judge that accepts a final text containing "good", and says so otherwise.
+struct WantsGood;
+
+impl keel_harness::StopJudge for WantsGood {
+    fn judge(&self, _check: &keel_harness::StopCheck, final_text: &str) -> Result<(), String> {
+        if final_text.contains("good") {
+            Ok(())
+        } else {
+            Err(format!(
+                "{}: {final_text:?} is not good",
+                keel_harness::RE_ASK_MARKER
+            ))
+        }
+    }
+}
+
+fn judged(spec: &mut SessionSpec) {
+    spec.stop_check = Some(keel_harness::StopCheck {
+        report_for: vec!["task".into()],
+        re_asks_max: keel_harness::RE_ASKS_MAX,
+    });
+    spec.in_process.stop = Some(std::sync::Arc::new(WantsGood));
+}
+
+#[tokio::test]
+async fn the_stop_check_sends_a_refused_final_text_back_once_in_the_same_session() {
+    let dir = tempfile::tempdir().unwrap();
+    // Refused, then accepted: one more turn, with the exact error as its user text.
+    let s = script(r#"{"turns": [{"text": "bad one"}, {"text": "a good one"}]}"#);
+    let run = run_with(s, dir.path(), judged, config()).await;
+    assert_eq!(run.finished(), (StopReason::EndTurn, "a good one".into()));
+    let sent: Vec<&HarnessEvent> = run
+        .events
+        .iter()
+        .filter(|e| matches!(e, HarnessEvent::SentBack { .. }))
+        .collect();
+    assert_eq!(sent.len(), 1, "{:?}", run.events);
+    assert_eq!(run.requests.len(), 2);
+    let re_ask = last_user_content(&run.requests[1]);
+    assert_eq!(
+        re_ask[0]["text"],
+        format!("{}: \"bad one\" is not good", keel_harness::RE_ASK_MARKER)
+    );
+    // Refused twice: the session ends after its one re-ask with what it said.
+    let s =
+        script(r#"{"turns": [{"text": "bad one"}, {"text": "bad two"}, {"text": "a good one"}]}"#);
+    let run = run_with(s, dir.path(), judged, config()).await;
+    assert_eq!(run.finished(), (StopReason::EndTurn, "bad two".into()));
+    assert_eq!(run.requests.len(), 2);
+    // Without a judge the check is not run.
+    let s = script(r#"{"turns": [{"text": "bad one"}, {"text": "a good one"}]}"#);
+    let run = run_with(s, dir.path(), |_| {}, config()).await;
+    assert_eq!(run.finished(), (StopReason::EndTurn, "bad one".into()));
+}

@@ -112,9 +112,17 @@ pub(crate) enum Command {
     /// that started the session and exits 0 (allow) or 2 (deny, reason on stderr). Not for humans.
     #[command(hide = true)]
     Hook {
-        /// The node's hook endpoint.
-        #[arg(long)]
-        url: String,
+        /// The node's hook endpoint (a pre-tool gate).
+        #[arg(
+            long,
+            required_unless_present = "report_for",
+            conflicts_with = "report_for"
+        )]
+        url: Option<String>,
+        /// Run as a CLI's Stop hook instead: the task ids the session's report may name (its own
+        /// first); a last message that is not a valid report is sent back once with the error.
+        #[arg(long = "report-for", value_name = "TASK")]
+        report_for: Vec<String>,
     },
     /// Run one orchestrated job on this home's store (created on first use).
     Run {

@@ -53,8 +53,11 @@ fn main() -> ExitCode {
             return ExitCode::from(code as u8);
         }
     };
-    if let cli::Command::Hook { url } = &cli.command {
-        return hook::run(url);
+    if let cli::Command::Hook { url, report_for } = &cli.command {
+        return match url {
+            Some(url) => hook::run(url),
+            None => hook::stop::run(report_for),
+        };
     }
     match dispatch::run(cli) {
         Ok(()) => ExitCode::from(Exit::Ok as u8),

@@ -203,6 +203,10 @@ impl HarnessSet {
         spec.env.insert(RUN_ID_ENV.into(), attempt.run.to_string());
         spec.env
             .insert(ATTEMPT_ENV.into(), attempt.attempt.to_string());
+        if spec.stop_check.is_some() {
+            // keel's own loop runs the report check in process; a CLI runs it from its Stop hook.
+            spec.in_process.stop = Some(Arc::new(crate::report::ReportJudge));
+        }
         for s in &self.services {
             s.session_starting(attempt, &mut spec);
         }

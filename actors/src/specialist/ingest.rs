@@ -47,7 +47,9 @@ pub fn scrub_event(scrubber: &Scrubber, mut event: HarnessEvent) -> (HarnessEven
                 s(text, &mut found);
             }
         }
-        HarnessEvent::Text { text } => s(text, &mut found),
+        HarnessEvent::Text { text } | HarnessEvent::SentBack { reason: text } => {
+            s(text, &mut found)
+        }
         HarnessEvent::ToolUse {
             id,
             name,

@@ -93,11 +93,26 @@ impl CliFlavor for ClaudeCode {
                 {"type": "command", "command": super::shell_quote(&wrapper.display().to_string()), "timeout": secs}
             ]}]}});
         }
+        if let (Some(stop), Some(_)) = (&spec.stop_gate, &spec.stop_check) {
+            // The report check at the session's end: the command judges `last_assistant_message`
+            // and answers `{"decision": "block", "reason": ...}` to send the session back once.
+            let command = std::iter::once(&stop.program)
+                .chain(&stop.args)
+                .map(|w| super::shell_quote(w))
+                .collect::<Vec<_>>()
+                .join(" ");
+            let secs = stop.timeout_ms.div_ceil(1000).max(1);
+            settings["hooks"]["Stop"] = serde_json::json!([{"hooks": [
+                {"type": "command", "command": command, "timeout": secs}
+            ]}]);
+        }
         let mut args: Vec<String> = vec![
             "-p".into(),
             "--output-format".into(),
             "stream-json".into(),
             "--verbose".into(),
+            // A Stop hook's decision is then a `system/hook_response` line: the log records a re-ask.
+            "--include-hook-events".into(),
             "--model".into(),
             spec.model.clone(),
             "--permission-mode".into(),
@@ -238,6 +253,21 @@ pub fn usd_to_micros(usd: f64) -> u64 {
     }
 }
 
+/// The reason of a Stop hook's `block` decision in a `system/hook_response` line (the hook printed
+/// `{"decision": "block", "reason": ...}`); `None` for any other hook's response.
+fn sent_back(line: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(line).ok()?;
+    if v.get("hook_event").and_then(serde_json::Value::as_str) != Some("Stop") {
+        return None;
+    }
+    let stdout = v.get("stdout").and_then(serde_json::Value::as_str)?;
+    let decision: serde_json::Value = serde_json::from_str(stdout.trim()).ok()?;
+    if decision.get("decision").and_then(serde_json::Value::as_str) != Some("block") {
+        return None;
+    }
+    Some(str_field(&decision, "reason").to_owned())
+}
+
 /// Parses Claude Code's `stream-json` output.
 #[derive(Debug, Default)]
 pub struct ClaudeParser {
@@ -260,6 +290,11 @@ impl EventParser for ClaudeParser {
                     native_session_id: l.session_id,
                     model: l.model,
                 });
+            }
+            ("system", Some("hook_response")) => {
+                if let Some(reason) = sent_back(line) {
+                    out.push(HarnessEvent::SentBack { reason });
+                }
             }
             ("assistant", _) => {
                 let msg = l.message.ok_or(ParseError::MissingField {

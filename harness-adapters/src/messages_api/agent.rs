@@ -8,6 +8,9 @@
 //! - Failed tools return structured `is_error` results (`error_category`, `is_retryable`).
 //! - Model requests are retried with jittered exponential backoff up to an attempt cap, honouring
 //!   `retry-after`; a long rate limit goes to the supervisor as `rate_limited` with its reset time.
+//! - A Stop check in the spec (the report check) runs in process when the model ends its turn: a
+//!   final text it refuses gets the session one more turn with the exact error (a `SentBack` event),
+//!   at most `re_asks_max` times; then the session ends with whatever it said.
 //! - Runaway guards: turn, token and wall-clock ceilings; the same calls with the same input twice in
 //!   a row get an error result instead of running again, and a third time end the session; near a
 //!   budget the loop asks for a summary without tools and finishes with a budget stop, which is a
@@ -181,6 +184,7 @@ impl AgentLoop {
         let mut repeats = 0u32;
         let mut continuations = 0u32;
         let mut pauses = 0u32;
+        let mut re_asks = 0u32;
         let finished = |stop_reason: StopReason, text: &str| HarnessEvent::Finished {
             stop_reason,
             final_text: text.to_owned(),
@@ -284,6 +288,23 @@ impl AgentLoop {
             let terminal: Option<HarnessEvent> = 'turn: {
                 match StopReason::from_wire(&stop_raw) {
                     StopReason::EndTurn => {
+                        // The Stop hook's report check, in process: a final text that is not a
+                        // report gets this session one more turn with the exact error (same
+                        // session, so the same attempt: never a new start).
+                        if let Some(text) = self.sent_back(spec, &calls, turns, re_asks, &last_text)
+                        {
+                            re_asks += 1;
+                            if !sink
+                                .send(HarnessEvent::SentBack {
+                                    reason: text.clone(),
+                                })
+                                .await
+                            {
+                                break 'turn Some(HarnessEvent::Failed(HarnessError::cancelled()));
+                            }
+                            reply.push(ContentBlock::Text { text });
+                            break 'turn None;
+                        }
                         break 'turn Some(finished(StopReason::EndTurn, &last_text));
                     }
                     StopReason::ToolUse => {
@@ -429,6 +450,24 @@ impl AgentLoop {
                 content: reply,
             });
         }
+    }
+
+    /// The user text a session is sent back with at its end, when the spec's Stop check refuses its
+    /// final text and it has a re-ask and a turn left; `None` lets it end.
+    fn sent_back(
+        &self,
+        spec: &SessionSpec,
+        calls: &[(String, String, Value)],
+        turns: u32,
+        re_asks: u32,
+        final_text: &str,
+    ) -> Option<String> {
+        let check = spec.stop_check.as_ref()?;
+        let judge = spec.in_process.stop.as_ref()?;
+        if !calls.is_empty() || re_asks >= check.re_asks_max || turns >= spec.limits.turns_max {
+            return None;
+        }
+        judge.judge(check, final_text).err()
     }
 
     fn near_budget(

@@ -342,6 +342,10 @@ impl ScriptedModel {
         }
         let (text, stop) = if !tool_calls.is_empty() {
             (String::new(), "tool_use")
+        } else if !request.tool_results.is_empty()
+            && let Some(malformed) = malformed_report(&request.user_text)
+        {
+            (malformed, "end_turn")
         } else if let Some(last) = request.tool_results.last() {
             match report_after_tool(&request.user_text, &last.call_id, &last.text) {
                 Some(report) => (report, "end_turn"),
@@ -407,6 +411,33 @@ pub fn report_after_tool(user_text: &str, call_id: &str, result: &str) -> Option
         })
         .to_string(),
     )
+}
+
+/// The marker of the malformed-report rule: `MALFORMED_REPORTS: <n>` in a prompt makes the model
+/// answer, once a tool result is present, with an unsourced report (no task id, its one finding's
+/// source empty) until the conversation holds `n` re-asks of keel's report check
+/// ([`crate::stop::RE_ASK_MARKER`]); then the other rules answer. Lets a test drive the Stop hook's
+/// re-ask on any harness.
+pub const MALFORMED_REPORTS: &str = "MALFORMED_REPORTS:";
+
+/// The unsourced report of the malformed-report rule, while the prompt asks for more of them than
+/// the conversation was re-asked for.
+pub fn malformed_report(user_text: &str) -> Option<String> {
+    let wanted = user_text.lines().find_map(|l| {
+        let at = l.find(MALFORMED_REPORTS)?;
+        l[at + MALFORMED_REPORTS.len()..]
+            .split_whitespace()
+            .next()?
+            .parse::<usize>()
+            .ok()
+    })?;
+    let re_asked = user_text.matches(crate::stop::RE_ASK_MARKER).count();
+    (re_asked < wanted).then(|| {
+        json!({"status": "complete",
+               "findings": [{"claim": "an unsourced claim", "source": "", "confidence_permille": 900}],
+               "summary": "a report without its source"})
+        .to_string()
+    })
 }
 
 /// Finds `CALL_TOOL: <Name> <json object>` on one line; the JSON runs to the last `}` of that line.
@@ -508,6 +539,36 @@ mod tests {
         };
         assert_eq!(a.text, "FINAL: tool call_7 returned: tool-ran\n");
         assert!(a.tool_calls.is_empty());
+    }
+
+    #[test]
+    fn the_malformed_report_rule_stops_once_re_asked_enough() {
+        let mut m = ScriptedModel::new(Script::rules());
+        let ask = |texts: &[&str]| {
+            let mut messages = vec![
+                json!({"role": "user", "content": texts[0]}),
+                json!({"role": "assistant", "tool_calls": []}),
+                json!({"role": "tool", "tool_call_id": "call_1", "content": "ok"}),
+            ];
+            for t in &texts[1..] {
+                messages.push(json!({"role": "user", "content": t}));
+            }
+            ModelRequest::from_body(
+                WireApi::OpenAiChat,
+                &json!({"messages": messages,
+                        "tools": [{"type": "function", "function": {"name": "bash", "parameters": {}}}]}),
+            )
+        };
+        let brief = "RUN_TOOL: x\nMALFORMED_REPORTS: 1";
+        let ModelReply::Answer(first) = m.respond(&ask(&[brief])) else {
+            panic!("answer")
+        };
+        assert!(first.text.contains(r#""source":"""#), "{}", first.text);
+        let re_ask = format!("{}: finding 0 has no source", crate::stop::RE_ASK_MARKER);
+        let ModelReply::Answer(second) = m.respond(&ask(&[brief, &re_ask])) else {
+            panic!("answer")
+        };
+        assert_eq!(second.text, "FINAL: tool call_1 returned: ok");
     }
 
     #[test]

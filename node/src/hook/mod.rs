@@ -2,9 +2,11 @@
 //! (a Claude Code command hook, a Codex hook, the opencode plugin, the pi extension, keel's own loop),
 //! and the node's endpoint it asks ([`bridge`]). The command decides nothing: it forwards the CLI's
 //! payload with the session's token and turns the node's answer into the gate's exit code (0 allows,
-//! 2 denies with the reason on stderr). Anything that goes wrong denies.
+//! 2 denies with the reason on stderr). Anything that goes wrong denies. With `--report-for` it is a
+//! CLI's Stop hook instead ([`stop`]: the report check, run in the hook's own process).
 
 pub(crate) mod bridge;
+pub(crate) mod stop;
 
 use std::io::Read;
 use std::process::ExitCode;

@@ -295,14 +295,18 @@ pub(crate) async fn node_setup(
         .await
         .context("starting keel's MCP endpoint on 127.0.0.1")?;
     harnesses = harnesses.with_session_endpoint(Arc::new(endpoint));
+    // The report check of every session: keel's own loop runs it in process, a CLI with a Stop hook
+    // runs `keel hook --report-for ...` (docs/HARNESSES.md says which can).
+    let exe = std::env::current_exe().context("locating the keel executable for the hooks")?;
+    harnesses = harnesses.with_service(Arc::new(crate::hook::stop::StopHookService {
+        keel_exe: exe.clone(),
+    }));
     // A policy in keel.toml turns the gate on for every session of this node: each CLI's native hook
     // (and keel's own loop) then asks this node through `keel hook` before every tool call.
     let policy = config.policy().context("the policy in keel.toml")?;
     let policy = if policy.is_empty() {
         None
     } else {
-        let exe =
-            std::env::current_exe().context("locating the keel executable for the hook bridge")?;
         let bridge = PolicyBridge::start(policy, &exe).await?;
         harnesses = harnesses.with_service(bridge.service());
         Some(bridge)

@@ -249,6 +249,7 @@ fn spec_input_name(i: &SpecialistInput) -> String {
         SpecialistInput::Harness(e) => match e {
             HarnessEvent::Started { .. } => "harness started".into(),
             HarnessEvent::Text { .. } => "harness text".into(),
+            HarnessEvent::SentBack { .. } => "harness sent back".into(),
             HarnessEvent::ToolUse { id, .. } => format!("harness tool_use {id}"),
             HarnessEvent::ToolResult { id, .. } => format!("harness tool_result {id}"),
             HarnessEvent::Usage(_) => "harness usage".into(),
