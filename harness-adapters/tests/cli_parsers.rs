@@ -86,6 +86,7 @@ fn summary(events: &[HarnessEvent]) -> Vec<String> {
                 )
             }
             HarnessEvent::Text { text } => format!("text {}", short(text)),
+            HarnessEvent::SentBack { reason } => format!("sent back {}", short(reason)),
             HarnessEvent::ToolUse {
                 id,
                 name,

@@ -62,6 +62,7 @@ async fn a_captured_run_streams_through_the_runner() {
         .map(|e| match e {
             HarnessEvent::Started { .. } => "started",
             HarnessEvent::Text { .. } => "text",
+            HarnessEvent::SentBack { .. } => "sent_back",
             HarnessEvent::ToolUse { .. } => "tool_use",
             HarnessEvent::ToolResult { .. } => "tool_result",
             HarnessEvent::Usage(_) => "usage",
