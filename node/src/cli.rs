@@ -295,6 +295,11 @@ pub(crate) enum Command {
         /// Runs in flight for the concurrent measurement.
         #[arg(long, default_value_t = 8)]
         in_flight: u32,
+        /// Measure the `keel hook` bridge's round trip instead: this many pre-tool gate calls of
+        /// one session, each through a `keel hook` process, the node's policy and a durable audit
+        /// row.
+        #[arg(long, value_name = "N")]
+        hook_calls: Option<u32>,
     },
 }
 

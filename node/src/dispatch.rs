@@ -207,9 +207,14 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failed> {
         Command::Completions { shell } => crate::shell::completions(shell)?,
         Command::Man => crate::shell::man()?,
         Command::Bench {
+            hook_calls: Some(calls),
+            ..
+        } => failure(run::bench_hook::bench_hook(calls, cli.json))?,
+        Command::Bench {
             fan_out,
             runs,
             in_flight,
+            hook_calls: None,
         } => failure(run::bench::bench(&fan_out, runs, in_flight, cli.json))?,
     }
     Ok(())

@@ -9,6 +9,7 @@
 //! continues from the checkpoint.
 
 pub(crate) mod bench;
+pub(crate) mod bench_hook;
 pub(crate) mod control;
 pub(crate) mod demo;
 pub(crate) mod follow_up;
