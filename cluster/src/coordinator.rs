@@ -14,6 +14,7 @@ use keel_actors::runtime::{RemoteHosts, RemoteInbox, Runtime, wall_clock_ms};
 use keel_actors::{AttemptId, SpecialistMsg, SpecialistStart};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
@@ -48,16 +49,39 @@ struct Shared {
     /// When each unacknowledged spawn was handed over (a monotonic clock, for the latency only).
     dispatched: Mutex<BTreeMap<AttemptId, Instant>>,
     latencies_us: Mutex<Vec<u64>>,
-    /// Told each remote dispatch latency as it is measured (the node's `/metrics`).
-    on_dispatch: OnceLock<DispatchObserver>,
+    /// Told what the endpoint measures as it happens (the node's `/metrics`).
+    observer: OnceLock<Arc<dyn EndpointObserver>>,
+    frames_received: AtomicU64,
+    frames_sent: AtomicU64,
 }
 
-/// Told each remote dispatch latency as it is measured (see [`CoordinatorEndpoint::observe_dispatch`]).
-pub type DispatchObserver = Arc<dyn Fn(Duration) + Send + Sync>;
+/// What a coordinator endpoint tells as it works (a node exports it in `/metrics`; see
+/// [`CoordinatorEndpoint::observe`]).
+pub trait EndpointObserver: Send + Sync {
+    /// A worker acknowledged a spawn, `latency` after the supervisor's decision handed it over.
+    fn dispatched(&self, latency: Duration);
+    /// A frame arrived from another node (whether or not it decoded).
+    fn frame_received(&self);
+    /// A frame was handed to the transport for another node.
+    fn frame_sent(&self);
+}
+
+/// Frames between this endpoint and other nodes so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FrameCounts {
+    /// Frames that arrived.
+    pub received: u64,
+    /// Frames handed to the transport.
+    pub sent: u64,
+}
 
 impl Shared {
     fn send(&self, worker: &NodeName, body: &ToWorker) {
         wire::cast_to_group(&worker_group(worker), &self.name, body);
+        self.frames_sent.fetch_add(1, Ordering::Relaxed);
+        if let Some(o) = self.observer.get() {
+            o.frame_sent();
+        }
     }
 
     /// Carry out what the membership decided (never with its lock held).
@@ -177,7 +201,9 @@ impl CoordinatorEndpoint {
             inbox: OnceLock::new(),
             dispatched: Mutex::new(BTreeMap::new()),
             latencies_us: Mutex::new(Vec::new()),
-            on_dispatch: OnceLock::new(),
+            observer: OnceLock::new(),
+            frames_received: AtomicU64::new(0),
+            frames_sent: AtomicU64::new(0),
         });
         let inbox = runtime.attach_remote(Arc::new(Hosts(Arc::clone(&shared))));
         let _ = shared.inbox.set(inbox);
@@ -195,10 +221,18 @@ impl CoordinatorEndpoint {
             .collect()
     }
 
-    /// Have `observer` told every remote dispatch latency measured from now on (a node exports
-    /// them as a histogram). Only the first observer set is kept: returns false for a second.
-    pub fn observe_dispatch(&self, observer: DispatchObserver) -> bool {
-        self.shared.on_dispatch.set(observer).is_ok()
+    /// Have `observer` told every remote dispatch latency and frame from now on (a node exports
+    /// them in `/metrics`). Only the first observer set is kept: returns false for a second.
+    pub fn observe(&self, observer: Arc<dyn EndpointObserver>) -> bool {
+        self.shared.observer.set(observer).is_ok()
+    }
+
+    /// Frames between this endpoint and other nodes so far.
+    pub fn frame_counts(&self) -> FrameCounts {
+        FrameCounts {
+            received: self.shared.frames_received.load(Ordering::Relaxed),
+            sent: self.shared.frames_sent.load(Ordering::Relaxed),
+        }
     }
 
     /// Remote dispatch latency so far.
@@ -255,6 +289,10 @@ impl Actor for Receiver {
         message: ClusterMsg,
         _: &mut (),
     ) -> Result<(), ActorProcessingErr> {
+        self.0.frames_received.fetch_add(1, Ordering::Relaxed);
+        if let Some(o) = self.0.observer.get() {
+            o.frame_received();
+        }
         if let Some(envelope) = wire::open::<ToCoordinator>(message) {
             self.receive(envelope);
         }
@@ -276,8 +314,8 @@ impl Receiver {
                     && acked
                 {
                     let latency = at.elapsed();
-                    if let Some(observe) = shared.on_dispatch.get() {
-                        observe(latency);
+                    if let Some(o) = shared.observer.get() {
+                        o.dispatched(latency);
                     }
                     let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
                     let mut l = lock(&shared.latencies_us);

@@ -7,7 +7,8 @@
 //! - `membership.rs`: the coordinator's view of its workers (pure, time as an argument): leases renewed
 //!   by heartbeats, placement by capability and load, spawn acknowledgements, what a lost worker's
 //!   attempts become.
-//! - `cookie.rs`: the shared secret, read from a file nobody else may read.
+//! - `cookie.rs`: the shared secret, read from a file nobody else may read. `tls.rs`: mutual TLS
+//!   between nodes when certificates are configured.
 //! - `net.rs`: the ractor_cluster node server (explicit bind address), joining a peer with backoff,
 //!   session events in the log.
 //! - `coordinator.rs`: the coordinator node's endpoint, the runtime's [`keel_actors::runtime::RemoteHosts`].
@@ -18,15 +19,17 @@ pub mod coordinator;
 pub mod membership;
 pub mod name;
 pub mod net;
+pub mod tls;
 pub mod wire;
 pub mod worker;
 mod worker_role;
 
 pub use cookie::{CookieError, read_cookie};
-pub use coordinator::{CoordinatorEndpoint, DispatchObserver, DispatchStats};
+pub use coordinator::{CoordinatorEndpoint, DispatchStats, EndpointObserver, FrameCounts};
 pub use membership::{Membership, MembershipConfig};
 pub use name::{COORDINATOR_GROUP, NodeName, NodeNameError, WORKERS_GROUP, worker_group};
 pub use net::{NetError, NodeServerRef, join_with_backoff, start_node_server};
+pub use tls::{NodeTls, TlsError, TlsFiles};
 pub use wire::{
     ClusterMsg, Envelope, PROTOCOL_VERSION, ToCoordinator, ToWorker, WireError, WorkerStatus,
 };

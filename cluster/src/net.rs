@@ -1,7 +1,9 @@
-//! The ractor_cluster transport of a keel node: its node server on an explicit address, joining a
-//! peer with backoff (and again whenever the peer is gone), and session events in the log.
+//! The ractor_cluster transport of a keel node: its node server on an explicit address (TCP, or
+//! mutual TLS, `tls.rs`), joining a peer with backoff (and again whenever the peer is gone), and
+//! session events in the log.
 
 use crate::name::{COORDINATOR_GROUP, NodeName};
+use crate::tls::NodeTls;
 use ractor::{Actor, ActorRef};
 use ractor_cluster::{
     NodeEventSubscription, NodeServer, NodeServerMessage,
@@ -39,7 +41,7 @@ pub enum NetError {
 }
 
 /// Start this node's server on `listen` (never every interface unless asked: ractor_cluster binds
-/// `[::]` by default). Port 0 picks a free port; the answer says which address is bound. Session
+/// `[::]` by default), accepting only TLS sessions when `tls` is given. Port 0 picks a free port; the answer says which address is bound. Session
 /// events are logged: a session that closes before authenticating is an error naming the peer (a
 /// wrong cookie on one side, or not a keel node).
 ///
@@ -49,6 +51,7 @@ pub async fn start_node_server(
     name: &NodeName,
     cookie: String,
     listen: SocketAddr,
+    tls: Option<&NodeTls>,
 ) -> Result<(NodeServerRef, SocketAddr), NetError> {
     // Bind once ourselves: a clear error for a taken address, and the port when 0 was asked for.
     // (ractor_cluster binds again right after; another process could take the port in between.)
@@ -66,7 +69,7 @@ pub async fn start_node_server(
         cookie,
         name.to_string(),
         bound.ip().to_string(),
-        None,
+        tls.map(NodeTls::incoming),
         Some(NodeConnectionMode::Isolated),
     )
     .with_listen_addr(bound.ip());
@@ -140,8 +143,9 @@ async fn sessions(server: &NodeServerRef) -> usize {
 
 /// Keep this node joined to the coordinator node at `peer`: connect, and whenever no coordinator
 /// endpoint is reachable, connect again after a backoff that doubles from [`JOIN_BACKOFF_MIN`] to
-/// [`JOIN_BACKOFF_MAX`] (reset once joined). Runs until the task is dropped.
-pub async fn join_with_backoff(server: NodeServerRef, peer: SocketAddr) {
+/// [`JOIN_BACKOFF_MAX`] (reset once joined); over TLS when `tls` is given (the peer's certificate
+/// must name its IP address). Runs until the task is dropped.
+pub async fn join_with_backoff(server: NodeServerRef, peer: SocketAddr, tls: Option<NodeTls>) {
     let mut backoff = JOIN_BACKOFF_MIN;
     let mut joined = false;
     loop {
@@ -158,12 +162,13 @@ pub async fn join_with_backoff(server: NodeServerRef, peer: SocketAddr) {
             tracing::warn!(%peer, "the coordinator node is gone; reconnecting");
             joined = false;
         }
-        match tokio::time::timeout(
-            JOIN_BACKOFF_MAX,
-            ractor_cluster::client_connect(&server, peer),
-        )
-        .await
-        {
+        let connect = async {
+            match &tls {
+                Some(tls) => tls.connect(&server, peer).await,
+                None => ractor_cluster::client_connect(&server, peer).await,
+            }
+        };
+        match tokio::time::timeout(JOIN_BACKOFF_MAX, connect).await {
             Ok(Ok(())) => {
                 // The session authenticates and syncs groups in the background: wait for the
                 // coordinator's group while a session is open (a second connection to a node already

@@ -248,6 +248,16 @@ pub(crate) enum Command {
         /// How long a worker's heartbeat keeps it alive at the coordinator, in ms (default 5000).
         #[arg(long, value_name = "MS")]
         lease_ms: Option<u32>,
+        /// This node's TLS certificate chain (PEM): with --tls-key and --tls-ca, sessions between
+        /// nodes use mutual TLS.
+        #[arg(long, value_name = "PATH", requires_all = ["tls_key", "tls_ca"])]
+        tls_cert: Option<PathBuf>,
+        /// This node's TLS private key (PEM, mode 600 or stricter).
+        #[arg(long, value_name = "PATH", requires_all = ["tls_cert", "tls_ca"])]
+        tls_key: Option<PathBuf>,
+        /// The CA certificates (PEM) that sign the cluster's nodes' certificates.
+        #[arg(long, value_name = "PATH", requires_all = ["tls_cert", "tls_key"])]
+        tls_ca: Option<PathBuf>,
         /// Coordinator: the address the HTTP API binds, IP:PORT (default `[server] listen`;
         /// port 0 picks a free one). Not served with `--run`.
         #[arg(long, value_name = "ADDR", conflicts_with = "run")]

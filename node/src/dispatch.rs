@@ -178,6 +178,9 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failed> {
             name,
             capacity,
             lease_ms,
+            tls_cert,
+            tls_key,
+            tls_ca,
             api,
             run: brief,
             plan,
@@ -193,6 +196,10 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failed> {
                 name,
                 capacity,
                 lease_ms,
+                tls: tls_cert
+                    .zip(tls_key)
+                    .zip(tls_ca)
+                    .map(|((cert, key), ca)| keel_cluster::TlsFiles { cert, key, ca }),
                 api,
                 choice: harness.choice(),
                 run: brief,

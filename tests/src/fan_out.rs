@@ -4,6 +4,25 @@
 use keel_store::{RunId, Store, StoreConfig, Task, TaskKind, TaskStatus};
 use std::path::Path;
 
+/// Make `work` a folder with a keel home (`keel init`) whose keel.toml is `keel_toml`, and a
+/// `plan.json` of `steps` parts, part `i` running `command(i)`.
+///
+/// # Panics
+/// When a file cannot be written or `keel init` fails (a test's failure report).
+#[allow(clippy::unwrap_used)]
+pub fn prepare(work: &Path, keel_toml: &str, steps: usize, command: impl Fn(usize) -> String) {
+    std::fs::create_dir_all(work).unwrap();
+    let init = crate::keel(work).unwrap().arg("init").output().unwrap();
+    assert!(init.status.success(), "{init:?}");
+    std::fs::write(work.join(".keel/keel.toml"), keel_toml).unwrap();
+    let plan = keel_actors::runtime::scripted::fan_out_plan(steps, command).unwrap();
+    std::fs::write(
+        work.join("plan.json"),
+        serde_json::to_string(&plan).unwrap(),
+    )
+    .unwrap();
+}
+
 /// The store of the home in `work`, opened read-only.
 ///
 /// # Panics

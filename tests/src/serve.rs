@@ -64,13 +64,13 @@ impl Server {
 
     /// Start `keel node --role coordinator` in `dir` with its cluster port and its HTTP API on
     /// free ports of 127.0.0.1 and the cookie in `cookie_file`; the server and the cluster
-    /// address workers join. Its log (stderr) has keel's cluster lines at info.
+    /// address workers join. Its log (stderr) has keel's cluster and node lines at info.
     ///
     /// # Panics
     /// When it cannot start or does not listen within two minutes.
     pub fn start_coordinator(dir: &Path, cookie_file: &Path) -> (Self, String) {
         let mut cmd = keel(dir).unwrap();
-        cmd.env("KEEL_LOG", "error,keel_cluster=info")
+        cmd.env("KEEL_LOG", "error,keel_cluster=info,keel::node_cmd=info")
             .args([
                 "node",
                 "--role",

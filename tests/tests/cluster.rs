@@ -14,13 +14,14 @@
 //!   with a logged error while the session stays up.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests: a panic is the failure report.
 
-use keel_actors::runtime::scripted::fan_out_plan;
 use keel_cluster::wire::encode_as_version;
 use keel_cluster::{
     COORDINATOR_GROUP, ClusterMsg, NodeName, PROTOCOL_VERSION, ToCoordinator, WorkerStatus,
 };
 use keel_store::{RunId, RunStatus, TaskStatus};
-use keel_tests::fan_out::{claims, count, expected_claims, openings_of, part, reader, subtasks};
+use keel_tests::fan_out::{
+    claims, count, expected_claims, openings_of, part, prepare, reader, subtasks,
+};
 use keel_tests::serve::worker_command;
 use keel_tests::{Reaped, keel, recorded_bodies, session_openings, wait_for};
 use std::collections::BTreeSet;
@@ -64,21 +65,13 @@ fn cluster() -> Cluster {
     let dir = tempfile::tempdir().unwrap();
     let work = dir.path().join("work");
     let record = dir.path().join("requests");
-    std::fs::create_dir_all(&work).unwrap();
-    let init = keel(&work).unwrap().arg("init").output().unwrap();
-    assert!(init.status.success(), "{init:?}");
-    std::fs::write(
-        work.join(".keel/keel.toml"),
-        "[supervisor]\nmax_concurrent_specialists = 16\n",
-    )
-    .unwrap();
     // Two waves of 8 (two workers of capacity 4), each part long enough for a kill to land inside it.
-    let plan = fan_out_plan(STEPS, |i| format!("sleep 2; echo part {i} done")).unwrap();
-    std::fs::write(
-        work.join("plan.json"),
-        serde_json::to_string(&plan).unwrap(),
-    )
-    .unwrap();
+    prepare(
+        &work,
+        "[supervisor]\nmax_concurrent_specialists = 16\n",
+        STEPS,
+        |i| format!("sleep 2; echo part {i} done"),
+    );
     let cookie = dir.path().join("cookie");
     write_cookie(&cookie, COOKIE, 0o600);
     let (server, url) = keel_tests::model_server(&work, &record).unwrap();
@@ -356,12 +349,16 @@ fn a_version_skewed_message_is_refused_with_a_logged_error() {
         .unwrap();
     rt.block_on(async {
         let name = NodeName::new("skewed").unwrap();
-        let (server, _) =
-            keel_cluster::start_node_server(&name, COOKIE.into(), "127.0.0.1:0".parse().unwrap())
-                .await
-                .unwrap();
+        let (server, _) = keel_cluster::start_node_server(
+            &name,
+            COOKIE.into(),
+            "127.0.0.1:0".parse().unwrap(),
+            None,
+        )
+        .await
+        .unwrap();
         let peer = c.coordinator_addr().parse().unwrap();
-        tokio::spawn(keel_cluster::join_with_backoff(server.clone(), peer));
+        tokio::spawn(keel_cluster::join_with_backoff(server.clone(), peer, None));
         let deadline = tokio::time::Instant::now() + JOIN_WAIT;
         let coordinator_ref = loop {
             let members = ractor::pg::get_members(&COORDINATOR_GROUP.to_string());

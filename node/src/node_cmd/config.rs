@@ -66,4 +66,14 @@ pub(crate) struct NodeSection {
     /// `lease_ms`: how long a worker's heartbeat keeps it alive at the coordinator.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) lease_ms: Option<NonZeroU32>,
+    /// `tls_cert`: this node's certificate chain (PEM); with `tls_key` and `tls_ca`, sessions
+    /// between nodes use mutual TLS. Relative to the keel home unless absolute.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) tls_cert: Option<PathBuf>,
+    /// `tls_key`: this node's private key (PEM, mode 600 or stricter).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) tls_key: Option<PathBuf>,
+    /// `tls_ca`: the CA certificates (PEM) that sign the cluster's nodes' certificates.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) tls_ca: Option<PathBuf>,
 }

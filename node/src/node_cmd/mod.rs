@@ -26,8 +26,8 @@ use std::time::Duration;
 use anyhow::{Context, anyhow, bail};
 use keel_actors::runtime::Runtime;
 use keel_cluster::{
-    CoordinatorEndpoint, MembershipConfig, NodeName, WorkerConfig, WorkerEndpoint,
-    join_with_backoff, read_cookie, start_node_server,
+    CoordinatorEndpoint, MembershipConfig, NodeName, NodeTls, TlsFiles, WorkerConfig,
+    WorkerEndpoint, join_with_backoff, read_cookie, start_node_server,
 };
 use keel_store::RunStatus;
 
@@ -60,6 +60,8 @@ pub(crate) struct NodeArgs {
     pub(crate) name: Option<String>,
     pub(crate) capacity: Option<u32>,
     pub(crate) lease_ms: Option<u32>,
+    /// `--tls-cert`, `--tls-key`, `--tls-ca` (all or none).
+    pub(crate) tls: Option<TlsFiles>,
     /// `--api`: where a coordinator daemon serves the HTTP API (else `[server] listen`).
     pub(crate) api: Option<SocketAddr>,
     pub(crate) choice: HarnessChoice,
@@ -79,6 +81,7 @@ struct Resolved {
     name: NodeName,
     capacity: u32,
     lease_ms: u32,
+    tls: Option<NodeTls>,
 }
 
 fn resolve(home: &Home, args: &NodeArgs, section: &NodeSection) -> anyhow::Result<Resolved> {
@@ -117,6 +120,26 @@ fn resolve(home: &Home, args: &NodeArgs, section: &NodeSection) -> anyhow::Resul
         .or(section.lease_ms.map(|l| l.get()))
         .unwrap_or(LEASE_MS_DEFAULT)
         .max(HEARTBEATS_PER_LEASE * 20);
+    let in_home = |p: &PathBuf| home.dir().join(p);
+    let tls = match (
+        &args.tls,
+        &section.tls_cert,
+        &section.tls_key,
+        &section.tls_ca,
+    ) {
+        (Some(files), ..) => Some(files.clone()),
+        (None, Some(cert), Some(key), Some(ca)) => Some(TlsFiles {
+            cert: in_home(cert),
+            key: in_home(key),
+            ca: in_home(ca),
+        }),
+        (None, None, None, None) => None,
+        (None, ..) => bail!("[node] needs tls_cert, tls_key and tls_ca together (or none of them)"),
+    };
+    let tls = tls
+        .map(|files| NodeTls::load(&files))
+        .transpose()
+        .context("TLS between nodes")?;
     Ok(Resolved {
         role,
         listen,
@@ -125,6 +148,7 @@ fn resolve(home: &Home, args: &NodeArgs, section: &NodeSection) -> anyhow::Resul
         name,
         capacity,
         lease_ms,
+        tls,
     })
 }
 
@@ -139,7 +163,7 @@ pub(crate) fn node(home: &Home, args: NodeArgs, json: bool) -> anyhow::Result<En
     run::tokio_runtime()?.block_on(async {
         let work = work_dir()?;
         let setup = node_setup(&config, &args.choice, &work, None).await?;
-        let (server, bound) = start_node_server(&r.name, r.cookie.clone(), r.listen).await?;
+        let (server, bound) = start_node_server(&r.name, r.cookie.clone(), r.listen, r.tls.as_ref()).await?;
         let mut coordinator = None;
         if r.role.coordinates() {
             let store = run::node_store(home)?;
@@ -162,7 +186,7 @@ pub(crate) fn node(home: &Home, args: NodeArgs, json: bool) -> anyhow::Result<En
                 .await
                 .map_err(|e| anyhow!("the coordinator endpoint did not start: {e}"))?;
             if let Some(m) = &metrics {
-                endpoint.observe_dispatch(m.dispatch_observer());
+                endpoint.observe(m.endpoint_observer());
             }
             let api = metrics.map(|metrics| daemon::Api {
                 metrics,
@@ -187,13 +211,16 @@ pub(crate) fn node(home: &Home, args: NodeArgs, json: bool) -> anyhow::Result<En
             None
         };
         if let Some(peer) = r.join {
-            tokio::spawn(join_with_backoff(server.clone(), peer));
+            tokio::spawn(join_with_backoff(server.clone(), peer, r.tls.clone()));
         }
         outln!(
             "keel node {} ({}) listening on {bound}",
             r.name,
             r.role.as_str()
         )?;
+        if r.tls.is_some() {
+            tracing::info!("sessions between nodes use mutual TLS");
+        }
         {
             use std::io::Write;
             let _ = std::io::stdout().flush();
@@ -210,11 +237,14 @@ pub(crate) fn node(home: &Home, args: NodeArgs, json: bool) -> anyhow::Result<En
                     }
                 };
                 let stats = endpoint.dispatch_stats();
+                let frames = endpoint.frame_counts();
                 tracing::info!(
                     spawns = stats.count,
                     median_us = stats.median_us,
                     p99_us = stats.p99_us,
                     max_us = stats.max_us,
+                    frames_received = frames.received,
+                    frames_sent = frames.sent,
                     "remote dispatch latency (spawn handed over to the worker's acknowledgement)"
                 );
                 endpoint.stop();

@@ -1,7 +1,8 @@
 //! Prometheus `/metrics` of `keel serve`: runs and tasks by state (read from the store at each
 //! scrape), spawn refusals by reason and checkpoint commit latency (from the runtime's observer),
 //! harness failures by kind (from the run events), the runtime's own counters, and on a cluster's
-//! coordinator node the remote dispatch latency (from its cluster endpoint).
+//! coordinator node the remote dispatch latency and the frames between nodes (from its cluster
+//! endpoint).
 
 use std::time::Duration;
 
@@ -49,6 +50,7 @@ pub(crate) struct Metrics {
     sessions_started: IntGauge,
     commits: IntGauge,
     dispatch_seconds: Histogram,
+    frames: IntCounterVec,
 }
 
 impl Metrics {
@@ -117,6 +119,13 @@ impl Metrics {
             )
             .buckets(DISPATCH_BUCKETS_S.to_vec()),
         )?;
+        let frames = IntCounterVec::new(
+            Opts::new(
+                "keel_cluster_frames_total",
+                "Frames of keel's cluster protocol between this coordinator node and other nodes, by direction (in, out).",
+            ),
+            &["direction"],
+        )?;
         registry.register(Box::new(runs.clone()))?;
         registry.register(Box::new(runs_truncated.clone()))?;
         registry.register(Box::new(tasks.clone()))?;
@@ -128,6 +137,7 @@ impl Metrics {
         registry.register(Box::new(sessions_started.clone()))?;
         registry.register(Box::new(commits.clone()))?;
         registry.register(Box::new(dispatch_seconds.clone()))?;
+        registry.register(Box::new(frames.clone()))?;
         Ok(Self {
             registry,
             runs,
@@ -141,12 +151,8 @@ impl Metrics {
             sessions_started,
             commits,
             dispatch_seconds,
+            frames,
         })
-    }
-
-    /// Count one remote dispatch and its latency.
-    pub(crate) fn remote_dispatched(&self, latency: Duration) {
-        self.dispatch_seconds.observe(latency.as_secs_f64());
     }
 
     /// Count one failed attempt.
@@ -211,6 +217,20 @@ fn run_state(status: RunStatus) -> &'static str {
     }
 }
 
+impl keel_cluster::EndpointObserver for Metrics {
+    fn dispatched(&self, latency: Duration) {
+        self.dispatch_seconds.observe(latency.as_secs_f64());
+    }
+
+    fn frame_received(&self) {
+        self.frames.with_label_values(&["in"]).inc();
+    }
+
+    fn frame_sent(&self) {
+        self.frames.with_label_values(&["out"]).inc();
+    }
+}
+
 impl RuntimeObserver for Metrics {
     fn commit_ended(&self, latency: Duration, durable: bool) {
         self.commit_seconds.observe(latency.as_secs_f64());
@@ -235,7 +255,8 @@ mod tests {
         m.commit_ended(Duration::from_millis(3), true);
         m.commit_ended(Duration::from_millis(3), false);
         m.harness_failure("timeout");
-        m.remote_dispatched(Duration::from_micros(300));
+        keel_cluster::EndpointObserver::dispatched(&m, Duration::from_micros(300));
+        keel_cluster::EndpointObserver::frame_received(&m);
         let text = TextEncoder::new()
             .encode_to_string(&m.registry.gather())
             .unwrap();
@@ -265,6 +286,10 @@ mod tests {
         );
         assert!(
             text.contains("keel_remote_dispatch_seconds_bucket{le=\"0.00025\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("keel_cluster_frames_total{direction=\"in\"} 1"),
             "{text}"
         );
     }

@@ -104,11 +104,10 @@ impl ApiMetrics {
         Arc::new(self.0.clone())
     }
 
-    /// What a cluster's coordinator endpoint tells each remote dispatch latency
-    /// (`keel_remote_dispatch_seconds`).
-    pub(crate) fn dispatch_observer(&self) -> Arc<dyn Fn(Duration) + Send + Sync> {
-        let metrics = self.0.clone();
-        Arc::new(move |latency| metrics.remote_dispatched(latency))
+    /// What a cluster's coordinator endpoint tells its measurements
+    /// (`keel_remote_dispatch_seconds`, `keel_cluster_frames_total`).
+    pub(crate) fn endpoint_observer(&self) -> Arc<dyn keel_cluster::EndpointObserver> {
+        Arc::new(self.0.clone())
     }
 }
 

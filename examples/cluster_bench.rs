@@ -1,0 +1,242 @@
+//! Remote dispatch latency, messages per second between nodes and the N=16 fan-out on two worker
+//! processes against one node (docs/PERFORMANCE.md, "Cluster"), on real `keel` processes over
+//! 127.0.0.1.
+//!
+//! `cargo run --release -p keel-tests --example cluster_bench -- [RUNS]` (default 10 runs a shape).
+//!
+//! 1. Idle dispatch: a coordinator daemon and one worker; RUNS runs of a one-step plan, so each
+//!    spawn crosses an idle network. The coordinator's own measurement (from the spawn handed to
+//!    the cluster layer to the worker's acknowledgement), read from its log when it stops.
+//! 2. Burst: a coordinator daemon and two workers (capacity 8 each); RUNS runs of a 16-step
+//!    fan-out: dispatch latency as above, each run's duration (its row, created to ended), and
+//!    keel frames between the nodes per second of those runs.
+//! 3. One node: RUNS `keel run` of the same fan-out plan on one process: each run's duration.
+//! 4. Capacity: this process joins the coordinator as a node and sends frames as fast as it can;
+//!    the coordinator's `/metrics` counts them in.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)] // A benchmark: a panic is the report.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use keel_cluster::{COORDINATOR_GROUP, ClusterMsg, NodeName, ToCoordinator};
+use keel_store::RunStatus;
+use keel_tests::fan_out::{prepare, reader};
+use keel_tests::serve::{Server, worker_command};
+use keel_tests::{Reaped, keel};
+
+const WAIT: Duration = Duration::from_secs(300);
+const COOKIE: &str = "keel-bench-cookie-0123456789abcdef";
+const BLAST_FRAMES: u64 = 100_000;
+
+struct Home {
+    _dir: tempfile::TempDir,
+    work: std::path::PathBuf,
+    cookie: std::path::PathBuf,
+}
+
+fn home(steps: usize) -> Home {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    prepare(
+        &work,
+        "[supervisor]\nmax_concurrent_specialists = 16\nspawns_per_minute = 1000000\nspawn_burst = 100000\n",
+        steps,
+        |i| format!("echo part {i} done"),
+    );
+    let cookie = dir.path().join("cookie");
+    std::fs::write(&cookie, COOKIE).unwrap();
+    std::fs::set_permissions(&cookie, std::fs::Permissions::from_mode(0o600)).unwrap();
+    Home {
+        _dir: dir,
+        work,
+        cookie,
+    }
+}
+
+/// Each run's duration in the store (created to last update), in ms, all completed.
+fn durations(work: &Path) -> Vec<u64> {
+    let store = reader(work);
+    let runs = store.catalog().runs(10_000).unwrap().items;
+    runs.iter()
+        .map(|r| {
+            assert_eq!(r.status, RunStatus::Completed, "{r:?}");
+            r.updated_ms.saturating_sub(r.created_ms)
+        })
+        .collect()
+}
+
+fn quantile(v: &mut [u64], q: usize) -> u64 {
+    v.sort_unstable();
+    v[((v.len() - 1) * q) / 100]
+}
+
+/// A coordinator daemon and `workers` workers of capacity 8, joined.
+fn cluster(h: &Home, workers: usize) -> (Server, Vec<Reaped>, String) {
+    let (server, addr) = Server::start_coordinator(&h.work, &h.cookie);
+    let mut ws = Vec::new();
+    for i in 0..workers {
+        let mut cmd = worker_command(&h.work, &addr, &format!("w{i}"), &h.cookie);
+        cmd.args(["--capacity", "8"]);
+        ws.push(Reaped::spawn(cmd).unwrap());
+    }
+    let deadline = Instant::now() + WAIT;
+    while server
+        .process
+        .stderr_so_far()
+        .matches("worker joined")
+        .count()
+        < workers
+    {
+        assert!(Instant::now() < deadline, "workers did not join");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (server, ws, addr)
+}
+
+/// `keel run --quiet --plan plan.json` by `cmd`.
+fn run(mut cmd: std::process::Command) {
+    let out = cmd
+        .args(["run", "--quiet", "--plan", "plan.json", "fan out"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A metric's value in a Prometheus text.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Stop the coordinator (SIGTERM) and read its dispatch latency line.
+fn stop(server: Server) -> String {
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(server.process.id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let (_, _, err) = server.process.wait_output(WAIT).unwrap();
+    err.lines()
+        .find(|l| l.contains("remote dispatch latency"))
+        .map(|l| l.split("INFO").nth(1).unwrap_or(l).trim().to_string())
+        .unwrap_or_else(|| format!("no latency line in {err}"))
+}
+
+fn main() {
+    let runs: usize = std::env::args().nth(1).map_or(10, |r| r.parse().unwrap());
+
+    // 1. Idle dispatch.
+    let h = home(1);
+    let (server, workers, _) = cluster(&h, 1);
+    for _ in 0..runs {
+        run(server.keel(&h.work));
+    }
+    println!(
+        "idle dispatch, {runs} one-step runs, one worker: {}",
+        stop(server)
+    );
+    drop(workers);
+
+    // 2. Burst on two workers.
+    let h = home(16);
+    let (server, workers, addr) = cluster(&h, 2);
+    let token = server.token();
+    let (_, before) = server.request("GET", "/metrics", Some(&token), None);
+    let started = Instant::now();
+    for _ in 0..runs {
+        run(server.keel(&h.work));
+    }
+    let elapsed = started.elapsed();
+    let (_, after) = server.request("GET", "/metrics", Some(&token), None);
+    let frames = |t: &str| {
+        metric(t, "keel_cluster_frames_total{direction=\"in\"}")
+            + metric(t, "keel_cluster_frames_total{direction=\"out\"}")
+    };
+    let moved = frames(&after) - frames(&before);
+    let mut cluster_ms = durations(&h.work);
+
+    // 4. Capacity, on the same coordinator: frames it decodes and drops (acknowledgements of
+    // spawns it never made), from a node this process starts.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let blast = rt.block_on(async {
+        let name = NodeName::new("bench").unwrap();
+        let (node, _) = keel_cluster::start_node_server(
+            &name,
+            COOKIE.into(),
+            "127.0.0.1:0".parse().unwrap(),
+            None,
+        )
+        .await
+        .unwrap();
+        tokio::spawn(keel_cluster::join_with_backoff(
+            node.clone(),
+            addr.parse().unwrap(),
+            None,
+        ));
+        let deadline = Instant::now() + WAIT;
+        let coordinator = loop {
+            let members = ractor::pg::get_members(&COORDINATOR_GROUP.to_string());
+            if let Some(m) = members.into_iter().find(|m| !m.get_id().is_local()) {
+                break ractor::ActorRef::<ClusterMsg>::from(m);
+            }
+            assert!(Instant::now() < deadline, "could not join");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let (_, base) = server.request("GET", "/metrics", Some(&token), None);
+        let base = metric(&base, "keel_cluster_frames_total{direction=\"in\"}");
+        let started = Instant::now();
+        for i in 0..BLAST_FRAMES {
+            let attempt = keel_actors::AttemptId {
+                run: keel_store::RunId(u128::from(i)),
+                task: keel_store::TaskId(u128::from(i)),
+                attempt: 1,
+            };
+            let frame =
+                keel_cluster::wire::encode(&name, &ToCoordinator::Spawned { attempt }).unwrap();
+            coordinator.cast(ClusterMsg::Frame(frame)).unwrap();
+        }
+        loop {
+            let (_, m) = server.request("GET", "/metrics", Some(&token), None);
+            if metric(&m, "keel_cluster_frames_total{direction=\"in\"}") - base
+                >= BLAST_FRAMES as f64
+            {
+                break;
+            }
+            assert!(started.elapsed() < WAIT, "the frames did not all arrive");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        started.elapsed()
+    });
+    println!(
+        "burst dispatch, {runs} runs of 16 steps, two workers: {}",
+        stop(server)
+    );
+    drop(workers);
+    println!(
+        "frames between the nodes during the fan-out runs: {moved} in {:.2} s = {:.0}/s",
+        elapsed.as_secs_f64(),
+        moved / elapsed.as_secs_f64()
+    );
+    println!(
+        "capacity: {BLAST_FRAMES} frames from another node decoded in {:.3} s = {:.0} frames/s",
+        blast.as_secs_f64(),
+        BLAST_FRAMES as f64 / blast.as_secs_f64()
+    );
+
+    // 3. One node.
+    let h = home(16);
+    for _ in 0..runs {
+        run(keel(&h.work).unwrap());
+    }
+    let mut local_ms = durations(&h.work);
+    println!(
+        "N=16 run duration (created to ended), median / p90 ms: two workers {} / {}, one node {} / {}",
+        quantile(&mut cluster_ms, 50),
+        quantile(&mut cluster_ms, 90),
+        quantile(&mut local_ms, 50),
+        quantile(&mut local_ms, 90)
+    );
+}
