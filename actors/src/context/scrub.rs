@@ -1,12 +1,15 @@
 //! Secret scrubbing for everything that goes into a preamble (docs/DESIGN.md §6, invariant 4).
 //!
 //! A preamble is sent to a model provider and often logged; a key that slipped into a brief, a tool
-//! summary or an attachment must not travel with it. The [`Scrubber`] finds secrets in three ways, each a
-//! precompiled automaton that scans a text once:
+//! summary or an attachment must not travel with it. The [`Scrubber`] finds secrets in three ways, each
+//! precompiled:
 //!
 //! 1. literals registered at runtime (an account's key, whatever its shape), through Aho-Corasick;
-//! 2. one combined regex of the known shapes (provider keys, bearer tokens, JWTs, private key blocks,
-//!    passwords in URLs and connection strings), compiled once per process;
+//! 2. one regex per known shape (provider keys, bearer tokens, JWTs, private key blocks, passwords in
+//!    URLs and connection strings), compiled once per process. Each starts with a literal that the
+//!    regex engine's prefilter skips to, so nineteen small scans cost less than one scan of their union,
+//!    whose prefilter is too weak to skip anything (measured: docs/PERFORMANCE.md, "Scrubbing at
+//!    ingest"); the regex's captures are read only inside a match;
 //! 3. one regex of `NAME = value` assignments, kept only when the name sounds secret **and** the value
 //!    looks like one (length, character classes, entropy): the name alone is not enough, so
 //!    `api_key = os.environ["API_KEY"]`, a git sha and a UUID pass untouched.
@@ -289,6 +292,7 @@ impl Scrubber {
                     start: m.start(),
                     end: m.end(),
                     kind: SecretKind::Registered,
+                    rank: Rank::REGISTERED,
                 });
             }
         }
@@ -300,7 +304,7 @@ impl Scrubber {
                 redactions: Redactions::default(),
             };
         }
-        spans.sort_by_key(|s| (s.start, s.kind));
+        spans.sort_by_key(|s| (s.start, s.rank));
         let mut redactions = Redactions::default();
         let mut out = String::with_capacity(text.len());
         let mut cursor = 0usize;
@@ -353,6 +357,22 @@ struct Span {
     start: usize,
     end: usize,
     kind: SecretKind,
+    /// Which label wins when two spans start at one position: a registered literal, then the known
+    /// shapes in their order (most specific first), then an assignment.
+    rank: Rank,
+}
+
+/// The order of the ways a secret is found, for the label of spans that start together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Rank(usize);
+
+impl Rank {
+    const REGISTERED: Rank = Rank(0);
+    const ASSIGNMENT: Rank = Rank(usize::MAX);
+
+    fn shape(index: usize) -> Rank {
+        Rank(index.saturating_add(1))
+    }
 }
 
 /// How a match of a known shape is checked before it is redacted.
@@ -374,127 +394,106 @@ struct Shape {
     kind: SecretKind,
     pattern: &'static str,
     check: Check,
-    /// Which combined automaton it joins. Shapes that start with a literal share set 0, which a literal
-    /// prefilter scans fast; a shape without one (the URL's scheme is any word) gets its own, so that it
-    /// does not take the prefilter away from the others.
-    set: usize,
 }
 
-/// The known shapes, most specific first: at one position the first shape that matches wins.
+/// The known shapes, most specific first: of two that match at one position, the first names the
+/// redaction (both spans are removed).
 const SHAPES: &[Shape] = &[
     Shape {
         kind: SecretKind::PrivateKey,
         // A block with no END line (cut by an upstream limit) is redacted to the end of the text.
         pattern: r"-----BEGIN[ A-Z0-9]{0,40}PRIVATE KEY(?: BLOCK)?-----(?:[\s\S]*?-----END[ A-Z0-9]{0,40}PRIVATE KEY(?: BLOCK)?-----|[\s\S]*)",
         check: Check::None,
-        set: 0,
     },
     Shape {
         kind: SecretKind::AnthropicKey,
         pattern: r"(?-u:\b)sk-ant-[A-Za-z0-9_\-]{20,}",
         check: Check::None,
-        set: 0,
     },
     Shape {
         kind: SecretKind::OpenaiKey,
         pattern: r"(?-u:\b)sk-(?:proj-|svcacct-|admin-|None-)?[A-Za-z0-9_\-]{20,}",
         check: Check::HasDigit,
-        set: 0,
     },
     Shape {
         kind: SecretKind::AwsAccessKey,
         pattern: r"(?-u:\b)(?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AROA|AIPA|ANPA|ANVA|APKA)[A-Z0-9]{16}(?-u:\b)",
         check: Check::None,
-        set: 0,
     },
     Shape {
         kind: SecretKind::AwsSecretKey,
         pattern: r#"(?:aws|AWS|Aws)[A-Za-z0-9_.\-]{0,30}(?:secret|SECRET|Secret|sk|SK)[A-Za-z0-9_.\-]{0,30}["']?\s*(?:=|:|=>)\s*["']?(?P<v>[A-Za-z0-9/+]{40})(?:[^A-Za-z0-9/+=]|$)"#,
         check: Check::None,
-        set: 0,
     },
     Shape {
         kind: SecretKind::GithubToken,
         pattern: r"(?-u:\b)(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})",
         check: Check::None,
-        set: 0,
     },
     Shape {
         kind: SecretKind::GitlabToken,
         pattern: r"(?-u:\b)gl(?:pat|dt|rt|ptt|ft|cbt|oas|imt|soat|agent)-[A-Za-z0-9_\-]{20,}",
         check: Check::None,
-        set: 0,
     },
     Shape {
         kind: SecretKind::SlackWebhook,
         pattern: r"https://hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9/_\-]{8,}",
         check: Check::None,
-        set: 0,
     },
     Shape {
         kind: SecretKind::SlackToken,
         pattern: r"(?-u:\b)(?:xox[abposre]-[A-Za-z0-9\-]{10,}|xapp-[0-9]-[A-Za-z0-9\-]{10,})",
         check: Check::None,
-        set: 0,
     },
     Shape {
         kind: SecretKind::StripeKey,
         pattern: r"(?-u:\b)(?:(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}|whsec_[A-Za-z0-9+/=]{20,})",
         check: Check::None,
-        set: 0,
     },
     Shape {
         kind: SecretKind::GoogleApiKey,
         pattern: r"(?-u:\b)AIza[0-9A-Za-z_\-]{35}",
         check: Check::None,
-        set: 0,
     },
     Shape {
         kind: SecretKind::GoogleOauth,
         pattern: r"(?-u:\b)(?:GOCSPX-[A-Za-z0-9_\-]{20,}|ya29\.[0-9A-Za-z_\-]{20,})",
         check: Check::None,
-        set: 0,
     },
     Shape {
         kind: SecretKind::Jwt,
         pattern: r"(?-u:\b)eyJ[A-Za-z0-9_\-]{5,}\.eyJ[A-Za-z0-9_\-]{5,}\.[A-Za-z0-9_\-]*",
         check: Check::None,
-        set: 0,
     },
     Shape {
         kind: SecretKind::BasicAuth,
         pattern: r#"(?:[Aa]uthorization|AUTHORIZATION)["']?\s*[:=]\s*["']?(?:[Bb]asic|BASIC|[Tt]oken|TOKEN|[Dd]igest|DIGEST)\s+(?P<v>[A-Za-z0-9._~+/=\-]{8,})"#,
         check: Check::NotPlaceholder,
-        set: 0,
     },
     Shape {
         kind: SecretKind::BearerToken,
         pattern: r"(?-u:\b)(?:[Bb]earer|BEARER)\s+(?P<v>[A-Za-z0-9._~+/=\-]{16,})",
         check: Check::TokenLike,
-        set: 0,
     },
     Shape {
         kind: SecretKind::UrlPassword,
         pattern: r#"(?-u:\b)[A-Za-z][A-Za-z0-9+.\-]*://[^\s/:@"'<>\[\]]+:(?P<v>[^\s/@"'<>\[\]]+)@"#,
         check: Check::NotPlaceholder,
-        set: 1,
     },
     Shape {
         kind: SecretKind::ConnectionPassword,
         pattern: r#";\s*(?:[Pp]assword|PASSWORD|[Pp]wd|PWD)\s*=\s*(?P<v>[^;"'\s]+)"#,
         check: Check::NotPlaceholder,
-        set: 0,
     },
     Shape {
         kind: SecretKind::ConnectionPassword,
         pattern: r#"(?-u:\b)(?:[Pp]assword|PASSWORD|[Pp]wd|PWD)=(?P<v>[^;"'\s]+);"#,
         check: Check::NotPlaceholder,
-        set: 0,
     },
 ];
 
 /// Words that make a name sound secret (ASCII case-insensitive). An assignment is looked for only where
-/// one of them occurs, so ordinary text costs one Aho-Corasick scan.
+/// one of them starts a name's secret-sounding part.
 const SECRET_NAME_WORDS: [&str; 11] = [
     "password",
     "passwd",
@@ -512,26 +511,21 @@ const SECRET_NAME_WORDS: [&str; 11] = [
 /// The rest of `NAME = value` after a secret-sounding word: the end of the name, the operator, and the
 /// value, which is then judged on its own.
 const ASSIGNMENT_TAIL: &str =
-    r#"\A[A-Za-z0-9_.\-]*["']?\s*(?::=|=>|=|:)\s*["']?(?P<v>[^\s"'`,;:(){}\[\]<>]{16,})"#;
+    r#"[A-Za-z0-9_.\-]*["']?\s*(?::=|=>|=|:)\s*["']?(?P<v>[^\s"'`,;:(){}\[\]<>]{16,})"#;
 
-/// Group indices of one shape inside its combined regex.
-struct Member {
-    shape: usize,
-    whole: usize,
-    value: Option<usize>,
-}
-
-/// Several shapes as one regex, scanned once.
-struct Combined {
+/// One known shape's regex, and where its secret is inside a match.
+struct Known {
     regex: Regex,
-    members: Vec<Member>,
+    /// The group of the secret, when the match has context around it.
+    value: Option<usize>,
 }
 
 struct Patterns {
     shapes: &'static [Shape],
-    known: Vec<Combined>,
-    name_words: AhoCorasick,
-    assignment_tail: Regex,
+    known: Vec<Known>,
+    /// A secret-sounding word, the rest of the name, the operator, the value: found by the regex,
+    /// the value read by [`assignment_value`].
+    assignment: Regex,
 }
 
 static PATTERNS: LazyLock<Result<Patterns, PatternError>> =
@@ -542,7 +536,7 @@ impl Patterns {
         PATTERNS.as_ref().map_err(Clone::clone)
     }
 
-    /// Compiles the automata once per process. The patterns are constants, so a failure is a defect
+    /// Compiles the regexes once per process. The patterns are constants, so a failure is a defect
     /// of the build: it is a typed error that hosts check before they start
     /// ([`Scrubber::check_patterns`]), in debug and release builds alike, and a scrubber without its
     /// patterns removes whole texts rather than scrub less.
@@ -551,89 +545,60 @@ impl Patterns {
         name_words: &[&str],
         assignment_tail: &str,
     ) -> Result<Patterns, PatternError> {
-        let sets = shapes.iter().map(|s| s.set).max().unwrap_or(0) + 1;
-        let mut known = Vec::with_capacity(sets);
-        for set in 0..sets {
-            let mut combined = String::new();
-            let mut ids = Vec::new();
-            for (i, shape) in shapes.iter().enumerate().filter(|(_, s)| s.set == set) {
-                // Each shape alone first, so an error names the one that is wrong.
-                compile_ascii(shape.pattern).map_err(|e| PatternError {
-                    pattern: shape.kind.label(),
-                    reason: e.to_string(),
-                })?;
-                if !ids.is_empty() {
-                    combined.push('|');
-                }
-                combined.push_str(&format!("(?P<k{i}>"));
-                combined.push_str(&shape.pattern.replace("(?P<v>", &format!("(?P<v{i}>")));
-                combined.push(')');
-                ids.push(i);
-            }
-            let regex = compile_ascii(&combined).map_err(|e| PatternError {
-                pattern: "combined-shapes",
+        let mut known = Vec::with_capacity(shapes.len());
+        for shape in shapes {
+            let regex = compile_ascii(shape.pattern).map_err(|e| PatternError {
+                pattern: shape.kind.label(),
                 reason: e.to_string(),
             })?;
-            let mut members = Vec::with_capacity(ids.len());
-            for i in ids {
-                let whole = group_index(&regex, &format!("k{i}")).ok_or(PatternError {
-                    pattern: shapes[i].kind.label(),
-                    reason: "its group is missing from the combined pattern".into(),
-                })?;
-                members.push(Member {
-                    shape: i,
-                    whole,
-                    value: group_index(&regex, &format!("v{i}")),
-                });
-            }
-            known.push(Combined { regex, members });
+            let value = group_index(&regex, "v");
+            known.push(Known { regex, value });
         }
-        let name_words = AhoCorasickBuilder::new()
-            .ascii_case_insensitive(true)
-            .match_kind(MatchKind::LeftmostLongest)
-            .build(name_words)
-            .map_err(|e| PatternError {
-                pattern: "secret-name-words",
+        let words = name_words
+            .iter()
+            .map(|w| regex::escape(w))
+            .collect::<Vec<_>>()
+            .join("|");
+        let regex =
+            compile_ascii(&format!("(?i:{words}){assignment_tail}")).map_err(|e| PatternError {
+                pattern: "secret-assignment",
                 reason: e.to_string(),
             })?;
-        let assignment_tail = compile_ascii(assignment_tail).map_err(|e| PatternError {
-            pattern: "secret-assignment",
-            reason: e.to_string(),
-        })?;
+        if group_index(&regex, "v").is_none() {
+            return Err(PatternError {
+                pattern: "secret-assignment",
+                reason: "it has no value group (?P<v>...)".into(),
+            });
+        }
         Ok(Patterns {
             shapes,
             known,
-            name_words,
-            assignment_tail,
+            assignment: regex,
         })
     }
 
     fn find_known(&self, text: &str, spans: &mut Vec<Span>) {
-        for combined in &self.known {
-            find_combined(self.shapes, combined, text, spans);
+        for (index, (shape, known)) in self.shapes.iter().zip(&self.known).enumerate() {
+            find_shape(index, shape, known, text, spans);
         }
     }
 
     fn find_assignments(&self, text: &str, spans: &mut Vec<Span>) {
         let bytes = text.as_bytes();
-        let mut locs = self.assignment_tail.capture_locations();
-        let mut resume_at = 0usize;
-        for word in self.name_words.find_iter(bytes) {
-            if word.start() < resume_at {
-                continue;
-            }
-            let tail = word.end();
-            if self
-                .assignment_tail
-                .captures_read(&mut locs, &bytes[tail..])
-                .is_none()
-            {
-                continue;
-            }
-            let Some((start, end)) = locs.get(1) else {
+        let regex = &self.assignment;
+        let mut at = 0usize;
+        while at <= text.len() {
+            // The match alone (a lazy DFA scan); the value inside it is read by `assignment_value`,
+            // which gives the regex's own group (a property test holds them equal) at a fraction of a
+            // capture engine's cost, paid here for every secret-sounding name with an operator.
+            let Some(m) = regex.find_at(bytes, at) else {
+                break;
+            };
+            let Some((start, end)) = assignment_value(&bytes[m.start()..m.end()]) else {
+                at = next_char(text, m.start());
                 continue;
             };
-            let (start, end) = char_bounds(text, tail + start, tail + end);
+            let (start, end) = char_bounds(text, m.start() + start, m.start() + end);
             let value = &text[start..end];
             // A value that a known shape already covers keeps that shape's more precise label.
             let covered = spans.iter().any(|s| s.start < end && start < s.end);
@@ -642,36 +607,101 @@ impl Patterns {
                     start,
                     end,
                     kind: SecretKind::SecretAssignment,
+                    rank: Rank::ASSIGNMENT,
                 });
-                resume_at = end;
+                at = end.max(next_char(text, m.start()));
+            } else {
+                // A later word inside this match may start an assignment of its own.
+                at = next_char(text, m.start());
             }
         }
     }
 }
 
-fn find_combined(shapes: &[Shape], combined: &Combined, text: &str, spans: &mut Vec<Span>) {
+/// The value group of a match of the assignment regex (`match_bytes` is the whole match), read the way
+/// the regex reads it: the name runs on over name bytes, an optional quote, spaces, then the first of
+/// the operators `:=`, `=>`, `=`, `:` after which spaces, an optional quote and at least
+/// [`ASSIGNMENT_VALUE_BYTES_MIN`] value bytes follow. Only the operator is a real choice (every other
+/// step is forced, because what follows a step is never a byte that the step takes).
+fn assignment_value(match_bytes: &[u8]) -> Option<(usize, usize)> {
+    let m = match_bytes;
+    let skip = |mut i: usize, take: fn(u8) -> bool| {
+        while i < m.len() && take(m[i]) {
+            i += 1;
+        }
+        i
+    };
+    let quote = |i: usize| usize::from(i < m.len() && matches!(m[i], b'"' | b'\''));
+    let mut i = skip(0, is_name_byte);
+    i += quote(i);
+    i = skip(i, is_space_byte);
+    for operator in [&b":="[..], b"=>", b"=", b":"] {
+        if !m[i..].starts_with(operator) {
+            continue;
+        }
+        let mut start = skip(i + operator.len(), is_space_byte);
+        start += quote(start);
+        let end = skip(start, is_value_byte);
+        if end - start >= ASSIGNMENT_VALUE_BYTES_MIN {
+            return Some((start, end));
+        }
+    }
+    None
+}
+
+/// The shortest value the assignment regex takes (its `{16,}`).
+const ASSIGNMENT_VALUE_BYTES_MIN: usize = 16;
+
+/// `[A-Za-z0-9_.\-]`, the rest of a name in [`ASSIGNMENT_TAIL`].
+fn is_name_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-')
+}
+
+/// `\s` with Unicode off.
+fn is_space_byte(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
+}
+
+/// `[^\s"'`,;:(){}\[\]<>]`, a value byte in [`ASSIGNMENT_TAIL`].
+fn is_value_byte(b: u8) -> bool {
+    !is_space_byte(b)
+        && !matches!(
+            b,
+            b'"' | b'\''
+                | b'`'
+                | b','
+                | b';'
+                | b':'
+                | b'('
+                | b')'
+                | b'{'
+                | b'}'
+                | b'['
+                | b']'
+                | b'<'
+                | b'>'
+        )
+}
+
+/// Every match of one known shape that passes the shape's check.
+fn find_shape(index: usize, shape: &Shape, known: &Known, text: &str, spans: &mut Vec<Span>) {
+    let bytes = text.as_bytes();
+    let mut locs = known.regex.capture_locations();
     let mut at = 0usize;
-    let mut locs = combined.regex.capture_locations();
     while at <= text.len() {
-        let Some(whole) = combined
-            .regex
-            .captures_read_at(&mut locs, text.as_bytes(), at)
-        else {
+        // The match alone first (the prefilter and a lazy DFA); the groups are read inside it.
+        let Some(m) = known.regex.find_at(bytes, at) else {
             break;
         };
-        let (m_start, m_end) = (whole.start(), whole.end());
-        let Some(member) = combined
-            .members
-            .iter()
-            .find(|m| locs.get(m.whole).is_some())
-        else {
-            break;
+        let (m_start, m_end) = (m.start(), m.end());
+        let value = match known.value {
+            Some(group) => known
+                .regex
+                .captures_read_at(&mut locs, bytes, m_start)
+                .and_then(|_| locs.get(group)),
+            None => None,
         };
-        let shape = &shapes[member.shape];
-        let (start, end) = member
-            .value
-            .and_then(|v| locs.get(v))
-            .unwrap_or((m_start, m_end));
+        let (start, end) = value.unwrap_or((m_start, m_end));
         let (start, end) = char_bounds(text, start, end);
         let value = &text[start..end];
         let accepted = match shape.check {
@@ -688,6 +718,7 @@ fn find_combined(shapes: &[Shape], combined: &Combined, text: &str, spans: &mut 
                 start,
                 end,
                 kind: shape.kind,
+                rank: Rank::shape(index),
             });
             at = if m_end > m_start {
                 m_end
@@ -858,13 +889,11 @@ mod tests {
             kind: SecretKind::AnthropicKey,
             pattern: r"sk-ant-[A-Za-z0-9]{20,}",
             check: Check::None,
-            set: 0,
         },
         Shape {
             kind: SecretKind::GithubToken,
             pattern: r"ghp_[A-Za-z0-9]{36,",
             check: Check::None,
-            set: 0,
         },
     ];
 
@@ -896,6 +925,49 @@ mod tests {
             "",
         );
         assert_eq!(empty.text, "");
+    }
+
+    /// Pieces of assignments and a few other bytes, so that random texts hit every branch.
+    const ASSIGNMENT_PIECES: &[&str] = &[
+        "token", "KEY", "pass", "_", ".", "-", "=", ":", ">", "\"", "'", " ", "\t", "\n", "aZ09",
+        "abcdefgh", "Zq3xT9vL", ";", ",", "(", "`", "x",
+    ];
+
+    proptest::proptest! {
+        /// `assignment_value` reads the value exactly where the regex's own group is, for every match
+        /// in random texts made of the pieces that matter.
+        #[test]
+        fn the_value_read_by_hand_is_the_regexs_group(
+            picks in proptest::collection::vec(0..ASSIGNMENT_PIECES.len(), 0..40)
+        ) {
+            let text: Vec<u8> = picks.iter().flat_map(|i| ASSIGNMENT_PIECES[*i].bytes()).collect();
+            let Ok(patterns) = Patterns::get() else {
+                panic!("the patterns do not compile");
+            };
+            let regex = &patterns.assignment;
+            let group = group_index(regex, "v").unwrap_or_else(|| panic!("no value group"));
+            let mut locs = regex.capture_locations();
+            for m in regex.find_iter(&text) {
+                let whole = &text[m.start()..m.end()];
+                let by_regex = regex.captures_read(&mut locs, whole).and_then(|_| locs.get(group));
+                proptest::prop_assert_eq!(assignment_value(whole), by_regex);
+            }
+        }
+    }
+
+    #[test]
+    fn the_value_read_by_hand_takes_the_second_operator_when_the_first_leaves_too_little() {
+        // `:=` leaves a value of 5 bytes; the regex then reads `:` and a value that starts with `=`.
+        assert_eq!(
+            assignment_value(b"token:=abcde"),
+            None,
+            "neither reading has 16 value bytes"
+        );
+        assert_eq!(assignment_value(b"token:=abcdefghijklmnop"), Some((7, 23)));
+        assert_eq!(
+            assignment_value(b"api_key = \"Zq3xT9vLm2Kp8RwYc4Nf\""),
+            Some((11, 31))
+        );
     }
 
     #[test]
