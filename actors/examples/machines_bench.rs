@@ -104,6 +104,7 @@ fn main() {
                     depth: 1,
                     kind: TaskKind::Subtask,
                     agent: None,
+                    account: None,
                     estimate_micros: 10,
                     brief: SubtaskBrief {
                         step: "s".into(),

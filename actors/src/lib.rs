@@ -38,4 +38,4 @@ pub use session_tool::{
     SessionAnswer, SessionEndpoint, SessionRequest, SessionToolCall, TaskDetails, ToolRefusal,
 };
 pub use specialist::{SessionToolPath, Specialist, SpecialistConfig};
-pub use supervisor::{Supervisor, SupervisorConfig};
+pub use supervisor::{AccountRoute, Supervisor, SupervisorConfig};

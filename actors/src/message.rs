@@ -167,6 +167,15 @@ pub enum Verdict {
         /// Why (one line).
         reason: String,
     },
+    /// The attempt hit its account's rate limit: try again with the same agent, billed to another
+    /// account of the same provider (the next attempt of the same task, with a resume preamble).
+    /// The coordinator keeps the account in its checkpoint, so a restart does not lose the switch.
+    SwitchAccount {
+        /// The account the next attempt bills to.
+        account: String,
+        /// Wait this long first.
+        after_ms: u64,
+    },
 }
 
 /// A request to admit one specialist attempt.
@@ -180,6 +189,10 @@ pub struct SpawnRequest {
     pub kind: TaskKind,
     /// The agent to use; `None` lets the supervisor pick.
     pub agent: Option<String>,
+    /// The account to bill, after a [`Verdict::SwitchAccount`]; `None` (or an account that does
+    /// not serve the agent's provider) uses the agent profile's.
+    #[serde(default)]
+    pub account: Option<String>,
     /// The reservation for the budget ledger.
     pub estimate_micros: u64,
     /// Everything the specialist is given.

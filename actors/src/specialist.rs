@@ -369,9 +369,11 @@ impl Specialist {
                     native_session_id.as_deref().unwrap_or("-"),
                     model.as_deref().unwrap_or(&self.assignment.model)
                 );
+                // Which account the attempt billed to, for `keel logs` (a rate limit may have moved
+                // the task to another account of the same provider).
                 self.log(
                     LogKind::Lifecycle,
-                    "session started".into(),
+                    format!("session started on account {}", self.assignment.account),
                     detail,
                     now,
                     out,

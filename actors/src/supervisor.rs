@@ -3,8 +3,10 @@
 //! Governance, not execution: it admits or refuses each spawn against the concurrency limit, the depth
 //! limit, the run's spend ledger (reserve before, settle after) and a spawn-rate bucket (governor's GCRA on
 //! a clock driven by the injected `now`, in `spawn_rate`); it picks the agent, harness and model; it enforces per-subtask deadlines; and
-//! after a failure it decides restart (with backoff and a restart-intensity window), reroute (rate limit,
-//! a harness failing repeatedly, context overflow) or escalation. Every refusal is a typed answer.
+//! after a failure it decides restart (with backoff and a restart-intensity window), a move to another
+//! account of the same provider (a rate limit, when one is configured and not cooling down), reroute
+//! (rate limit, a harness failing repeatedly, context overflow) or escalation. Every refusal is a
+//! typed answer.
 
 use crate::effect::{Effect, Envelope, TimerKey};
 use crate::ids::{AttemptId, ReplyTo};
@@ -14,7 +16,7 @@ use crate::message::{
     SupervisorMsg, SupervisorTimer, Verdict,
 };
 use crate::report::{FailureKind, SubtaskFailure};
-use keel_harness::{ErrorCategory, HarnessKind};
+use keel_harness::{ErrorCategory, HarnessKind, Provider};
 use keel_store::{AgentProfile, Budget, RunId};
 use spawn_rate::SpawnRate;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -56,6 +58,21 @@ pub struct SupervisorConfig {
     pub agents: Vec<AgentProfile>,
     /// Most runs with an open ledger.
     pub runs_max: u32,
+    /// The accounts sessions may bill to, by provider, in preference order (keel.toml's
+    /// `[[accounts]]`). An attempt rate-limited on one of them moves to the next healthy account of
+    /// the same provider; an account not listed here is never switched from or to.
+    pub accounts: Vec<AccountRoute>,
+}
+
+/// An account the supervisor may move work to: its name (what [`Assignment::account`] and the
+/// node's account table use) and whose keys it holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AccountRoute {
+    /// The account's name.
+    pub name: String,
+    /// The provider whose API its key is for; only accounts of the harness's provider can serve a
+    /// session of it.
+    pub provider: Provider,
 }
 
 impl Default for SupervisorConfig {
@@ -74,6 +91,7 @@ impl Default for SupervisorConfig {
             harness_cooldown_ms: 5 * 60 * 1000,
             agents: Vec::new(),
             runs_max: 1024,
+            accounts: Vec::new(),
         }
     }
 }
@@ -120,6 +138,9 @@ pub struct Supervisor {
     spawn_rate: SpawnRate,
     restarts: BTreeMap<(RunId, String), VecDeque<Millis>>,
     health: BTreeMap<HarnessKind, HarnessHealth>,
+    /// Until when each rate-limited account is avoided (only accounts of `config.accounts`, so
+    /// bounded by the configuration).
+    account_cooldowns: BTreeMap<String, Millis>,
 }
 
 impl Supervisor {
@@ -134,6 +155,7 @@ impl Supervisor {
             settled_order: VecDeque::new(),
             restarts: BTreeMap::new(),
             health: BTreeMap::new(),
+            account_cooldowns: BTreeMap::new(),
         }
     }
 
@@ -172,6 +194,52 @@ impl Supervisor {
         self.health
             .get(&harness)
             .is_none_or(|h| h.cooldown_until <= now)
+    }
+
+    /// The configured account `name` if it serves `harness`'s provider.
+    fn account_route(&self, name: &str, harness: HarnessKind) -> Option<&AccountRoute> {
+        let provider = harness.provider()?;
+        self.config
+            .accounts
+            .iter()
+            .find(|a| a.name == name && a.provider == provider)
+    }
+
+    fn account_healthy(&self, name: &str, now: Millis) -> bool {
+        self.account_cooldowns
+            .get(name)
+            .is_none_or(|until| *until <= now)
+    }
+
+    /// The first healthy configured account of `harness`'s provider other than `not`, which must
+    /// itself be a configured account of that provider (an account keel.toml does not list is
+    /// never switched from).
+    fn other_account(&self, not: &str, harness: HarnessKind, now: Millis) -> Option<String> {
+        let provider = self.account_route(not, harness)?.provider;
+        self.config
+            .accounts
+            .iter()
+            .find(|a| a.provider == provider && a.name != not && self.account_healthy(&a.name, now))
+            .map(|a| a.name.clone())
+    }
+
+    /// The account an admitted attempt bills to: the one the step asks for (an earlier switch, kept
+    /// in the run's checkpoint) when it serves the harness's provider, else the profile's; and if
+    /// that one is cooling down after a rate limit, another healthy account of the same provider.
+    fn pick_account(
+        &self,
+        assignment: &Assignment,
+        requested: Option<&str>,
+        now: Millis,
+    ) -> String {
+        let base = requested
+            .filter(|r| self.account_route(r, assignment.harness).is_some())
+            .unwrap_or(&assignment.account);
+        if self.account_healthy(base, now) {
+            return base.to_string();
+        }
+        self.other_account(base, assignment.harness, now)
+            .unwrap_or_else(|| base.to_string())
     }
 
     fn profile(&self, name: &str) -> Option<(&AgentProfile, HarnessKind)> {
@@ -301,7 +369,8 @@ impl Supervisor {
                 retry_after_ms: CONCURRENCY_RETRY_MS,
             });
         }
-        let assignment = self.pick_agent(req.agent.as_deref(), now)?;
+        let mut assignment = self.pick_agent(req.agent.as_deref(), now)?;
+        assignment.account = self.pick_account(&assignment, req.account.as_deref(), now);
         // The token is taken only for a spawn that passed every other check.
         self.spawn_rate
             .take(now)
@@ -419,7 +488,8 @@ impl Supervisor {
         base.saturating_add(uniform_below(rng, base / 2 + 1))
     }
 
-    /// Decide what happens after `failure` of an attempt of `step` that ran as `agent` on `harness`.
+    /// Decide what happens after `failure` of an attempt of `step` that ran as `agent` on `harness`,
+    /// billed to `account`.
     #[allow(clippy::too_many_arguments)]
     fn verdict(
         &mut self,
@@ -427,6 +497,7 @@ impl Supervisor {
         step: &str,
         agent: Option<&str>,
         harness: Option<HarnessKind>,
+        account: Option<&str>,
         failure: &SubtaskFailure,
         now: Millis,
         rng: &mut dyn Entropy,
@@ -490,6 +561,23 @@ impl Supervisor {
         {
             let until = reset_at_unix_ms
                 .unwrap_or(now.saturating_add(after_hint.max(self.config.harness_cooldown_ms)));
+            // The limit is the account's: another account of the same provider serves the same
+            // agent at once, with a resume preamble like any retry (docs/DESIGN.md §4).
+            if let (Some(h), Some(account)) = (harness, account)
+                && self.account_route(account, h).is_some()
+            {
+                let cooldown = self
+                    .account_cooldowns
+                    .entry(account.to_string())
+                    .or_insert(0);
+                *cooldown = (*cooldown).max(until);
+                if let Some(other) = self.other_account(account, h, now) {
+                    return Verdict::SwitchAccount {
+                        account: other,
+                        after_ms: 0,
+                    };
+                }
+            }
             if let Some(h) = harness {
                 self.record_harness_failure(h, now, Some(until));
                 if let Some(other) = self.alternative(h, now) {
@@ -577,6 +665,7 @@ impl Supervisor {
             &live.step,
             Some(&live.agent),
             Some(live.harness),
+            Some(&live.assignment.account),
             &failure,
             now,
             rng,
@@ -668,15 +757,21 @@ impl Machine for Supervisor {
                 if let Err(failure) = outcome {
                     // Even for an attempt already lost or settled, a failure gets an answer: the
                     // coordinator must never wait for a verdict that does not come.
-                    let (step, agent, harness) = match &live {
-                        Some(l) => (l.step.clone(), Some(l.agent.clone()), Some(l.harness)),
-                        None => (format!("{}", attempt.task), None, None),
+                    let (step, agent, harness, account) = match &live {
+                        Some(l) => (
+                            l.step.clone(),
+                            Some(l.agent.clone()),
+                            Some(l.harness),
+                            Some(l.assignment.account.clone()),
+                        ),
+                        None => (format!("{}", attempt.task), None, None, None),
                     };
                     let verdict = self.verdict(
                         attempt.run,
                         &step,
                         agent.as_deref(),
                         harness,
+                        account.as_deref(),
                         &failure,
                         now,
                         rng,

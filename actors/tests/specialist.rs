@@ -44,6 +44,7 @@ fn start(continuity: Continuity) -> SpecialistStart {
             depth: 1,
             kind: TaskKind::Subtask,
             agent: None,
+            account: None,
             estimate_micros: 0,
             brief: SubtaskBrief {
                 step: "s".into(),

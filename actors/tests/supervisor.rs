@@ -2,7 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use keel_actors::*;
-use keel_harness::{ErrorCategory, HarnessKind};
+use keel_harness::{ErrorCategory, HarnessKind, Provider};
 use keel_store::{AgentProfile, Budget, RunId, TaskId, TaskKind};
 use proptest::prelude::*;
 
@@ -47,6 +47,7 @@ fn admit(task: u128, depth: u8, agent: Option<&str>, estimate: u64) -> Superviso
         depth,
         kind: TaskKind::Subtask,
         agent: agent.map(String::from),
+        account: None,
         estimate_micros: estimate,
         brief: SubtaskBrief {
             step: format!("s{task}"),
@@ -438,6 +439,145 @@ fn a_rate_limit_reroutes_to_another_harness() {
         ],
     );
     assert_eq!(admission_of(&out).unwrap().unwrap().agent, "beta");
+}
+
+/// alpha (claude-code) bills to `acct-alpha`; keel.toml lists a second Anthropic account and an
+/// OpenAI one.
+fn with_accounts() -> SupervisorConfig {
+    let route = |name: &str, provider| AccountRoute {
+        name: name.into(),
+        provider,
+    };
+    SupervisorConfig {
+        accounts: vec![
+            route("acct-beta", Provider::OpenAi),
+            route("acct-alpha", Provider::Anthropic),
+            route("anthropic-b", Provider::Anthropic),
+        ],
+        ..config()
+    }
+}
+
+fn rate_limited(task: u128) -> SupervisorInput {
+    fail(
+        task,
+        FailureKind::Harness(ErrorCategory::RateLimited {
+            reset_at_unix_ms: Some(60_000),
+        }),
+        true,
+    )
+}
+
+fn admit_on_account(task: u128, account: Option<&str>) -> SupervisorInput {
+    let SupervisorInput::Msg(SupervisorMsg::Admit(mut req)) = admit(task, 1, Some("alpha"), 0)
+    else {
+        unreachable!()
+    };
+    req.account = account.map(String::from);
+    SupervisorInput::Msg(SupervisorMsg::Admit(req))
+}
+
+#[test]
+fn a_rate_limit_moves_the_task_to_another_account_of_the_same_provider() {
+    let (_, out) = check(
+        with_accounts(),
+        vec![
+            (0, open(None)),
+            (1, admit(1, 1, Some("alpha"), 0)),
+            (2, rate_limited(1)),
+        ],
+    );
+    // Not the OpenAI account, and not another harness: the same agent on the other Anthropic key.
+    assert_eq!(
+        verdict_of(&out),
+        Some(Verdict::SwitchAccount {
+            account: "anthropic-b".into(),
+            after_ms: 0
+        })
+    );
+    // The next attempt asks for it; a new task of alpha meanwhile avoids the limited account too,
+    // until the limit resets.
+    let (_, out) = check(
+        with_accounts(),
+        vec![
+            (0, open(None)),
+            (1, admit(1, 1, Some("alpha"), 0)),
+            (2, rate_limited(1)),
+            (3, admit_on_account(2, Some("anthropic-b"))),
+        ],
+    );
+    let a = admission_of(&out).unwrap().unwrap();
+    assert_eq!(
+        (a.agent.as_str(), a.account.as_str()),
+        ("alpha", "anthropic-b")
+    );
+    let (_, out) = check(
+        with_accounts(),
+        vec![
+            (0, open(None)),
+            (1, admit(1, 1, Some("alpha"), 0)),
+            (2, rate_limited(1)),
+            (3, admit(3, 1, Some("alpha"), 0)),
+        ],
+    );
+    assert_eq!(admission_of(&out).unwrap().unwrap().account, "anthropic-b");
+    let (_, out) = check(
+        with_accounts(),
+        vec![
+            (0, open(None)),
+            (1, admit(1, 1, Some("alpha"), 0)),
+            (2, rate_limited(1)),
+            (60_000, admit(3, 1, Some("alpha"), 0)),
+        ],
+    );
+    assert_eq!(admission_of(&out).unwrap().unwrap().account, "acct-alpha");
+}
+
+#[test]
+fn a_requested_account_of_another_provider_is_ignored() {
+    // A checkpoint naming an OpenAI account cannot bill a Claude Code session to it.
+    let (_, out) = check(
+        with_accounts(),
+        vec![(0, open(None)), (1, admit_on_account(1, Some("acct-beta")))],
+    );
+    assert_eq!(admission_of(&out).unwrap().unwrap().account, "acct-alpha");
+}
+
+#[test]
+fn with_every_account_limited_the_rate_limit_falls_back_to_another_harness() {
+    let (_, out) = check(
+        with_accounts(),
+        vec![
+            (0, open(None)),
+            (1, admit(1, 1, Some("alpha"), 0)),
+            (2, rate_limited(1)),
+            (3, admit_on_account(2, Some("anthropic-b"))),
+            (
+                4,
+                SupervisorInput::Msg(SupervisorMsg::Settle {
+                    attempt: attempt(2, 1),
+                    spent_micros: 0,
+                    outcome: Err(SubtaskFailure {
+                        kind: FailureKind::Harness(ErrorCategory::RateLimited {
+                            reset_at_unix_ms: Some(60_000),
+                        }),
+                        attempted: "x".into(),
+                        partial: Vec::new(),
+                        retryable: true,
+                        retry_after_ms: None,
+                        detail: "d".into(),
+                    }),
+                }),
+            ),
+        ],
+    );
+    assert_eq!(
+        verdict_of(&out),
+        Some(Verdict::Reroute {
+            agent: "beta".into(),
+            after_ms: 0
+        })
+    );
 }
 
 #[test]

@@ -6,7 +6,8 @@
 //! without tokio, axum, reqwest, rustls or nix.
 //!
 //! - [`spec`], [`event`], [`error`], [`usage`]: plain data shared with the actor core and the
-//!   simulator (no tokio needed to build or read them).
+//!   simulator (no tokio needed to build or read them). [`credential`]: an account's secret, read
+//!   from the variable or private file its [`Credential`] names.
 //! - [`session`] (`io`): the async [`session::Harness`] trait, running sessions and cancellation.
 //! - [`scripted`]: the deterministic scripted model (pure) and the in-process scripted harness (`io`).
 //! - [`server`] (`io`): the scripted model served over HTTP on 127.0.0.1 for the real CLIs.
@@ -18,6 +19,7 @@
 
 #[cfg(feature = "io")]
 pub mod cli;
+pub mod credential;
 pub mod error;
 pub mod event;
 #[cfg(feature = "io")]
@@ -36,13 +38,14 @@ pub mod stop;
 pub mod tools;
 pub mod usage;
 
+pub use credential::CredentialError;
 pub use error::{ErrorCategory, HarnessError, StartError};
 pub use event::{BoundedText, BudgetKind, HarnessEvent, StopReason};
 #[cfg(feature = "io")]
 pub use session::{CancelToken, EventSink, Harness, RunningSession, session_channel};
 pub use spec::{
-    Account, Credential, GateCommand, HarnessKind, McpEndpoint, PermissionMode, SessionLimits,
-    SessionSpec,
+    Account, Credential, GateCommand, HarnessKind, McpEndpoint, PermissionMode, Provider,
+    SessionLimits, SessionSpec,
 };
 pub use stop::{InProcessHooks, RE_ASK_MARKER, RE_ASKS_MAX, StopCheck, StopJudge};
 pub use usage::{TokenCounts, UsageAccumulator, UsageReport, UsageScope};

@@ -64,6 +64,31 @@ impl HarnessKind {
     pub fn parse(name: &str) -> Option<HarnessKind> {
         HarnessKind::ALL.into_iter().find(|k| k.as_str() == name)
     }
+
+    /// Whose API keys its sessions use, as keel's adapters configure it: Anthropic's for Claude
+    /// Code and keel's own loop, OpenAI's (or an OpenAI-compatible endpoint's) for Codex, opencode
+    /// and pi; `None` for the scripted model, which needs no key. Accounts of one provider are
+    /// interchangeable for these harnesses, which is what lets the supervisor move a rate-limited
+    /// task to another account.
+    pub fn provider(self) -> Option<Provider> {
+        match self {
+            HarnessKind::ClaudeCode | HarnessKind::MessagesApi => Some(Provider::Anthropic),
+            HarnessKind::Codex | HarnessKind::Opencode | HarnessKind::Pi => Some(Provider::OpenAi),
+            HarnessKind::Scripted => None,
+        }
+    }
+}
+
+/// The API family an account's key belongs to. Several accounts of one provider can serve the same
+/// agents; the supervisor moves a task between them when one hits a rate limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Provider {
+    /// Anthropic's Messages API (or a compatible endpoint).
+    #[serde(rename = "anthropic")]
+    Anthropic,
+    /// OpenAI's APIs (or a compatible endpoint).
+    #[serde(rename = "openai")]
+    OpenAi,
 }
 
 impl fmt::Display for HarnessKind {
@@ -134,8 +159,9 @@ pub struct McpEndpoint {
     pub bearer_token_env: Option<String>,
 }
 
-/// How the account's secret is passed to the harness. Only variable *names* live here: specs are
-/// persisted and sent across nodes, secrets are not.
+/// How the account's secret is passed to the harness. Only variable *names* and file paths live
+/// here: specs are persisted and sent across nodes, secrets are not. [`Credential::secret`] reads
+/// the secret when a session starts.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Credential {
@@ -147,6 +173,10 @@ pub enum Credential {
     ApiKeyEnv(String),
     /// An OAuth-style bearer token (`Authorization: Bearer`), read from this environment variable.
     BearerTokenEnv(String),
+    /// An API key (sent as [`Credential::ApiKeyEnv`]'s is), read from the first line of this file
+    /// when the session starts; the file must be private to its owner
+    /// ([`crate::credential::read_key_file`]).
+    ApiKeyFile(PathBuf),
 }
 
 /// The account a session bills to. Several accounts let the supervisor spread load and route around

@@ -553,7 +553,7 @@ async fn bad_specs_and_missing_credentials_fail_to_start() {
     let mut spec = SessionSpec::new("hi", "m", dir.path());
     spec.account.credential = Credential::ApiKeyEnv("KEEL_SURELY_UNSET_VARIABLE".into());
     assert!(
-        matches!(harness.start(spec).await, Err(StartError::MissingCredential(n)) if n == "KEEL_SURELY_UNSET_VARIABLE")
+        matches!(harness.start(spec).await, Err(StartError::MissingCredential(n)) if n == "environment variable KEEL_SURELY_UNSET_VARIABLE is not set")
     );
     let spec = SessionSpec::new("hi", "m", dir.path().join("missing"));
     assert!(matches!(

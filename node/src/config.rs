@@ -7,7 +7,7 @@
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 
-use keel_harness::HarnessKind;
+use keel_harness::{Credential, HarnessKind, Provider};
 use serde::{Deserialize, Deserializer, Serialize};
 
 /// The longest keel.toml read. A configuration is a few kilobytes; a larger file is a mistake.
@@ -25,6 +25,9 @@ pub(crate) struct Config {
     pub(crate) supervisor: SupervisorSection,
     /// Agent profiles.
     pub(crate) agents: Vec<AgentSection>,
+    /// `[[accounts]]`: the accounts sessions bill to, several per provider.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) accounts: Vec<AccountSection>,
     /// `[[hooks]]`: checks run before tool calls (keel-policy; docs/CONFIG.md).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) hooks: Vec<keel_policy::HookConfig>,
@@ -248,9 +251,10 @@ pub(crate) struct AgentSection {
     pub(crate) harness: HarnessKind,
     /// The model its sessions use.
     pub(crate) model: String,
-    /// Which credentials to use.
-    #[serde(default = "default_account")]
-    pub(crate) account: String,
+    /// The `[[accounts]]` entry its sessions bill to; `None`: its harness's provider variable
+    /// (`ANTHROPIC_API_KEY`, `OPENAI_API_KEY`) under the account name `default`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) account: Option<String>,
     /// The tools it may use.
     #[serde(default)]
     pub(crate) tools: Vec<String>,
@@ -262,8 +266,138 @@ pub(crate) struct AgentSection {
     pub(crate) max_turns: Option<NonZeroU32>,
 }
 
-fn default_account() -> String {
-    "default".into()
+/// The account name of an agent that names none: its credential is its provider's variable.
+pub(crate) const DEFAULT_ACCOUNT: &str = "default";
+
+impl AgentSection {
+    /// The account name its sessions bill to.
+    pub(crate) fn account_name(&self) -> &str {
+        self.account.as_deref().unwrap_or(DEFAULT_ACCOUNT)
+    }
+}
+
+/// `[[accounts]]`: one account of a provider and where its key comes from. keel.toml holds only
+/// the name of an environment variable or the path of a private file, never the key itself.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AccountSection {
+    /// Its name: what agents name in `account`, and what logs and `keel show` say an attempt
+    /// billed to.
+    pub(crate) name: String,
+    /// Whose API the key is for: `anthropic` (Claude Code, messages-api) or `openai` (Codex,
+    /// opencode, pi).
+    pub(crate) provider: Provider,
+    /// The endpoint, when not the provider's default (a gateway, a proxy, the scripted model
+    /// server); without it, `ANTHROPIC_BASE_URL` or `OPENAI_BASE_URL` when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) base_url: Option<String>,
+    /// The environment variable holding the API key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) key_env: Option<String>,
+    /// The environment variable holding a bearer token (gateways; Claude Code's
+    /// `ANTHROPIC_AUTH_TOKEN`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) token_env: Option<String>,
+    /// A file holding the API key on its first line, private to its owner (mode 600 or 400);
+    /// relative to the keel home unless absolute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) key_file: Option<PathBuf>,
+}
+
+/// The longest account name: it appears in log rows, task rows and escalations.
+const ACCOUNT_NAME_CHARS_MAX: usize = 64;
+
+impl AccountSection {
+    /// Where its key comes from (a validated section names exactly one place).
+    pub(crate) fn credential(&self) -> Credential {
+        match (&self.key_env, &self.token_env, &self.key_file) {
+            (Some(var), _, _) => Credential::ApiKeyEnv(var.clone()),
+            (None, Some(var), _) => Credential::BearerTokenEnv(var.clone()),
+            (None, None, Some(path)) => Credential::ApiKeyFile(path.clone()),
+            (None, None, None) => Credential::None,
+        }
+    }
+
+    /// The account as the harnesses take it: its endpoint (else the provider's `*_BASE_URL`
+    /// variable, when set) and its credential.
+    pub(crate) fn account(&self) -> keel_harness::Account {
+        keel_harness::Account {
+            id: self.name.clone(),
+            base_url: self
+                .base_url
+                .clone()
+                .or_else(|| std::env::var(self.provider.base_url_env()).ok()),
+            credential: self.credential(),
+        }
+    }
+
+    /// What is wrong with this section, as `(key, message)`: the message never repeats a value
+    /// that could be a key written where a variable's name belongs.
+    fn problem(&self) -> Option<(&'static str, String)> {
+        let name_ok = !self.name.is_empty()
+            && self.name.chars().count() <= ACCOUNT_NAME_CHARS_MAX
+            && self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+        if !name_ok {
+            return Some((
+                "name",
+                format!(
+                    "must be 1 to {ACCOUNT_NAME_CHARS_MAX} ASCII letters, digits, '.', '_' or '-'"
+                ),
+            ));
+        }
+        let places = [
+            self.key_env.is_some(),
+            self.token_env.is_some(),
+            self.key_file.is_some(),
+        ];
+        if places.iter().filter(|p| **p).count() != 1 {
+            return Some((
+                "key_env",
+                "name exactly one of key_env, token_env or key_file: where the key is, never the \
+                 key itself"
+                    .into(),
+            ));
+        }
+        for (key, var) in [("key_env", &self.key_env), ("token_env", &self.token_env)] {
+            if let Some(var) = var
+                && !is_env_name(var)
+            {
+                return Some((
+                    key,
+                    "is not an environment variable name (letters, digits and '_', not starting \
+                     with a digit): name the variable that holds the key, never the key itself"
+                        .into(),
+                ));
+            }
+        }
+        if self
+            .key_file
+            .as_ref()
+            .is_some_and(|p| p.as_os_str().is_empty())
+        {
+            return Some(("key_file", "is empty".into()));
+        }
+        if let Some(url) = &self.base_url
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            return Some((
+                "base_url",
+                format!("{url:?} is not an http:// or https:// URL"),
+            ));
+        }
+        None
+    }
+}
+
+fn is_env_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 /// Why keel.toml could not be used.
@@ -315,6 +449,19 @@ pub(crate) enum ConfigError {
         /// Which cap, and its range.
         source: keel_actors::context::ContextConfigError,
     },
+    /// An `[[accounts]]` entry, or an agent's `account`, is invalid; `field` names the key
+    /// (`accounts[1].key_env`, `agents[0].account`).
+    #[error("{}:{line}: {field}: {message}", path.display())]
+    Account {
+        /// The file.
+        path: PathBuf,
+        /// The line of the `[[accounts]]` or `[[agents]]` table concerned (0 if unknown).
+        line: usize,
+        /// The key, with the table's index.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
     /// Two agent profiles share a name, so assignment would be ambiguous.
     #[error("{}:{line}: agent name {name:?} is used twice", path.display())]
     DuplicateAgent {
@@ -351,7 +498,76 @@ impl Config {
             path: path.into(),
             source,
         })?;
-        Self::parse(&text, path)
+        let mut config = Self::parse(&text, path)?;
+        // A relative key file is in the keel home, the folder of keel.toml.
+        let home = path.parent().unwrap_or(Path::new("."));
+        for account in &mut config.accounts {
+            if let Some(file) = &mut account.key_file
+                && file.is_relative()
+            {
+                *file = home.join(&*file);
+            }
+        }
+        Ok(config)
+    }
+
+    /// The keys of the `[[accounts]]` that are set (from their variables or files), for the
+    /// scrubbers; a missing one is left out (`keel doctor` names it).
+    pub(crate) fn account_secrets(&self) -> Vec<String> {
+        self.accounts
+            .iter()
+            .filter_map(|a| a.credential().secret(|var| std::env::var(var).ok()).ok())
+            .flatten()
+            .collect()
+    }
+
+    /// The `[[accounts]]` entry named `name`.
+    pub(crate) fn account(&self, name: &str) -> Option<&AccountSection> {
+        self.accounts.iter().find(|a| a.name == name)
+    }
+
+    /// Checks `[[accounts]]` and every agent's `account` against them.
+    fn check_accounts(&self, text: &str, path: &Path) -> Result<(), ConfigError> {
+        let bad = |table: &str, i: usize, key: &str, message: String| ConfigError::Account {
+            path: path.into(),
+            line: nth_line_starting(text, &format!("[[{table}]]"), i),
+            field: format!("{table}[{i}].{key}"),
+            message,
+        };
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, account) in self.accounts.iter().enumerate() {
+            if let Some((key, message)) = account.problem() {
+                return Err(bad("accounts", i, key, message));
+            }
+            if !seen.insert(account.name.as_str()) {
+                let message = format!("{:?} is used twice", account.name);
+                return Err(bad("accounts", i, "name", message));
+            }
+        }
+        for (i, agent) in self.agents.iter().enumerate() {
+            let Some(name) = &agent.account else {
+                continue;
+            };
+            let Some(provider) = agent.harness.provider() else {
+                let message = format!("harness {} uses no account; remove the key", agent.harness);
+                return Err(bad("agents", i, "account", message));
+            };
+            let Some(account) = self.account(name) else {
+                let message = format!(
+                    "no [[accounts]] entry is named {name:?} (leave `account` out to use {})",
+                    provider.default_key_env()
+                );
+                return Err(bad("agents", i, "account", message));
+            };
+            if account.provider != provider {
+                let message = format!(
+                    "account {name:?} is an {} account; harness {} needs an {provider} one",
+                    account.provider, agent.harness
+                );
+                return Err(bad("agents", i, "account", message));
+            }
+        }
+        Ok(())
     }
 
     /// Parses and validates keel.toml text; `path` is only for messages.
@@ -376,6 +592,7 @@ impl Config {
                 });
             }
         }
+        config.check_accounts(text, path)?;
         if let Err(source) = config.context.context_config().validate() {
             return Err(ConfigError::Context {
                 path: path.into(),
@@ -490,6 +707,19 @@ account = "team"
 tools = ["Read"]
 system_prompt = "be terse"
 max_turns = 8
+[[accounts]]
+name = "team"
+provider = "anthropic"
+base_url = "https://gateway.example/anthropic"
+key_env = "ANTHROPIC_KEY_TEAM"
+[[accounts]]
+name = "team-b"
+provider = "anthropic"
+key_file = "keys/team-b"
+[[accounts]]
+name = "openai-gw"
+provider = "openai"
+token_env = "GATEWAY_TOKEN"
 [server]
 listen = "127.0.0.1:9000"
 token_file = "/etc/keel/token"
@@ -504,6 +734,25 @@ body_bytes_max = 65536
         assert_eq!(c.supervisor.run_budget_usd, Some(1.5));
         assert_eq!(c.agents[0].harness, HarnessKind::ClaudeCode);
         assert_eq!(c.agents[0].max_turns.map(NonZeroU32::get), Some(8));
+        assert_eq!(c.agents[0].account_name(), "team");
+        assert_eq!(c.accounts.len(), 3);
+        assert_eq!(
+            c.accounts[0].credential(),
+            Credential::ApiKeyEnv("ANTHROPIC_KEY_TEAM".into())
+        );
+        assert_eq!(
+            c.accounts[0].account().base_url.as_deref(),
+            Some("https://gateway.example/anthropic")
+        );
+        assert_eq!(
+            c.accounts[1].credential(),
+            Credential::ApiKeyFile("keys/team-b".into())
+        );
+        assert_eq!(c.accounts[2].provider, Provider::OpenAi);
+        assert_eq!(
+            c.accounts[2].credential(),
+            Credential::BearerTokenEnv("GATEWAY_TOKEN".into())
+        );
         assert_eq!(c.server.listen.port(), 9000);
         assert_eq!(c.server.token_file, Path::new("/etc/keel/token"));
         assert_eq!(c.server.body_bytes_max, 65_536);
@@ -548,6 +797,123 @@ body_bytes_max = 65536
     fn duplicate_agent_names_are_refused_at_the_second() {
         let text = "[[agents]]\nname = \"a\"\nharness = \"pi\"\nmodel = \"m\"\n\n[[agents]]\nname = \"a\"\nharness = \"codex\"\nmodel = \"m\"\n";
         check_err(text, 7, "used twice");
+    }
+
+    const ACCOUNT_A: &str =
+        "[[accounts]]\nname = \"a\"\nprovider = \"anthropic\"\nkey_env = \"KEY_A\"\n";
+
+    #[test]
+    fn an_agent_names_an_account_of_its_provider() {
+        let text = format!(
+            "{ACCOUNT_A}\n[[agents]]\nname = \"x\"\nharness = \"claude-code\"\nmodel = \"m\"\naccount = \"a\"\n"
+        );
+        let c = Config::parse(&text, Path::new("keel.toml")).unwrap();
+        assert_eq!(
+            c.account("a").map(|a| a.provider),
+            Some(Provider::Anthropic)
+        );
+        // Without `account` an agent keeps its provider's variable, under the name "default".
+        let c = Config::parse(
+            "[[agents]]\nname = \"x\"\nharness = \"codex\"\nmodel = \"m\"\n",
+            Path::new("keel.toml"),
+        )
+        .unwrap();
+        assert_eq!(c.agents[0].account_name(), DEFAULT_ACCOUNT);
+    }
+
+    #[test]
+    fn invalid_accounts_are_refused_naming_the_key() {
+        check_err(
+            "[[accounts]]\nname = \"a\"\nprovider = \"azure\"\nkey_env = \"K\"\n",
+            3,
+            "azure",
+        );
+        check_err(
+            "[[accounts]]\nname = \"a\"\nprovider = \"openai\"\nkey = \"K\"\n",
+            4,
+            "key",
+        );
+        check_err(
+            "\n[[accounts]]\nname = \"a\"\nprovider = \"openai\"\n",
+            2,
+            "accounts[0].key_env: name exactly one of key_env, token_env or key_file",
+        );
+        check_err(
+            "[[accounts]]\nname = \"a\"\nprovider = \"openai\"\nkey_env = \"K\"\nkey_file = \"f\"\n",
+            1,
+            "exactly one",
+        );
+        check_err(
+            "[[accounts]]\nname = \"a b\"\nprovider = \"openai\"\nkey_env = \"K\"\n",
+            1,
+            "accounts[0].name: must be 1 to 64",
+        );
+        check_err(
+            "[[accounts]]\nname = \"a\"\nprovider = \"openai\"\nkey_env = \"K\"\nbase_url = \"localhost:9\"\n",
+            1,
+            "accounts[0].base_url",
+        );
+        check_err(
+            &format!("{ACCOUNT_A}\n{ACCOUNT_A}"),
+            6,
+            "accounts[1].name: \"a\" is used twice",
+        );
+    }
+
+    #[test]
+    fn a_key_written_where_its_variable_belongs_is_refused_without_repeating_it() {
+        let key = "sk-ant-api03-abcdefghijklmnop";
+        let text =
+            format!("[[accounts]]\nname = \"a\"\nprovider = \"anthropic\"\nkey_env = \"{key}\"\n");
+        check_err(
+            &text,
+            1,
+            "accounts[0].key_env: is not an environment variable name",
+        );
+        let message = Config::parse(&text, Path::new("keel.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(!message.contains(key), "{message}");
+    }
+
+    #[test]
+    fn an_agents_account_must_exist_and_serve_its_harness() {
+        let agent = |harness: &str, account: &str| {
+            format!(
+                "{ACCOUNT_A}\n[[agents]]\nname = \"x\"\nharness = \"{harness}\"\nmodel = \"m\"\naccount = \"{account}\"\n"
+            )
+        };
+        check_err(
+            &agent("claude-code", "b"),
+            6,
+            "agents[0].account: no [[accounts]] entry is named \"b\"",
+        );
+        check_err(
+            &agent("codex", "a"),
+            6,
+            "agents[0].account: account \"a\" is an anthropic account; harness codex needs an openai one",
+        );
+        check_err(
+            &agent("scripted", "a"),
+            6,
+            "harness scripted uses no account",
+        );
+    }
+
+    #[test]
+    fn a_relative_key_file_is_in_the_keel_home() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keel.toml");
+        std::fs::write(
+            &path,
+            "[[accounts]]\nname = \"f\"\nprovider = \"openai\"\nkey_file = \"keys/f.key\"\n",
+        )
+        .unwrap();
+        let c = Config::load(&path).unwrap();
+        assert_eq!(
+            c.accounts[0].credential(),
+            Credential::ApiKeyFile(dir.path().join("keys/f.key"))
+        );
     }
 
     #[test]

@@ -10,11 +10,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use keel_harness::HarnessKind;
 use keel_harness::cli::CliFlavor;
+use keel_harness::{Credential, CredentialError, HarnessKind};
 use serde_json::json;
 
-use crate::config::Config;
+use crate::config::{AccountSection, Config};
 use crate::exit::{Exit, Failed};
 use crate::home::Home;
 use crate::run::setup::{HarnessChoice, credential_env};
@@ -105,21 +105,22 @@ fn preflight_text(problems: &[Finding]) -> String {
     )
 }
 
-/// The harnesses a run uses and the agents on each, as `node_setup` would pick them: `--harness`,
-/// else the agents of keel.toml (only `--agent` when given), else the built-in scripted model.
-fn harnesses_used(config: &Config, choice: &HarnessChoice) -> BTreeMap<HarnessKind, Vec<String>> {
-    let mut used: BTreeMap<HarnessKind, Vec<String>> = BTreeMap::new();
+/// The agents a run uses, as `(name, harness, account of keel.toml)`, as `node_setup` would pick
+/// them: `--harness` (no configured account), else the agents of keel.toml (only `--agent` when
+/// given), else none (the built-in scripted model).
+fn agents_used<'c>(
+    config: &'c Config,
+    choice: &HarnessChoice,
+) -> Vec<(String, HarnessKind, Option<&'c AccountSection>)> {
     if let Some(kind) = choice.harness {
-        used.entry(kind).or_default().push(kind.as_str().to_owned());
-        return used;
+        return vec![(kind.as_str().to_owned(), kind, None)];
     }
-    for a in &config.agents {
-        if choice.agent.as_ref().is_some_and(|n| n != &a.name) {
-            continue;
-        }
-        used.entry(a.harness).or_default().push(a.name.clone());
-    }
-    used
+    config
+        .agents
+        .iter()
+        .filter(|a| choice.agent.as_ref().is_none_or(|n| n == &a.name))
+        .map(|a| (a.name.clone(), a.harness, config.account(a.account_name())))
+        .collect()
 }
 
 /// The pinned version of a harness CLI, if it is one of the four.
@@ -259,14 +260,89 @@ fn check_credential(kind: HarnessKind, agents: &[String]) -> Option<Finding> {
     })
 }
 
-/// The harness findings of a run with this configuration and choice.
+/// An `[[accounts]]` entry's credential: its variable set and not blank, or its key file private
+/// and holding a key. Never prints the key.
+fn check_account(account: &AccountSection, users: &[String]) -> Finding {
+    let subject = format!("account {}", account.name);
+    let for_whom = if users.is_empty() {
+        format!("a {} account for rate-limit switches", account.provider)
+    } else {
+        format!("for {}", users.join(", "))
+    };
+    let credential = account.credential();
+    match credential.secret(|var| std::env::var(var).ok()) {
+        Ok(_) => {
+            let place = match &credential {
+                Credential::ApiKeyEnv(var) | Credential::BearerTokenEnv(var) => {
+                    format!("{var} is set")
+                }
+                Credential::ApiKeyFile(path) => format!("key file {} is private", path.display()),
+                Credential::None => "no key".to_owned(),
+            };
+            Finding::ok(subject, format!("{place} ({for_whom})"))
+        }
+        Err(e) => {
+            let fix = match (&e, &credential) {
+                (CredentialError::EnvUnset(var), _) => {
+                    format!(
+                        "export {var}=<the key of account {}> before `keel run`",
+                        account.name
+                    )
+                }
+                (_, Credential::ApiKeyFile(path)) => format!(
+                    "write the key of account {} on the first line of {} and chmod 600 it",
+                    account.name,
+                    path.display()
+                ),
+                _ => "see docs/CONFIG.md, [[accounts]]".to_owned(),
+            };
+            Finding::bad(Severity::Problem, subject, format!("{e} ({for_whom})"), fix)
+        }
+    }
+}
+
+/// The harness findings of a run with this configuration and choice: each harness's binary, then
+/// each credential once (a configured account's, or the provider variable of an agent that names
+/// none).
 fn harness_findings(config: &Config, choice: &HarnessChoice) -> Vec<Finding> {
+    let used = agents_used(config, choice);
+    let mut kinds: BTreeMap<HarnessKind, Vec<String>> = BTreeMap::new();
+    let mut accounts: BTreeMap<&str, (&AccountSection, Vec<String>)> = BTreeMap::new();
+    for (agent, kind, account) in &used {
+        match account {
+            Some(a) => accounts
+                .entry(a.name.as_str())
+                .or_insert((a, Vec::new()))
+                .1
+                .push(agent.clone()),
+            None => kinds.entry(*kind).or_default().push(agent.clone()),
+        }
+    }
     let mut found = Vec::new();
-    for (kind, agents) in harnesses_used(config, choice) {
+    let mut binaries: Vec<HarnessKind> = used.iter().map(|(_, k, _)| *k).collect();
+    binaries.sort();
+    binaries.dedup();
+    for kind in binaries {
         found.extend(check_binary(kind));
+    }
+    for (kind, agents) in kinds {
         found.extend(check_credential(kind, &agents));
     }
+    for (account, agents) in accounts.into_values() {
+        found.push(check_account(account, &agents));
+    }
     found
+}
+
+/// `keel doctor`'s check of the accounts no agent names: a task moved there after a rate limit
+/// needs their keys too.
+fn spare_account_findings(config: &Config) -> Vec<Finding> {
+    config
+        .accounts
+        .iter()
+        .filter(|a| !config.agents.iter().any(|g| g.account_name() == a.name))
+        .map(|a| check_account(a, &[]))
+        .collect()
 }
 
 /// The preflight of `keel run` on this home: the harness binaries (found, at the pinned versions)
@@ -405,6 +481,7 @@ fn findings(home: &Home) -> Vec<Finding> {
             ));
         }
         found.extend(harness_findings(config, &HarnessChoice::default()));
+        found.extend(spare_account_findings(config));
         let store = home.dir().join(&config.store.path);
         found.extend(store_findings(&store));
         let looser = crate::private::looser_than_private(home.dir(), &store);

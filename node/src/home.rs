@@ -67,9 +67,12 @@ pub(crate) struct Home {
 }
 
 impl Home {
-    /// Reads this home's keel.toml (defaults when there is none yet).
+    /// Reads this home's keel.toml (defaults when there is none yet), and registers its accounts'
+    /// keys with the output scrubber (issue 16).
     pub(crate) fn config(&self) -> Result<Config, ConfigError> {
-        Config::load(&self.config_path())
+        let config = Config::load(&self.config_path())?;
+        crate::redact::register_secrets(config.account_secrets());
+        Ok(config)
     }
 }
 

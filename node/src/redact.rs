@@ -15,15 +15,16 @@
 
 use std::borrow::Cow;
 use std::io::{self, Write};
-use std::sync::OnceLock;
+use std::sync::{OnceLock, PoisonError, RwLock};
 
 use keel_actors::context::{PatternError, Scrubber};
 
 use crate::run::setup::CREDENTIAL_ENV;
 
 /// The process's scrubber, set by [`init`] (a scrubber with no registered literal until then: the
-/// built-in shapes still apply).
-static SCRUBBER: OnceLock<Scrubber> = OnceLock::new();
+/// built-in shapes still apply); [`register_secrets`] adds the keys of keel.toml's accounts once
+/// it is read.
+static SCRUBBER: OnceLock<RwLock<Scrubber>> = OnceLock::new();
 
 /// Most bytes a line writer holds without a newline before it scrubs and writes them anyway (a line
 /// longer than this may be cut inside a secret: the margin keeps every built-in shape whole).
@@ -43,17 +44,32 @@ pub(crate) fn init() -> Result<(), PatternError> {
             let _ = scrubber.register_secret(&value);
         }
     }
-    let _ = SCRUBBER.set(scrubber);
+    let _ = SCRUBBER.set(RwLock::new(scrubber));
     Ok(())
 }
 
-fn scrubber() -> &'static Scrubber {
-    SCRUBBER.get_or_init(Scrubber::new)
+fn scrubber() -> &'static RwLock<Scrubber> {
+    SCRUBBER.get_or_init(|| RwLock::new(Scrubber::new()))
+}
+
+/// Registers more credential values (the keys of keel.toml's `[[accounts]]`, read when the file
+/// is loaded), so nothing keel prints afterwards carries them.
+pub(crate) fn register_secrets(values: impl IntoIterator<Item = String>) {
+    // A poisoned lock still holds a usable scrubber: registering is a push onto its list.
+    let mut scrubber = scrubber().write().unwrap_or_else(PoisonError::into_inner);
+    for value in values {
+        // A value shorter than six characters is not a credential; it stays unregistered.
+        let _ = scrubber.register_secret(&value);
+    }
 }
 
 /// `text` with every secret replaced by its marker.
 pub(crate) fn text(text: &str) -> Cow<'_, str> {
-    scrubber().scrub(text).text
+    scrubber()
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .scrub(text)
+        .text
 }
 
 /// Scrubs every string of a JSON value in place (keys included).

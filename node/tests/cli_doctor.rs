@@ -66,7 +66,7 @@ fn init_with_claude_agent(dir: &Path) {
     let config = dir.join(".keel/keel.toml");
     let mut text = std::fs::read_to_string(&config).unwrap();
     text.push_str(
-        "\n[[agents]]\nname = \"coder\"\nharness = \"claude-code\"\nmodel = \"claude-sonnet-4-5\"\naccount = \"main\"\n",
+        "\n[[agents]]\nname = \"coder\"\nharness = \"claude-code\"\nmodel = \"claude-sonnet-4-5\"\n",
     );
     std::fs::write(&config, text).unwrap();
 }
@@ -166,4 +166,61 @@ fn keel_run_without_a_key_or_a_harness_binary_exits_2_naming_the_fix_before_any_
     );
     let (_, runs, _) = run(&mut keel(dir.path(), &["runs"]));
     assert!(runs.contains("no runs yet"), "nothing was started: {runs}");
+}
+
+#[test]
+fn doctor_checks_every_accounts_credential_without_printing_it() {
+    let dir = tempfile::tempdir().unwrap();
+    assert_eq!(run(&mut keel(dir.path(), &["init"])).0, 0);
+    let config = dir.path().join(".keel/keel.toml");
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str(
+        "\n[[accounts]]\nname = \"team-a\"\nprovider = \"anthropic\"\nkey_env = \"KEEL_DOCTOR_KEY_A\"\n\
+         \n[[accounts]]\nname = \"team-b\"\nprovider = \"anthropic\"\nkey_file = \"keys/team-b.key\"\n\
+         \n[[agents]]\nname = \"loop\"\nharness = \"messages-api\"\nmodel = \"m\"\naccount = \"team-a\"\n",
+    );
+    std::fs::write(&config, text).unwrap();
+    let key_a = "sk-doctor-account-a-0001";
+    let key_b = "sk-doctor-account-b-0002";
+
+    // team-a's variable is set; team-b's key file is missing: a problem with its fix, even though
+    // no agent names team-b (a rate-limited task may move there).
+    let (code, out, err) = run(keel(dir.path(), &["doctor"]).env("KEEL_DOCTOR_KEY_A", key_a));
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.contains("ok       account team-a: KEEL_DOCTOR_KEY_A is set (for loop)"),
+        "{out}"
+    );
+    assert!(out.contains("PROBLEM  account team-b: key file"), "{out}");
+    assert!(out.contains("chmod 600"), "{out}");
+
+    // A key file others may read is a problem too; a private one is fine. No key is ever printed.
+    let keys = dir.path().join(".keel/keys");
+    std::fs::create_dir_all(&keys).unwrap();
+    std::fs::write(keys.join("team-b.key"), format!("{key_b}\n")).unwrap();
+    std::fs::set_permissions(
+        keys.join("team-b.key"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+    let (code, out, err) = run(keel(dir.path(), &["doctor"]).env("KEEL_DOCTOR_KEY_A", key_a));
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("may be read by others"), "{out}");
+    std::fs::set_permissions(
+        keys.join("team-b.key"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    let (code, out, err) =
+        run(keel(dir.path(), &["--json", "doctor"]).env("KEEL_DOCTOR_KEY_A", key_a));
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(!out.contains(key_a) && !out.contains(key_b), "{out}");
+
+    // Without team-a's variable, `keel run` stops before creating the run, naming it.
+    let (code, out, err) = run(&mut keel(dir.path(), &["run", "hello"]));
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(
+        err.contains("environment variable KEEL_DOCTOR_KEY_A is not set"),
+        "{err}"
+    );
 }

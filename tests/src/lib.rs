@@ -365,8 +365,8 @@ pub fn model_server(dir: &Path, record: &Path) -> Result<(Reaped, String), Helpe
     model_server_with(dir, record, None)
 }
 
-/// [`model_server`] following the script in the file `script` first (`keel model-server --script`),
-/// then the prompt rules.
+/// [`model_server`] following the script in the file `script` first (`keel model-server --script`:
+/// its turns, its failures by API key), then the prompt rules.
 ///
 /// # Errors
 /// As [`model_server`].

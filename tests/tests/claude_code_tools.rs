@@ -92,7 +92,7 @@ impl Fixture {
         let config = self.work.join(".keel/keel.toml");
         let mut text = std::fs::read_to_string(&config).unwrap();
         text.push_str(
-            "\n[[agents]]\nname = \"claude\"\nharness = \"claude-code\"\nmodel = \"keel-scripted-1\"\naccount = \"local\"\n",
+            "\n[[agents]]\nname = \"claude\"\nharness = \"claude-code\"\nmodel = \"keel-scripted-1\"\n",
         );
         std::fs::write(&config, text).unwrap();
     }

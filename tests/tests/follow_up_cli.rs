@@ -253,7 +253,7 @@ fn a_follow_up_is_a_derived_task_served_with_the_parents_brief_and_outcome() {
     // 2. On another profile: its model is that profile's, and the thread goes on from the newest
     // task (the first follow-up).
     fx.add_agents(
-        "[[agents]]\nname = \"other\"\nharness = \"messages-api\"\nmodel = \"keel-scripted-2\"\naccount = \"local\"\n",
+        "[[agents]]\nname = \"other\"\nharness = \"messages-api\"\nmodel = \"keel-scripted-2\"\n",
     );
     let before = fx.bodies().len();
     let mut cmd = fx.keel();
@@ -480,7 +480,7 @@ fn a_thread_started_on_the_native_loop_continues_on_claude_code_without_a_resume
     )
     .unwrap();
     fx.add_agents(
-        "[[agents]]\nname = \"claude\"\nharness = \"claude-code\"\nmodel = \"keel-claude-model\"\naccount = \"local\"\n",
+        "[[agents]]\nname = \"claude\"\nharness = \"claude-code\"\nmodel = \"keel-claude-model\"\n",
     );
 
     let message = "What did the survey find, in one line?\nCALL_TOOL: Bash {\"command\": \"cat report.json\"}";

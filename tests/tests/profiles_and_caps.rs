@@ -183,7 +183,7 @@ fn context_caps_from_keel_toml_are_what_the_runtime_and_keel_context_use() {
 #[test]
 fn an_agent_profiles_tools_system_prompt_and_max_turns_reach_its_sessions() {
     let fx = Fixture::new(
-        "[[agents]]\nname = \"narrow\"\nharness = \"messages-api\"\nmodel = \"keel-scripted-1\"\naccount = \"local\"\ntools = [\"bash\"]\nsystem_prompt = \"PROFILE-SYSTEM-MARKER: be brief.\"\nmax_turns = 1\n",
+        "[[agents]]\nname = \"narrow\"\nharness = \"messages-api\"\nmodel = \"keel-scripted-1\"\ntools = [\"bash\"]\nsystem_prompt = \"PROFILE-SYSTEM-MARKER: be brief.\"\nmax_turns = 1\n",
     );
     // The step needs two model turns (a tool call, then the answer): with max_turns = 1 every
     // session stops after its first.

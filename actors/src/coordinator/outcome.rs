@@ -415,7 +415,9 @@ impl RunState {
             });
         let spent = self.steps[index].failures >= attempts_max;
         match verdict {
-            Verdict::Restart { .. } | Verdict::Reroute { .. } if spent => {
+            Verdict::Restart { .. } | Verdict::Reroute { .. } | Verdict::SwitchAccount { .. }
+                if spent =>
+            {
                 let reason = format!("retry budget spent after {attempts_max} failed attempts");
                 self.park(index, failure, reason, None, now, out);
             }
@@ -445,6 +447,29 @@ impl RunState {
                     BackoffNext::NewAttempt {
                         reroute: Some(agent),
                     },
+                    after_ms,
+                    now,
+                    rng,
+                    out,
+                );
+            }
+            Verdict::SwitchAccount { account, after_ms } => {
+                let from = self.steps[index].assignment.as_ref().map_or_else(
+                    || "its account".to_string(),
+                    |a| format!("account {}", a.account),
+                );
+                self.decide(
+                    now,
+                    format!(
+                        "step {key}: rate-limited on {from}; the next attempt bills to account {account} after {after_ms} ms (supervisor)"
+                    ),
+                );
+                // Kept in the checkpoint the next attempt's stage writes, so a restart of the
+                // node asks for this account too.
+                self.steps[index].account = Some(account);
+                self.backoff(
+                    index,
+                    BackoffNext::NewAttempt { reroute: None },
                     after_ms,
                     now,
                     rng,

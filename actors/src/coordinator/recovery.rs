@@ -220,6 +220,7 @@ impl RunState {
             step.failures = snap.failures;
             step.last_failure = snap.last_failure.clone();
             step.agent = snap.agent.clone();
+            step.account = snap.account.clone();
             step.attempt = snap.attempt;
             if let Some(task) = step.current_task {
                 // The newest attempt anything durable knows of: the snapshot, the task row, or an

@@ -44,6 +44,10 @@ pub struct StepSnapshot {
     pub last_failure: Option<SubtaskFailure>,
     /// The agent the next attempt asks for.
     pub agent: Option<String>,
+    /// The account the next attempt asks for, after a rate limit moved the step to it (absent in
+    /// checkpoints written before accounts were switched, and when the profile's account is used).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
     /// Set when the step was skipped (no task ever ran it).
     pub skipped: Option<String>,
     /// For a follow-up: the task whose thread it continues.
@@ -81,6 +85,7 @@ impl RunState {
                     failures: s.failures,
                     last_failure: s.last_failure.clone(),
                     agent: s.agent.clone(),
+                    account: s.account.clone(),
                     skipped: match &s.outcome {
                         Some(StepOutcome::Skipped { reason }) => Some(reason.clone()),
                         _ => None,

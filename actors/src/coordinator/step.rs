@@ -49,6 +49,9 @@ pub(super) struct Step {
     pub(super) failures: u32,
     /// The agent the next attempt asks for (a reroute changes it).
     pub(super) agent: Option<String>,
+    /// The account the next attempt asks for (a rate limit's switch sets it, a reroute to another
+    /// agent clears it); `None` bills to the agent profile's account.
+    pub(super) account: Option<String>,
     /// How the current attempt's session gets its context.
     pub(super) continuity: Continuity,
     /// Bumped at every new attempt: a backoff timer or a recorded-attempt stage carries the value it
@@ -95,6 +98,7 @@ impl Step {
     pub(super) fn new(spec: PlanStep, deps: Vec<usize>) -> Self {
         Self {
             agent: spec.assignee.clone(),
+            account: None,
             spec,
             deps,
             current_task: None,
@@ -291,6 +295,8 @@ impl RunState {
         };
         if let Some(agent) = reroute {
             self.steps[index].agent = Some(agent);
+            // Another agent bills to its own profile's account.
+            self.steps[index].account = None;
         }
         let attempt_id = AttemptId {
             run: run_id,
@@ -468,6 +474,7 @@ impl RunState {
             depth: self.depth_of(index, root_depth),
             kind,
             agent: self.steps[index].agent.clone(),
+            account: self.steps[index].account.clone(),
             estimate_micros: self.steps[index].spec.estimate_micros,
             brief,
             continuity: self.steps[index].continuity,
@@ -556,8 +563,8 @@ impl RunState {
                 self.decide(
                     now,
                     format!(
-                        "step {key}: attempt {attempt} admitted as agent {} on {} with model {} (from the agent's profile)",
-                        assignment.agent, assignment.harness, assignment.model
+                        "step {key}: attempt {attempt} admitted as agent {} on {} with model {} (from the agent's profile), account {}",
+                        assignment.agent, assignment.harness, assignment.model, assignment.account
                     ),
                 );
                 self.steps[index].status = StepStatus::Running;

@@ -5,7 +5,7 @@
 use crate::ids::AttemptId;
 use crate::message::SessionSecret;
 use crate::session_tool::{DeliverToolCall, SESSION_TOOL_SERVER, SessionEndpoint};
-use keel_harness::{Account, Credential, Harness, HarnessKind, McpEndpoint, SessionSpec};
+use keel_harness::{Account, Harness, HarnessKind, McpEndpoint, SessionSpec};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -143,24 +143,21 @@ impl HarnessSet {
         self.session_endpoint.as_ref()
     }
 
-    /// The values of every credential its accounts name (the variable read from the node's session
-    /// environment first, then the process's, as adapters read it), so the scrubber can remove them
-    /// literally from whatever a session prints, whatever their shape (issue 16). Unset variables
-    /// are skipped; each value once.
+    /// The values of every credential its accounts name (a variable read from the node's session
+    /// environment first, then the process's, as adapters read it; a key file read now), so the
+    /// scrubber can remove them literally from whatever a session prints, whatever their shape
+    /// (issue 16). Missing ones are skipped (the session that needs one fails to start, naming
+    /// it); each value once.
     pub fn credential_values(&self) -> Vec<String> {
         let mut values: Vec<String> = Vec::new();
         for account in self.accounts.values() {
-            let name = match &account.credential {
-                Credential::None => continue,
-                Credential::ApiKeyEnv(n) | Credential::BearerTokenEnv(n) => n,
-            };
-            let value = self
-                .env
-                .get(name)
-                .cloned()
-                .or_else(|| std::env::var(name).ok());
-            if let Some(v) = value
-                && !v.is_empty()
+            let found = account.credential.secret(|name| {
+                self.env
+                    .get(name)
+                    .cloned()
+                    .or_else(|| std::env::var(name).ok())
+            });
+            if let Ok(Some(v)) = found
                 && !values.contains(&v)
             {
                 values.push(v);

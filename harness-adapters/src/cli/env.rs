@@ -30,18 +30,16 @@ pub fn base_env(spec: &SessionSpec, home: &Path) -> BTreeMap<String, String> {
     env
 }
 
-/// The account's secret, resolved the one way adapters must (spec env first, then ours).
+/// The account's secret, resolved the one way adapters must ([`Credential::secret`]: the spec's
+/// env first, then ours, or the account's private key file).
 ///
 /// # Errors
-/// [`StartError::MissingCredential`] naming the variable.
+/// [`StartError::MissingCredential`] naming the variable or the file.
 pub fn credential_value(spec: &SessionSpec) -> Result<Option<(Credential, String)>, StartError> {
-    let name = match &spec.account.credential {
-        Credential::None => return Ok(None),
-        Credential::ApiKeyEnv(n) | Credential::BearerTokenEnv(n) => n,
-    };
-    spec.env_var(name)
-        .map(|v| Some((spec.account.credential.clone(), v)))
-        .ok_or_else(|| {
-            StartError::MissingCredential(format!("environment variable {name} is not set"))
-        })
+    let secret = spec
+        .account
+        .credential
+        .secret(|name| spec.env_var(name))
+        .map_err(|e| StartError::MissingCredential(e.to_string()))?;
+    Ok(secret.map(|v| (spec.account.credential.clone(), v)))
 }

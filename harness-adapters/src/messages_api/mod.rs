@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use crate::error::StartError;
 use crate::session::{BoxFuture, Harness, RunningSession, session_channel};
-use crate::spec::{Credential, HarnessKind, SessionSpec};
+use crate::spec::{HarnessKind, SessionSpec};
 use crate::tools::ToolRegistry;
 use agent::{AgentLoop, LoopConfig};
 use client::{Auth, HttpTransport};
@@ -87,15 +87,14 @@ pub(crate) fn prepare_spec(mut spec: SessionSpec) -> Result<SessionSpec, StartEr
 }
 
 fn auth_for(spec: &SessionSpec) -> Result<Auth, StartError> {
-    let lookup = |name: &str| {
-        spec.env_var(name)
-            .filter(|v| !v.is_empty())
-            .ok_or_else(|| StartError::MissingCredential(name.to_owned()))
-    };
-    Ok(match &spec.account.credential {
-        Credential::None => Auth::None,
-        Credential::ApiKeyEnv(name) => Auth::ApiKey(lookup(name)?),
-        Credential::BearerTokenEnv(name) => Auth::Bearer(lookup(name)?),
+    let credential = &spec.account.credential;
+    let secret = credential
+        .secret(|name| spec.env_var(name))
+        .map_err(|e| StartError::MissingCredential(e.to_string()))?;
+    Ok(match secret {
+        None => Auth::None,
+        Some(v) if credential.is_bearer() => Auth::Bearer(v),
+        Some(v) => Auth::ApiKey(v),
     })
 }
 

@@ -18,4 +18,6 @@ pub mod script;
 pub use harness::{InProcessTransport, ScriptedHarness};
 pub use model::{Answer, ModelReply, PlannedToolCall, ScriptedModel};
 pub use request::{ModelRequest, OfferedTool, OfferedToolKind, ToolResultSeen, WireApi};
-pub use script::{Script, ScriptError, ScriptFailure, ScriptToolCall, ScriptTurn, ScriptUsage};
+pub use script::{
+    KeyFailure, Script, ScriptError, ScriptFailure, ScriptToolCall, ScriptTurn, ScriptUsage,
+};

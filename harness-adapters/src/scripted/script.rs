@@ -11,7 +11,8 @@
 //! [[turns]]
 //! text = "done"
 //! ```
-//! Turns are consumed one per model request, in order. When they run out (or when there are none),
+//! `[[key_failures]]` (`key = "..."`, `failure = {...}`) makes the HTTP server fail every request
+//! sent with that key. Turns are consumed one per model request, in order. When they run out (or when there are none),
 //! the model answers by the prompt rules of [`super::model::ScriptedModel`] unless `rules_after_turns = false`, in
 //! which case every further request gets a 500 so a test notices the script was too short.
 
@@ -43,6 +44,22 @@ pub struct Script {
     /// Usage reported for a turn that names none.
     #[serde(default)]
     pub default_usage: Option<ScriptUsage>,
+    /// Failures by API key, for the HTTP server only: a request whose key (`x-api-key`, or
+    /// `Authorization: Bearer`) is listed gets that failure, every time, before any injected
+    /// failure or turn is used (the turns do not advance). How a test makes one account's key
+    /// rate-limited while another's works.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub key_failures: Vec<KeyFailure>,
+}
+
+/// One entry of [`Script::key_failures`]: requests sent with `key` fail as `failure`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyFailure {
+    /// The API key or bearer token, exactly as the client sends it.
+    pub key: String,
+    /// What every request with that key gets.
+    pub failure: ScriptFailure,
 }
 
 fn default_true() -> bool {
@@ -203,6 +220,7 @@ impl Script {
             turns: Vec::new(),
             rules_after_turns: true,
             default_usage: None,
+            key_failures: Vec::new(),
         }
     }
 
@@ -212,6 +230,7 @@ impl Script {
             turns,
             rules_after_turns: true,
             default_usage: None,
+            key_failures: Vec::new(),
         }
     }
 
@@ -332,6 +351,25 @@ mod tests {
                 reset_after_secs: Some(30)
             })
         );
+    }
+
+    #[test]
+    fn key_failures_load_from_toml() {
+        let script = Script::from_toml_str(
+            r#"
+            [[key_failures]]
+            key = "sk-limited"
+            failure = { kind = "rate_limited", retry_after_secs = 60, reset_after_secs = 60 }
+        "#,
+        )
+        .unwrap();
+        assert_eq!(script.key_failures.len(), 1);
+        assert_eq!(script.key_failures[0].key, "sk-limited");
+        assert!(script.turns.is_empty());
+        assert!(matches!(
+            Script::from_toml_str("[[key_failures]]\nkey = \"k\"\n"),
+            Err(ScriptError::Toml(_))
+        ));
     }
 
     #[test]

@@ -28,7 +28,9 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use crate::rfc3339;
-use crate::scripted::{ModelReply, ModelRequest, Script, ScriptFailure, ScriptedModel, WireApi};
+use crate::scripted::{
+    KeyFailure, ModelReply, ModelRequest, Script, ScriptFailure, ScriptedModel, WireApi,
+};
 use encode::SseEvent;
 
 /// Largest request body accepted; Claude Code's first request is about 76 KB, long conversations
@@ -133,6 +135,8 @@ struct Shared {
     models_by_name: Mutex<BTreeMap<String, ScriptedModel>>,
     injected: Mutex<VecDeque<ScriptFailure>>,
     persistent: Mutex<Option<ScriptFailure>>,
+    /// The script's failures by API key (read-only after start).
+    key_failures: Vec<KeyFailure>,
     recorded: Mutex<VecDeque<RecordedRequest>>,
     seq: Mutex<u64>,
     record_dir: Option<PathBuf>,
@@ -182,6 +186,7 @@ impl ModelServer {
             source,
         })?;
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let key_failures = config.script.key_failures.clone();
         let shared = Arc::new(Shared {
             model: Mutex::new(ScriptedModel::new(config.script)),
             models_by_name: Mutex::new(
@@ -193,6 +198,7 @@ impl ModelServer {
             ),
             injected: Mutex::new(VecDeque::new()),
             persistent: Mutex::new(None),
+            key_failures,
             recorded: Mutex::new(VecDeque::new()),
             seq: Mutex::new(0),
             record_dir: config.record_dir,
@@ -454,8 +460,8 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
         }
     };
     let model_request = ModelRequest::from_body(wire, &parsed);
-    let injected = lock(&shared.injected)
-        .pop_front()
+    let injected = key_failure(&shared.key_failures, &parts.headers)
+        .or_else(|| lock(&shared.injected).pop_front())
         .or_else(|| lock(&shared.persistent).clone());
     let reply = match injected {
         Some(failure) => failure_reply(failure, &model_request),
@@ -465,6 +471,20 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
         },
     };
     reply_response(&shared, wire, &model_request, reply).await
+}
+
+/// The failure the script names for the request's key (`x-api-key`, else `Authorization: Bearer`).
+fn key_failure(failures: &[KeyFailure], headers: &HeaderMap) -> Option<ScriptFailure> {
+    if failures.is_empty() {
+        return None;
+    }
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let key = header("x-api-key")
+        .or_else(|| header("authorization").and_then(|v| v.strip_prefix("Bearer ")))?;
+    failures
+        .iter()
+        .find(|f| f.key == key)
+        .map(|f| f.failure.clone())
 }
 
 /// Injected failures reuse the model's own failure encoding through a one-turn script, so an

@@ -70,7 +70,7 @@ fn profile(a: &AgentSection) -> AgentProfile {
         description: a.description.clone(),
         harness: a.harness.as_str().into(),
         model: a.model.clone(),
-        account: a.account.clone(),
+        account: a.account_name().to_owned(),
         tools: a.tools.clone(),
         system_prompt: a.system_prompt.clone(),
         limits,
@@ -95,29 +95,23 @@ fn scripted_profile() -> AgentProfile {
 /// are registered with every scrubber keel runs (issue 16).
 pub(crate) const CREDENTIAL_ENV: [&str; 2] = ["ANTHROPIC_API_KEY", "OPENAI_API_KEY"];
 
-/// The environment variable a harness's sessions read their key from (`None` for the scripted
-/// model): one place for the runs and for `keel doctor`'s checks.
+/// The environment variable a harness's sessions read their key from when their agent names no
+/// `[[accounts]]` entry (`None` for the scripted model): one place for the runs and for `keel
+/// doctor`'s checks.
 pub(crate) fn credential_env(kind: HarnessKind) -> Option<&'static str> {
-    let [anthropic, openai] = CREDENTIAL_ENV;
-    match kind {
-        HarnessKind::MessagesApi | HarnessKind::ClaudeCode => Some(anthropic),
-        HarnessKind::Codex | HarnessKind::Opencode | HarnessKind::Pi => Some(openai),
-        HarnessKind::Scripted => None,
-    }
+    kind.provider().map(keel_harness::Provider::default_key_env)
 }
 
-/// The account a configured agent bills to: credentials from the environment, by harness.
+/// The account of an agent that names no `[[accounts]]` entry: its provider's key variable and
+/// base-URL variable.
 fn account_for(kind: HarnessKind, id: &str) -> Account {
     let credential = match credential_env(kind) {
         Some(var) => Credential::ApiKeyEnv(var.into()),
         None => Credential::None,
     };
-    let base_url = match kind {
-        HarnessKind::MessagesApi | HarnessKind::ClaudeCode => {
-            std::env::var("ANTHROPIC_BASE_URL").ok()
-        }
-        _ => std::env::var("OPENAI_BASE_URL").ok(),
-    };
+    let base_url = kind
+        .provider()
+        .and_then(|p| std::env::var(p.base_url_env()).ok());
     Account {
         id: id.into(),
         base_url,
@@ -223,7 +217,9 @@ pub(crate) async fn node_setup(
             if harnesses.get(kind).is_none() {
                 harnesses = harnesses.with(kind, harness_for(kind)?);
             }
-            harnesses = harnesses.with_account(account_for(kind, &a.account));
+            if config.account(a.account_name()).is_none() {
+                harnesses = harnesses.with_account(account_for(kind, a.account_name()));
+            }
         }
         if let Some(n) = &choice.agent
             && agents.is_empty()
@@ -275,13 +271,27 @@ pub(crate) async fn node_setup(
         if harnesses.get(kind).is_none() {
             harnesses = harnesses.with(kind, harness_for(kind)?);
         }
-        if !kept_scripted {
+        if !kept_scripted && config.account(&profile.account).is_none() {
             harnesses = harnesses.with_account(account_for(kind, &profile.account));
         }
         agents.retain(|a| a.name != profile.name);
         agents.push(profile);
     }
     rc.supervisor.agents = agents;
+    // Every account of keel.toml, whether or not an agent names it: a rate-limited task moves to
+    // another account of its provider (the supervisor's switch), and every account's key is
+    // registered with the scrubbers below and by the runtime (issue 16).
+    for account in &config.accounts {
+        harnesses = harnesses.with_account(account.account());
+    }
+    rc.supervisor.accounts = config
+        .accounts
+        .iter()
+        .map(|a| keel_actors::AccountRoute {
+            name: a.name.clone(),
+            provider: a.provider,
+        })
+        .collect();
     // keel's session tools for every session of a harness with an MCP client (issue 11).
     // Its answers and error bodies are scrubbed with the credentials this node knows (issue 16).
     let mut endpoint_config = keel_mcp::EndpointConfig {
