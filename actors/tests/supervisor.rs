@@ -552,23 +552,7 @@ fn with_every_account_limited_the_rate_limit_falls_back_to_another_harness() {
             (1, admit(1, 1, Some("alpha"), 0)),
             (2, rate_limited(1)),
             (3, admit_on_account(2, Some("anthropic-b"))),
-            (
-                4,
-                SupervisorInput::Msg(SupervisorMsg::Settle {
-                    attempt: attempt(2, 1),
-                    spent_micros: 0,
-                    outcome: Err(SubtaskFailure {
-                        kind: FailureKind::Harness(ErrorCategory::RateLimited {
-                            reset_at_unix_ms: Some(60_000),
-                        }),
-                        attempted: "x".into(),
-                        partial: Vec::new(),
-                        retryable: true,
-                        retry_after_ms: None,
-                        detail: "d".into(),
-                    }),
-                }),
-            ),
+            (4, rate_limited(2)),
         ],
     );
     assert_eq!(

@@ -327,9 +327,9 @@ pub fn wait_cancelled(dir: &Path, run: &str, wait: Duration) -> Result<(), Helpe
     })
 }
 
-/// The request bodies a scripted model server recorded in `dir` (`keel model-server --record-dir`),
-/// in arrival order.
-pub fn recorded_bodies(dir: &Path) -> Vec<serde_json::Value> {
+/// The requests a scripted model server recorded in `dir` (`keel model-server --record-dir`), in
+/// arrival order: `seq`, `method`, `path`, `headers` (secret values cut to a prefix) and `body`.
+pub fn recorded_requests(dir: &Path) -> Vec<serde_json::Value> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
         .unwrap_or_default();
@@ -338,6 +338,13 @@ pub fn recorded_bodies(dir: &Path) -> Vec<serde_json::Value> {
         .iter()
         .filter_map(|f| std::fs::read_to_string(f).ok())
         .filter_map(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .collect()
+}
+
+/// The request bodies of [`recorded_requests`].
+pub fn recorded_bodies(dir: &Path) -> Vec<serde_json::Value> {
+    recorded_requests(dir)
+        .into_iter()
         .filter_map(|v| v.get("body").cloned())
         .collect()
 }

@@ -160,14 +160,8 @@ account = "team-a"
 /// Each model request the server recorded: the key prefix it was sent with, and its opening user
 /// text when it opens a session (its conversation holds one message).
 fn requests(record: &Path) -> Vec<(String, Option<String>)> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(record)
-        .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
-        .unwrap_or_default();
-    files.sort();
-    files
-        .iter()
-        .filter_map(|f| std::fs::read_to_string(f).ok())
-        .filter_map(|t| serde_json::from_str::<Value>(&t).ok())
+    keel_tests::recorded_requests(record)
+        .into_iter()
         .filter(|r| r["path"].as_str().is_some_and(|p| p.contains("/messages")))
         .map(|r| {
             let key = r["headers"]
