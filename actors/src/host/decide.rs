@@ -124,15 +124,7 @@ pub fn cancel_stored(
     reason: &str,
     now: Millis,
 ) -> Result<Marks, Refusal> {
-    if hosted {
-        return Err(Refusal::AlreadyRunning(run.id));
-    }
-    if run.status.is_terminal() {
-        return Err(Refusal::Terminal {
-            run: run.id,
-            status: run.status,
-        });
-    }
+    stored_and_open(hosted, run)?;
     let own_work_done = tasks
         .iter()
         .filter(|t| t.parent.is_some() && !of_follow_up(t, tasks))
@@ -196,15 +188,7 @@ pub fn cancel_task_stored(
     reason: &str,
     now: Millis,
 ) -> Result<Marks, Refusal> {
-    if hosted {
-        return Err(Refusal::AlreadyRunning(run.id));
-    }
-    if run.status.is_terminal() {
-        return Err(Refusal::Terminal {
-            run: run.id,
-            status: run.status,
-        });
-    }
+    stored_and_open(hosted, run)?;
     let Some(first) = tasks.iter().find(|t| t.id == task) else {
         return Err(Refusal::TaskEnded { task, status: None });
     };
@@ -283,15 +267,7 @@ fn cancelled_outcome(reason: &str) -> String {
 /// # Errors
 /// [`Refusal::AlreadyRunning`] when `hosted`; [`Refusal::Terminal`] when the run has ended.
 pub fn resume(hosted: bool, run: &Run, now: Millis) -> Result<Option<Marks>, Refusal> {
-    if hosted {
-        return Err(Refusal::AlreadyRunning(run.id));
-    }
-    if run.status.is_terminal() {
-        return Err(Refusal::Terminal {
-            run: run.id,
-            status: run.status,
-        });
-    }
+    stored_and_open(hosted, run)?;
     Ok((run.status == RunStatus::Paused).then(|| mark_running(run, now)))
 }
 
@@ -335,6 +311,21 @@ pub fn follow_up(hosted: bool, run: &Run, now: Millis) -> Result<FollowUpRoute, 
 }
 
 /// The run row `Running` again, as one write.
+/// What the stored-run decisions refuse first: a run a coordinator of this host has (it decides for
+/// itself) and a run that has ended.
+fn stored_and_open(hosted: bool, run: &Run) -> Result<(), Refusal> {
+    if hosted {
+        return Err(Refusal::AlreadyRunning(run.id));
+    }
+    if run.status.is_terminal() {
+        return Err(Refusal::Terminal {
+            run: run.id,
+            status: run.status,
+        });
+    }
+    Ok(())
+}
+
 fn mark_running(run: &Run, now: Millis) -> Marks {
     let mut row = run.clone();
     row.status = RunStatus::Running;

@@ -39,6 +39,14 @@ report weighs\",\"source\":\"bench\",\"confidence_permille\":900}}],\"gaps\":[],
     )
 }
 
+/// The task a benchmark session runs for: the runtime names it in the session's environment.
+pub(super) fn subtask_of(spec: &SessionSpec) -> Result<String, StartError> {
+    spec.env
+        .get(SUBTASK_ID_ENV)
+        .cloned()
+        .ok_or_else(|| StartError::InvalidSpec("no subtask id in the env".into()))
+}
+
 impl Harness for InstantHarness {
     fn kind(&self) -> HarnessKind {
         HarnessKind::Scripted
@@ -46,11 +54,7 @@ impl Harness for InstantHarness {
 
     fn start(&self, spec: SessionSpec) -> BoxFuture<'_, Result<RunningSession, StartError>> {
         Box::pin(async move {
-            let task = spec
-                .env
-                .get(SUBTASK_ID_ENV)
-                .cloned()
-                .ok_or_else(|| StartError::InvalidSpec("no subtask id in the env".into()))?;
+            let task = subtask_of(&spec)?;
             let (sink, _cancel, session) = session_channel(HarnessKind::Scripted);
             tokio::spawn(async move {
                 sink.send(HarnessEvent::Started {

@@ -13,7 +13,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow};
-use keel_actors::runtime::{HarnessSet, Runtime, RuntimeConfig, SUBTASK_ID_ENV};
+use keel_actors::runtime::{HarnessSet, Runtime, RuntimeConfig};
+
+use super::bench::subtask_of;
 use keel_actors::{Plan, PlanStep, RunMode};
 use keel_harness::session::BoxFuture;
 use keel_harness::{
@@ -42,11 +44,7 @@ impl Harness for GatedHarness {
     fn start(&self, spec: SessionSpec) -> BoxFuture<'_, Result<RunningSession, StartError>> {
         let (calls, timings) = (self.calls, Arc::clone(&self.timings));
         Box::pin(async move {
-            let task = spec
-                .env
-                .get(SUBTASK_ID_ENV)
-                .cloned()
-                .ok_or_else(|| StartError::InvalidSpec("no subtask id in the env".into()))?;
+            let task = subtask_of(&spec)?;
             let gate = spec
                 .pre_tool_gate
                 .clone()
