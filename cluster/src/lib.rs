@@ -2,11 +2,9 @@
 //! store and the machines of every run, and stateless worker nodes that host specialists, over
 //! ractor_cluster.
 //!
-//! - `wire.rs`: the protocol: typed messages, a bincode 2 encoding behind a protocol version, a total
-//!   decoder. `name.rs`: node names and the process groups they join.
-//! - `membership.rs`: the coordinator's view of its workers (pure, time as an argument): leases renewed
-//!   by heartbeats, placement by capability and load, spawn acknowledgements, what a lost worker's
-//!   attempts become.
+//! - The protocol itself (messages, encoding, node names, membership rules) is the pure crate
+//!   keel-protocol, re-exported here; the simulator speaks it too. `wire.rs` carries its frames over
+//!   ractor_cluster.
 //! - `cookie.rs`: the shared secret, read from a file nobody else may read. `tls.rs`: mutual TLS
 //!   between nodes when certificates are configured.
 //! - `net.rs`: the ractor_cluster node server (explicit bind address), joining a peer with backoff,
@@ -16,13 +14,13 @@
 
 pub mod cookie;
 pub mod coordinator;
-pub mod membership;
-pub mod name;
 pub mod net;
 pub mod tls;
 pub mod wire;
 pub mod worker;
 mod worker_role;
+
+pub use keel_protocol::{membership, name};
 
 pub use cookie::{CookieError, read_cookie};
 pub use coordinator::{CoordinatorEndpoint, DispatchStats, EndpointObserver, FrameCounts};

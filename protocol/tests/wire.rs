@@ -6,9 +6,9 @@ mod common;
 
 use common::{attempt, start};
 use keel_actors::{AttemptResult, SpecialistMsg, SpecialistReply, SubtaskFailure};
-use keel_cluster::wire::{self, encode_as_version};
-use keel_cluster::{NodeName, PROTOCOL_VERSION, ToCoordinator, ToWorker, WireError, WorkerStatus};
 use keel_harness::HarnessKind;
+use keel_protocol::wire::{self, encode_as_version};
+use keel_protocol::{NodeName, PROTOCOL_VERSION, ToCoordinator, ToWorker, WireError, WorkerStatus};
 use keel_store::{LogKind, SessionLogRow};
 use proptest::prelude::*;
 

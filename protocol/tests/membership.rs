@@ -5,9 +5,9 @@
 mod common;
 
 use common::{attempt, start};
-use keel_cluster::membership::Action;
-use keel_cluster::{Membership, MembershipConfig, NodeName, WorkerStatus};
 use keel_harness::HarnessKind;
+use keel_protocol::membership::Action;
+use keel_protocol::{Membership, MembershipConfig, NodeName, WorkerStatus};
 
 fn n(s: &str) -> NodeName {
     NodeName::new(s).unwrap()
