@@ -84,7 +84,9 @@ impl WorkerSpecialistRole {
         // specialist's input here, its reply crosses to the coordinator and the answer comes back.
         let deliver = {
             let me = me.clone();
-            Box::new(move |call| {
+            let attempt = self.attempt;
+            Box::new(move |call: keel_actors::SessionToolCall| {
+                tracing::info!(%attempt, tool = call.request.tool(), "a session tool call, for the coordinator node");
                 me.send_message(Deliver(SpecialistInput::ToolCall(call)))
                     .is_ok()
             })

@@ -48,8 +48,9 @@ pub(super) async fn serve(
         home,
         config,
         scripted: setup.scripted,
-        // Sessions on workers get no MCP endpoint, so a brief without a plan runs as one step
-        // (as `keel node --run` does).
+        // Sessions on workers get keel's tools from their worker's endpoint, but a lead session
+        // on a worker is not tested yet: a brief without a plan runs as one step (as `keel node
+        // --run` does).
         lead_capable: false,
         work_dir: work_dir.to_path_buf(),
         agents: serve::agent_names(&api.runtime_config),

@@ -196,6 +196,9 @@ pub(crate) fn node(home: &Home, args: NodeArgs, json: bool) -> anyhow::Result<En
             coordinator = Some((Arc::new(rt), events, endpoint, api));
         }
         let worker = if r.role.works() {
+            // The sessions this node hosts call keel's tools here, on their own machine; each
+            // call crosses the cluster to the coordinator node as the specialist's reply.
+            tracing::info!(url = %setup.session_tools_url, "keel's MCP endpoint for the sessions hosted here");
             Some(
                 WorkerEndpoint::start(WorkerConfig {
                     name: r.name.clone(),

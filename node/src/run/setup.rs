@@ -48,6 +48,9 @@ pub(crate) struct NodeSetup {
     /// The hook bridge's endpoint when keel.toml configures a policy: every session then gets the
     /// pre-tool gate. Attach the runtime's audit writer with [`attach_policy`] once it runs.
     pub(crate) policy: Option<PolicyBridge>,
+    /// Where this node's MCP endpoint serves keel's session tools (127.0.0.1): a worker node
+    /// announces it, since the sessions it hosts call it.
+    pub(crate) session_tools_url: String,
 }
 
 /// Lets the policy bridge record decisions through `runtime` (until then every call is denied).
@@ -304,6 +307,7 @@ pub(crate) async fn node_setup(
     let endpoint = keel_mcp::McpEndpoint::start(endpoint_config)
         .await
         .context("starting keel's MCP endpoint on 127.0.0.1")?;
+    let session_tools_url = endpoint.url().to_string();
     harnesses = harnesses.with_session_endpoint(Arc::new(endpoint));
     // The report check of every session: keel's own loop runs it in process, a CLI with a Stop hook
     // runs `keel hook --report-for ...` (docs/HARNESSES.md says which can).
@@ -327,6 +331,7 @@ pub(crate) async fn node_setup(
         scripted,
         _server: server,
         policy,
+        session_tools_url,
     })
 }
 

@@ -1,0 +1,246 @@
+//! keel's session tools on a worker node (issues 11 and 12), with real processes on 127.0.0.1: a
+//! `keel node` coordinator daemon, one `keel node` worker, and the scripted model server driving
+//! keel's own agent loop on the worker. The session calls the MCP endpoint of ITS node (the
+//! worker's, whose address the worker logs); each call crosses the cluster to the coordinator node
+//! as the specialist's reply and the answer comes back the same way.
+//!
+//! - A session on the worker calls `report_findings`: the findings are on the task row in the
+//!   coordinator's store, the answer reached the model, and the worker logged the call it sent on.
+//! - A live session of another run, holding its own token: asking for the first run's task is
+//!   refused (the token scopes the call to its own run); a made-up token is refused with 401; once
+//!   the session ended, its token is refused with 401 too.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests: a panic is the failure report.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::Duration;
+
+use keel_actors::session_tool::reported_findings;
+use keel_actors::{Plan, PlanStep};
+use keel_harness::tools::mcp::{McpClient, McpError};
+use keel_store::{RunStatus, TaskStatus};
+use keel_tests::fan_out::{reader, subtasks};
+use keel_tests::serve::{Server, worker_command};
+use keel_tests::{Reaped, keel, recorded_bodies, wait_for};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(120);
+const COOKIE: &str = "keel-mcp-cluster-cookie-0123456789";
+
+fn plan(key: &str, brief: String) -> String {
+    let plan = Plan {
+        steps: vec![PlanStep {
+            key: key.into(),
+            brief,
+            goal: format!("the {key} step"),
+            quality_criteria: Vec::new(),
+            output_schema: None,
+            assignee: None,
+            depends_on: Vec::new(),
+            estimate_micros: 0,
+        }],
+        constraints: Vec::new(),
+    };
+    serde_json::to_string(&plan).unwrap()
+}
+
+/// `keel --server URL run --quiet --plan FILE BRIEF` in `work`.
+fn run_command(server: &Server, work: &Path, plan_file: &str) -> std::process::Command {
+    let mut cmd = server.keel(work);
+    cmd.args([
+        "run",
+        "--quiet",
+        "--plan",
+        plan_file,
+        "a step on the worker",
+    ]);
+    cmd
+}
+
+async fn mcp_client(url: &str, token: &str) -> Result<McpClient, McpError> {
+    let http = keel_harness::messages_api::http::model_client().unwrap();
+    McpClient::connect(http, url, Some(token.to_string())).await
+}
+
+fn assert_unauthorized(result: Result<(String, bool), McpError>) {
+    match result {
+        Err(McpError::Transport(e)) => assert!(e.contains("401"), "{e}"),
+        other => panic!("expected a 401, got {other:?}"),
+    }
+}
+
+/// Connect (which calls `initialize`) and call `tool`; a refused connection is the call's error.
+async fn call(url: &str, token: &str, tool: &str, args: Value) -> Result<(String, bool), McpError> {
+    mcp_client(url, token).await?.call_tool(tool, args).await
+}
+
+#[test]
+fn a_session_on_a_worker_reports_through_its_own_nodes_endpoint_and_tokens_stay_in_their_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    let record = dir.path().join("requests");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::write(work.join("lib.rs"), "pub fn f() {}\n").unwrap();
+    let init = keel(&work).unwrap().arg("init").output().unwrap();
+    assert!(init.status.success(), "{init:?}");
+    let cookie = dir.path().join("cookie");
+    std::fs::write(&cookie, COOKIE).unwrap();
+    std::fs::set_permissions(&cookie, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (_model, model_url) = keel_tests::model_server(&work, &record).unwrap();
+
+    let (mut server, cluster) = Server::start_coordinator(&work, &cookie);
+    let mut cmd = worker_command(&work, &cluster, "w1", &cookie);
+    cmd.env("KEEL_LOG", "error,keel_cluster=info,keel::node_cmd=info")
+        .args(["--model-server", &model_url]);
+    let mut worker = Reaped::spawn(cmd).unwrap();
+    let line = worker
+        .stderr_line_containing("MCP endpoint for the sessions hosted here", WAIT)
+        .unwrap();
+    let endpoint_url = line
+        .split("url=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no url in {line:?}"))
+        .to_string();
+    assert!(endpoint_url.starts_with("http://127.0.0.1:"), "{line}");
+    server
+        .process
+        .stderr_line_containing("worker joined worker=w1", WAIT)
+        .unwrap();
+
+    // Run 1: the session on the worker reports findings through the worker's endpoint.
+    let findings = json!({"findings": [{"claim": "lib.rs defines f", "source": "lib.rs", "confidence_permille": 900}]});
+    std::fs::write(
+        work.join("findings.json"),
+        plan(
+            "findings",
+            format!(
+                "Report what lib.rs holds. REPORT_AFTER_TOOL\nCALL_TOOL: mcp__keel__report_findings {findings}"
+            ),
+        ),
+    )
+    .unwrap();
+    let out = run_command(&server, &work, "findings.json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let store = reader(&work);
+    let run_a = store.catalog().runs(1).unwrap().items[0].clone();
+    assert_eq!(run_a.status, RunStatus::Completed, "{run_a:#?}");
+    let tasks_a = subtasks(&store, run_a.id);
+    assert_eq!(tasks_a.len(), 1, "{tasks_a:#?}");
+    assert_eq!(tasks_a[0].status, TaskStatus::Complete);
+    // Durable in the coordinator's store: the worker never opens it.
+    let reported = reported_findings(&tasks_a[0]);
+    assert_eq!(reported.len(), 1, "{tasks_a:#?}");
+    assert_eq!(reported[0].claim, "lib.rs defines f");
+    assert_eq!(reported[0].source, "lib.rs");
+    drop(store);
+    let bodies: Vec<String> = recorded_bodies(&record)
+        .iter()
+        .map(Value::to_string)
+        .collect();
+    assert!(
+        bodies.iter().any(|b| b.contains("recorded: 1 findings")),
+        "the answer never reached the model: {bodies:#?}"
+    );
+    let worker_log = worker.stderr_so_far();
+    assert!(
+        worker_log.contains("a session tool call, for the coordinator node")
+            && worker_log.contains("tool=\"report_findings\""),
+        "{worker_log}"
+    );
+    assert!(
+        server
+            .process
+            .stderr_so_far()
+            .contains("specialist placed on a worker"),
+        "the session did not run on the worker"
+    );
+
+    // Run 2: its session keeps a copy of its token and stays live until the test releases it.
+    let hold = json!({"command": "printf %s \"$KEEL_MCP_TOKEN\" > token-b; i=0; while [ ! -f release ] && [ $i -lt 900 ]; do sleep 0.1; i=$((i+1)); done; echo held"});
+    std::fs::write(
+        work.join("hold.json"),
+        plan(
+            "hold",
+            format!("Hold until released. REPORT_AFTER_TOOL\nCALL_TOOL: bash {hold}"),
+        ),
+    )
+    .unwrap();
+    let run_b = Reaped::spawn(run_command(&server, &work, "hold.json")).unwrap();
+    let token_file = work.join("token-b");
+    let token_b = wait_for(WAIT, "the second session's token", || {
+        std::fs::read_to_string(&token_file)
+            .ok()
+            .filter(|t| t.len() == 64)
+    })
+    .unwrap();
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let task_a = tasks_a[0].id.to_string();
+    rt.block_on(async {
+        // Run 2's live token asks for run 1's task: refused by run 2's coordinator, nothing of
+        // run 1 in the answer.
+        let (text, is_error) = call(
+            &endpoint_url,
+            &token_b,
+            "get_task_details",
+            json!({"task_id": task_a}),
+        )
+        .await
+        .unwrap();
+        assert!(is_error, "{text}");
+        assert!(
+            text.contains("not a task of this session's thread"),
+            "{text}"
+        );
+        assert!(!text.contains("lib.rs defines f"), "{text}");
+        // A token no session was given: 401 before MCP sees the request.
+        assert_unauthorized(
+            call(
+                &endpoint_url,
+                &"0".repeat(64),
+                "report_progress",
+                json!({"note": "not mine"}),
+            )
+            .await,
+        );
+    });
+
+    std::fs::write(work.join("release"), "").unwrap();
+    let (status, out, err) = run_b.wait_output(WAIT).unwrap();
+    assert!(status.success(), "{out}\n{err}");
+    rt.block_on(async {
+        // The session ended: its token was revoked on the worker.
+        assert_unauthorized(
+            call(
+                &endpoint_url,
+                &token_b,
+                "report_progress",
+                json!({"note": "too late"}),
+            )
+            .await,
+        );
+    });
+    let store = reader(&work);
+    let runs = store.catalog().runs(10).unwrap().items;
+    assert_eq!(runs.len(), 2);
+    for run in &runs {
+        assert_eq!(run.status, RunStatus::Completed, "{run:#?}");
+        for task in subtasks(&store, run.id) {
+            assert!(task.progress_notes.is_empty(), "{task:#?}");
+            if run.id != run_a.id {
+                assert!(reported_findings(&task).is_empty(), "{task:#?}");
+            }
+        }
+    }
+}
