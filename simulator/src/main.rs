@@ -122,6 +122,13 @@ fn soak_run(from: u64, count: u64) -> ExitCode {
         summary.lead_runs_completed,
         summary.lead_runs_other_terminal
     );
+    println!(
+        "wire frames: {} sent ({} bytes, {:.0} bytes/frame), {} of another protocol version refused",
+        summary.frames_sent,
+        summary.frame_bytes,
+        summary.frame_bytes as f64 / summary.frames_sent.max(1) as f64,
+        summary.frames_refused
+    );
     println!("faults injected ({} total):", summary.faults.total());
     for kind in FaultKind::ALL {
         println!("  {:<28} {}", kind.name(), summary.faults.get(kind));

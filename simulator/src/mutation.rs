@@ -88,6 +88,8 @@ pub enum Mutation {
     /// Invariant 1: the host announces a follow-up's id as soon as it hands the follow-up to the
     /// coordinator, before it is durable, so a crash right after the announcement loses it.
     AnnounceFollowUpBeforeDurable,
+    /// Invariant 18: the network cuts the last byte off every frame it carries between nodes.
+    TruncateFrame,
     /// Invariant 11: the host keeps state across worlds in one process (a process-wide counter that
     /// shifts a timer), so the same seed gives another trace the second time.
     LeakProcessState,

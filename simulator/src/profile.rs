@@ -61,6 +61,9 @@ pub struct FaultProfile {
     pub drop_ppm: PartsPerMillion,
     /// A message is delivered twice (the copy with its own latency).
     pub duplicate_ppm: PartsPerMillion,
+    /// Chance that a frame crossing the network is accompanied by a copy from a node of another
+    /// protocol version, which the receiver must refuse (and change nothing).
+    pub version_skew_ppm: PartsPerMillion,
     /// Per tick: a partition between two nodes starts.
     pub partition_ppm: PartsPerMillion,
     /// Share of partitions that block one direction only.
@@ -88,6 +91,7 @@ impl FaultProfile {
             latency_ms_max: 1,
             drop_ppm: 0,
             duplicate_ppm: 0,
+            version_skew_ppm: 0,
             partition_ppm: 0,
             partition_one_way_ppm: 0,
             partition_ms_max: 0,
@@ -146,11 +150,19 @@ impl FaultProfile {
                 *w = rng.range(1, 20) as u32;
             }
         }
+        let fault_tick_ms = rng.range(200, 5_000);
+        // Drawn last, so the classes above keep the draws they had before it existed.
+        let version_skew_ppm = if on(rng) {
+            rng.range(1_000, 50_000) as u32
+        } else {
+            0
+        };
         Self {
             latency_ms_min,
             latency_ms_max,
             drop_ppm,
             duplicate_ppm,
+            version_skew_ppm,
             partition_ppm,
             partition_one_way_ppm,
             partition_ms_max,
@@ -158,7 +170,7 @@ impl FaultProfile {
             restart_ms_max,
             disk_fault_ppm,
             harness_weights,
-            fault_tick_ms: rng.range(200, 5_000),
+            fault_tick_ms,
         }
     }
 
@@ -202,11 +214,13 @@ pub enum FaultKind {
     HarnessMalformed,
     /// A harness session hung.
     HarnessHang,
+    /// A frame from a node of another protocol version arrived (and was refused).
+    VersionSkew,
 }
 
 impl FaultKind {
     /// Every kind, in report order.
-    pub const ALL: [Self; 13] = [
+    pub const ALL: [Self; 14] = [
         Self::MessageDropped,
         Self::MessageDuplicated,
         Self::Partition,
@@ -220,6 +234,7 @@ impl FaultKind {
         Self::HarnessSessionNotFound,
         Self::HarnessMalformed,
         Self::HarnessHang,
+        Self::VersionSkew,
     ];
 
     /// A short stable name for reports and traces.
@@ -238,6 +253,7 @@ impl FaultKind {
             Self::HarnessSessionNotFound => "harness_session_not_found",
             Self::HarnessMalformed => "harness_malformed",
             Self::HarnessHang => "harness_hang",
+            Self::VersionSkew => "version_skew",
         }
     }
 
@@ -257,7 +273,7 @@ impl FaultKind {
 
 /// Faults injected, by kind.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct FaultCounts([u64; 13]);
+pub struct FaultCounts([u64; 14]);
 
 impl FaultCounts {
     /// Counts one fault of `kind`.

@@ -27,6 +27,12 @@ pub struct SoakSummary {
     pub lead_runs_completed: u64,
     /// Lead runs that ended in another terminal state.
     pub lead_runs_other_terminal: u64,
+    /// Frames of the wire protocol put on the network over all seeds.
+    pub frames_sent: u64,
+    /// Their bytes.
+    pub frame_bytes: u64,
+    /// Frames of another protocol version refused.
+    pub frames_refused: u64,
 }
 
 impl SoakSummary {
@@ -36,6 +42,9 @@ impl SoakSummary {
         self.events += report.events;
         self.commits += report.commits;
         self.faults.merge(&report.faults);
+        self.frames_sent += report.frames.sent;
+        self.frame_bytes += report.frames.bytes;
+        self.frames_refused += report.frames.refused;
         if let Some(v) = &report.violation {
             self.violations.push(v.clone());
         }

@@ -40,6 +40,9 @@ pub enum Invariant {
     /// 17. A step's retries count its failures only: a step is parked for a spent retry budget
     ///     after `attempts_per_step_max` failed attempts only; a pause or a crash fails no attempt.
     RetriesCountFailures,
+    /// 18. Every message between nodes crosses as a frame of the wire protocol and arrives as it was
+    ///     sent: it encodes, and it decodes at its receiver (a frame of another version is refused).
+    WireCarries,
     /// The world itself broke a bound (agenda full, event budget spent): a runaway, reported as such.
     WorldBound,
 }
@@ -64,6 +67,7 @@ impl Invariant {
             Self::ReopenEndsOnce => 15,
             Self::CancelKeepsOutcome => 16,
             Self::RetriesCountFailures => 17,
+            Self::WireCarries => 18,
             Self::WorldBound => 0,
         }
     }

@@ -129,6 +129,16 @@ fn invariant_1_a_task_left_open_in_a_finished_run_is_caught() {
 }
 
 #[test]
+fn invariant_18_a_frame_the_protocol_cannot_carry_is_caught() {
+    caught(
+        steps_world(118, &["a"], HarnessBehaviour::Success),
+        Mutation::TruncateFrame,
+        Invariant::WireCarries,
+        "did not decode",
+    );
+}
+
+#[test]
 fn invariant_2_a_session_started_twice_for_one_key_is_caught() {
     caught(
         steps_world(103, &["a"], HarnessBehaviour::Success),

@@ -65,6 +65,12 @@ fn five_hundred_seeds_break_no_invariant() {
         "sweep: {step_cancels} step cancels, {announced} follow-ups announced, {many_pauses} seeds with more than five pauses"
     );
     assert!(step_cancels > 0 && announced > 0 && many_pauses > 0);
+    // Messages between nodes crossed as wire frames, and frames of another version were refused.
+    eprintln!(
+        "sweep: {} wire frames ({} bytes), {} of another protocol version refused",
+        summary.frames_sent, summary.frame_bytes, summary.frames_refused
+    );
+    assert!(summary.frames_sent > SWEEP_SEEDS && summary.frames_refused > 0);
 }
 
 #[test]

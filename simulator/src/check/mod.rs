@@ -129,6 +129,11 @@ impl Checker {
         self.observed
     }
 
+    /// Invariant 18: a message between nodes that the wire protocol could not carry.
+    pub fn fail_protocol(&mut self, event: u64, detail: String) {
+        self.fail(event, Invariant::WireCarries, detail);
+    }
+
     /// The world itself hit a bound.
     pub fn world_bound(&mut self, event: u64, detail: String) {
         self.fail(event, Invariant::WorldBound, detail);

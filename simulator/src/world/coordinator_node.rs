@@ -6,8 +6,7 @@ use std::collections::BTreeMap;
 use keel_actors::host::{self, HostError};
 use keel_actors::{
     AttemptId, CheckpointInput, CheckpointWriter, Coordinator, CoordinatorInput, CoordinatorMsg,
-    Effect, Envelope, Machine, SpecialistInput, SpecialistMsg, Supervisor, SupervisorInput,
-    SupervisorMsg, TimerKey,
+    Effect, Envelope, Machine, SpecialistMsg, Supervisor, SupervisorInput, SupervisorMsg, TimerKey,
 };
 use keel_store::RunId;
 
@@ -17,6 +16,8 @@ use crate::net::NodeId;
 
 use super::World;
 use super::event::Ev;
+use super::frames::Frame;
+use keel_protocol::ToWorker;
 
 /// The coordinator node's machines: everything here is lost in a crash; the store is not.
 #[derive(Debug)]
@@ -207,26 +208,14 @@ impl World {
                 // The coordinator node addresses the worker's current incarnation (a cluster node
                 // event tells it of a crash at once).
                 let inc = self.workers[usize::from(node.0) - 1].inc;
-                if let Some((first, second)) = self.route(NodeId::COORDINATOR, node) {
-                    self.schedule(
-                        first,
-                        Ev::Spawn {
-                            node,
-                            start: Box::new(start.clone()),
-                            inc,
-                        },
-                    );
-                    if let Some(second) = second {
-                        self.schedule(
-                            second,
-                            Ev::Spawn {
-                                node,
-                                start: Box::new(start),
-                                inc,
-                            },
-                        );
-                    }
-                }
+                self.send_frame(
+                    NodeId::COORDINATOR,
+                    node,
+                    Frame::ToWorker(ToWorker::Spawn {
+                        incarnation: inc.into(),
+                        start: Box::new(start),
+                    }),
+                );
             }
             Effect::StopSpecialist { attempt, reason } => {
                 self.send_to_specialist(attempt, SpecialistMsg::Cancel { reason });
@@ -318,34 +307,11 @@ impl World {
         else {
             return;
         };
-        self.send_to_worker(node, attempt, SpecialistInput::Msg(msg));
-    }
-
-    /// Sends `input` from the coordinator node to `attempt`'s specialist on `node` over the network
-    /// (lost, delayed or delivered twice as the route says).
-    fn send_to_worker(&mut self, node: NodeId, attempt: AttemptId, input: SpecialistInput) {
-        if let Some((first, second)) = self.route(NodeId::COORDINATOR, node) {
-            if let Some(second) = second {
-                self.schedule(
-                    second,
-                    Ev::Spec {
-                        node,
-                        attempt,
-                        input: input.clone(),
-                        inc: None,
-                    },
-                );
-            }
-            self.schedule(
-                first,
-                Ev::Spec {
-                    node,
-                    attempt,
-                    input,
-                    inc: None,
-                },
-            );
-        }
+        self.send_frame(
+            NodeId::COORDINATOR,
+            node,
+            Frame::ToWorker(ToWorker::Specialist { attempt, msg }),
+        );
     }
 
     pub(super) fn context_request(
@@ -365,6 +331,10 @@ impl World {
         );
         let rows = self.mutate_context_rows(attempt.run, rows);
         self.checker.context_loaded(self.event_no, attempt, &rows);
-        self.send_to_worker(node, attempt, SpecialistInput::ContextLoaded(rows));
+        self.send_frame(
+            NodeId::COORDINATOR,
+            node,
+            Frame::ToWorker(ToWorker::ContextRows { attempt, rows }),
+        );
     }
 }

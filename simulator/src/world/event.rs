@@ -2,7 +2,7 @@
 
 use keel_actors::{
     AttemptId, CheckpointInput, CoordinatorInput, CoordinatorMsg, RunSpec, SpecialistInput,
-    SpecialistMsg, SpecialistStart, SupervisorInput, SupervisorMsg,
+    SpecialistMsg, SupervisorInput, SupervisorMsg,
 };
 use keel_harness::HarnessEvent;
 use keel_store::RunId;
@@ -37,20 +37,13 @@ pub(super) enum Ev {
         input: SpecialistInput,
         inc: Option<u32>,
     },
-    /// A spawn request arrives at a worker.
-    Spawn {
-        node: NodeId,
-        start: Box<SpecialistStart>,
-        /// The worker's incarnation the spawn was addressed to (the attempt's epoch on that worker):
-        /// a copy that arrives after the worker restarted is refused, since the restarted worker
-        /// cannot know whether the attempt's first copy already started a session there.
-        inc: u32,
-    },
-    /// A specialist's context request arrives at the coordinator node.
-    ContextRequest {
-        node: NodeId,
-        attempt: AttemptId,
-        request: keel_actors::ContextRequest,
+    /// A frame of the wire protocol arrives at a node (`frames.rs`); `label` and `attempt` are what
+    /// the sender knew of it, for the trace.
+    Frame {
+        to: NodeId,
+        label: &'static str,
+        attempt: Option<AttemptId>,
+        bytes: Vec<u8>,
     },
     /// The next scripted event of a harness session.
     HarnessNext {
@@ -95,11 +88,14 @@ impl Ev {
                     spec_input_name(input)
                 )
             }
-            Ev::Spawn { node, start, .. } => {
-                write!(s, "spawn-arrives {node} {}", attempt_short(&start.attempt))
-            }
-            Ev::ContextRequest { node, attempt, .. } => {
-                write!(s, "context-request from {node} {}", attempt_short(attempt))
+            Ev::Frame {
+                to,
+                label,
+                attempt,
+                bytes,
+            } => {
+                let attempt = attempt.as_ref().map(attempt_short).unwrap_or_default();
+                write!(s, "frame to {to} {label} {attempt} {}B", bytes.len())
             }
             Ev::HarnessNext { node, attempt, .. } => {
                 write!(s, "harness {node} {}", attempt_short(attempt))

@@ -13,6 +13,7 @@
 mod coordinator_node;
 mod event;
 mod faults;
+mod frames;
 mod intervention;
 mod mutate;
 mod operator;
@@ -35,6 +36,7 @@ use crate::violation::{Invariant, Violation};
 
 use coordinator_node::CoordinatorNode;
 use event::Ev;
+pub use frames::FrameCounts;
 use worker::Worker;
 pub use worker::{HOSTED_REMEMBERED_MAX, LEAD_CALLS_MAX, LEAD_TURNS_MAX};
 
@@ -88,6 +90,8 @@ pub struct RunReport {
     pub stale_spawns_refused: u64,
     /// The runs that were led by an agent (`RunMode::Lead`).
     pub lead_runs: std::collections::BTreeSet<RunId>,
+    /// What crossed the network as frames of the wire protocol.
+    pub frames: FrameCounts,
 }
 
 /// The simulated world of one seed.
@@ -124,6 +128,8 @@ pub struct World {
     operator_pending: u32,
     /// Follow-ups handed to a coordinator whose id is announced once they are durable.
     announcing: Vec<operator::Announcing>,
+    /// The nodes' names on the wire and what crossed it.
+    wire: frames::Wire,
 }
 
 impl std::fmt::Debug for World {
@@ -177,6 +183,7 @@ impl World {
                     commits: 0,
                     stale_spawns_refused: 0,
                     lead_runs: std::collections::BTreeSet::new(),
+                    frames: FrameCounts::default(),
                 }));
             }
         };
@@ -224,6 +231,7 @@ impl World {
             host_stages: 0,
             operator_pending: 0,
             announcing: Vec::new(),
+            wire: frames::Wire::new(config.workers.into()).unwrap_or_default(),
             config,
         };
         world.coord = Some(world.fresh_coordinator_node());
@@ -401,6 +409,7 @@ impl World {
                 .filter(|r| matches!(r.mode, keel_actors::RunMode::Lead { .. }))
                 .map(|r| r.run)
                 .collect(),
+            frames: self.wire.counts(),
         }
     }
 
@@ -504,12 +513,7 @@ impl World {
                 }
                 self.deliver_spec(node, attempt, input);
             }
-            Ev::Spawn { node, start, inc } => self.spawn_arrives(node, *start, inc),
-            Ev::ContextRequest {
-                node,
-                attempt,
-                request,
-            } => self.context_request(node, attempt, request),
+            Ev::Frame { to, bytes, .. } => self.frame_arrives(to, &bytes),
             Ev::HarnessNext {
                 node,
                 inc,

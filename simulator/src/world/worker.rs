@@ -4,8 +4,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use keel_actors::{
-    AttemptId, CoordinatorInput, CoordinatorMsg, Machine, Specialist, SpecialistEffect,
-    SpecialistInput, SpecialistStart,
+    AttemptId, Machine, Specialist, SpecialistEffect, SpecialistInput, SpecialistStart,
 };
 use keel_harness::{HarnessError, HarnessEvent};
 
@@ -15,6 +14,8 @@ use crate::profile::{FaultKind, HarnessBehaviour};
 
 use super::World;
 use super::event::Ev;
+use super::frames::Frame;
+use keel_protocol::ToCoordinator;
 
 /// A harness session in progress on a worker.
 #[derive(Debug)]
@@ -154,16 +155,11 @@ impl World {
                 {
                     h.context_pending = true;
                 }
-                if let Some((first, _)) = self.route(node, NodeId::COORDINATOR) {
-                    self.schedule(
-                        first,
-                        Ev::ContextRequest {
-                            node,
-                            attempt,
-                            request,
-                        },
-                    );
-                }
+                self.send_frame(
+                    node,
+                    NodeId::COORDINATOR,
+                    Frame::ToCoordinator(ToCoordinator::LoadContext { attempt, request }),
+                );
                 // Nothing may wait forever: if the answer is lost, the load fails after a bound.
                 let at = self.now + self.config.context_timeout_ms;
                 self.schedule(
@@ -270,29 +266,14 @@ impl World {
                 }
             }
             SpecialistEffect::Reply(to, reply) => {
-                let run = to.run();
-                let from = to.attempt();
-                if let Some((first, second)) = self.route(node, NodeId::COORDINATOR) {
-                    let input = CoordinatorInput::Msg(CoordinatorMsg::Specialist { from, reply });
-                    if let Some(second) = second {
-                        self.schedule(
-                            second,
-                            Ev::Coord {
-                                run,
-                                input: input.clone(),
-                                inc: None,
-                            },
-                        );
-                    }
-                    self.schedule(
-                        first,
-                        Ev::Coord {
-                            run,
-                            input,
-                            inc: None,
-                        },
-                    );
-                }
+                self.send_frame(
+                    node,
+                    NodeId::COORDINATOR,
+                    Frame::ToCoordinator(ToCoordinator::Reply {
+                        from: to.attempt(),
+                        reply,
+                    }),
+                );
             }
             SpecialistEffect::SetTimer { timer, at } => {
                 self.schedule(
