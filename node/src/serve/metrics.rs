@@ -13,8 +13,9 @@ use prometheus::{
     TextEncoder,
 };
 
-/// Most runs read from the store at one scrape (the store's most rows a read); past it
-/// `keel_runs_scan_truncated` is 1.
+/// Most runs counted at one scrape (the store's most rows a read): every open run up to this many
+/// (found among all runs), and the newest runs for the ended states. Past it
+/// `keel_runs_scan_truncated` is 1: the oldest ended runs are the ones left out, never an open one.
 const RUNS_SCANNED_MAX: u32 = 10_000;
 /// Most tasks of one open run read at one scrape.
 const TASKS_PER_RUN_MAX: u32 = 10_000;
@@ -166,28 +167,41 @@ impl Metrics {
     /// # Errors
     /// A store read error, or an encoding error.
     pub(crate) fn render(&self, store: &Store, rt: &Runtime) -> anyhow::Result<String> {
+        self.count_store(store)?;
+        self.events_dropped.set(gauge(rt.events_dropped()));
+        self.sessions_started.set(gauge(rt.sessions_started()));
+        self.commits.set(gauge(rt.commits()));
+        Ok(TextEncoder::new().encode_to_string(&self.registry.gather())?)
+    }
+}
+
+impl Metrics {
+    /// Runs by state and the tasks of the open runs, from the store. The open runs are found among
+    /// every run (an operator watches them; they may be older than the newest page), the ended ones
+    /// counted over the newest [`RUNS_SCANNED_MAX`] runs.
+    fn count_store(&self, store: &Store) -> anyhow::Result<()> {
         let catalog = store.catalog();
-        let runs = catalog.runs(RUNS_SCANNED_MAX)?;
+        let open = catalog.open_runs(RUNS_SCANNED_MAX)?;
+        let newest = catalog.runs_newest_first(None, RUNS_SCANNED_MAX)?;
         self.runs.reset();
         self.tasks.reset();
         for status in ALL_RUN_STATES {
             self.runs.with_label_values(&[run_state(status)]).set(0);
         }
-        for run in &runs.items {
+        for run in &open.items {
             self.runs.with_label_values(&[run_state(run.status)]).inc();
-            if !run.status.is_terminal() {
-                for task in catalog.tasks(Some(run.id), TASKS_PER_RUN_MAX)?.items {
-                    self.tasks
-                        .with_label_values(&[&format!("{:?}", task.status).to_lowercase()])
-                        .inc();
-                }
+            for task in catalog.tasks(Some(run.id), TASKS_PER_RUN_MAX)?.items {
+                self.tasks
+                    .with_label_values(&[&format!("{:?}", task.status).to_lowercase()])
+                    .inc();
             }
         }
-        self.runs_truncated.set(i64::from(runs.more));
-        self.events_dropped.set(gauge(rt.events_dropped()));
-        self.sessions_started.set(gauge(rt.sessions_started()));
-        self.commits.set(gauge(rt.commits()));
-        Ok(TextEncoder::new().encode_to_string(&self.registry.gather())?)
+        for run in newest.items.iter().filter(|r| r.status.is_terminal()) {
+            self.runs.with_label_values(&[run_state(run.status)]).inc();
+        }
+        self.runs_truncated
+            .set(i64::from(open.more || newest.older > 0));
+        Ok(())
     }
 }
 
@@ -247,6 +261,59 @@ impl RuntimeObserver for Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use keel_store::{Budget, Durability, Run, RunId, WriteBatch};
+
+    fn run(id: u128, status: RunStatus) -> Run {
+        Run {
+            id: RunId(id),
+            brief: format!("run {id}"),
+            plan: None,
+            status,
+            budget: Budget::default(),
+            created_ms: 1,
+            updated_ms: 1,
+            config_snapshot: String::new(),
+            outcome: None,
+        }
+    }
+
+    #[test]
+    fn open_runs_are_counted_however_many_ended_runs_the_store_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("keel.redb")).unwrap();
+        // The oldest run is still running, the newest is paused, and more ended runs than one scrape
+        // reads lie between them.
+        let ended = u128::from(RUNS_SCANNED_MAX) + 1;
+        let newest = ended + 2;
+        let runs = (1..=newest).map(|id| match id {
+            1 => run(id, RunStatus::Running),
+            id if id == newest => run(id, RunStatus::Paused),
+            id => run(id, RunStatus::Completed),
+        });
+        let runs: Vec<Run> = runs.collect();
+        // One write batch holds at most 4,096 writes.
+        for chunk in runs.chunks(4_000) {
+            let mut batch = WriteBatch::new();
+            for r in chunk {
+                batch.push(store.run(r.id).stage_create_run(r.clone()).unwrap());
+            }
+            store.commit_group(batch, Durability::Immediate).unwrap();
+        }
+        let m = Metrics::new().unwrap();
+        m.count_store(&store).unwrap();
+        let text = TextEncoder::new()
+            .encode_to_string(&m.registry.gather())
+            .unwrap();
+        assert!(text.contains("keel_runs{state=\"running\"} 1"), "{text}");
+        assert!(text.contains("keel_runs{state=\"paused\"} 1"), "{text}");
+        // The newest page holds the paused run and 9,999 of the completed ones.
+        let completed = u128::from(RUNS_SCANNED_MAX) - 1;
+        assert!(
+            text.contains(&format!("keel_runs{{state=\"completed\"}} {completed}")),
+            "{text}"
+        );
+        assert!(text.contains("keel_runs_scan_truncated 1"), "{text}");
+    }
 
     #[test]
     fn observed_values_reach_the_text() {
