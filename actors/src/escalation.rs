@@ -336,6 +336,26 @@ pub fn describe(resolution: &EscalationResolution) -> String {
     }
 }
 
+/// The rows that record `answer` (already checked by [`check_answer`]) to `escalation`, in one
+/// stage: its resolution and, for a task waiting on it, the steering row its next session reads.
+/// The runtime and the simulator stage exactly these before they tell the run's coordinator.
+pub fn answer_ops(escalation: &Escalation, answer: &str, now: Millis) -> Vec<crate::PersistOp> {
+    let mut ops = vec![crate::PersistOp::ResolveEscalation {
+        id: escalation.id,
+        resolution: EscalationResolution::Answered {
+            ts_ms: now,
+            text: answer.to_owned(),
+        },
+    }];
+    if let (EscalationWait::Task, Some(task)) = (&escalation.waiting, escalation.task_id) {
+        ops.push(crate::PersistOp::AppendLog {
+            task,
+            row: answer_row(escalation, answer, now),
+        });
+    }
+    ops
+}
+
 /// The steering row a task's log gets when a human answers its escalation: the resumed session's
 /// preamble shows it among its steering messages.
 pub fn answer_row(escalation: &Escalation, answer: &str, now: Millis) -> SessionLogRow {

@@ -150,8 +150,12 @@ pub struct Specialist {
     delegate_turn: u32,
     /// Tool calls sent to the coordinator and not answered yet.
     tool_calls: BTreeSet<String>,
-    /// The `delegate` call behind each delegation turn taken through the endpoint.
+    /// The `delegate` call behind each delegation turn taken through the endpoint and not answered
+    /// yet.
     delegate_calls: BTreeMap<u32, String>,
+    /// Every `delegate` call id that became a turn (at most `DELEGATION_TURNS_MAX`): the same call
+    /// delivered again after its answer is not a new turn, so its subtasks are not delegated twice.
+    delegate_call_ids: BTreeSet<String>,
     scrubber: Scrubber,
     /// What scrubbing the event being handled removed: recorded on the row it becomes.
     ingest_redactions: Redactions,
@@ -178,6 +182,7 @@ impl Specialist {
             delegate_turn: 0,
             tool_calls: BTreeSet::new(),
             delegate_calls: BTreeMap::new(),
+            delegate_call_ids: BTreeSet::new(),
             scrubber: config.scrubber.clone(),
             ingest_redactions: Redactions::default(),
             config,
@@ -558,9 +563,10 @@ impl Specialist {
         if self.phase != Phase::Running {
             return refuse(ToolRefusal::SessionEnded, out);
         }
-        if self.tool_calls.contains(&call_id) || self.delegate_calls.values().any(|c| *c == call_id)
-        {
-            return; // a duplicate of a call in flight: its answer comes once
+        if self.tool_calls.contains(&call_id) || self.delegate_call_ids.contains(&call_id) {
+            // A duplicate of a call in flight (its answer comes once), or of a delegation already
+            // answered (a turn per call: its subtasks are never delegated again).
+            return;
         }
         if self.tool_calls.len() + self.delegate_calls.len() >= TOOL_CALLS_PENDING_MAX {
             return refuse(
@@ -585,6 +591,7 @@ impl Specialist {
                     );
                 }
                 self.delegate_turn += 1;
+                self.delegate_call_ids.insert(call_id.clone());
                 self.delegate_calls.insert(self.delegate_turn, call_id);
                 self.reply(
                     SpecialistReply::Delegate {

@@ -312,18 +312,25 @@ fn a_lead_delegates_three_subtasks_in_one_call_and_gets_their_three_reports() {
     );
     settle(&mut w);
     let lead = attempt_with_prompt(&w, LEAD);
-    let calls = ["x", "y", "z"]
-        .iter()
-        .map(|id| DelegationCall {
-            call_id: (*id).into(),
-            brief: format!("do {id}"),
-            goal: format!("goal {id}"),
-            quality_criteria: vec![],
-            output_schema: None,
-            assignee: None,
-        })
-        .collect();
-    call(&mut w, lead, "del", SessionRequest::Delegate { calls });
+    let calls = || {
+        ["x", "y", "z"]
+            .iter()
+            .map(|id| DelegationCall {
+                call_id: (*id).into(),
+                brief: format!("do {id}"),
+                goal: format!("goal {id}"),
+                quality_criteria: vec![],
+                output_schema: None,
+                assignee: None,
+            })
+            .collect()
+    };
+    call(
+        &mut w,
+        lead,
+        "del",
+        SessionRequest::Delegate { calls: calls() },
+    );
     for _ in 0..100_000 {
         if !answers_to(&w, "del").is_empty() || !w.step() {
             break;
@@ -345,6 +352,15 @@ fn a_lead_delegates_three_subtasks_in_one_call_and_gets_their_three_reports() {
         w.max_live >= 3,
         "the three subtasks ran in parallel with the lead"
     );
+    // The same call delivered again after its answer (a late duplicate) delegates nothing more.
+    call(
+        &mut w,
+        lead,
+        "del",
+        SessionRequest::Delegate { calls: calls() },
+    );
+    settle(&mut w);
+    assert_eq!(w.coordinator.steps().len(), 4, "nothing delegated twice");
     finish(&mut w, lead);
     w.run(100_000);
     assert_eq!(w.run_status(), Some(RunStatus::Completed));
@@ -381,8 +397,9 @@ fn a_session_that_is_not_a_lead_cannot_delegate() {
     assert_eq!(w.coordinator.steps().len(), 1, "nothing was delegated");
 }
 
-#[test]
-fn escalate_records_a_self_contained_escalation_before_it_answers() {
+/// A run of one step whose session (attempt `a`, returned) has just called `escalate` as call `e1`
+/// with `options`; nothing of the call is handled yet.
+fn escalating_world(options: Vec<String>) -> (World, AttemptId) {
     let mut w = endpoint_world(open_script("do a"));
     w.submit(RunMode::Plan(plan(vec![step("a", &[])])), None);
     settle(&mut w);
@@ -394,9 +411,15 @@ fn escalate_records_a_self_contained_escalation_before_it_answers() {
         SessionRequest::Escalate {
             reason: "two specs disagree".into(),
             question: "which spec wins?".into(),
-            options: vec!["v1".into(), "v2".into()],
+            options,
         },
     );
+    (w, a)
+}
+
+#[test]
+fn escalate_records_a_self_contained_escalation_before_it_answers() {
+    let (mut w, a) = escalating_world(vec!["v1".into(), "v2".into()]);
     settle(&mut w);
     assert!(matches!(
         answers_to(&w, "e1").as_slice(),
@@ -466,4 +489,44 @@ fn escalate_records_a_self_contained_escalation_before_it_answers() {
             .iter()
             .any(|(x, _)| x.task == a.task && x.attempt > a.attempt + 1)
     );
+}
+
+#[test]
+fn an_escalated_attempt_that_ends_before_its_escalation_is_durable_is_acknowledged_only_after() {
+    let (mut w, a) = escalating_world(vec![]);
+    // The session ends at once (its client gave up waiting for the answer): its result reaches the
+    // coordinator right behind the call, before the escalation's commit.
+    w.queue.push_back(Ev::Spec(
+        a,
+        SpecialistInput::Harness(HarnessEvent::Finished {
+            stop_reason: StopReason::EndTurn,
+            final_text: report_json(a.task, "complete", "done anyway"),
+        }),
+    ));
+    for _ in 0..100_000 {
+        if w.queue.is_empty() {
+            break;
+        }
+        w.step();
+        if w.delivered_acks.contains(&a) {
+            // The acknowledgement lets the specialist exit: the escalation and the paused task
+            // must be durable by then (docs/DESIGN.md §12, invariant 1).
+            assert!(
+                w.store
+                    .escalations
+                    .iter()
+                    .any(|e| e.task_id == Some(a.task)),
+                "acknowledged before the escalation was durable"
+            );
+            assert_eq!(
+                w.store.tasks[&a.task].status,
+                keel_store::TaskStatus::Paused
+            );
+        }
+    }
+    assert!(
+        w.delivered_acks.contains(&a),
+        "the attempt was acknowledged"
+    );
+    assert_eq!(w.coordinator.steps()[0].1, StepStatus::AwaitingHuman);
 }

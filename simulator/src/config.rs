@@ -151,6 +151,14 @@ pub struct WorldConfig {
     /// Chance (parts per million) that a seed draws one operator intervention (a pause, a cancel or
     /// a follow-up that may reopen an ended run) from its own stream; 0 in scenarios.
     pub operator_ppm: u32,
+    /// Chance (parts per million) that a working specialist's session calls keel's tools on the
+    /// way (a progress note, findings, `get_task_details`) through the node's endpoint; only when
+    /// `specialist.session_tools` is the endpoint path; 0 in scenarios unless a test sets it.
+    pub tool_sessions_ppm: u32,
+    /// Chance (parts per million) that a seed's sessions run their tools through keel's policy
+    /// (issue 13): hooks whose outcomes the seed draws, the chain, durable audit rows; 0 in
+    /// scenarios unless a test sets it.
+    pub hooks_ppm: u32,
     /// A deliberate defect of the host, for the tests that show the checker catches it; `None`
     /// everywhere else.
     pub mutation: Option<Mutation>,
@@ -182,9 +190,16 @@ impl WorldConfig {
             down_detect_ms: 1_000,
             coordinator: CoordinatorConfig::default(),
             supervisor,
-            specialist: SpecialistConfig::default(),
+            // As the runtime hosts sessions of harnesses with an MCP client: their tool calls
+            // (a lead's `delegate` included) arrive through the node's endpoint.
+            specialist: SpecialistConfig {
+                session_tools: keel_actors::SessionToolPath::Endpoint,
+                ..SpecialistConfig::default()
+            },
             checkpoint: CheckpointConfig::default(),
             operator_ppm: 250_000,
+            tool_sessions_ppm: 500_000,
+            hooks_ppm: 500_000,
             mutation: None,
         }
     }
@@ -196,6 +211,8 @@ impl WorldConfig {
             profile: Some(FaultProfile::calm()),
             stop_when_terminal: false,
             operator_ppm: 0,
+            tool_sessions_ppm: 0,
+            hooks_ppm: 0,
             ..Self::for_seed(seed)
         }
     }

@@ -129,6 +129,31 @@ fn soak_run(from: u64, count: u64) -> ExitCode {
         summary.frame_bytes as f64 / summary.frames_sent.max(1) as f64,
         summary.frames_refused
     );
+    let calls: Vec<String> = summary
+        .tool_calls
+        .iter()
+        .map(|(tool, n)| format!("{tool} {n}"))
+        .collect();
+    println!(
+        "tool calls: {} ({}); {} delivered twice, {} timed out at the endpoint; {} escalations answered",
+        summary.tool_calls.values().sum::<u64>(),
+        calls.join(", "),
+        summary.tool_duplicates,
+        summary.tool_timeouts,
+        summary.escalations_answered
+    );
+    let hooks: Vec<String> = summary
+        .hook_outcomes
+        .iter()
+        .map(|(kind, n)| format!("{kind} {n}"))
+        .collect();
+    println!(
+        "gated tool calls: {} ({} ran, {} denied); hook outcomes: {}",
+        summary.gated_calls,
+        summary.gated_runs,
+        summary.gated_calls - summary.gated_runs.min(summary.gated_calls),
+        hooks.join(", ")
+    );
     println!("faults injected ({} total):", summary.faults.total());
     for kind in FaultKind::ALL {
         println!("  {:<28} {}", kind.name(), summary.faults.get(kind));

@@ -90,6 +90,21 @@ pub enum Mutation {
     AnnounceFollowUpBeforeDurable,
     /// Invariant 18: the network cuts the last byte off every frame it carries between nodes.
     TruncateFrame,
+    /// Invariant 1 (issue 11): the host's commits drop the findings a task row carries, so a
+    /// session told its `report_findings` call is recorded finds them gone.
+    LoseReportedFindings,
+    /// Invariant 2 (issue 11): the host's MCP endpoint takes a retried `delegate` request for a new
+    /// call (a fresh call id), so the lead's subtasks are delegated, and run, twice.
+    RedeliverDelegateAsNew,
+    /// Invariant 9 (issue 11): the host's MCP endpoint resolves a session's token to a live session
+    /// of another run and delivers its calls there.
+    TokenOfAnotherRun,
+    /// Invariant 12 (issue 13): the host's hook bridge lets a tool run before its decision's audit
+    /// rows are durable (and writes them after).
+    RunToolBeforeAudit,
+    /// Invariant 12 (issue 13): the host's hook bridge takes a mandatory hook's error or timeout
+    /// for no opinion, so the chain lets the call run.
+    MandatoryHookErrorAllows,
     /// Invariant 11: the host keeps state across worlds in one process (a process-wide counter that
     /// shifts a timer), so the same seed gives another trace the second time.
     LeakProcessState,

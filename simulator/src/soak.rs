@@ -33,6 +33,20 @@ pub struct SoakSummary {
     pub frame_bytes: u64,
     /// Frames of another protocol version refused.
     pub frames_refused: u64,
+    /// Calls of keel's tools delivered to specialists, by tool (`late`: after their session ended).
+    pub tool_calls: std::collections::BTreeMap<&'static str, u64>,
+    /// Of those, calls delivered twice.
+    pub tool_duplicates: u64,
+    /// Calls the endpoint stopped waiting for (answered to their session with a tool error).
+    pub tool_timeouts: u64,
+    /// Escalations a simulated human answered.
+    pub escalations_answered: u64,
+    /// What the hooks of gated tool calls answered, by kind (issue 13).
+    pub hook_outcomes: std::collections::BTreeMap<&'static str, u64>,
+    /// Tool calls keel's policy gated.
+    pub gated_calls: u64,
+    /// Of those, the calls whose tool ran (the others were denied).
+    pub gated_runs: u64,
 }
 
 impl SoakSummary {
@@ -45,6 +59,17 @@ impl SoakSummary {
         self.frames_sent += report.frames.sent;
         self.frame_bytes += report.frames.bytes;
         self.frames_refused += report.frames.refused;
+        for (tool, n) in &report.observed.tool_calls {
+            *self.tool_calls.entry(tool).or_default() += n;
+        }
+        self.tool_duplicates += report.observed.tool_duplicates;
+        self.tool_timeouts += report.observed.tool_timeouts;
+        self.escalations_answered += report.observed.escalations_answered;
+        for (kind, n) in &report.observed.hook_outcomes {
+            *self.hook_outcomes.entry(kind).or_default() += n;
+        }
+        self.gated_calls += report.observed.gated_calls;
+        self.gated_runs += report.observed.gated_runs;
         if let Some(v) = &report.violation {
             self.violations.push(v.clone());
         }

@@ -28,6 +28,9 @@ pub enum Invariant {
     NoEmptySuccess,
     /// 11. Same seed, same trace.
     SameSeedSameTrace,
+    /// 12. Every hook decision is audited before its tool runs; a mandatory hook's error or
+    ///     timeout never lets a tool run.
+    HookAudited,
     /// 13. A paused run resumes to the outcome it has without the pause (proposed, issue 10).
     PauseResumesSame,
     /// 14. A cancelled run starts no new session: its coordinator spawns nothing after the cancel.
@@ -62,6 +65,7 @@ impl Invariant {
             Self::RunIsolation => 9,
             Self::NoEmptySuccess => 10,
             Self::SameSeedSameTrace => 11,
+            Self::HookAudited => 12,
             Self::PauseResumesSame => 13,
             Self::CancelStartsNothing => 14,
             Self::ReopenEndsOnce => 15,

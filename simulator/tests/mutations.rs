@@ -505,3 +505,100 @@ fn invariant_1_a_follow_up_announced_before_it_is_durable_and_lost_in_a_crash_is
         "was announced",
     );
 }
+
+/// A calm world of `runs` runs of independent steps `keys` (keys prefixed by the run's number for
+/// the second and later), every working session calling keel's tools through the endpoint.
+fn tool_world(seed: u64, runs: u128, keys: &[&str]) -> WorldConfig {
+    let specs = (1..=runs)
+        .map(|r| {
+            let steps = keys
+                .iter()
+                .map(|k| step(&format!("{k}{r}"), &[], None, 1_000))
+                .collect();
+            run_spec(rid(r), "tools", plan(steps), None)
+        })
+        .collect();
+    let mut config = WorldConfig::calm(seed, specs);
+    config.tool_sessions_ppm = 1_000_000;
+    config
+}
+
+#[test]
+fn invariant_3_a_tool_use_left_unanswered_after_a_tool_call_is_caught() {
+    // Every session calls keel's tools: its final event is in a later segment than its first.
+    caught(
+        tool_world(124, 1, &["a"]),
+        Mutation::LeaveToolUseUnanswered,
+        Invariant::ToolPairing,
+        "unanswered",
+    );
+}
+
+#[test]
+fn invariant_1_findings_a_session_was_told_are_recorded_but_lost_are_caught() {
+    caught(
+        tool_world(125, 1, &["a", "b"]),
+        Mutation::LoseReportedFindings,
+        Invariant::NoTaskLost,
+        "was told is recorded is not on the task's row",
+    );
+}
+
+#[test]
+fn invariant_2_a_delegated_subtask_delegated_twice_is_caught() {
+    let mut config = WorldConfig::calm(
+        126,
+        vec![keel_sim::setup::lead_run_spec(rid(1), "lead", None, None)],
+    );
+    config.harness_script.insert(
+        (keel_actors::coordinator::LEAD_STEP_KEY.to_string(), 1),
+        HarnessBehaviour::Success,
+    );
+    caught(
+        config,
+        Mutation::RedeliverDelegateAsNew,
+        Invariant::IdempotentOnce,
+        "delegated twice",
+    );
+}
+
+#[test]
+fn invariant_9_a_token_that_reaches_another_run_is_caught() {
+    caught(
+        tool_world(127, 2, &["a", "b", "c"]),
+        Mutation::TokenOfAnotherRun,
+        Invariant::RunIsolation,
+        "its token crossed runs",
+    );
+}
+
+/// A calm world of one run whose sessions run a tool (`Bash`) through keel's policy.
+fn gated_world(seed: u64) -> WorldConfig {
+    let mut config = steps_world(
+        seed,
+        &["a", "b", "c", "d", "e", "f"],
+        HarnessBehaviour::ToolRoundTrip,
+    );
+    config.hooks_ppm = 1_000_000;
+    config
+}
+
+#[test]
+fn invariant_12_a_tool_that_runs_before_its_decision_is_audited_is_caught() {
+    caught(
+        gated_world(128),
+        Mutation::RunToolBeforeAudit,
+        Invariant::HookAudited,
+        "ran before its decision was audited",
+    );
+}
+
+#[test]
+fn invariant_12_a_mandatory_hooks_error_taken_as_allow_is_caught() {
+    caught(
+        gated_world(129),
+        Mutation::MandatoryHookErrorAllows,
+        Invariant::HookAudited,
+        "although mandatory hook guard failed or timed out",
+    );
+}

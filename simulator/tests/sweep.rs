@@ -10,10 +10,24 @@ const SWEEP_SEEDS: u64 = 500;
 #[test]
 fn five_hundred_seeds_break_no_invariant() {
     let mut delegation_answers = 0usize;
+    let mut tool_calls = std::collections::BTreeMap::<&str, u64>::new();
+    let (mut tool_answers, mut escalations) = (0u64, 0u64);
+    let mut hook_outcomes = std::collections::BTreeMap::<&str, u64>::new();
+    let (mut gated, mut gated_ran) = (0u64, 0u64);
     let (mut pauses, mut cancels, mut reopens) = (0u32, 0usize, 0usize);
     let (mut step_cancels, mut announced, mut many_pauses) = (0usize, 0usize, 0usize);
     let summary = sweep(0, SWEEP_SEEDS, |r| {
         delegation_answers += r.observed.delegation_answers.len();
+        for (kind, n) in &r.observed.hook_outcomes {
+            *hook_outcomes.entry(kind).or_default() += n;
+        }
+        gated += r.observed.gated_calls;
+        gated_ran += r.observed.gated_runs;
+        for (tool, n) in &r.observed.tool_calls {
+            *tool_calls.entry(tool).or_default() += n;
+        }
+        tool_answers += r.observed.tool_answers;
+        escalations += r.observed.escalations_answered;
         pauses += r.observed.pauses;
         cancels += r.observed.cancels.len();
         reopens += r.observed.reopens.len();
@@ -56,6 +70,42 @@ fn five_hundred_seeds_break_no_invariant() {
     // And their leads delegated: turns were answered to their sessions.
     eprintln!("sweep: {delegation_answers} delegation turns answered to leads");
     assert!(delegation_answers > 0);
+    // Sessions called keel's tools through the endpoint, and humans answered escalations.
+    eprintln!(
+        "sweep: tool calls {tool_calls:?}, {tool_answers} answers, {escalations} escalations answered"
+    );
+    for tool in [
+        "report_progress",
+        "report_findings",
+        "get_task_details",
+        "delegate",
+        "escalate",
+        "late",
+    ] {
+        assert!(
+            tool_calls.get(tool).is_some_and(|n| *n > 0),
+            "no {tool} call"
+        );
+    }
+    assert!(tool_answers > 0 && escalations > 0);
+    // Keel's policy gated tools: every kind of hook outcome was drawn, and calls ran and were denied.
+    eprintln!("sweep: {gated} gated tool calls, {gated_ran} ran; hook outcomes {hook_outcomes:?}");
+    for kind in [
+        "allow",
+        "deny",
+        "ask",
+        "no_opinion",
+        "error_mandatory",
+        "timeout_mandatory",
+        "error",
+        "timeout",
+    ] {
+        assert!(
+            hook_outcomes.get(kind).is_some_and(|n| *n > 0),
+            "no hook answered {kind}"
+        );
+    }
+    assert!(gated_ran > 0 && gated_ran < gated);
     assert!(summary.events > SWEEP_SEEDS * 100);
     // The operator's drawn interventions happened, each kind.
     eprintln!("sweep: {pauses} pauses, {cancels} cancels, {reopens} reopens for a follow-up");

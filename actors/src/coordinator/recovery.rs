@@ -262,7 +262,7 @@ impl RunState {
                     step.awaiting = step
                         .current_task
                         .and_then(|t| waiting.get(&t))
-                        .map(|&id| (id, true));
+                        .map(|&id| (id, super::session_tools::EscalatedEnd::Settled));
                 }
                 None if step.current_task.is_some() => {
                     // Dispatched but not acknowledged: run again as the next attempt, with a resume

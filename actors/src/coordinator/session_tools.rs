@@ -29,6 +29,20 @@ const THREAD_WALK_MAX: usize = 64;
 /// Most progress notes and findings shown by `get_task_details`.
 const DETAILS_ITEMS_MAX: usize = 16;
 
+/// Where the end of an escalated attempt is: its result is settled (charged, never judged) and
+/// acknowledged only once the escalation and the paused task are durable, so a specialist never exits
+/// while a crash could still lose the escalation (docs/DESIGN.md §12, invariant 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum EscalatedEnd {
+    /// The attempt has not ended yet.
+    Open,
+    /// Its end is charged; the run-row stage that records it (behind the escalation's own, in
+    /// ticket order) is on its way, and the acknowledgement goes out once it is durable.
+    Settling,
+    /// Its end is durable: a resent result is acknowledged again.
+    Settled,
+}
+
 /// The session tool calls of one run: answered ones (so a repeat is answered again, never done twice)
 /// and those whose writes are on their way to the store.
 #[derive(Clone, Debug, Default)]
@@ -198,7 +212,7 @@ impl RunState {
                 // From here on the attempt's result is settled, never judged: the task waits for
                 // the human whatever its session does before it is stopped.
                 self.steps[index].status = StepStatus::AwaitingHuman;
-                self.steps[index].awaiting = Some((id, false));
+                self.steps[index].awaiting = Some((id, EscalatedEnd::Open));
                 row.status = TaskStatus::Paused;
                 row.updated_ms = now;
                 self.tasks.insert(row.id, row.clone());
@@ -276,7 +290,10 @@ impl RunState {
     }
 
     /// The escalated attempt ended (stopped, or it finished first): its spend is settled with the
-    /// supervisor once, its result acknowledged and not judged; the step keeps waiting.
+    /// supervisor once and its result is not judged; the step keeps waiting. The acknowledgement
+    /// that lets the specialist exit goes out once the run row recording the end is durable, and so
+    /// (stages commit in ticket order) the escalation and the paused task before it: the session may
+    /// end before the escalation's commit did (the endpoint gave up waiting for its answer).
     pub(super) fn on_escalated_attempt_end(
         &mut self,
         index: usize,
@@ -285,37 +302,59 @@ impl RunState {
         now: Millis,
         out: &mut Vec<Effect>,
     ) {
-        if let Some((id, settled @ false)) = self.steps[index].awaiting.as_mut() {
-            let id = *id;
-            *settled = true;
-            let key = self.steps[index].spec.key.clone();
-            self.send(
-                SupervisorMsg::Settle {
-                    attempt: from,
-                    spent_micros,
-                    outcome: Ok(()),
-                },
-                out,
-            );
-            self.row.budget.spent_micros =
-                self.row.budget.spent_micros.saturating_add(spent_micros);
-            self.row.updated_ms = now;
-            self.decide(
-                now,
-                format!(
-                    "step {key}: attempt {from} stopped; waiting for the answer to escalation {id}"
-                ),
-            );
-            let row = self.row.clone();
-            self.stage(
-                vec![PersistOp::UpdateRun(row)],
-                Then::Nothing,
-                false,
-                now,
-                out,
-            );
+        match self.steps[index].awaiting {
+            Some((id, EscalatedEnd::Open)) => {
+                self.steps[index].awaiting = Some((id, EscalatedEnd::Settling));
+                let key = self.steps[index].spec.key.clone();
+                self.send(
+                    SupervisorMsg::Settle {
+                        attempt: from,
+                        spent_micros,
+                        outcome: Ok(()),
+                    },
+                    out,
+                );
+                self.row.budget.spent_micros =
+                    self.row.budget.spent_micros.saturating_add(spent_micros);
+                self.row.updated_ms = now;
+                self.decide(
+                    now,
+                    format!(
+                        "step {key}: attempt {from} stopped; waiting for the answer to escalation {id}"
+                    ),
+                );
+                let row = self.row.clone();
+                self.stage(
+                    vec![PersistOp::UpdateRun(row)],
+                    Then::EscalatedEnded {
+                        step: index,
+                        attempt: from,
+                    },
+                    false,
+                    now,
+                    out,
+                );
+            }
+            // A resend while its end is on its way to the store: the durable end acknowledges it.
+            Some((_, EscalatedEnd::Settling)) => {}
+            Some((_, EscalatedEnd::Settled)) | None => {
+                self.to_specialist(from, SpecialistMsg::Ack, out);
+            }
         }
-        self.to_specialist(from, SpecialistMsg::Ack, out);
+    }
+
+    /// The end of escalated attempt `attempt` of step `index` is durable, the escalation before it
+    /// too: acknowledge it (its specialist exits).
+    pub(super) fn on_escalated_end_durable(
+        &mut self,
+        index: usize,
+        attempt: AttemptId,
+        out: &mut Vec<Effect>,
+    ) {
+        if let Some((_, end @ EscalatedEnd::Settling)) = self.steps[index].awaiting.as_mut() {
+            *end = EscalatedEnd::Settled;
+        }
+        self.to_specialist(attempt, SpecialistMsg::Ack, out);
     }
 
     /// A human answered escalation `id` of `task` (the host made the answer durable, with the

@@ -46,6 +46,12 @@ pub(super) enum Then {
         call_id: String,
         answer: crate::session_tool::SessionAnswer,
     },
+    /// The run row recording an escalated attempt's end (its spend): once durable, the attempt is
+    /// acknowledged.
+    EscalatedEnded {
+        step: usize,
+        attempt: AttemptId,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -289,6 +295,9 @@ impl RunState {
                 call_id,
                 answer,
             } => self.on_escalation_durable(attempt, call_id, answer, out),
+            Then::EscalatedEnded { step, attempt } => {
+                self.on_escalated_end_durable(step, attempt, out);
+            }
             Then::Finished { status, outcome } => {
                 self.phase = Phase::Done(status);
                 out.push(Effect::Emit(LifecycleEvent::RunFinished(RunOutcome {

@@ -89,9 +89,9 @@ pub(super) struct Step {
     pub(super) requested_task: Option<TaskId>,
     /// The kind of the last admission refusal logged for this step.
     pub(super) last_refusal: Option<Discriminant<Refusal>>,
-    /// The escalation its task waits for (with [`StepStatus::AwaitingHuman`]), and whether the
-    /// escalated attempt's end was settled with the supervisor.
-    pub(super) awaiting: Option<(keel_store::EscalationId, bool)>,
+    /// The escalation its task waits for (with [`StepStatus::AwaitingHuman`]), and where the
+    /// escalated attempt's end is.
+    pub(super) awaiting: Option<(keel_store::EscalationId, super::session_tools::EscalatedEnd)>,
 }
 
 impl Step {

@@ -10,7 +10,7 @@
 
 use super::node::{Node, lock};
 use super::{Deliver, Runtime, StoreReadError, wall_clock_ms};
-use crate::escalation::{AnswerRefusal, answer_row, check_answer};
+use crate::escalation::{AnswerRefusal, answer_ops, check_answer};
 use crate::message::{CoordinatorInput, CoordinatorMsg};
 use crate::persist::PersistOp;
 use keel_store::{Escalation, EscalationId, EscalationResolution, EscalationWait, RunId};
@@ -209,19 +209,7 @@ impl Runtime {
             }
             _ => None,
         };
-        let mut ops = vec![PersistOp::ResolveEscalation {
-            id,
-            resolution: EscalationResolution::Answered {
-                ts_ms: now,
-                text: text.clone(),
-            },
-        }];
-        if let (EscalationWait::Task, Some(task)) = (&escalation.waiting, escalation.task_id) {
-            ops.push(PersistOp::AppendLog {
-                task,
-                row: answer_row(&escalation, &text, now),
-            });
-        }
+        let ops = answer_ops(&escalation, &text, now);
         let written = self
             .node
             .stage_host(run, ops, Duration::from_millis(ESCALATION_WRITE_WAIT_MS))

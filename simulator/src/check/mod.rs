@@ -5,9 +5,11 @@
 //! Checks are made at the moment a rule could break (an effect about to run), plus after every event
 //! (limits) and at the end (liveness). The first violation stops the run.
 
+mod hooks;
 mod observed;
 mod operator;
 mod run_state;
+mod session_tools;
 mod tool_pairing;
 
 pub use observed::{DelegationAnswer, Observed, SessionObs, SpawnObs};
@@ -69,6 +71,10 @@ pub struct Checker {
     reopened: BTreeMap<RunId, u32>,
     /// Step cancels, failed attempts per step, announced follow-ups (issue 17).
     run_state: RunStateChecks,
+    /// The calls sessions made to keel's tools (issue 11).
+    tools: session_tools::ToolCalls,
+    /// The hooks that ran for the sessions' tool calls (issue 13, invariant 12).
+    hooks: hooks::HookCalls,
 }
 
 /// The window over which the spawn rate is checked: a GCRA bucket admits at most its burst plus one
@@ -100,6 +106,8 @@ impl Checker {
             cancelled: BTreeSet::new(),
             reopened: BTreeMap::new(),
             run_state: RunStateChecks::new(config.coordinator.attempts_per_step_max),
+            tools: session_tools::ToolCalls::default(),
+            hooks: hooks::HookCalls::default(),
         }
     }
 
@@ -187,9 +195,22 @@ impl Checker {
 
     /// A coordinator acknowledges an attempt's result, which lets the specialist exit: the result must
     /// be durable by then (docs/DESIGN.md §12, invariant 1), so the attempt's task row must already be
-    /// terminal in the store. `stored` is its status there (`None`: no row).
-    pub fn ack_durability(&mut self, event: u64, attempt: AttemptId, stored: Option<TaskStatus>) {
-        if !stored.is_some_and(TaskStatus::is_terminal) {
+    /// terminal in the store, or paused with the escalation it waits for durable (an attempt whose
+    /// session escalated to a human ends that way: the human's answer starts the next attempt).
+    /// `stored` is its status there (`None`: no row); `escalated` whether the store holds an
+    /// escalation its task waits for.
+    pub fn ack_durability(
+        &mut self,
+        event: u64,
+        attempt: AttemptId,
+        stored: Option<TaskStatus>,
+        escalated: bool,
+    ) {
+        let paused_for_human = stored == Some(TaskStatus::Paused) && escalated;
+        if paused_for_human {
+            self.observed.acked_escalated.insert(attempt);
+        }
+        if !stored.is_some_and(TaskStatus::is_terminal) && !paused_for_human {
             self.fail(
                 event,
                 Invariant::NoTaskLost,
@@ -470,7 +491,9 @@ impl Checker {
 
     fn acked(&mut self, event: u64, attempt: AttemptId) {
         self.observed.acked.insert(attempt);
-        if self.observed.results.get(&attempt) == Some(&true) {
+        if self.observed.results.get(&attempt) == Some(&true)
+            && !self.observed.acked_escalated.contains(&attempt)
+        {
             let step = self.step_of(attempt).unwrap_or_default();
             let accepted = self
                 .observed
@@ -513,7 +536,10 @@ impl Checker {
                 format!("attempt {} belongs to no submitted run", start.attempt),
             );
         }
-        self.observed.spawns.insert(start.attempt, obs);
+        let (step, brief) = (obs.step.clone(), obs.brief.clone());
+        if self.observed.spawns.insert(start.attempt, obs).is_none() {
+            self.delegated_spawn(event, start.attempt, &step, &brief);
+        }
     }
 
     /// An effect of a specialist is about to run.
@@ -539,11 +565,17 @@ impl Checker {
                 match reply {
                     SpecialistReply::Finished(result) => self.finished(event, attempt, result),
                     SpecialistReply::Logs { rows } => self.logs(event, attempt, rows),
-                    SpecialistReply::Delegate { turn, calls } => self.observed.delegations.push((
-                        attempt,
-                        *turn,
-                        calls.iter().map(|c| c.call_id.clone()).collect(),
-                    )),
+                    SpecialistReply::Delegate { turn, calls } => {
+                        self.observed.delegations.push((
+                            attempt,
+                            *turn,
+                            calls.iter().map(|c| c.call_id.clone()).collect(),
+                        ));
+                        self.delegation_asked(
+                            attempt,
+                            calls.iter().map(|c| c.brief.clone()).collect(),
+                        );
+                    }
                     _ => {}
                 }
             }

@@ -93,6 +93,9 @@ pub struct Observed {
     pub reports: BTreeMap<AttemptId, SubagentReport>,
     /// Attempts a coordinator acknowledged.
     pub acked: BTreeSet<AttemptId>,
+    /// Attempts acknowledged while their task waited paused for a human's answer to their
+    /// escalation: settled, never accepted (their step's next attempt carries it on).
+    pub acked_escalated: BTreeSet<AttemptId>,
     /// Per (run, plan step), the attempts whose *report* (not failure) was acknowledged. A re-dispatch
     /// is a new task of the same step, so "accepted once" is counted per step.
     pub accepted_reports: BTreeMap<(RunId, String), BTreeSet<AttemptId>>,
@@ -146,4 +149,21 @@ pub struct Observed {
     pub follow_ups_announced: Vec<(RunId, TaskId)>,
     /// Steps parked for a spent retry budget: (run, step key, failed attempts the checker saw).
     pub parked_for_retries: Vec<(RunId, String, usize)>,
+    /// Calls of keel's tools the endpoint delivered to specialists, by tool (a duplicate delivery
+    /// counted once; calls after their session's end under `late`).
+    pub tool_calls: BTreeMap<&'static str, u64>,
+    /// Calls the endpoint delivered a second time (as a retrying client sends them).
+    pub tool_duplicates: u64,
+    /// Answers specialists gave to those calls (to sessions still waiting or not).
+    pub tool_answers: u64,
+    /// Calls whose answer did not come before the endpoint's timeout.
+    pub tool_timeouts: u64,
+    /// Escalations a simulated human answered.
+    pub escalations_answered: u64,
+    /// What the hooks of gated tool calls answered, by kind (issue 13).
+    pub hook_outcomes: BTreeMap<&'static str, u64>,
+    /// Tool calls the policy gated.
+    pub gated_calls: u64,
+    /// Of those, the calls whose tool ran.
+    pub gated_runs: u64,
 }

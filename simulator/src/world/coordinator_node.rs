@@ -117,14 +117,19 @@ impl World {
         }) = &effect
         {
             // An acknowledgement lets the specialist exit: its result must be durable by now.
-            let stored = self
-                .store
-                .store()
-                .run(attempt.run)
-                .task(attempt.task)
-                .ok()
-                .map(|t| t.status);
-            self.checker.ack_durability(self.event_no, *attempt, stored);
+            let scope = self.store.store().run(attempt.run);
+            let stored = scope.task(attempt.task).ok().map(|t| t.status);
+            // An escalated attempt ends with its task paused until a human answers: durable once
+            // the escalation its task waits for is in the store too.
+            let escalated = stored == Some(keel_store::TaskStatus::Paused)
+                && scope.escalations(0, 1_000).is_ok_and(|page| {
+                    page.items.iter().any(|e| {
+                        e.value.task_id == Some(attempt.task)
+                            && e.value.waiting == keel_store::EscalationWait::Task
+                    })
+                });
+            self.checker
+                .ack_durability(self.event_no, *attempt, stored, escalated);
         }
         let sup = self.coord.as_ref().map(|c| &c.supervisor);
         self.checker

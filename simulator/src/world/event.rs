@@ -58,6 +58,17 @@ pub(super) enum Ev {
     Intervene(Intervention),
     /// An operator's intervention the seed drew (the world does not end before it happened).
     Operator(Intervention),
+    /// The node's endpoint stops waiting for the answer to a session's call of keel's tools.
+    ToolTimeout {
+        node: NodeId,
+        inc: u32,
+        attempt: AttemptId,
+        session: u64,
+        call_id: String,
+    },
+    /// A human answers the open escalations of a run (`keel answer`); `tries` counts the looks
+    /// that found none open yet.
+    HumanAnswers { run: RunId, tries: u32 },
     /// A crashed node comes back.
     Restart(NodeId),
     /// The liveness phase begins: heal everything.
@@ -103,6 +114,19 @@ impl Ev {
             Ev::FaultTick => write!(s, "fault-tick"),
             Ev::Intervene(i) => write!(s, "intervene {i:?}"),
             Ev::Operator(i) => write!(s, "operator {i:?}"),
+            Ev::ToolTimeout {
+                node,
+                attempt,
+                call_id,
+                ..
+            } => write!(
+                s,
+                "tool-timeout {node} {} {call_id}",
+                attempt_short(attempt)
+            ),
+            Ev::HumanAnswers { run, tries } => {
+                write!(s, "human-answers run={} try={tries}", short(run.0))
+            }
             Ev::Restart(node) => write!(s, "restart {node}"),
             Ev::Heal => write!(s, "heal"),
         };

@@ -14,9 +14,11 @@ mod coordinator_node;
 mod event;
 mod faults;
 mod frames;
+mod hooks;
 mod intervention;
 mod mutate;
 mod operator;
+mod session_tools;
 mod worker;
 
 use std::collections::BTreeMap;
@@ -130,6 +132,10 @@ pub struct World {
     announcing: Vec<operator::Announcing>,
     /// The nodes' names on the wire and what crossed it.
     wire: frames::Wire,
+    /// The policy gating the sessions' tools (issue 13), for the seeds that draw one.
+    policy: Option<keel_policy::Policy>,
+    /// Per run, the newest audit sequence number the world has read.
+    audit_seen: BTreeMap<RunId, u64>,
 }
 
 impl std::fmt::Debug for World {
@@ -152,6 +158,9 @@ pub fn run(config: WorldConfig) -> RunReport {
         Err(report) => *report,
     }
 }
+
+/// Mixed into the seed for the stream that decides whether a seed's tools are gated by a policy.
+const POLICY_STREAM: u64 = 0x706f_6c69_6379_0012;
 
 impl World {
     fn new(config: WorldConfig) -> Result<Self, Box<RunReport>> {
@@ -232,8 +241,14 @@ impl World {
             operator_pending: 0,
             announcing: Vec::new(),
             wire: frames::Wire::new(config.workers.into()).unwrap_or_default(),
+            policy: None,
+            audit_seen: BTreeMap::new(),
             config,
         };
+        // From a stream of its own, so a seed that draws no policy runs exactly as before.
+        if SimRng::new(world.config.seed ^ POLICY_STREAM).chance(world.config.hooks_ppm) {
+            world.policy = hooks::sim_policy().ok();
+        }
         world.coord = Some(world.fresh_coordinator_node());
         let submit_at =
             if world.config.mutation == Some(crate::mutation::Mutation::LeakProcessState) {
@@ -389,6 +404,7 @@ impl World {
         self.checker.announced_follow_ups_kept(self.event_no, &lost);
         self.checker
             .at_end(self.event_no, &runs_final, &open_tasks, self.healed);
+        self.check_reported_findings();
         RunReport {
             seed: self.config.seed,
             events: self.event_no,
@@ -514,6 +530,14 @@ impl World {
                 self.deliver_spec(node, attempt, input);
             }
             Ev::Frame { to, bytes, .. } => self.frame_arrives(to, &bytes),
+            Ev::HumanAnswers { run, tries } => self.human_answers(run, tries),
+            Ev::ToolTimeout {
+                node,
+                inc,
+                attempt,
+                session,
+                call_id,
+            } => self.tool_wait_over(node, inc, attempt, session, &call_id),
             Ev::HarnessNext {
                 node,
                 inc,

@@ -52,6 +52,17 @@ impl World {
                 budget.limit_micros = budget.limit_micros.map(|l| l.saturating_mul(100));
                 Effect::Send(Envelope::Supervisor(SupervisorMsg::OpenRun { run, budget }))
             }
+            (Mutation::LoseReportedFindings, Effect::Persist(mut batch)) => {
+                for op in batch.stages.iter_mut().flat_map(|s| s.ops.iter_mut()) {
+                    if let PersistOp::UpdateTask(task) = op {
+                        task.attachments.retain(|a| {
+                            !a.name
+                                .starts_with(keel_actors::session_tool::FINDINGS_ATTACHMENT_PREFIX)
+                        });
+                    }
+                }
+                Effect::Persist(batch)
+            }
             (Mutation::LoseTaskEnd, Effect::Persist(mut batch)) => {
                 for stage in &mut batch.stages {
                     stage.ops.retain(|op| {

@@ -53,7 +53,7 @@ pub(super) fn follow_up_durable(store: &keel_store::Store, run: RunId, task: Tas
 impl World {
     /// Commits a decision's marks for `run` as one host stage; they pass the checker first, like
     /// every write. Whether they became durable.
-    fn commit_marks(&mut self, run: RunId, marks: Marks) -> bool {
+    pub(super) fn commit_marks(&mut self, run: RunId, marks: Marks) -> bool {
         // The host's tickets count on their own (its stages name their owner), from 1 like a
         // coordinator's. The commit bypasses the checkpoint writer, so its id answers nobody.
         self.host_stages += 1;

@@ -3,8 +3,10 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use keel_actors::session_tool::SessionToolCall;
 use keel_actors::{
-    AttemptId, Machine, Specialist, SpecialistEffect, SpecialistInput, SpecialistStart,
+    AttemptId, Machine, SessionToolPath, Specialist, SpecialistEffect, SpecialistInput,
+    SpecialistStart,
 };
 use keel_harness::{HarnessError, HarnessEvent};
 
@@ -15,6 +17,7 @@ use crate::profile::{FaultKind, HarnessBehaviour};
 use super::World;
 use super::event::Ev;
 use super::frames::Frame;
+use super::session_tools::ESCALATING_SESSION_PPM;
 use keel_protocol::ToCoordinator;
 
 /// A harness session in progress on a worker.
@@ -22,11 +25,19 @@ use keel_protocol::ToCoordinator;
 pub(super) struct Session {
     pub(super) id: u64,
     pub(super) events: VecDeque<(u64, HarnessEvent)>,
-    /// A lead's segments still to come: each is released by the answer to the delegation turn that
-    /// ends the one before it (until then the session waits on its `delegate` tool call).
+    /// Segments still to come: each is released by the answer to the tool call that ends the one
+    /// before it (until then the session waits on that call).
     pub(super) after_answers: VecDeque<Vec<(u64, HarnessEvent)>>,
-    /// Delegation turns of this session answered so far.
+    /// The calls of keel's tools that end the current segment and the later ones but the last, as
+    /// the node's endpoint delivers them (empty without an endpoint: a lead's `delegate` tool-use
+    /// event is then the delegation turn).
+    pub(super) calls: VecDeque<SessionToolCall>,
+    /// The call the session waits on.
+    pub(super) waiting: Option<String>,
+    /// Delegation turns of this session answered so far (without an endpoint).
     pub(super) answered: u32,
+    /// The plan step it works on (the claim of a call after its end names it).
+    pub(super) step: String,
 }
 
 /// A specialist hosted on a worker.
@@ -184,28 +195,58 @@ impl World {
                 let session = self.sessions_started;
                 let step = self.checker.step_of(attempt).unwrap_or_default();
                 let native = format!("native-{:016x}", self.rng.next_u64());
-                let lead = step == keel_actors::coordinator::LEAD_STEP_KEY
-                    && matches!(
-                        behaviour,
-                        HarnessBehaviour::Success | HarnessBehaviour::ToolRoundTrip
-                    );
-                let (events, after_answers) = if lead {
+                let working = matches!(
+                    behaviour,
+                    HarnessBehaviour::Success | HarnessBehaviour::ToolRoundTrip
+                );
+                let endpoint = self.config.specialist.session_tools == SessionToolPath::Endpoint;
+                let tools = if step == keel_actors::coordinator::LEAD_STEP_KEY && working {
                     // A working lead delegates one or two turns of 1 to 4 calls, then reports.
                     let turns: Vec<u32> = (0..self.rng.range(1, LEAD_TURNS_MAX))
                         .map(|_| u32::try_from(self.rng.range(1, LEAD_CALLS_MAX)).unwrap_or(1))
                         .collect();
-                    let mut segments: VecDeque<_> =
-                        harness::lead_script(attempt.task, native, &turns).into();
-                    let first = segments.pop_front().unwrap_or_default();
-                    (first, segments)
+                    Some(harness::lead_script(attempt.task, native.clone(), &turns))
+                } else if endpoint && working && self.rng.chance(self.config.tool_sessions_ppm) {
+                    let then = if self.rng.chance(ESCALATING_SESSION_PPM) {
+                        harness::ThenAsk::Human
+                    } else {
+                        harness::ThenAsk::Details(self.details_target(attempt))
+                    };
+                    Some(harness::tool_calling_script(
+                        &step,
+                        attempt.task,
+                        native.clone(),
+                        then,
+                    ))
                 } else {
-                    (
+                    None
+                };
+                let (events, after_answers, calls) = match tools {
+                    Some(tools) => {
+                        let mut segments: VecDeque<_> = tools.segments.into();
+                        let first = segments.pop_front().unwrap_or_default();
+                        // Without an endpoint only a lead's `delegate` tool-use events reach the
+                        // specialist (as delegation turns); nothing else would answer a call.
+                        let calls = if endpoint {
+                            tools.calls.into()
+                        } else {
+                            VecDeque::new()
+                        };
+                        (first, segments, calls)
+                    }
+                    None => (
                         harness::script(behaviour, &step, attempt.task, native, self.now),
                         VecDeque::new(),
-                    )
+                        VecDeque::new(),
+                    ),
                 };
                 let _ = spec;
+                // A defective host bends every segment, the ones after a tool call's answer too.
                 let events = self.mutate_session(events.into());
+                let after_answers = after_answers
+                    .into_iter()
+                    .map(|segment| self.mutate_session(segment.into()).into())
+                    .collect();
                 if let Some(h) = self.workers[usize::from(node.0) - 1]
                     .specialists
                     .get_mut(&attempt)
@@ -214,14 +255,17 @@ impl World {
                         id: session,
                         events,
                         after_answers,
+                        calls,
+                        waiting: None,
                         answered: 0,
+                        step,
                     });
                 }
                 self.next_harness_event(node, inc, attempt, session);
             }
-            // The simulator's sessions call no tools through an endpoint yet (their delegations are
-            // tool-use events, answered below), so no call waits for this answer.
-            SpecialistEffect::AnswerTool { .. } => {}
+            SpecialistEffect::AnswerTool { call_id, answer } => {
+                self.tool_answered(node, inc, attempt, &call_id, &answer);
+            }
             SpecialistEffect::AnswerDelegation { turn, results } => {
                 // The host answers the session's pending `delegate` tool call with the turn's
                 // outcomes and the session goes on; an answer to a turn the session is not waiting on
@@ -352,10 +396,53 @@ impl World {
         let Some((_, event)) = s.events.pop_front() else {
             return;
         };
-        if s.events.is_empty() && s.after_answers.is_empty() {
+        let ended = s.events.is_empty() && s.after_answers.is_empty();
+        // The segment's last event is a call of keel's tools: the endpoint delivers it now.
+        let call = if s.events.is_empty() && !ended {
+            s.calls.pop_front()
+        } else {
+            None
+        };
+        let step = s.step.clone();
+        if ended {
             h.session = None;
         }
+        let terminal = matches!(
+            event,
+            HarnessEvent::Finished { .. } | HarnessEvent::Failed(_)
+        );
+        // A tool the session is about to run goes through keel's policy first (issue 13).
+        let gated = match &event {
+            HarnessEvent::ToolUse {
+                id,
+                name,
+                input_json,
+            } if self.policy.is_some() && call.is_none() && super::hooks::gated_tool(name) => {
+                Some((id.clone(), name.clone(), input_json.text.clone()))
+            }
+            _ => None,
+        };
         self.deliver_spec(node, attempt, SpecialistInput::Harness(event));
+        if let Some((id, name, input)) = gated
+            && let Some(denied) = self.gate_tool(node, attempt, &id, &name, &input)
+        {
+            // The tool does not run: its scripted result becomes the denial.
+            if let Some(s) = self.workers[usize::from(node.0) - 1]
+                .specialists
+                .get_mut(&attempt)
+                .and_then(|h| h.session.as_mut())
+                .filter(|s| s.id == session)
+                && let Some((_, next)) = s.events.front_mut()
+                && matches!(next, HarnessEvent::ToolResult { id: r, .. } if *r == id)
+            {
+                *next = denied;
+            }
+        }
+        if let Some(call) = call {
+            self.deliver_tool_call(node, inc, attempt, session, call);
+        } else if terminal {
+            self.maybe_call_after_end(node, inc, attempt, &step);
+        }
         self.next_harness_event(node, inc, attempt, session);
     }
 }
