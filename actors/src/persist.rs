@@ -7,7 +7,7 @@
 //! split across transactions, which is how a step result and its done-marker land together.
 
 use keel_store::{
-    AuditEntry, Checkpoint, DeadLetter, Escalation, EscalationId, EscalationResolution,
+    AuditEntry, Checkpoint, DeadLetter, Escalation, EscalationId, EscalationResolution, GateMark,
     IdempotencyRecord, ManifestEntry, Run, RunId, RunScope, SessionLogRow, StageError, StagedWrite,
     Task, TaskId,
 };
@@ -41,6 +41,9 @@ pub enum PersistOp {
     RecordIdempotency(IdempotencyRecord),
     /// `stage_append_audit`: a policy decision.
     AppendAudit(AuditEntry),
+    /// `stage_append_gate_mark`: what a policy gate reads back (a count, a prerequisite met, a
+    /// token, an amount).
+    AppendGateMark(GateMark),
     /// `stage_append_escalation`: a hand-off to a human.
     AppendEscalation(Escalation),
     /// `stage_resolve_escalation`: a human's answer (or an approval's expiry); the first stays.
@@ -71,6 +74,7 @@ impl PersistOp {
             PersistOp::AppendDeadLetter(d) => scope.stage_append_dead_letter(d),
             PersistOp::RecordIdempotency(r) => scope.stage_record_idempotency(r),
             PersistOp::AppendAudit(a) => scope.stage_append_audit(a),
+            PersistOp::AppendGateMark(m) => scope.stage_append_gate_mark(m),
             PersistOp::AppendEscalation(e) => scope.stage_append_escalation(e),
             PersistOp::ResolveEscalation { id, resolution } => {
                 scope.stage_resolve_escalation(id, resolution)
@@ -91,6 +95,7 @@ impl PersistOp {
             PersistOp::AppendDeadLetter(_) => "append_dead_letter",
             PersistOp::RecordIdempotency(_) => "record_idempotency",
             PersistOp::AppendAudit(_) => "append_audit",
+            PersistOp::AppendGateMark(_) => "append_gate_mark",
             PersistOp::AppendEscalation(_) => "append_escalation",
             PersistOp::ResolveEscalation { .. } => "resolve_escalation",
         }

@@ -259,6 +259,7 @@ impl Specialist {
             spec.limits.turns_max = turns;
         }
         spec.allowed_tools = self.assignment.tools.clone();
+        spec.agent = self.assignment.agent.clone();
         let mut system: Vec<&str> = Vec::new();
         if !self.assignment.system_prompt.trim().is_empty() {
             system.push(&self.assignment.system_prompt);

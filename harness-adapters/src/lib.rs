@@ -22,6 +22,7 @@ pub mod cli;
 pub mod credential;
 pub mod error;
 pub mod event;
+pub mod guard;
 #[cfg(feature = "io")]
 pub mod messages_api;
 #[cfg(feature = "io")]
@@ -41,6 +42,7 @@ pub mod usage;
 pub use credential::CredentialError;
 pub use error::{ErrorCategory, HarnessError, StartError};
 pub use event::{BoundedText, BudgetKind, HarnessEvent, StopReason};
+pub use guard::{GuardFuture, GuardedCall, ToolGuard, ToolOutput};
 #[cfg(feature = "io")]
 pub use session::{CancelToken, EventSink, Harness, RunningSession, session_channel};
 pub use spec::{

@@ -232,7 +232,12 @@ pub struct SessionSpec {
     /// host; harnesses without a Stop hook ignore it.
     #[serde(default)]
     pub stop_gate: Option<GateCommand>,
-    /// What the host hands keel's own loop in process (the Stop hook's judge). Never serialised.
+    /// The agent profile the session runs as (empty when none): whose rules the policy applies
+    /// to its tool calls (docs/DESIGN.md §9). Harnesses ignore it.
+    #[serde(default)]
+    pub agent: String,
+    /// What the host hands keel's own loop in process (the Stop hook's judge, the policy's tool
+    /// guard). Never serialised.
     #[serde(skip)]
     pub in_process: InProcessHooks,
 }
@@ -259,6 +264,7 @@ impl SessionSpec {
             account: Account::default(),
             stop_check: None,
             stop_gate: None,
+            agent: String::new(),
             in_process: InProcessHooks::default(),
         }
     }

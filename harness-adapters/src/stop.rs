@@ -46,12 +46,16 @@ pub trait StopJudge: Send + Sync {
 pub struct InProcessHooks {
     /// The Stop hook's judge, for a spec with a [`StopCheck`].
     pub stop: Option<Arc<dyn StopJudge>>,
+    /// The policy's guard for every tool call (`PreToolUse` and `PostToolUse`), in place of the
+    /// spec's `pre_tool_gate` command.
+    pub tool: Option<Arc<dyn crate::guard::ToolGuard>>,
 }
 
 impl fmt::Debug for InProcessHooks {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("InProcessHooks")
             .field("stop", &self.stop.is_some())
+            .field("tool", &self.tool.is_some())
             .finish()
     }
 }
@@ -60,11 +64,17 @@ impl fmt::Debug for InProcessHooks {
 /// its clone.
 impl PartialEq for InProcessHooks {
     fn eq(&self, other: &Self) -> bool {
-        match (&self.stop, &other.stop) {
+        let stop = match (&self.stop, &other.stop) {
             (None, None) => true,
             (Some(a), Some(b)) => Arc::ptr_eq(a, b),
             _ => false,
-        }
+        };
+        let tool = match (&self.tool, &other.tool) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        stop && tool
     }
 }
 

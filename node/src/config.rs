@@ -33,7 +33,7 @@ pub(crate) struct Config {
     pub(crate) hooks: Vec<keel_policy::HookConfig>,
     /// `[permissions]`: deny, ask and allow rules and the permission mode.
     pub(crate) permissions: keel_policy::PermissionsConfig,
-    /// `[[gates]]`: checks on allowed calls from the store (the counting gate).
+    /// `[[gates]]`: checks on allowed calls from the store (count, prerequisite, token, cap).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) gates: Vec<keel_policy::GateConfig>,
     /// The HTTP API of `keel serve`.
@@ -255,15 +255,34 @@ pub(crate) struct AgentSection {
     /// (`ANTHROPIC_API_KEY`, `OPENAI_API_KEY`) under the account name `default`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) account: Option<String>,
-    /// The tools it may use.
+    /// The tools it may use (with a policy, a call of any other tool is denied by the chain).
     #[serde(default)]
     pub(crate) tools: Vec<String>,
+    /// Its permission mode for the policy's chain, over `[permissions] mode` and the session's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) permission_mode: Option<keel_harness::PermissionMode>,
+    /// Its own deny, ask and allow rules, after the policy's (`rules = { deny = [...] }`).
+    #[serde(default, skip_serializing_if = "is_default_rules")]
+    pub(crate) rules: keel_policy::RuleListsConfig,
     /// Appended to the harness's system prompt.
     #[serde(default)]
     pub(crate) system_prompt: String,
     /// Most model turns per session.
     #[serde(default)]
     pub(crate) max_turns: Option<NonZeroU32>,
+}
+
+fn is_default_rules(rules: &keel_policy::RuleListsConfig) -> bool {
+    *rules == keel_policy::RuleListsConfig::default()
+}
+
+/// The N of a field named `prefixN]...` (`gates[2].rule`), 0 when unreadable.
+fn table_index(field: &str, prefix: &str) -> usize {
+    field[prefix.len()..]
+        .split(']')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }
 
 /// The account name of an agent that names none: its credential is its provider's variable.
@@ -604,12 +623,10 @@ impl Config {
             let line = match source.hook_index {
                 Some(i) => nth_line_starting(text, "[[hooks]]", i),
                 None if source.field.starts_with("gates[") => {
-                    let i = source.field["gates[".len()..]
-                        .split(']')
-                        .next()
-                        .and_then(|n| n.parse().ok())
-                        .unwrap_or(0);
-                    nth_line_starting(text, "[[gates]]", i)
+                    nth_line_starting(text, "[[gates]]", table_index(&source.field, "gates["))
+                }
+                None if source.field.starts_with("agents[") => {
+                    nth_line_starting(text, "[[agents]]", table_index(&source.field, "agents["))
                 }
                 None => nth_line_starting(text, "[permissions]", 0),
             };
@@ -628,6 +645,15 @@ impl Config {
             hooks: self.hooks.clone(),
             permissions: self.permissions.clone(),
             gates: self.gates.clone(),
+            agents: self
+                .agents
+                .iter()
+                .map(|a| keel_policy::AgentRulesConfig {
+                    name: a.name.clone(),
+                    permission_mode: a.permission_mode,
+                    rules: a.rules.clone(),
+                })
+                .collect(),
         }
     }
 
@@ -874,6 +900,28 @@ body_bytes_max = 65536
             .unwrap_err()
             .to_string();
         assert!(!message.contains(key), "{message}");
+    }
+
+    #[test]
+    fn an_agents_policy_keys_reach_the_policy_and_bad_rules_name_the_agent() {
+        let text = "[[agents]]\nname = \"a\"\nharness = \"pi\"\nmodel = \"m\"\n\n[[agents]]\nname = \"b\"\nharness = \"messages-api\"\nmodel = \"m\"\ntools = [\"read\"]\npermission_mode = \"read_only\"\nrules = { deny = [\"bash(rm *)\"] }\n";
+        let c = Config::parse(text, Path::new("keel.toml")).unwrap_or_else(|e| panic!("{e}"));
+        let policy = c.policy().unwrap_or_else(|e| panic!("{e}"));
+        let b = policy
+            .agent_rules("b")
+            .unwrap_or_else(|| panic!("no rules for b"));
+        assert_eq!(b.mode, Some(keel_harness::PermissionMode::ReadOnly));
+        assert_eq!(b.deny[0].to_string(), "bash(rm *)");
+        check_err(
+            &text.replace("bash(rm *)", "bash(rm *"),
+            6,
+            "agents[1].rules.deny[0]",
+        );
+        check_err(
+            &text.replace("read_only", "sometimes"),
+            11,
+            "unknown variant `sometimes`",
+        );
     }
 
     #[test]

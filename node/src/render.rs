@@ -299,6 +299,7 @@ impl Output {
                         "decision": format!("{:?}", r.value.decision).to_lowercase(),
                         "reason": r.value.reason,
                         "input_digest": r.value.input_digest,
+                        "rewritten": r.value.rewritten,
                     })
                 })
                 .collect();

@@ -1,5 +1,5 @@
 //! The permission chain (docs/DESIGN.md §9): hooks → deny rules → ask rules → the permission mode →
-//! allow rules → what an unmatched call gets, evaluated in that order by one pure function. The hooks'
+//! allow rules (each list the policy's, then the session's agent's: [`crate::agent`]) → what an unmatched call gets, evaluated in that order by one pure function. The hooks'
 //! outcomes are inputs: the caller runs them (in process, or as commands on the node) in the fixed
 //! order [`Policy::hooks_for`] gives, stopping at the first outcome that [`HookOutcome::ends_hooks`].
 //!
@@ -16,6 +16,7 @@ use keel_harness::PermissionMode;
 use keel_store::{AuditEntry, HookDecision, TaskId, UnixMillis};
 use serde::{Deserialize, Serialize};
 
+use crate::agent::Caller;
 use crate::call::ToolCall;
 use crate::hook::{HookEvent, HookSpec};
 use crate::rule::Rule;
@@ -30,6 +31,14 @@ pub mod link {
     pub const PERMISSION_MODE: &str = "permission-mode";
     /// An allow rule decided.
     pub const ALLOW_RULE: &str = "allow-rule";
+    /// A deny rule of the session's agent decided.
+    pub const AGENT_DENY_RULE: &str = "agent-deny-rule";
+    /// The session's tool list (its agent profile's `tools`) decided: the tool is not on it.
+    pub const AGENT_TOOLS: &str = "agent-tools";
+    /// An ask rule of the session's agent decided.
+    pub const AGENT_ASK_RULE: &str = "agent-ask-rule";
+    /// An allow rule of the session's agent decided.
+    pub const AGENT_ALLOW_RULE: &str = "agent-allow-rule";
     /// Nothing matched: the policy's `unmatched` decision applied.
     pub const UNMATCHED: &str = "unmatched";
 }
@@ -157,6 +166,7 @@ impl HookOutcome {
             who: format!("hook:{}", self.hook),
             decision,
             reason,
+            rewritten: false,
         }
     }
 
@@ -178,6 +188,9 @@ pub struct AuditLine {
     pub decision: HookDecision,
     /// Why, one line.
     pub reason: String,
+    /// Whether the hook rewrote what it saw (a `PostToolUse` hook's new result).
+    #[serde(default)]
+    pub rewritten: bool,
 }
 
 /// The chain's verdict on one call.
@@ -202,21 +215,31 @@ impl Verdict {
         task_id: Option<TaskId>,
         call: &ToolCall,
     ) -> Vec<AuditEntry> {
-        let digest = call.input_digest();
-        self.trail
-            .iter()
-            .map(|line| AuditEntry {
-                ts_ms,
-                task_id,
-                hook: line.who.clone(),
-                tool: call.tool.clone(),
-                decision: line.decision,
-                reason: line.reason.clone(),
-                input_digest: digest.clone(),
-                rewritten: false,
-            })
-            .collect()
+        audit_rows(&self.trail, ts_ms, task_id, call)
     }
+}
+
+/// The audit rows of a trail for `call` made by `task_id`'s session at `ts_ms`, one per line.
+pub fn audit_rows(
+    trail: &[AuditLine],
+    ts_ms: UnixMillis,
+    task_id: Option<TaskId>,
+    call: &ToolCall,
+) -> Vec<AuditEntry> {
+    let digest = call.input_digest();
+    trail
+        .iter()
+        .map(|line| AuditEntry {
+            ts_ms,
+            task_id,
+            hook: line.who.clone(),
+            tool: call.tool.clone(),
+            decision: line.decision,
+            reason: line.reason.clone(),
+            input_digest: digest.clone(),
+            rewritten: line.rewritten,
+        })
+        .collect()
 }
 
 /// A run's policy: its hooks and rules, validated (built by [`crate::config::PolicyConfig::build`]
@@ -238,7 +261,9 @@ pub struct Policy {
     /// How long an `ask` waits for a human before it is denied, in milliseconds.
     pub ask_timeout_ms: u64,
     /// Gates applied to a call the chain allowed ([`crate::gate::apply_gates`]).
-    pub gates: Vec<crate::gate::CountGate>,
+    pub gates: Vec<crate::gate::Gate>,
+    /// Agents' own rules, for the sessions of each (only agents that have some).
+    pub agents: Vec<crate::agent::AgentRules>,
 }
 
 impl Policy {
@@ -252,6 +277,40 @@ impl Policy {
             && self.allow.is_empty()
             && self.unmatched == Unmatched::Allow
             && self.gates.is_empty()
+            && self.agents.iter().all(crate::agent::AgentRules::is_empty)
+    }
+
+    /// Registers a hook written in code (an embedding host's), after every hook already there: the
+    /// documented order is keel.toml's hooks as declared, then hooks in code as registered.
+    ///
+    /// # Errors
+    /// The hook's name is taken, or its event is not one keel runs hooks at
+    /// (`PreToolUse`, `PostToolUse`).
+    pub fn register_hook(&mut self, hook: HookSpec) -> Result<(), crate::PolicyConfigError> {
+        let problem = if !hook.event.is_tool_event() {
+            Some(format!(
+                "{} hooks are not run by keel; register PreToolUse or PostToolUse hooks",
+                hook.event.as_str()
+            ))
+        } else if self.hooks.iter().any(|h| h.name == hook.name) {
+            Some(format!("{:?} names two hooks", hook.name))
+        } else {
+            None
+        };
+        if let Some(message) = problem {
+            return Err(crate::PolicyConfigError {
+                field: format!("hook {}", hook.name),
+                message,
+                hook_index: None,
+            });
+        }
+        self.hooks.push(hook);
+        Ok(())
+    }
+
+    /// The rules of agent `name`, if it has any.
+    pub fn agent_rules(&self, name: &str) -> Option<&crate::agent::AgentRules> {
+        self.agents.iter().find(|a| a.agent == name)
     }
 
     /// The hooks that run for `event` on a call of `tool`, in their fixed order: the order of
@@ -265,11 +324,25 @@ impl Policy {
     }
 
     /// The chain's verdict on `call` in a session whose own mode is `session_mode`, given the
-    /// outcomes of the `PreToolUse` hooks the caller ran (in [`Policy::hooks_for`] order).
+    /// outcomes of the `PreToolUse` hooks the caller ran (in [`Policy::hooks_for`] order), for a
+    /// session without a tool list or agent rules.
     pub fn decide(
         &self,
         call: &ToolCall,
         session_mode: PermissionMode,
+        hooks: &[HookOutcome],
+    ) -> Verdict {
+        self.decide_for(call, Caller::in_mode(session_mode), hooks)
+    }
+
+    /// The chain's verdict on `call` by `caller`: hooks, then the deny rules (the policy's, then
+    /// the agent's, then the session's tool list), the ask rules (the policy's, then the agent's),
+    /// the permission mode (the agent's, else the policy's, else the session's), the allow rules
+    /// (the policy's, then the agent's), and `unmatched`.
+    pub fn decide_for(
+        &self,
+        call: &ToolCall,
+        caller: Caller<'_>,
         hooks: &[HookOutcome],
     ) -> Verdict {
         let mut trail = Vec::with_capacity(hooks.len() + 1);
@@ -309,6 +382,7 @@ impl Policy {
                     who: who.to_owned(),
                     decision: decision.audited(),
                     reason: reason.clone(),
+                    rewritten: false,
                 });
             }
             Verdict {
@@ -329,6 +403,28 @@ impl Policy {
                 true,
             );
         }
+        let agent = caller.agent;
+        let agent_name = agent.map_or("", |a| a.agent.as_str());
+        if let Some(rule) = agent.and_then(|a| a.deny.iter().find(|r| r.matches(call))) {
+            return verdict(
+                Decision::Deny,
+                link::AGENT_DENY_RULE,
+                format!("denied by agent {agent_name}'s rule {rule}"),
+                true,
+            );
+        }
+        if !caller.tools.is_empty() && !caller.tools.contains(&call.tool) {
+            return verdict(
+                Decision::Deny,
+                link::AGENT_TOOLS,
+                format!(
+                    "this session may use only {}; {} is not one of them",
+                    caller.tools.join(", "),
+                    call.tool
+                ),
+                true,
+            );
+        }
         match hook_verdict {
             Some((Decision::Allow, who, reason)) => {
                 return verdict(Decision::Allow, &who, reason, false);
@@ -346,7 +442,18 @@ impl Policy {
                 true,
             );
         }
-        let mode = self.mode.unwrap_or(session_mode);
+        if let Some(rule) = agent.and_then(|a| a.ask.iter().find(|r| r.matches(call))) {
+            return verdict(
+                Decision::Ask,
+                link::AGENT_ASK_RULE,
+                format!("agent {agent_name}'s rule {rule} needs a human's approval"),
+                true,
+            );
+        }
+        let mode = agent
+            .and_then(|a| a.mode)
+            .or(self.mode)
+            .unwrap_or(caller.mode);
         let tool = call.tool.to_ascii_lowercase();
         match mode {
             PermissionMode::Bypass => {
@@ -388,6 +495,14 @@ impl Policy {
                 Decision::Allow,
                 link::ALLOW_RULE,
                 format!("allowed by rule {rule}"),
+                true,
+            );
+        }
+        if let Some(rule) = agent.and_then(|a| a.allow.iter().find(|r| r.matches(call))) {
+            return verdict(
+                Decision::Allow,
+                link::AGENT_ALLOW_RULE,
+                format!("allowed by agent {agent_name}'s rule {rule}"),
                 true,
             );
         }

@@ -3,6 +3,7 @@
 //! tool, and each `unmatched` decision, against an oracle written as the documented rule list.
 
 use super::*;
+use crate::agent::{AgentRules, Caller};
 use serde_json::json;
 
 const TOOLS: [&str; 3] = ["Bash", "Read", "Write"];
@@ -279,4 +280,177 @@ fn an_empty_policy_is_empty_and_allows() {
         ..Policy::default()
     };
     assert!(!strict.is_empty());
+}
+
+/// The documented chain with an agent's rules and a session tool list, as a list: each of the
+/// policy's links comes before the agent's of the same kind; the tool list is a deny; the agent's
+/// mode is over the policy's, which is over the session's.
+fn agent_oracle(
+    policy: &Policy,
+    tool: &str,
+    tools: &[String],
+    agent: &AgentRules,
+    hook: Option<&HookResult>,
+) -> (Decision, String) {
+    let hook_by = "hook:h".to_owned();
+    if matches!(hook, Some(HookResult::Deny { .. })) {
+        return (Decision::Deny, hook_by);
+    }
+    if !policy.deny.is_empty() {
+        return (Decision::Deny, link::DENY_RULE.into());
+    }
+    if !agent.deny.is_empty() {
+        return (Decision::Deny, link::AGENT_DENY_RULE.into());
+    }
+    if !tools.is_empty() && !tools.iter().any(|t| t == tool) {
+        return (Decision::Deny, link::AGENT_TOOLS.into());
+    }
+    match hook {
+        Some(HookResult::Ask { .. }) => return (Decision::Ask, hook_by),
+        Some(HookResult::Allow { .. }) => return (Decision::Allow, hook_by),
+        _ => {}
+    }
+    if !policy.ask.is_empty() {
+        return (Decision::Ask, link::ASK_RULE.into());
+    }
+    if !agent.ask.is_empty() {
+        return (Decision::Ask, link::AGENT_ASK_RULE.into());
+    }
+    let mode_link = link::PERMISSION_MODE.to_owned();
+    match (
+        agent
+            .mode
+            .or(policy.mode)
+            .unwrap_or(PermissionMode::AcceptEdits),
+        tool,
+    ) {
+        (PermissionMode::Bypass, _) => return (Decision::Allow, mode_link),
+        (PermissionMode::ReadOnly, "Read") => return (Decision::Allow, mode_link),
+        (PermissionMode::ReadOnly, _) => return (Decision::Deny, mode_link),
+        (PermissionMode::AcceptEdits, "Write") => return (Decision::Allow, mode_link),
+        (PermissionMode::AcceptEdits, _) => {}
+    }
+    if !policy.allow.is_empty() {
+        return (Decision::Allow, link::ALLOW_RULE.into());
+    }
+    if !agent.allow.is_empty() {
+        return (Decision::Allow, link::AGENT_ALLOW_RULE.into());
+    }
+    let decision = match policy.unmatched {
+        Unmatched::Allow => Decision::Allow,
+        Unmatched::Deny => Decision::Deny,
+        Unmatched::Ask => Decision::Ask,
+    };
+    (decision, link::UNMATCHED.into())
+}
+
+#[test]
+fn agent_rules_and_tool_lists_follow_the_documented_order_in_every_case() {
+    let hooks: [Option<HookResult>; 4] = [
+        None,
+        Some(HookResult::Allow {
+            reason: "ok".into(),
+        }),
+        Some(HookResult::Ask { reason: "?".into() }),
+        Some(HookResult::Deny {
+            reason: "no".into(),
+        }),
+    ];
+    let tool_lists: [Vec<String>; 3] = [
+        Vec::new(),
+        vec!["Bash".into(), "Read".into(), "Write".into()],
+        vec!["Read".into()],
+    ];
+    let modes = [None, Some(MODES[0]), Some(MODES[1]), Some(MODES[2])];
+    let mut cases = 0u32;
+    for hook in &hooks {
+        let outcomes: Vec<HookOutcome> = hook
+            .iter()
+            .map(|result| HookOutcome {
+                hook: "h".into(),
+                mandatory: true,
+                result: result.clone(),
+            })
+            .collect();
+        for bits in 0u8..64 {
+            let on = |i: u8| bits & (1 << i) != 0;
+            for policy_mode in modes {
+                for agent_mode in modes {
+                    for unmatched in UNMATCHED {
+                        let policy = Policy {
+                            deny: rules(on(0)),
+                            ask: rules(on(1)),
+                            allow: rules(on(2)),
+                            mode: policy_mode,
+                            unmatched,
+                            ..Policy::default()
+                        };
+                        let agent = AgentRules {
+                            agent: "a".into(),
+                            mode: agent_mode,
+                            deny: rules(on(3)),
+                            ask: rules(on(4)),
+                            allow: rules(on(5)),
+                        };
+                        for tools in &tool_lists {
+                            for tool in TOOLS {
+                                cases += 1;
+                                let call = ToolCall::new(tool, json!({"command": "x"}));
+                                let caller = Caller {
+                                    mode: PermissionMode::AcceptEdits,
+                                    tools,
+                                    agent: Some(&agent),
+                                };
+                                let v = policy.decide_for(&call, caller, &outcomes);
+                                let want =
+                                    agent_oracle(&policy, tool, tools, &agent, hook.as_ref());
+                                let case = format!(
+                                    "hook {hook:?} bits {bits:06b} modes {policy_mode:?}/\
+                                     {agent_mode:?} {unmatched:?} tools {tools:?} {tool}"
+                                );
+                                assert_eq!((v.decision, v.decided_by.clone()), want, "{case}");
+                                check_trail(&v, &outcomes, &case);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(cases, 4 * 64 * 4 * 4 * 3 * 3 * 3);
+}
+
+#[test]
+fn a_session_without_agent_rules_is_decided_as_before() {
+    let policy = Policy {
+        ask: rules(true),
+        ..Policy::default()
+    };
+    let call = ToolCall::new("Bash", json!({"command": "x"}));
+    let plain = policy.decide(&call, PermissionMode::AcceptEdits, &[]);
+    let empty = AgentRules::default();
+    assert!(empty.is_empty());
+    let with_empty = policy.decide_for(
+        &call,
+        Caller {
+            mode: PermissionMode::AcceptEdits,
+            tools: &[],
+            agent: Some(&empty),
+        },
+        &[],
+    );
+    assert_eq!(plain, with_empty);
+    let denied = policy.decide_for(
+        &call,
+        Caller {
+            mode: PermissionMode::AcceptEdits,
+            tools: &["Read".to_owned()],
+            agent: None,
+        },
+        &[],
+    );
+    assert_eq!(
+        denied.reason,
+        "this session may use only Read; Bash is not one of them"
+    );
 }

@@ -5,8 +5,9 @@
 use keel_harness::PermissionMode;
 use serde::{Deserialize, Serialize};
 
+use crate::agent::AgentRules;
 use crate::chain::{Policy, Unmatched};
-use crate::gate::{CountGate, GateScope};
+use crate::gate::{Gate, GateCheck, GateScope, MICROS_PER_UNIT};
 use crate::hook::{BuiltinHook, HookAction, HookEvent, HookSpec, ToolMatcher};
 use crate::rule::Rule;
 
@@ -26,7 +27,7 @@ pub const RULES_MAX: usize = 1024;
 pub const HOOK_NAME_BYTES_MAX: usize = 64;
 
 /// The policy sections of keel.toml.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PolicyConfig {
     /// `[[hooks]]`.
@@ -35,25 +36,88 @@ pub struct PolicyConfig {
     pub permissions: PermissionsConfig,
     /// `[[gates]]`.
     pub gates: Vec<GateConfig>,
+    /// The policy half of each `[[agents]]` table, in keel.toml's order (so an error names
+    /// `agents[N]` as the file does).
+    pub agents: Vec<AgentRulesConfig>,
 }
 
-/// The kinds of gate (docs/CONFIG.md). Only `count` is built; the others are refused by
-/// [`PolicyConfig::build`] rather than accepted and not enforced.
+/// The policy keys of one `[[agents]]` table: its permission mode and its rules (the agent's
+/// `tools` reach the chain through the session's tool list).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentRulesConfig {
+    /// The agent's name.
+    pub name: String,
+    /// Its permission mode, over `[permissions] mode` and the session's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permission_mode: Option<PermissionMode>,
+    /// Its deny, ask and allow rules.
+    #[serde(default)]
+    pub rules: RuleListsConfig,
+}
+
+/// `rules = { deny = [...], ask = [...], allow = [...] }` of an agent.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuleListsConfig {
+    /// Rules whose calls are refused.
+    pub deny: Vec<String>,
+    /// Rules whose calls wait for a human's approval.
+    pub ask: Vec<String>,
+    /// Rules whose calls run without asking.
+    pub allow: Vec<String>,
+}
+
+impl AgentRulesConfig {
+    fn build(&self, i: usize) -> Result<AgentRules, PolicyConfigError> {
+        let at = |list: &str| format!("agents[{i}].rules.{list}");
+        Ok(AgentRules {
+            agent: self.name.clone(),
+            mode: self.permission_mode,
+            deny: rules_at(&at("deny"), &self.rules.deny)?,
+            ask: rules_at(&at("ask"), &self.rules.ask)?,
+            allow: rules_at(&at("allow"), &self.rules.allow)?,
+        })
+    }
+}
+
+/// The kinds of gate (docs/CONFIG.md, docs/DESIGN.md §9).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum GateKind {
     /// At most `max_calls` calls matching `rule` per task or run.
     Count,
-    /// A tool only after another succeeded in the task (not built).
+    /// A call matching `rule` only after a call matching `after` succeeded in the task (or run).
     Prerequisite,
-    /// A tool only with a token issued by an earlier step (not built).
+    /// A call matching `rule` only with a token issued by an earlier successful call matching
+    /// `issued_by`; each call spends one.
     Token,
-    /// A numeric field summed over the run, refused past a cap (not built).
+    /// The input's numeric `field` summed over the run (or task), refused past `max_total`.
     Cap,
 }
 
+impl GateKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            GateKind::Count => "count",
+            GateKind::Prerequisite => "prerequisite",
+            GateKind::Token => "token",
+            GateKind::Cap => "cap",
+        }
+    }
+
+    /// What the gate's marks are read over when `per` is not given: a count and a prerequisite
+    /// per task, a token and a cap per run (a token comes from an earlier step, a cap spans the run).
+    fn default_scope(self) -> GateScope {
+        match self {
+            GateKind::Count | GateKind::Prerequisite => GateScope::Task,
+            GateKind::Token | GateKind::Cap => GateScope::Run,
+        }
+    }
+}
+
 /// One `[[gates]]` table.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GateConfig {
     /// Its name in audit rows (`gate:<name>`); unique.
@@ -65,13 +129,106 @@ pub struct GateConfig {
     /// For `count`: how many calls may run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_calls: Option<u32>,
-    /// For `count`: per `task` (the default) or per `run`.
-    #[serde(default = "gate_scope_default")]
-    pub per: GateScope,
+    /// For `prerequisite`: the rule a call must match, and succeed, first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<String>,
+    /// For `token`: the rule whose successful calls issue one token each.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issued_by: Option<String>,
+    /// For `cap`: the numeric input field summed, a dotted path (`amount`, `payment.amount`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// For `cap`: the largest total allowed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_total: Option<f64>,
+    /// `task` or `run`; by default `task` for `count` and `prerequisite`, `run` for `token` and
+    /// `cap`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per: Option<GateScope>,
 }
 
-fn gate_scope_default() -> GateScope {
-    GateScope::Task
+/// Most gates in one configuration.
+pub const GATES_MAX: usize = 64;
+
+impl GateConfig {
+    fn build(&self, i: usize) -> Result<Gate, PolicyConfigError> {
+        let field = |name: &str| format!("gates[{i}].{name}");
+        if self.name.trim().is_empty() || self.name.len() > HOOK_NAME_BYTES_MAX {
+            return Err(err(
+                field("name"),
+                format!("a name is 1 to {HOOK_NAME_BYTES_MAX} bytes"),
+            ));
+        }
+        let kind = self.kind.as_str();
+        let parse = |name: &str, text: &str| -> Result<Rule, PolicyConfigError> {
+            text.parse().map_err(|e| err(field(name), format!("{e}")))
+        };
+        let rule = parse("rule", &self.rule)?;
+        // Every key that belongs to another kind is refused: a key that is ignored would be a
+        // silent gap.
+        let stray = [
+            ("max_calls", self.max_calls.is_some(), GateKind::Count),
+            ("after", self.after.is_some(), GateKind::Prerequisite),
+            ("issued_by", self.issued_by.is_some(), GateKind::Token),
+            ("field", self.field.is_some(), GateKind::Cap),
+            ("max_total", self.max_total.is_some(), GateKind::Cap),
+        ]
+        .into_iter()
+        .find(|(_, set, owner)| *set && *owner != self.kind);
+        if let Some((key, _, owner)) = stray {
+            return Err(err(
+                field(key),
+                format!("{key} belongs to {} gates, not {kind}", owner.as_str()),
+            ));
+        }
+        let needs = |key: &str| err(field(key), format!("a {kind} gate needs {key}"));
+        let check = match self.kind {
+            GateKind::Count => GateCheck::Count {
+                max_calls: self.max_calls.ok_or_else(|| needs("max_calls"))?,
+            },
+            GateKind::Prerequisite => GateCheck::Prerequisite {
+                after: parse(
+                    "after",
+                    self.after.as_deref().ok_or_else(|| needs("after"))?,
+                )?,
+            },
+            GateKind::Token => GateCheck::Token {
+                issued_by: parse(
+                    "issued_by",
+                    self.issued_by
+                        .as_deref()
+                        .ok_or_else(|| needs("issued_by"))?,
+                )?,
+            },
+            GateKind::Cap => {
+                let path = self.field.as_deref().ok_or_else(|| needs("field"))?;
+                if path.is_empty() || path.split('.').any(|k| k.trim().is_empty()) {
+                    return Err(err(
+                        field("field"),
+                        "a field is a dotted path of names, e.g. \"amount\" or \"payment.amount\"",
+                    ));
+                }
+                let max = self.max_total.ok_or_else(|| needs("max_total"))?;
+                let micros = max * MICROS_PER_UNIT as f64;
+                if !micros.is_finite() || micros < 0.0 || micros >= u64::MAX as f64 {
+                    return Err(err(
+                        field("max_total"),
+                        format!("must be a number from 0 to {}", u64::MAX / MICROS_PER_UNIT),
+                    ));
+                }
+                GateCheck::Cap {
+                    field: path.to_owned(),
+                    max_micros: micros.round() as u64,
+                }
+            }
+        };
+        Ok(Gate {
+            name: self.name.clone(),
+            rule,
+            per: self.per.unwrap_or(self.kind.default_scope()),
+            check,
+        })
+    }
 }
 
 /// One `[[hooks]]` table.
@@ -202,43 +359,32 @@ impl PolicyConfig {
                 format!("must be 1 to {ASK_TIMEOUT_S_MAX} seconds"),
             ));
         }
-        let mut gates: Vec<CountGate> = Vec::with_capacity(self.gates.len());
-        for (i, g) in self.gates.iter().enumerate() {
-            let field = |name: &str| format!("gates[{i}].{name}");
-            if g.name.trim().is_empty() || g.name.len() > HOOK_NAME_BYTES_MAX {
-                return Err(err(
-                    field("name"),
-                    format!("a name is 1 to {HOOK_NAME_BYTES_MAX} bytes"),
-                ));
-            }
-            if gates.iter().any(|o| o.name == g.name) {
-                return Err(err(field("name"), format!("{:?} names two gates", g.name)));
-            }
-            if g.kind != GateKind::Count {
-                return Err(err(
-                    field("kind"),
-                    format!(
-                        "{:?} gates are not built yet (only \"count\"); a gate that never checks \
-                         would be a silent gap",
-                        g.kind
-                    ),
-                ));
-            }
-            let rule = g
-                .rule
-                .parse()
-                .map_err(|e| err(field("rule"), format!("{e}")))?;
-            let Some(max_calls) = g.max_calls else {
-                return Err(err(field("max_calls"), "a count gate needs max_calls"));
-            };
-            gates.push(CountGate {
-                name: g.name.clone(),
-                rule,
-                max_calls,
-                per: g.per,
-            });
+        if self.gates.len() > GATES_MAX {
+            return Err(err(
+                "gates",
+                format!("{} gates; at most {GATES_MAX}", self.gates.len()),
+            ));
         }
+        let mut gates: Vec<Gate> = Vec::with_capacity(self.gates.len());
+        for (i, g) in self.gates.iter().enumerate() {
+            let gate = g.build(i)?;
+            if gates.iter().any(|o| o.name == gate.name) {
+                return Err(err(
+                    format!("gates[{i}].name"),
+                    format!("{:?} names two gates", gate.name),
+                ));
+            }
+            gates.push(gate);
+        }
+        let agents = self
+            .agents
+            .iter()
+            .enumerate()
+            .map(|(i, a)| a.build(i))
+            .filter(|a| a.as_ref().map_or(true, |a| !a.is_empty()))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Policy {
+            agents,
             gates,
             hooks,
             deny: rules("deny", &p.deny)?,
@@ -252,9 +398,14 @@ impl PolicyConfig {
 }
 
 fn rules(list: &str, texts: &[String]) -> Result<Vec<Rule>, PolicyConfigError> {
+    rules_at(&format!("permissions.{list}"), texts)
+}
+
+/// The rules of the list at `field` (`permissions.deny`, `agents[0].rules.ask`).
+fn rules_at(field: &str, texts: &[String]) -> Result<Vec<Rule>, PolicyConfigError> {
     if texts.len() > RULES_MAX {
         return Err(err(
-            format!("permissions.{list}"),
+            field,
             format!("{} rules; at most {RULES_MAX}", texts.len()),
         ));
     }
@@ -263,7 +414,7 @@ fn rules(list: &str, texts: &[String]) -> Result<Vec<Rule>, PolicyConfigError> {
         .enumerate()
         .map(|(i, t)| {
             t.parse()
-                .map_err(|e| err(format!("permissions.{list}[{i}]"), format!("{e}")))
+                .map_err(|e| err(format!("{field}[{i}]"), format!("{e}")))
         })
         .collect()
 }
@@ -281,14 +432,21 @@ impl HookConfig {
             Some(n) => n.clone(),
             None => format!("hooks[{i}]"),
         };
-        if self.event != HookEvent::PreToolUse {
+        if !self.event.is_tool_event() {
             return Err(err(
                 field("event"),
                 format!(
-                    "{} hooks are not run by keel yet (only PreToolUse is enforced); \
+                    "{} hooks are not run by keel yet (PreToolUse and PostToolUse are); \
                      a hook that never runs would be a silent gap",
                     self.event.as_str()
                 ),
+            ));
+        }
+        if self.event == HookEvent::PostToolUse && self.builtin.is_some() {
+            return Err(err(
+                field("builtin"),
+                "PostToolUse hooks are commands (or hooks registered in code); the built-ins \
+                 decide calls before they run",
             ));
         }
         let matcher = match &self.matcher {
@@ -477,24 +635,130 @@ ask_timeout_s = 60
     }
 
     #[test]
-    fn gates_build_and_unbuilt_kinds_are_refused() {
+    fn every_gate_kind_builds_and_bad_fields_are_named() {
         let policy = parse(
-            "[[gates]]\nname = \"push\"\nkind = \"count\"\nrule = \"Bash(git push*)\"\nmax_calls = 2\nper = \"run\"\n",
+            r#"
+[[gates]]
+name = "push"
+kind = "count"
+rule = "Bash(git push*)"
+max_calls = 2
+per = "run"
+[[gates]]
+name = "tested"
+kind = "prerequisite"
+rule = "Bash(git push*)"
+after = "Bash(cargo test*)"
+[[gates]]
+name = "approval"
+kind = "token"
+rule = "pay"
+issued_by = "approve"
+[[gates]]
+name = "spend"
+kind = "cap"
+rule = "pay"
+field = "payment.amount"
+max_total = 100.25
+"#,
         )
         .build()
         .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(policy.gates.len(), 1);
-        assert_eq!(policy.gates[0].per, GateScope::Run);
+        let scopes: Vec<GateScope> = policy.gates.iter().map(|g| g.per).collect();
+        assert_eq!(
+            scopes,
+            [
+                GateScope::Run,
+                GateScope::Task,
+                GateScope::Run,
+                GateScope::Run
+            ]
+        );
+        assert_eq!(
+            policy.gates[3].check,
+            GateCheck::Cap {
+                field: "payment.amount".into(),
+                max_micros: 100_250_000
+            }
+        );
         assert!(!policy.is_empty());
+        let g = |kind: &str, rest: &str| {
+            format!("[[gates]]\nname = \"p\"\nkind = \"{kind}\"\nrule = \"x\"\n{rest}")
+        };
+        check_err(&g("count", ""), "gates[0].max_calls", "needs max_calls");
+        check_err(&g("prerequisite", ""), "gates[0].after", "needs after");
+        check_err(&g("token", ""), "gates[0].issued_by", "needs issued_by");
         check_err(
-            "[[gates]]\nname = \"p\"\nkind = \"cap\"\nrule = \"x\"\n",
-            "gates[0].kind",
-            "not built yet",
+            &g("cap", "max_total = 1\n"),
+            "gates[0].field",
+            "needs field",
         );
         check_err(
-            "[[gates]]\nname = \"p\"\nkind = \"count\"\nrule = \"x\"\n",
-            "gates[0].max_calls",
-            "needs max_calls",
+            &g("cap", "field = \"a\"\n"),
+            "gates[0].max_total",
+            "needs max_total",
+        );
+        check_err(
+            &g("cap", "field = \"a..b\"\nmax_total = 1\n"),
+            "gates[0].field",
+            "dotted path",
+        );
+        check_err(
+            &g("cap", "field = \"a\"\nmax_total = -1\n"),
+            "gates[0].max_total",
+            "from 0",
+        );
+        check_err(
+            &g("count", "max_calls = 1\nafter = \"y\"\n"),
+            "gates[0].after",
+            "belongs to prerequisite gates, not count",
+        );
+        check_err(
+            &g("prerequisite", "after = \"y(\"\n"),
+            "gates[0].after",
+            "pattern",
+        );
+        check_err(
+            &format!(
+                "{}{}",
+                g("count", "max_calls = 1\n"),
+                g("count", "max_calls = 1\n")
+            ),
+            "gates[1].name",
+            "two gates",
+        );
+    }
+
+    #[test]
+    fn agent_rules_build_and_bad_ones_are_named() {
+        let policy = parse(
+            r#"
+[[agents]]
+name = "plain"
+[[agents]]
+name = "careful"
+permission_mode = "read_only"
+rules = { deny = ["Bash(rm *)"], ask = ["Bash(git push*)"], allow = ["Read"] }
+"#,
+        )
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(policy.agents.len(), 1, "an agent without rules adds none");
+        let careful = policy
+            .agent_rules("careful")
+            .unwrap_or_else(|| panic!("no rules for careful"));
+        assert_eq!(careful.mode, Some(PermissionMode::ReadOnly));
+        assert_eq!(careful.deny[0].to_string(), "Bash(rm *)");
+        assert!(policy.agent_rules("plain").is_none());
+        assert!(!policy.is_empty());
+        check_err(
+            "[[agents]]\nname = \"a\"\n[[agents]]\nname = \"b\"\nrules = { ask = [\"ok\", \"Bash(x\"] }\n",
+            "agents[1].rules.ask[1]",
+            "pattern",
+        );
+        assert!(
+            toml::from_str::<PolicyConfig>("[[agents]]\nname = \"a\"\nrules = { maybe = [] }\n")
+                .is_err()
         );
     }
 

@@ -3,7 +3,14 @@
 //! and a flag saying whether its failure denies. Built from `[[hooks]]` in keel.toml
 //! ([`crate::config::HookConfig`]) or registered in code by an embedding host.
 
+use std::sync::Arc;
+
+use keel_harness::ToolOutput;
 use serde::{Deserialize, Serialize};
+
+use crate::call::ToolCall;
+use crate::chain::HookResult;
+use crate::post::PostHookResult;
 
 /// The events a hook can be attached to (docs/DESIGN.md §9).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -82,6 +89,43 @@ pub enum BuiltinHook {
     Allow,
 }
 
+/// A hook written in Rust by an embedding host and registered in code
+/// ([`crate::Policy::register_hook`]): it runs in process, in the policy's order with the
+/// configured hooks (keel.toml's first), on `PreToolUse` and `PostToolUse`. It runs on the caller's
+/// task, so it must answer quickly and never block; a panic is a failure (denying, or withholding
+/// the result, when the hook is mandatory).
+pub trait CodeHook: Send + Sync {
+    /// `PreToolUse`: allow, deny, ask or no opinion on `call`.
+    fn before_tool(&self, call: &ToolCall) -> HookResult {
+        let _ = call;
+        HookResult::NoOpinion
+    }
+
+    /// `PostToolUse`: keep, rewrite or withhold the result of `call` the model is about to see.
+    fn after_tool(&self, call: &ToolCall, output: &ToolOutput) -> PostHookResult {
+        let _ = (call, output);
+        PostHookResult::Keep
+    }
+}
+
+/// A registered code hook, compared by identity.
+#[derive(Clone)]
+pub struct CodeHookRef(pub Arc<dyn CodeHook>);
+
+impl std::fmt::Debug for CodeHookRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CodeHook")
+    }
+}
+
+impl PartialEq for CodeHookRef {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for CodeHookRef {}
+
 /// What a hook runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum HookAction {
@@ -97,6 +141,8 @@ pub enum HookAction {
     },
     /// One of keel's built-ins.
     Builtin(BuiltinHook),
+    /// A hook registered in code by an embedding host.
+    Code(CodeHookRef),
 }
 
 /// One hook, validated.
@@ -110,7 +156,8 @@ pub struct HookSpec {
     pub matcher: ToolMatcher,
     /// What it runs.
     pub action: HookAction,
-    /// How long it may take; past it the hook has timed out.
+    /// How long it may take; past it the hook has timed out (not used for a hook in code, which
+    /// runs on the caller's task).
     pub timeout_ms: u64,
     /// Whether an error or a timeout of this hook denies the call (fails closed). A hook that is not
     /// mandatory and fails is audited and then ignored.
@@ -118,6 +165,24 @@ pub struct HookSpec {
 }
 
 impl HookSpec {
+    /// A hook registered in code: `name` in audit rows, at `event` (`PreToolUse` or
+    /// `PostToolUse`), on the calls `matcher` picks. Mandatory: its failure denies (or withholds).
+    pub fn code(
+        name: impl Into<String>,
+        event: HookEvent,
+        matcher: ToolMatcher,
+        hook: Arc<dyn CodeHook>,
+    ) -> HookSpec {
+        HookSpec {
+            name: name.into(),
+            event,
+            matcher,
+            action: HookAction::Code(CodeHookRef(hook)),
+            timeout_ms: 0,
+            mandatory: true,
+        }
+    }
+
     /// Whether the hook runs for `event` on a call of `tool`.
     pub fn applies(&self, event: HookEvent, tool: Option<&str>) -> bool {
         self.event == event && self.matcher.matches(tool)

@@ -15,27 +15,31 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::chain::{HookOutcome, HookResult, Policy};
+use keel_harness::ToolOutput;
+
+use crate::call::ToolCall;
+use crate::chain::{AuditLine, HookOutcome, HookResult, Policy};
 use crate::hook::{BuiltinHook, HookAction, HookEvent, HookSpec};
+use crate::post::{PostHookOutcome, PostHookResult};
 
 /// Most bytes of a hook's stdout or stderr read; the rest is ignored.
 pub const HOOK_OUTPUT_BYTES_MAX: u64 = 16 * 1024;
 
-/// Runs the hooks of `event` for a call of `tool` (or none, for an event without a tool) in the
-/// policy's order with `payload` on stdin, until one ends the hooks. The outcomes go to
+/// Runs the `PreToolUse` hooks for `call` in the policy's order (a command with `payload` on
+/// stdin, a hook in code with the call), until one ends the hooks. The outcomes go to
 /// [`Policy::decide`].
-pub async fn run_hooks(
-    policy: &Policy,
-    event: HookEvent,
-    tool: Option<&str>,
-    payload: &Value,
-) -> Vec<HookOutcome> {
+pub async fn run_hooks(policy: &Policy, call: &ToolCall, payload: &Value) -> Vec<HookOutcome> {
     let mut outcomes = Vec::new();
-    for hook in policy.hooks_for(event, tool) {
+    for hook in policy.hooks_for(HookEvent::PreToolUse, Some(&call.tool)) {
+        let result = match &hook.action {
+            HookAction::Code(code) => in_code(&hook.name, || code.0.before_tool(call))
+                .unwrap_or_else(|error| HookResult::Failed { error }),
+            _ => run_hook(hook, payload).await,
+        };
         let outcome = HookOutcome {
             hook: hook.name.clone(),
             mandatory: hook.mandatory,
-            result: run_hook(hook, payload).await,
+            result,
         };
         let end = outcome.ends_hooks();
         outcomes.push(outcome);
@@ -44,6 +48,112 @@ pub async fn run_hooks(
         }
     }
     outcomes
+}
+
+/// Runs a hook in code, a panic being its failure.
+fn in_code<T>(name: &str, f: impl FnOnce() -> T) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+        .map_err(|_| format!("hook {name} panicked"))
+}
+
+/// Runs the `PostToolUse` hooks for `call` in the policy's order, each on the result the previous
+/// one handed on (a command with `payload` plus `tool_response` on stdin, a hook in code with the
+/// result), until one withholds it: the result the model sees and the audit trail.
+pub async fn run_post_hooks(
+    policy: &Policy,
+    call: &ToolCall,
+    payload: &Value,
+    output: ToolOutput,
+) -> (ToolOutput, Vec<AuditLine>) {
+    let mut output = output;
+    let mut trail = Vec::new();
+    for hook in policy.hooks_for(HookEvent::PostToolUse, Some(&call.tool)) {
+        let result = match &hook.action {
+            HookAction::Code(code) => in_code(&hook.name, || code.0.after_tool(call, &output))
+                .unwrap_or_else(|error| PostHookResult::Failed { error }),
+            HookAction::Command { program, args } => {
+                let mut payload = payload.clone();
+                if let Some(obj) = payload.as_object_mut() {
+                    obj.insert("hook_event_name".into(), "PostToolUse".into());
+                    obj.insert(
+                        "tool_response".into(),
+                        serde_json::json!({"is_error": output.is_error, "output": output.text}),
+                    );
+                }
+                let run = run_command(program, args, &payload);
+                match tokio::time::timeout(Duration::from_millis(hook.timeout_ms), run).await {
+                    Ok(Ok((code, out, err))) => interpret_post(code, &out, &err),
+                    Ok(Err(error)) => PostHookResult::Failed { error },
+                    Err(_) => PostHookResult::TimedOut {
+                        after_ms: hook.timeout_ms,
+                    },
+                }
+            }
+            // The configuration refuses built-ins here; one registered anyway keeps the result.
+            HookAction::Builtin(_) => PostHookResult::Keep,
+        };
+        let outcome = PostHookOutcome {
+            hook: hook.name.clone(),
+            mandatory: hook.mandatory,
+            result,
+        };
+        let (line, ends) = outcome.apply(&mut output);
+        trail.push(line);
+        if ends {
+            break;
+        }
+    }
+    (output, trail)
+}
+
+/// A `PostToolUse` command hook's answer (pure): exit 0 with nothing is keep; exit 0 with
+/// `{"hookSpecificOutput": {"updatedToolOutput": "..."}}` rewrites; exit 0 with `{"decision":
+/// "block", "reason": ...}` (Claude Code's shape) or exit 2 (stderr as the reason) withholds;
+/// anything else is a failure.
+pub fn interpret_post(code: Option<i32>, stdout: &str, stderr: &str) -> PostHookResult {
+    let stderr = stderr.trim();
+    match code {
+        Some(0) => {
+            let Ok(v) = serde_json::from_str::<Value>(stdout.trim()) else {
+                return PostHookResult::Keep;
+            };
+            if v.get("decision").and_then(Value::as_str) == Some("block") {
+                let reason = v
+                    .get("reason")
+                    .and_then(Value::as_str)
+                    .unwrap_or("the result was withheld by a hook");
+                return PostHookResult::Withhold {
+                    reason: reason.to_owned(),
+                };
+            }
+            match v
+                .get("hookSpecificOutput")
+                .and_then(|o| o.get("updatedToolOutput"))
+            {
+                None => PostHookResult::Keep,
+                Some(Value::String(text)) => PostHookResult::Rewrite { text: text.clone() },
+                Some(other) => PostHookResult::Failed {
+                    error: format!("updatedToolOutput is not a string: {other}"),
+                },
+            }
+        }
+        code => match refused_or_failed(code, stderr, "the result was withheld by a hook (exit 2)")
+        {
+            Ok(reason) => PostHookResult::Withhold { reason },
+            Err(error) => PostHookResult::Failed { error },
+        },
+    }
+}
+
+/// What a command hook's exit status other than 0 says: exit 2 refuses, with stderr as the reason
+/// (`refused` when it is empty); anything else, a signal included, is a failure.
+fn refused_or_failed(code: Option<i32>, stderr: &str, refused: &str) -> Result<String, String> {
+    match code {
+        Some(2) if stderr.is_empty() => Ok(refused.to_owned()),
+        Some(2) => Ok(stderr.to_owned()),
+        Some(code) => Err(format!("exit {code}: {stderr}")),
+        None => Err(format!("killed by a signal: {stderr}")),
+    }
 }
 
 /// Runs one hook.
@@ -58,11 +168,20 @@ pub async fn run_hook(hook: &HookSpec, payload: &Value) -> HookResult {
         HookAction::Command { program, args } => {
             let run = run_command(program, args, payload);
             match tokio::time::timeout(Duration::from_millis(hook.timeout_ms), run).await {
-                Ok(result) => result,
+                Ok(Ok((code, out, err))) => interpret(code, &out, &err),
+                Ok(Err(error)) => HookResult::Failed { error },
                 Err(_) => HookResult::TimedOut {
                     after_ms: hook.timeout_ms,
                 },
             }
+        }
+        HookAction::Code(code) => {
+            let call = ToolCall::new(
+                tool_of(payload),
+                payload.get("tool_input").cloned().unwrap_or(Value::Null),
+            );
+            in_code(&hook.name, || code.0.before_tool(&call))
+                .unwrap_or_else(|error| HookResult::Failed { error })
         }
     }
 }
@@ -74,7 +193,13 @@ fn tool_of(payload: &Value) -> &str {
         .unwrap_or("matched")
 }
 
-async fn run_command(program: &str, args: &[String], payload: &Value) -> HookResult {
+/// Runs a command hook with `payload` on stdin: its exit code, stdout and stderr, or why it could
+/// not run.
+async fn run_command(
+    program: &str,
+    args: &[String],
+    payload: &Value,
+) -> Result<(Option<i32>, String, String), String> {
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args)
         .stdin(Stdio::piped())
@@ -88,11 +213,7 @@ async fn run_command(program: &str, args: &[String], payload: &Value) -> HookRes
     }
     let mut child = match cmd.spawn() {
         Ok(c) => c,
-        Err(e) => {
-            return HookResult::Failed {
-                error: format!("could not start {program}: {e}"),
-            };
-        }
+        Err(e) => return Err(format!("could not start {program}: {e}")),
     };
     if let Some(mut stdin) = child.stdin.take() {
         // A hook that exits without reading its stdin is fine: its exit status decides.
@@ -112,10 +233,8 @@ async fn run_command(program: &str, args: &[String], payload: &Value) -> HookRes
     };
     tokio::join!(read_out, read_err);
     match child.wait().await {
-        Ok(status) => interpret(status.code(), &out, &err),
-        Err(e) => HookResult::Failed {
-            error: format!("waiting for {program}: {e}"),
-        },
+        Ok(status) => Ok((status.code(), out, err)),
+        Err(e) => Err(format!("waiting for {program}: {e}")),
     }
 }
 
@@ -154,18 +273,9 @@ pub fn interpret(code: Option<i32>, stdout: &str, stderr: &str) -> HookResult {
                 },
             }
         }
-        Some(2) => HookResult::Deny {
-            reason: if stderr.is_empty() {
-                "denied by a hook (exit 2)".into()
-            } else {
-                stderr.to_owned()
-            },
-        },
-        Some(code) => HookResult::Failed {
-            error: format!("exit {code}: {stderr}"),
-        },
-        None => HookResult::Failed {
-            error: format!("killed by a signal: {stderr}"),
+        code => match refused_or_failed(code, stderr, "denied by a hook (exit 2)") {
+            Ok(reason) => HookResult::Deny { reason },
+            Err(error) => HookResult::Failed { error },
         },
     }
 }
@@ -267,9 +377,129 @@ mod tests {
             ],
             ..Policy::default()
         };
-        let outcomes = run_hooks(&policy, HookEvent::PreToolUse, Some("Bash"), &json!({})).await;
+        let call = ToolCall::new("Bash", json!({}));
+        let outcomes = run_hooks(&policy, &call, &json!({})).await;
         let names: Vec<&str> = outcomes.iter().map(|o| o.hook.as_str()).collect();
         assert_eq!(names, ["first", "second"]);
         assert!(!marker.exists(), "a hook after a denial ran");
+    }
+
+    struct Redactor;
+
+    impl crate::hook::CodeHook for Redactor {
+        fn before_tool(&self, call: &ToolCall) -> HookResult {
+            if call.subject().is_some_and(|s| s.contains("panic")) {
+                panic!("a hook in code panicked");
+            }
+            HookResult::NoOpinion
+        }
+
+        fn after_tool(&self, _call: &ToolCall, output: &ToolOutput) -> PostHookResult {
+            PostHookResult::Rewrite {
+                text: output.text.replace("hunter2", "[REDACTED]"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn post_hooks_run_in_order_on_the_result_so_far_and_code_hooks_follow_the_configured() {
+        let mut policy = Policy {
+            hooks: vec![HookSpec {
+                event: HookEvent::PostToolUse,
+                ..command_hook(
+                    "upper",
+                    r#"out=$(cat | sed -n 's/.*"output":"\([^"]*\)".*/\1/p' | tr a-z A-Z); printf '{"hookSpecificOutput":{"updatedToolOutput":"%s"}}' "$out""#,
+                    10_000,
+                )
+            }],
+            ..Policy::default()
+        };
+        policy
+            .register_hook(HookSpec::code(
+                "redact",
+                HookEvent::PostToolUse,
+                ToolMatcher::Any,
+                std::sync::Arc::new(Redactor),
+            ))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let call = ToolCall::new("Bash", json!({"command": "cat pw"}));
+        let (out, trail) = run_post_hooks(
+            &policy,
+            &call,
+            &json!({"tool_name": "Bash"}),
+            ToolOutput {
+                is_error: false,
+                text: "pw hunter2".into(),
+            },
+        )
+        .await;
+        // The command upper-cased first, so the code hook saw HUNTER2 and left it.
+        assert_eq!(out.text, "PW HUNTER2");
+        let names: Vec<&str> = trail.iter().map(|l| l.who.as_str()).collect();
+        assert_eq!(names, ["hook:upper", "hook:redact"]);
+        assert!(trail.iter().all(|l| l.rewritten));
+
+        let hangs = Policy {
+            hooks: vec![HookSpec {
+                event: HookEvent::PostToolUse,
+                ..command_hook("hangs", "sleep 30", 200)
+            }],
+            ..Policy::default()
+        };
+        let (out, _) = run_post_hooks(
+            &hangs,
+            &call,
+            &json!({}),
+            ToolOutput {
+                is_error: false,
+                text: "hunter2".into(),
+            },
+        )
+        .await;
+        assert!(out.is_error && !out.text.contains("hunter2"), "{out:?}");
+    }
+
+    #[tokio::test]
+    async fn a_hook_in_code_that_panics_fails_closed_and_runs_after_the_configured_ones() {
+        let mut policy = Policy {
+            hooks: vec![command_hook("first", "exit 0", 5_000)],
+            ..Policy::default()
+        };
+        policy
+            .register_hook(HookSpec::code(
+                "code",
+                HookEvent::PreToolUse,
+                ToolMatcher::Any,
+                std::sync::Arc::new(Redactor),
+            ))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            policy
+                .register_hook(HookSpec::code(
+                    "code",
+                    HookEvent::PreToolUse,
+                    ToolMatcher::Any,
+                    std::sync::Arc::new(Redactor),
+                ))
+                .is_err()
+        );
+        let call = ToolCall::new("Bash", json!({"command": "panic now"}));
+        let outcomes = run_hooks(&policy, &call, &json!({})).await;
+        let names: Vec<&str> = outcomes.iter().map(|o| o.hook.as_str()).collect();
+        assert_eq!(names, ["first", "code"]);
+        assert!(matches!(outcomes[1].result, HookResult::Failed { .. }));
+        let v = policy.decide(&call, keel_harness::PermissionMode::Bypass, &outcomes);
+        assert_eq!(v.decision, crate::chain::Decision::Deny);
+        assert_eq!(
+            interpret_post(Some(0), r#"{"decision":"block","reason":"no"}"#, ""),
+            PostHookResult::Withhold {
+                reason: "no".into()
+            }
+        );
+        assert_eq!(interpret_post(Some(0), "", ""), PostHookResult::Keep);
+        assert!(matches!(
+            interpret_post(Some(3), "", "x"),
+            PostHookResult::Failed { .. }
+        ));
     }
 }

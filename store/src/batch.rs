@@ -7,8 +7,8 @@
 
 use crate::model::{
     AgentProfile, AuditEntry, Checkpoint, DeadLetter, Escalation, EscalationId,
-    EscalationResolution, IdempotencyRecord, ManifestEntry, Run, RunId, SessionLogRow, Task,
-    TaskId,
+    EscalationResolution, GateMark, IdempotencyRecord, ManifestEntry, Run, RunId, SessionLogRow,
+    Task, TaskId,
 };
 
 /// A write that passed its limits and run checks and waits to be committed by
@@ -93,6 +93,7 @@ pub(crate) enum RunOp {
     AppendDeadLetter(DeadLetter),
     RecordIdempotency(IdempotencyRecord),
     AppendAudit(AuditEntry),
+    AppendGateMark(GateMark),
     AppendEscalation(Escalation),
     ResolveEscalation {
         id: EscalationId,
@@ -194,6 +195,11 @@ pub enum Applied {
     AlreadyRecorded(IdempotencyRecord),
     /// An audit entry was appended.
     AuditAppended {
+        /// Its sequence number within its run.
+        seq: u64,
+    },
+    /// A gate mark was appended.
+    GateMarkAppended {
         /// Its sequence number within its run.
         seq: u64,
     },

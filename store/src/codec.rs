@@ -193,6 +193,7 @@ unchanged_since_v1!(
     crate::model::IdempotencyRecord,
     crate::model::AuditEntry,
     crate::model::AgentProfile,
+    crate::model::GateMark,
 );
 
 /// Encodes a value as `[SCHEMA_VERSION] ++ bincode(value)`.

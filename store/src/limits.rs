@@ -7,8 +7,8 @@
 
 use crate::model::{
     AgentProfile, Attachment, AttachmentBody, AuditEntry, Checkpoint, DeadLetter, Escalation,
-    EscalationResolution, EscalationWait, IdempotencyRecord, ManifestEntry, ManifestOutcome, Run,
-    SessionLogRow, Task,
+    EscalationResolution, EscalationWait, GateMark, IdempotencyRecord, ManifestEntry,
+    ManifestOutcome, Run, SessionLogRow, Task,
 };
 
 /// The ceilings the store enforces. Sizes are in bytes of UTF-8 (or raw bytes for blobs), counts in
@@ -235,6 +235,11 @@ impl Limits {
             self.bytes("idempotency.result", res, self.output_bytes_max)?;
         }
         Ok(())
+    }
+
+    /// Checks a gate mark.
+    pub fn check_gate_mark(&self, m: &GateMark) -> Result<(), LimitError> {
+        self.key("gate_mark.gate", &m.gate)
     }
 
     /// Checks an audit entry.

@@ -272,6 +272,7 @@ fn copy_tables(
         copy(source, target, tables::DEAD_LETTERS)?,
         copy(source, target, tables::IDEMPOTENCY)?,
         copy(source, target, tables::AUDIT)?,
+        copy(source, target, tables::GATE_MARKS)?,
         copy(source, target, tables::ESCALATIONS)?,
         copy(source, target, tables::ESCALATION_IDS)?,
         copy(source, target, tables::BLOBS)?,

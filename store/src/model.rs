@@ -402,6 +402,39 @@ pub enum HookDecision {
     Error,
 }
 
+/// What a gate mark records (docs/DESIGN.md §9, gates).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum GateEvent {
+    /// A counting gate let one call through.
+    Counted,
+    /// A call a prerequisite gate waits for succeeded.
+    Met,
+    /// A call that issues a token gate's token succeeded: one token of the gate's type.
+    Issued,
+    /// A call a token gate guards ran: one token spent.
+    Spent,
+    /// A call a cap gate guards ran with this amount, in millionths of the capped field's unit.
+    Added {
+        /// The amount, in millionths.
+        micros: u64,
+    },
+}
+
+/// One row of a run's gate ledger: what a gate reads back from the store before it decides, so
+/// a crash of the node loses no count, prerequisite, token or amount. Written in the same commit as
+/// the audit rows of the decision (or the tool result) that caused it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GateMark {
+    /// When it was recorded.
+    pub ts_ms: UnixMillis,
+    /// The task whose session made the call, if any.
+    pub task_id: Option<TaskId>,
+    /// The gate's name (`[[gates]] name`).
+    pub gate: String,
+    /// What happened.
+    pub event: GateEvent,
+}
+
 /// One row of the audit log: every hook decision, denials and errors included (invariant 12).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditEntry {

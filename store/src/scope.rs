@@ -5,8 +5,8 @@ use crate::codec;
 use crate::error::{ReadError, StageError};
 use crate::model::{
     AgentProfile, AuditEntry, Checkpoint, DeadLetter, Escalation, EscalationId,
-    EscalationResolution, IdempotencyRecord, ManifestEntry, Run, RunId, SessionLogRow, Task,
-    TaskId,
+    EscalationResolution, GateMark, IdempotencyRecord, ManifestEntry, Run, RunId, SessionLogRow,
+    Task, TaskId,
 };
 use crate::read::{self, Listing, Sequenced};
 use crate::store::Store;
@@ -201,6 +201,29 @@ impl<'s> RunScope<'s> {
         let limit = self.limit(limit)?;
         self.store
             .read(|txn| read::seq_rows(txn, tables::AUDIT, name::AUDIT, self.run, after_seq, limit))
+    }
+
+    /// Gate marks (what the policy's gates count and check) with a sequence number above
+    /// `after_seq`, in order.
+    ///
+    /// # Errors
+    /// [`ReadError::TooManyRows`], [`ReadError::Decode`].
+    pub fn gate_marks(
+        &self,
+        after_seq: u64,
+        limit: u32,
+    ) -> Result<Listing<Sequenced<GateMark>>, ReadError> {
+        let limit = self.limit(limit)?;
+        self.store.read(|txn| {
+            read::seq_rows(
+                txn,
+                tables::GATE_MARKS,
+                name::GATE_MARKS,
+                self.run,
+                after_seq,
+                limit,
+            )
+        })
     }
 
     /// Escalations with a sequence number above `after_seq`, in order.
@@ -475,6 +498,16 @@ impl<'s> RunScope<'s> {
     pub fn stage_append_audit(&self, entry: AuditEntry) -> Result<StagedWrite, StageError> {
         self.store.limits().check_audit(&entry)?;
         Ok(StagedWrite::for_run(self.run, RunOp::AppendAudit(entry)))
+    }
+
+    /// Stages a gate mark (what a gate reads back: a counted call, a met prerequisite, a token,
+    /// an amount).
+    ///
+    /// # Errors
+    /// [`StageError::Limit`].
+    pub fn stage_append_gate_mark(&self, mark: GateMark) -> Result<StagedWrite, StageError> {
+        self.store.limits().check_gate_mark(&mark)?;
+        Ok(StagedWrite::for_run(self.run, RunOp::AppendGateMark(mark)))
     }
 
     /// Stages an escalation.

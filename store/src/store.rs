@@ -185,6 +185,7 @@ impl Store {
             txn.open_table(tables::DEAD_LETTERS)?;
             txn.open_table(tables::IDEMPOTENCY)?;
             txn.open_table(tables::AUDIT)?;
+            txn.open_table(tables::GATE_MARKS)?;
             txn.open_table(tables::ESCALATIONS)?;
             txn.open_table(tables::ESCALATION_IDS)?;
             txn.open_table(tables::BLOBS)?;
@@ -501,6 +502,7 @@ struct Writer<'t> {
     dead_letters: Lazy<'t, (u128, u64), Row>,
     idempotency: Lazy<'t, (u128, &'static str), Row>,
     audit: Lazy<'t, (u128, u64), Row>,
+    gate_marks: Lazy<'t, (u128, u64), Row>,
     escalations: Lazy<'t, (u128, u64), Row>,
     escalation_ids: Lazy<'t, u128, (u128, u64)>,
     blobs: Lazy<'t, (u128, u128), &'static [u8]>,
@@ -524,6 +526,7 @@ impl<'t> Writer<'t> {
             dead_letters: Lazy::new(txn, tables::DEAD_LETTERS),
             idempotency: Lazy::new(txn, tables::IDEMPOTENCY),
             audit: Lazy::new(txn, tables::AUDIT),
+            gate_marks: Lazy::new(txn, tables::GATE_MARKS),
             escalations: Lazy::new(txn, tables::ESCALATIONS),
             escalation_ids: Lazy::new(txn, tables::ESCALATION_IDS),
             blobs: Lazy::new(txn, tables::BLOBS),
@@ -734,6 +737,15 @@ impl<'t> Writer<'t> {
                 let bytes = codec::encode(name::AUDIT, &a)?;
                 self.audit.open()?.insert((run.0, seq), bytes.as_slice())?;
                 Ok(Applied::AuditAppended { seq })
+            }
+            RunOp::AppendGateMark(m) => {
+                self.require_run(run)?;
+                let seq = next_seq(&*self.gate_marks.open()?, run.0, name::GATE_MARKS)?;
+                let bytes = codec::encode(name::GATE_MARKS, &m)?;
+                self.gate_marks
+                    .open()?
+                    .insert((run.0, seq), bytes.as_slice())?;
+                Ok(Applied::GateMarkAppended { seq })
             }
             RunOp::AppendEscalation(e) => {
                 self.require_run(run)?;

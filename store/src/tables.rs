@@ -32,6 +32,10 @@ pub(crate) const IDEMPOTENCY: TableDefinition<'_, (u128, &str), Row> =
     TableDefinition::new("idempotency");
 /// (run, seq) -> AuditEntry.
 pub(crate) const AUDIT: TableDefinition<'_, (u128, u64), Row> = TableDefinition::new("audit");
+/// (run, seq) -> GateMark: what the policy's gates read back (a counted call, a prerequisite met, a
+/// token issued or spent, an amount added to a cap).
+pub(crate) const GATE_MARKS: TableDefinition<'_, (u128, u64), Row> =
+    TableDefinition::new("gate_marks");
 /// (run, seq) -> Escalation.
 pub(crate) const ESCALATIONS: TableDefinition<'_, (u128, u64), Row> =
     TableDefinition::new("escalations");
@@ -59,6 +63,7 @@ pub(crate) mod name {
     pub(crate) const DEAD_LETTERS: &str = "dead_letters";
     pub(crate) const IDEMPOTENCY: &str = "idempotency";
     pub(crate) const AUDIT: &str = "audit";
+    pub(crate) const GATE_MARKS: &str = "gate_marks";
     pub(crate) const ESCALATIONS: &str = "escalations";
     pub(crate) const AGENTS: &str = "agents";
     pub(crate) const RUN_AGENTS: &str = "run_agents";

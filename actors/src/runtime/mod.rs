@@ -44,6 +44,7 @@ mod node;
 mod node_store;
 mod observe;
 mod pause;
+mod policy;
 mod remote;
 pub mod scripted;
 mod session_feed;
@@ -73,6 +74,7 @@ pub use machine_actor::{Deliver, Flow, MachineActor, MachineActorState, MachineR
 pub use node_store::{NodeStore, StoreOpener};
 pub use observe::{RuntimeObserver, refusal_reason};
 pub use pause::PauseSummary;
+pub use policy::{PolicyHost, ToolAnswer, ToolScope};
 pub use remote::{RemoteHosts, RemoteInbox};
 pub use session_feed::{UsageSeen, feed_session};
 pub use spans::SPAN_TARGET;

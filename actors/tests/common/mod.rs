@@ -106,7 +106,7 @@ impl MemStore {
                 PersistOp::AppendManifest(m) => self.manifest.push(m),
                 PersistOp::AppendDeadLetter(d) => self.dead_letters.push(d),
                 PersistOp::RecordIdempotency(r) => self.idempotency.push(r),
-                PersistOp::AppendAudit(_) => {}
+                PersistOp::AppendAudit(_) | PersistOp::AppendGateMark(_) => {}
                 PersistOp::AppendEscalation(e) => self.escalations.push(e),
                 PersistOp::ResolveEscalation { id, resolution } => {
                     for e in self.escalations.iter_mut().filter(|e| e.id == id) {

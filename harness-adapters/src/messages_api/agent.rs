@@ -28,6 +28,7 @@ use super::gate;
 use super::wire::{AssistantMessage, ContentBlock, Message, MessagesRequest, Role};
 use crate::error::{ErrorCategory, HarnessError};
 use crate::event::{BudgetKind, HarnessEvent, StopReason};
+use crate::guard::{GuardedCall, ToolOutput};
 use crate::session::{CancelToken, EventSink};
 use crate::spec::{PermissionMode, SessionSpec};
 use crate::tools::{ToolContext, ToolError, ToolErrorCategory, ToolRegistry};
@@ -544,15 +545,65 @@ impl AgentLoop {
             let tool = tools
                 .get(name)
                 .ok_or_else(|| ToolError::input(format!("unknown tool {name}")))?;
-            if let Some(g) = &spec.pre_tool_gate {
+            let guard = spec.in_process.tool.as_deref();
+            let call = GuardedCall {
+                tool_use_id: id,
+                tool: name,
+                input,
+                cwd: &ctx.working_dir,
+            };
+            // The policy in process when the host gave one, else the gate command (if any).
+            if let Some(guard) = guard {
+                guard
+                    .before_tool(call)
+                    .await
+                    .map_err(ToolError::permission)?;
+            } else if let Some(g) = &spec.pre_tool_gate {
                 gate::check(g, &spec.env, &ctx.working_dir, id, name, input).await?;
             }
-            match tokio::time::timeout(timeout, tool.call(input.clone(), ctx)).await {
+            let result = match tokio::time::timeout(timeout, tool.call(input.clone(), ctx)).await {
                 Ok(result) => result,
                 Err(_) => Err(ToolError::new(
                     ToolErrorCategory::Transient,
                     format!("{name} timed out after {} ms", timeout.as_millis()),
                 )),
+            };
+            let Some(guard) = guard else {
+                return result;
+            };
+            // PostToolUse: the result the model sees is the one the policy hands back.
+            match result {
+                Ok(text) => {
+                    let out = guard
+                        .after_tool(
+                            call,
+                            ToolOutput {
+                                is_error: false,
+                                text,
+                            },
+                        )
+                        .await;
+                    if out.is_error {
+                        Err(ToolError::permission(out.text))
+                    } else {
+                        Ok(out.text)
+                    }
+                }
+                Err(e) => {
+                    let out = guard
+                        .after_tool(
+                            call,
+                            ToolOutput {
+                                is_error: true,
+                                text: e.message.clone(),
+                            },
+                        )
+                        .await;
+                    Err(ToolError {
+                        message: out.text,
+                        ..e
+                    })
+                }
             }
         });
         let mut all = Box::pin(futures_util::future::join_all(futures));

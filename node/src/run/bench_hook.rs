@@ -126,7 +126,8 @@ async fn measure(calls: u32) -> anyhow::Result<Vec<Duration>> {
     let policy: keel_policy::PolicyConfig =
         toml::from_str("[permissions]\ndeny = [\"Bash(rm *)\"]\n")?;
     let exe = std::env::current_exe().context("locating the keel executable")?;
-    let bridge = PolicyBridge::start(policy.build()?, &exe).await?;
+    let bridge =
+        PolicyBridge::start(keel_actors::runtime::PolicyHost::new(policy.build()?), &exe).await?;
     let timings = Arc::new(Mutex::new(Vec::new()));
     let harness = GatedHarness {
         calls,

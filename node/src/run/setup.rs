@@ -315,13 +315,16 @@ pub(crate) async fn node_setup(
     harnesses = harnesses.with_service(Arc::new(crate::hook::stop::StopHookService {
         keel_exe: exe.clone(),
     }));
-    // A policy in keel.toml turns the gate on for every session of this node: each CLI's native hook
-    // (and keel's own loop) then asks this node through `keel hook` before every tool call.
+    // A policy in keel.toml turns the gate on for every session of this node: keel's own loop asks
+    // the runtime's policy in process before and after every tool call, and each CLI's native hook
+    // asks this node through `keel hook`, which calls the same policy.
     let policy = config.policy().context("the policy in keel.toml")?;
     let policy = if policy.is_empty() {
         None
     } else {
-        let bridge = PolicyBridge::start(policy, &exe).await?;
+        let host = keel_actors::runtime::PolicyHost::new(policy);
+        harnesses = harnesses.with_service(host.service());
+        let bridge = PolicyBridge::start(host, &exe).await?;
         harnesses = harnesses.with_service(bridge.service());
         Some(bridge)
     };

@@ -1,0 +1,55 @@
+//! The tool guard: how keel's own loop reaches the node's policy in process (docs/DESIGN.md §9),
+//! with no `keel hook` process and no HTTP round trip. The host puts a [`ToolGuard`] for the session
+//! in the spec's [`crate::InProcessHooks`]; the loop asks it before every call (`PreToolUse`: the
+//! hooks, the permission chain, the gates, the audit rows made durable) and hands it every result
+//! before the model sees it (`PostToolUse`: hooks may normalise or redact the result; a successful
+//! call may meet a prerequisite or issue a token). A CLI reaches the same policy through its native
+//! hooks and the `keel hook` bridge instead.
+//!
+//! Plain data and a trait: no runtime needed, so the vocabulary half of the crate can name it.
+
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+
+use serde_json::Value;
+
+/// A boxed future a guard answers with (the trait stays object safe without an async-trait crate).
+pub type GuardFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// One tool call as the loop hands it to the guard.
+#[derive(Clone, Copy, Debug)]
+pub struct GuardedCall<'a> {
+    /// The call's id in the model's message.
+    pub tool_use_id: &'a str,
+    /// The tool's literal name.
+    pub tool: &'a str,
+    /// The input the model sent.
+    pub input: &'a Value,
+    /// The session's working directory.
+    pub cwd: &'a Path,
+}
+
+/// A tool's result as the model will see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolOutput {
+    /// Whether it is an error result.
+    pub is_error: bool,
+    /// Its text (the output, or the error's message).
+    pub text: String,
+}
+
+/// The policy, in process, for one session's tool calls.
+pub trait ToolGuard: Send + Sync {
+    /// Decides a call before it runs; `Err` holds the reason the model is told when it is denied.
+    /// Fails closed: anything that goes wrong inside denies.
+    fn before_tool<'a>(&'a self, call: GuardedCall<'a>) -> GuardFuture<'a, Result<(), String>>;
+
+    /// Hands back the result the model sees for a call that ran: `output` itself, or a rewritten
+    /// (normalised, redacted) one, or an error that withholds it.
+    fn after_tool<'a>(
+        &'a self,
+        call: GuardedCall<'a>,
+        output: ToolOutput,
+    ) -> GuardFuture<'a, ToolOutput>;
+}
