@@ -67,6 +67,9 @@ pub struct ProcessSpec {
     pub env: BTreeMap<OsString, OsString>,
     /// The working directory.
     pub cwd: PathBuf,
+    /// A file whose contents are the process's stdin (opencode reads its prompt there); `None`
+    /// gives `/dev/null`. Either way stdin ends: Codex, opencode and pi block on an open pipe.
+    pub stdin: Option<PathBuf>,
 }
 
 /// One running harness process and everything it starts.
@@ -116,8 +119,9 @@ fn fresh_tag() -> String {
 }
 
 impl SessionProcess {
-    /// Spawns `spec` with stdin closed (`/dev/null`: Codex, opencode and pi block until EOF on an
-    /// open pipe), stdout and stderr piped, in a new process group, tagged, and watched.
+    /// Spawns `spec` with stdin closed (`/dev/null`, or the spec's stdin file: Codex, opencode and
+    /// pi block until EOF on an open pipe), stdout and stderr piped, in a new process group,
+    /// tagged, and watched.
     ///
     /// # Errors
     /// The spawn's I/O error (missing program, bad cwd, ...).
@@ -126,13 +130,17 @@ impl SessionProcess {
     ) -> std::io::Result<(SessionProcess, ChildStdout, ChildStderr)> {
         ensure_subreaper();
         let tag = fresh_tag();
+        let stdin = match &spec.stdin {
+            Some(path) => Stdio::from(std::fs::File::open(path)?),
+            None => Stdio::null(),
+        };
         let mut cmd = Command::new(&spec.program);
         cmd.args(&spec.args)
             .env_clear()
             .envs(&spec.env)
             .env(PROCESS_TAG_VAR, &tag)
             .current_dir(&spec.cwd)
-            .stdin(Stdio::null())
+            .stdin(stdin)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0)
@@ -516,6 +524,7 @@ mod tests {
                 .into_iter()
                 .collect(),
             cwd: std::env::temp_dir(),
+            stdin: None,
         }
     }
 

@@ -4,16 +4,18 @@
 //! audit row that `keel audit` shows; a mandatory hook that hangs denies after its timeout.
 //!
 //! Real processes: `keel model-server` (the scripted model on 127.0.0.1), `keel run` on a plan whose
-//! step tells the model to run a shell command, keel's own agent loop, and the four real CLIs
-//! (skipped only with `KEEL_SKIP_REAL_CLIS=1` when they are not installed).
+//! steps tell the model to run a shell command, keel's own agent loop, and the four real CLIs
+//! (skipped only with `KEEL_SKIP_REAL_CLIS=1` when they are not installed). For each harness: a deny
+//! rule and an answered `ask` in one run, and a hung mandatory hook in another.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests: a panic is the failure report.
 
 use std::path::Path;
 use std::time::Duration;
 
-use keel_actors::Plan;
 use keel_actors::runtime::scripted;
+use keel_actors::{Plan, PlanStep};
 use keel_harness::HarnessKind;
+use keel_harness::scripted::model::REPORT_AFTER_TOOL;
 use keel_store::{HookDecision, RunId, Store, StoreConfig};
 use keel_tests::{Reaped, keel, wait_for};
 use serde_json::Value;
@@ -21,6 +23,10 @@ use serde_json::Value;
 const WAIT: Duration = Duration::from_secs(240);
 /// The command the denied step asks for; its file must never appear.
 const FORBIDDEN: &str = "echo should-not-run > blocked.txt";
+/// The command the asked step asks for; its file appears once a human approves it.
+const ASKED: &str = "echo needs-approval > approved.txt";
+/// The policy of the deny-and-ask run: one command denied, one asked.
+const DENY_AND_ASK: &str = "\n[permissions]\ndeny = [\"*(*should-not-run*)\"]\nask = [\"*(*needs-approval*)\"]\nask_timeout_s = 180\n";
 
 struct Fixture {
     dir: tempfile::TempDir,
@@ -29,8 +35,8 @@ struct Fixture {
 }
 
 impl Fixture {
-    /// A folder with a keel home whose keel.toml holds `policy`, a plan of two steps (one runs
-    /// [`FORBIDDEN`], one a harmless command), and a scripted model server.
+    /// A folder with a keel home whose keel.toml holds `policy`, a plan of three steps in parallel
+    /// (one runs [`FORBIDDEN`], one [`ASKED`], one a harmless command), and a scripted model server.
     fn new(policy: &str) -> Fixture {
         let dir = tempfile::tempdir().unwrap();
         let (code, out, err) = run_to_end(keel(dir.path()).unwrap().arg("init"));
@@ -41,17 +47,9 @@ impl Fixture {
         std::fs::write(&config, text).unwrap();
         let plan = Plan {
             steps: vec![
-                // In parallel: a real CLI's shell output does not carry the scripted report, so a
-                // step after a failed one would be skipped.
-                scripted::step(
-                    "forbidden",
-                    "Create the marker file.",
-                    &format!("{FORBIDDEN}; echo made"),
-                    "shell",
-                    &[],
-                )
-                .unwrap(),
-                scripted::step("harmless", "Say hello.", "echo hello", "shell", &[]).unwrap(),
+                shell_step("forbidden", "Create the marker file.", FORBIDDEN),
+                shell_step("asked", "Create the approved file.", ASKED),
+                shell_step("harmless", "Say hello.", "echo hello"),
             ],
             constraints: Vec::new(),
         };
@@ -112,6 +110,22 @@ impl Fixture {
     }
 }
 
+/// A step whose session runs `command` with its harness's shell tool and then reports whatever the
+/// tool answered (the scripted model's report rule), so a denied call still ends its step in one
+/// attempt, on every harness.
+fn shell_step(key: &str, what: &str, command: &str) -> PlanStep {
+    PlanStep {
+        key: key.into(),
+        brief: format!("{what} {REPORT_AFTER_TOOL}\nRUN_TOOL: {command} ;;"),
+        goal: what.into(),
+        quality_criteria: vec!["the finding is what the tool answered".into()],
+        output_schema: None,
+        assignee: None,
+        depends_on: Vec::new(),
+        estimate_micros: 0,
+    }
+}
+
 fn run_to_end(cmd: &mut std::process::Command) -> (i32, String, String) {
     let cmd = std::mem::replace(cmd, std::process::Command::new("true"));
     let (status, out, err) = Reaped::spawn(cmd).unwrap().wait_output(WAIT).unwrap();
@@ -122,40 +136,6 @@ fn rows_by<'a>(rows: &'a [Value], who: &str, decision: &str) -> Vec<&'a Value> {
     rows.iter()
         .filter(|r| r["who"] == who && r["decision"] == decision)
         .collect()
-}
-
-/// The deny rule's check on one harness: the forbidden file never appears, the denial is audited
-/// with its rule, and the harmless call was audited as allowed (every call asked the node).
-fn deny_rule_case(harness: Option<HarnessKind>) {
-    let fx = Fixture::new("\n[permissions]\ndeny = [\"*(*should-not-run*)\"]\n");
-    let (_code, out, err) = fx.run(harness);
-    assert!(
-        !fx.path().join("blocked.txt").exists(),
-        "{harness:?}: the denied command ran\n{out}\n{err}"
-    );
-    let rows = fx.audit();
-    let denied = rows_by(&rows, "deny-rule", "deny");
-    assert!(
-        !denied.is_empty(),
-        "{harness:?}: no denial audited: {rows:#?}\n{out}\n{err}"
-    );
-    assert!(
-        denied
-            .iter()
-            .all(|r| r["reason"] == "denied by rule *(*should-not-run*)" && r["task"].is_string()),
-        "{rows:#?}"
-    );
-    assert!(
-        !rows_by(&rows, "unmatched", "allow").is_empty(),
-        "{harness:?}: the harmless call was not audited: {rows:#?}"
-    );
-    assert!(
-        rows.iter().all(|r| !r["input_digest"]
-            .as_str()
-            .unwrap()
-            .contains("should-not-run")),
-        "an audit row holds the raw input"
-    );
 }
 
 /// `None` when a CLI is missing and skipping was asked for; panics when it is missing otherwise.
@@ -179,33 +159,35 @@ fn cli_available(kind: HarnessKind) -> Option<()> {
 }
 
 #[test]
-fn keels_own_loop_never_runs_a_call_a_deny_rule_refuses_and_audits_it() {
-    deny_rule_case(None);
+fn keels_own_loop_denies_by_rule_and_runs_an_asked_call_once_approved() {
+    deny_and_ask_case(None);
 }
 
 #[test]
-fn claude_code_never_runs_a_call_a_deny_rule_refuses_and_audits_it() {
+fn claude_code_denies_by_rule_and_runs_an_asked_call_once_approved() {
     if cli_available(HarnessKind::ClaudeCode).is_some() {
-        deny_rule_case(Some(HarnessKind::ClaudeCode));
+        deny_and_ask_case(Some(HarnessKind::ClaudeCode));
     }
 }
 
 #[test]
-fn codex_never_runs_a_call_a_deny_rule_refuses_and_audits_it() {
+fn codex_denies_by_rule_and_runs_an_asked_call_once_approved() {
     if cli_available(HarnessKind::Codex).is_some() {
-        deny_rule_case(Some(HarnessKind::Codex));
+        deny_and_ask_case(Some(HarnessKind::Codex));
     }
 }
 
-// FIXME(issue 13): opencode through `keel run` in this test fails (a `system` failure, no log rows)
-// although the same run by hand on this machine starts its session and reaches the scripted model
-// within seconds, gated and audited; not diagnosed, so opencode's end-to-end check is missing (its
-// gate has the adapter-level test `opencode_gate` in harness-adapters/tests/cli_conformance.rs).
+#[test]
+fn opencode_denies_by_rule_and_runs_an_asked_call_once_approved() {
+    if cli_available(HarnessKind::Opencode).is_some() {
+        deny_and_ask_case(Some(HarnessKind::Opencode));
+    }
+}
 
 #[test]
-fn pi_never_runs_a_call_a_deny_rule_refuses_and_audits_it() {
+fn pi_denies_by_rule_and_runs_an_asked_call_once_approved() {
     if cli_available(HarnessKind::Pi).is_some() {
-        deny_rule_case(Some(HarnessKind::Pi));
+        deny_and_ask_case(Some(HarnessKind::Pi));
     }
 }
 
@@ -222,17 +204,19 @@ fn escalations(dir: &Path, all: bool) -> Vec<Value> {
     v["escalations"].as_array().unwrap().clone()
 }
 
-/// An `ask` rule on one harness: the call waits for a human; `keel answer ID allow` from another
-/// process lets it run (the file appears), and the ask and the approval are audit rows.
-fn ask_answered_case(harness: Option<HarnessKind>) {
-    let fx =
-        Fixture::new("\n[permissions]\nask = [\"*(*should-not-run*)\"]\nask_timeout_s = 180\n");
+/// A deny rule and an `ask` rule on one harness, in one run: the denied command's file never
+/// appears and its denial is audited with its rule; the asked call waits for a human, and `keel
+/// answer ID allow` from another process lets it run (its file appears), the ask and the approval
+/// being audit rows; the harmless call was audited as allowed (every call asked the node).
+fn deny_and_ask_case(harness: Option<HarnessKind>) {
+    let fx = Fixture::new(DENY_AND_ASK);
     let run = Reaped::spawn(fx.run_command(harness)).unwrap();
     let open = wait_for(WAIT, "an approval escalation", || {
         let list = escalations(fx.path(), false);
         (!list.is_empty()).then_some(list)
     })
     .unwrap();
+    assert_eq!(open.len(), 1, "{open:#?}");
     let e = &open[0];
     assert_eq!(e["trigger"], "policy_gap", "{e:#}");
     assert_eq!(e["waiting"]["kind"], "tool_call", "{e:#}");
@@ -246,7 +230,7 @@ fn ask_answered_case(harness: Option<HarnessKind>) {
         "{e:#}"
     );
     assert!(
-        !fx.path().join("blocked.txt").exists(),
+        !fx.path().join("approved.txt").exists(),
         "{harness:?}: the call ran before its approval"
     );
     let (code, out, err) = run_to_end(keel(fx.path()).unwrap().args(["answer", id, "allow"]));
@@ -254,10 +238,36 @@ fn ask_answered_case(harness: Option<HarnessKind>) {
     assert!(out.contains("the waiting tool call is decided"), "{out}");
     let (_status, out, err) = run.wait_output(WAIT).unwrap();
     assert!(
-        fx.path().join("blocked.txt").exists(),
+        !fx.path().join("blocked.txt").exists(),
+        "{harness:?}: the denied command ran\n{out}\n{err}"
+    );
+    assert!(
+        fx.path().join("approved.txt").exists(),
         "{harness:?}: the approved call did not run\n{out}\n{err}"
     );
     let rows = fx.audit();
+    let denied = rows_by(&rows, "deny-rule", "deny");
+    assert!(
+        !denied.is_empty(),
+        "{harness:?}: no denial audited: {rows:#?}\n{out}\n{err}"
+    );
+    assert!(
+        denied
+            .iter()
+            .all(|r| r["reason"] == "denied by rule *(*should-not-run*)" && r["task"].is_string()),
+        "{rows:#?}"
+    );
+    assert!(
+        !rows_by(&rows, "unmatched", "allow").is_empty(),
+        "{harness:?}: the harmless call was not audited: {rows:#?}"
+    );
+    assert!(
+        rows.iter().all(|r| {
+            let digest = r["input_digest"].as_str().unwrap();
+            !digest.contains("should-not-run") && !digest.contains("needs-approval")
+        }),
+        "an audit row holds the raw input"
+    );
     assert!(!rows_by(&rows, "ask-rule", "ask").is_empty(), "{rows:#?}");
     let approved = rows_by(&rows, "approval", "allow");
     assert_eq!(approved.len(), 1, "{rows:#?}");
@@ -272,10 +282,10 @@ fn ask_answered_case(harness: Option<HarnessKind>) {
 /// An `ask` nobody answers: the call is denied once its timeout passes, the denial is audited and
 /// the escalation is recorded as expired.
 fn ask_unanswered_case(harness: Option<HarnessKind>) {
-    let fx = Fixture::new("\n[permissions]\nask = [\"*(*should-not-run*)\"]\nask_timeout_s = 2\n");
+    let fx = Fixture::new("\n[permissions]\nask = [\"*(*needs-approval*)\"]\nask_timeout_s = 2\n");
     let (_code, out, err) = fx.run(harness);
     assert!(
-        !fx.path().join("blocked.txt").exists(),
+        !fx.path().join("approved.txt").exists(),
         "{harness:?}: an unanswered ask ran\n{out}\n{err}"
     );
     let rows = fx.audit();
@@ -289,16 +299,11 @@ fn ask_unanswered_case(harness: Option<HarnessKind>) {
         "{rows:#?}"
     );
     assert!(rows_by(&rows, "approval", "allow").is_empty(), "{rows:#?}");
-    // Each retry of the step asks again; the run may end while its last ask still waits (a session
-    // ended by the run's end records no expiry), so the first one is checked.
+    // Should a retry of the step ask again, the run may end while its last ask still waits (a
+    // session ended by the run's end records no expiry), so the first one is checked.
     let all = escalations(fx.path(), true);
     assert_eq!(all[0]["status"], "expired", "{all:#?}");
     assert!(all.iter().all(|e| e["status"] != "answered"), "{all:#?}");
-}
-
-#[test]
-fn keels_own_loop_runs_an_asked_call_once_keel_answer_approves_it() {
-    ask_answered_case(None);
 }
 
 #[test]
@@ -307,15 +312,6 @@ fn keels_own_loop_denies_an_asked_call_nobody_answers_after_its_timeout() {
 }
 
 #[test]
-#[ignore = "not passing yet: under Claude Code the approval is not listed within the wait (not diagnosed)"]
-fn claude_code_runs_an_asked_call_once_keel_answer_approves_it() {
-    if cli_available(HarnessKind::ClaudeCode).is_some() {
-        ask_answered_case(Some(HarnessKind::ClaudeCode));
-    }
-}
-
-#[test]
-#[ignore = "not passing yet under Claude Code (not diagnosed)"]
 fn claude_code_denies_an_asked_call_nobody_answers_after_its_timeout() {
     if cli_available(HarnessKind::ClaudeCode).is_some() {
         ask_unanswered_case(Some(HarnessKind::ClaudeCode));
@@ -331,6 +327,27 @@ fn a_mandatory_hook_that_hangs_denies_after_its_timeout() {
 fn claude_code_a_mandatory_hook_that_hangs_denies_after_its_timeout() {
     if cli_available(HarnessKind::ClaudeCode).is_some() {
         hung_hook_case(Some(HarnessKind::ClaudeCode));
+    }
+}
+
+#[test]
+fn codex_a_mandatory_hook_that_hangs_denies_after_its_timeout() {
+    if cli_available(HarnessKind::Codex).is_some() {
+        hung_hook_case(Some(HarnessKind::Codex));
+    }
+}
+
+#[test]
+fn opencode_a_mandatory_hook_that_hangs_denies_after_its_timeout() {
+    if cli_available(HarnessKind::Opencode).is_some() {
+        hung_hook_case(Some(HarnessKind::Opencode));
+    }
+}
+
+#[test]
+fn pi_a_mandatory_hook_that_hangs_denies_after_its_timeout() {
+    if cli_available(HarnessKind::Pi).is_some() {
+        hung_hook_case(Some(HarnessKind::Pi));
     }
 }
 

@@ -85,7 +85,12 @@ impl CliFlavor for ClaudeCode {
         let mut files = Vec::new();
         let mut settings = serde_json::json!({});
         if let Some(gate) = &spec.pre_tool_gate {
-            let wrapper = super::install_gate_wrapper(session_dir, gate, &mut files);
+            let wrapper = super::install_gate_wrapper(
+                session_dir,
+                gate,
+                super::GateAllow::ClaudeCodeDecision,
+                &mut files,
+            );
             // The hook's own timeout is longer than the wrapper's, so the wrapper (which fails
             // closed) always answers first.
             let secs = gate.timeout_ms.div_ceil(1000).max(1) + 5;
@@ -172,6 +177,7 @@ impl CliFlavor for ClaudeCode {
             cwd: spec.working_dir.clone(),
             files,
             dirs: vec![home.clone()],
+            stdin_file: None,
         })
     }
 

@@ -136,7 +136,12 @@ impl CliFlavor for Codex {
         }
         let mut files = Vec::new();
         if let Some(gate) = &spec.pre_tool_gate {
-            let wrapper = super::install_gate_wrapper(session_dir, gate, &mut files);
+            let wrapper = super::install_gate_wrapper(
+                session_dir,
+                gate,
+                super::GateAllow::ExitZero,
+                &mut files,
+            );
             let secs = gate.timeout_ms.div_ceil(1000).max(1) + 5;
             args.push("-c".into());
             args.push(format!(
@@ -175,6 +180,7 @@ impl CliFlavor for Codex {
             cwd: spec.working_dir.clone(),
             files,
             dirs: vec![home.clone(), codex_home.clone()],
+            stdin_file: None,
         })
     }
 

@@ -18,17 +18,33 @@ pub fn shell_quote(word: &str) -> String {
     format!("'{}'", word.replace('\'', "'\\''"))
 }
 
+/// How a CLI learns that the gate allowed a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateAllow {
+    /// Exit 0 alone: the CLI then runs the call (Codex, opencode, pi: none of them asks again).
+    ExitZero,
+    /// Exit 0 and a `PreToolUse` `permissionDecision: "allow"` on stdout. Claude Code treats a
+    /// silent exit 0 as "no opinion" and goes on to its own permission check, which in `-p` refuses
+    /// what its own rules do not pre-approve (a compound shell command under `acceptEdits`, for one)
+    /// although keel's policy allowed it: the gate, not the CLI, decides (docs/DESIGN.md §9).
+    ClaudeCodeDecision,
+}
+
+/// What Claude Code reads as "this call is allowed" from a `PreToolUse` command hook.
+const CLAUDE_CODE_ALLOW: &str = r#"{"hookSpecificOutput":{"hookEventName":"PreToolUse","permissionDecision":"allow","permissionDecisionReason":"allowed by the keel gate"}}"#;
+
 /// Adds the gate's wrapper script to a session's files and returns its path: every CLI's hook,
 /// plugin or extension calls this one wrapper, which fails closed on a crash or a timeout.
 pub fn install_gate_wrapper(
     session_dir: &std::path::Path,
     gate: &GateCommand,
+    allow: GateAllow,
     files: &mut Vec<SessionFile>,
 ) -> PathBuf {
     let wrapper = session_dir.join("keel-gate.sh");
     files.push(SessionFile {
         path: wrapper.clone(),
-        contents: gate_wrapper_script(gate),
+        contents: gate_wrapper_script(gate, allow),
         executable: true,
     });
     wrapper
@@ -37,16 +53,27 @@ pub fn install_gate_wrapper(
 /// A shell script that runs the spec's gate with a timeout and fails closed: exit 0 allows, exit 2
 /// denies with stderr as the reason, and anything else (a crash, a timeout, a missing program)
 /// becomes exit 2. Claude Code and Codex treat other exit codes as a non-blocking hook error and
-/// would run the tool, which a mandatory gate must never allow (docs/DESIGN.md §9).
-pub fn gate_wrapper_script(gate: &GateCommand) -> String {
+/// would run the tool, which a mandatory gate must never allow (docs/DESIGN.md §9). With
+/// [`GateAllow::ClaudeCodeDecision`] an allowing gate that printed nothing gets Claude Code's allow
+/// decision printed for it (a gate that printed its own decision is passed through).
+pub fn gate_wrapper_script(gate: &GateCommand, allow: GateAllow) -> String {
     let mut cmd = shell_quote(&gate.program);
     for a in &gate.args {
         cmd.push(' ');
         cmd.push_str(&shell_quote(a));
     }
     let secs = gate.timeout_ms.div_ceil(1000).max(1);
+    let run = match allow {
+        GateAllow::ExitZero => format!("timeout -k 1 {secs} {cmd}\nrc=$?\n"),
+        GateAllow::ClaudeCodeDecision => format!(
+            "out=$(timeout -k 1 {secs} {cmd})\nrc=$?\n\
+             if [ \"$rc\" -eq 0 ]; then\n  if [ -n \"$out\" ]; then printf '%s\\n' \"$out\"; \
+             else printf '%s\\n' {}; fi\nfi\n",
+            shell_quote(CLAUDE_CODE_ALLOW)
+        ),
+    };
     format!(
-        "#!/bin/sh\n# keel pre-tool gate wrapper: fail closed.\ntimeout -k 1 {secs} {cmd}\nrc=$?\n\
+        "#!/bin/sh\n# keel pre-tool gate wrapper: fail closed.\n{run}\
          if [ \"$rc\" -eq 0 ] || [ \"$rc\" -eq 2 ]; then exit \"$rc\"; fi\n\
          echo \"keel gate failed closed (exit $rc)\" >&2\nexit 2\n"
     )
@@ -85,11 +112,50 @@ mod tests {
             args: vec!["it's".into()],
             timeout_ms: 1500,
         };
-        let s = gate_wrapper_script(&gate);
+        let s = gate_wrapper_script(&gate, GateAllow::ExitZero);
         assert!(
             s.contains("timeout -k 1 2 /srv/example/gate 'it'\\''s'"),
             "{s}"
         );
         assert!(s.contains("exit 2"));
+        assert!(!s.contains("permissionDecision"), "{s}");
+    }
+
+    /// The Claude Code wrapper, run for real: an allowing gate gets the allow decision printed, a
+    /// gate's own output is passed through, a denial and a crash exit 2 with nothing on stdout.
+    #[test]
+    fn claude_code_wrapper_states_the_allow_and_still_fails_closed() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let run = |script: &str| {
+            let gate = GateCommand {
+                program: "/bin/sh".into(),
+                args: vec!["-c".into(), script.into()],
+                timeout_ms: 5_000,
+            };
+            let path = dir.path().join("w.sh");
+            std::fs::write(
+                &path,
+                gate_wrapper_script(&gate, GateAllow::ClaudeCodeDecision),
+            )
+            .expect("writes");
+            let out = std::process::Command::new("/bin/sh")
+                .arg(&path)
+                .output()
+                .expect("runs");
+            (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+            )
+        };
+        let (code, out) = run("exit 0");
+        assert_eq!(code, Some(0));
+        let v: serde_json::Value = serde_json::from_str(out.trim()).expect("JSON");
+        assert_eq!(
+            v["hookSpecificOutput"]["permissionDecision"], "allow",
+            "{out}"
+        );
+        assert_eq!(run(r#"echo '{"x":1}'"#), (Some(0), "{\"x\":1}\n".into()));
+        assert_eq!(run("echo no >&2; exit 2"), (Some(2), String::new()));
+        assert_eq!(run("exit 7"), (Some(2), String::new()));
     }
 }

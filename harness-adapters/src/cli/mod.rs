@@ -40,7 +40,9 @@ use crate::spec::{HarnessKind, SessionSpec};
 
 pub use binary::{CliBinary, INSTALL_COMMAND};
 pub use env::{PASSTHROUGH_ENV, base_env, credential_value};
-pub use gate::{gate_js_function, gate_wrapper_script, install_gate_wrapper, shell_quote};
+pub use gate::{
+    GateAllow, gate_js_function, gate_wrapper_script, install_gate_wrapper, shell_quote,
+};
 pub use jsonl::ParseError;
 pub use resume::{RESUME_FLAGS, check_no_resume_flag};
 pub use runner::{
@@ -102,6 +104,8 @@ pub struct Invocation {
     pub files: Vec<SessionFile>,
     /// Directories to create before the spawn (HOME, config homes): some CLIs refuse a missing one.
     pub dirs: Vec<PathBuf>,
+    /// A file (usually one of `files`) read as the process's stdin; `None` closes stdin.
+    pub stdin_file: Option<PathBuf>,
 }
 
 /// A file an adapter writes into the session directory before the spawn.

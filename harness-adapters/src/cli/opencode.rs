@@ -1,10 +1,9 @@
 //! opencode (`opencode run --format json`).
 //!
 //! Facts this relies on (harnesses README §3): configuration comes whole through
-//! `OPENCODE_CONFIG_CONTENT`; the working directory is `$PWD` or `--dir`, not the process cwd; a
-//! positional prompt word containing a space is wrapped in double quotes, so the prompt is passed
-//! split on single spaces (opencode joins the words back with single spaces, which restores it
-//! exactly); there is no final event (the run ends at process exit); retries cannot be configured
+//! `OPENCODE_CONFIG_CONTENT`; the working directory is `$PWD` or `--dir`, not the process cwd; the
+//! prompt is read from stdin when no message word is given (positional words are not safe: a word
+//! containing a space is wrapped in quotes and a numeric word crashes `run`); there is no final event (the run ends at process exit); retries cannot be configured
 //! (5 per request, up to ~70 s), so the adapter runs with `--print-logs` and ends the session at the
 //! first `stream error` log line instead, leaving retry policy to keel's supervisor; a stream without
 //! `finish_reason` makes it loop forever (each step ends with reason `unknown`), which the parser
@@ -40,11 +39,6 @@ impl OpencodeHarness {
     pub fn opencode() -> Self {
         super::CliHarness::new(Opencode, super::CliConfig::default())
     }
-}
-
-/// The prompt as positional words that opencode joins back into exactly `prompt`.
-pub fn prompt_words(prompt: &str) -> Vec<String> {
-    prompt.split(' ').map(str::to_owned).collect()
 }
 
 impl CliFlavor for Opencode {
@@ -129,7 +123,12 @@ impl CliFlavor for Opencode {
             config["instructions"] = serde_json::json!([path.display().to_string()]);
         }
         if let Some(gate) = &spec.pre_tool_gate {
-            let wrapper = super::install_gate_wrapper(session_dir, gate, &mut files);
+            let wrapper = super::install_gate_wrapper(
+                session_dir,
+                gate,
+                super::GateAllow::ExitZero,
+                &mut files,
+            );
             let plugin = session_dir.join("keel-gate.js");
             let js = format!(
                 "{}\nexport const KeelGate = async (ctx) => ({{\n  \"tool.execute.before\": async (input, output) => {{\n    const reason = keelGate(input.tool, output.args, input.callID, ctx?.directory);\n    if (reason !== null) throw new Error(reason);\n  }},\n}});\n",
@@ -154,7 +153,7 @@ impl CliFlavor for Opencode {
             config["mcp"] = serde_json::json!({mcp.server_name.clone(): server});
         }
         env.insert("OPENCODE_CONFIG_CONTENT".into(), config.to_string());
-        let mut args: Vec<String> = vec![
+        let args: Vec<String> = vec![
             "run".into(),
             "--format".into(),
             "json".into(),
@@ -167,9 +166,16 @@ impl CliFlavor for Opencode {
             model_ref,
             "--dir".into(),
             spec.working_dir.display().to_string(),
-            "--".into(),
         ];
-        args.extend(prompt_words(&spec.prompt));
+        // The prompt goes in on stdin, exactly: `run` appends stdin to its (here empty) message
+        // words. As words it broke: yargs turns a word such as `1` into a number, and opencode then
+        // fails on `.includes(" ")` before any request ("G.includes is not a function").
+        let prompt_file = session_dir.join("keel-prompt.txt");
+        files.push(SessionFile {
+            path: prompt_file.clone(),
+            contents: spec.prompt.clone(),
+            executable: false,
+        });
         Ok(Invocation {
             program: program.to_path_buf(),
             args,
@@ -177,6 +183,7 @@ impl CliFlavor for Opencode {
             cwd: spec.working_dir.clone(),
             files,
             dirs: vec![home.clone()],
+            stdin_file: Some(prompt_file),
         })
     }
 

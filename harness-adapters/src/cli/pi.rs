@@ -160,7 +160,12 @@ impl CliFlavor for Pi {
             args.push(tools.join(","));
         }
         if let Some(gate) = &spec.pre_tool_gate {
-            let wrapper = super::install_gate_wrapper(session_dir, gate, &mut files);
+            let wrapper = super::install_gate_wrapper(
+                session_dir,
+                gate,
+                super::GateAllow::ExitZero,
+                &mut files,
+            );
             let ext = session_dir.join("keel-gate.ts");
             let ts = format!(
                 "{}\nexport default function (pi: any) {{\n  pi.on(\"tool_call\", async (event: any, ctx: any) => {{\n    const reason = keelGate(event.toolName, event.input, event.toolCallId, ctx?.cwd);\n    if (reason !== null) return {{ block: true, reason }};\n  }});\n}}\n",
@@ -183,6 +188,7 @@ impl CliFlavor for Pi {
             cwd: spec.working_dir.clone(),
             files,
             dirs: vec![home.clone(), agent_dir.clone()],
+            stdin_file: None,
         })
     }
 

@@ -148,6 +148,7 @@ impl<F: CliFlavor> Harness for CliHarness<F> {
                     .map(|(k, v)| (OsString::from(k), OsString::from(v)))
                     .collect(),
                 cwd: invocation.cwd.clone(),
+                stdin: invocation.stdin_file.clone(),
             };
             let (process, stdout, stderr) = SessionProcess::spawn(&process_spec)?;
             let (sink, cancel, running) = session_channel(self.flavor.kind());
