@@ -1,7 +1,7 @@
 //! The cost of the policy check per tool call in process (docs/PERFORMANCE.md; target under 20 µs):
 //! a policy of ten deny, ten ask and ten allow rules with patterns, two hook outcomes, a shell call
 //! that falls through every link, and its audit rows; then the same with an agent's rules, a tool
-//! list and the four gate kinds evaluated over a ledger of 1,000 marks (what keel's own loop runs
+//! list and the four gate kinds evaluated over a ledger of 4 and of 1,000 marks (what keel's own loop runs
 //! for each call, the durable commit of the rows aside).
 #![allow(missing_docs, clippy::unwrap_used)]
 
@@ -129,13 +129,20 @@ fn decide_with_agent_and_gates(c: &mut Criterion) {
         tools: &tools,
         agent: Some(&agent),
     };
-    c.bench_function("decide_agent_gates_1000_marks_and_audit_rows", |b| {
-        b.iter(|| {
-            let v = policy.decide_for(&call, caller, &[]);
-            let (v, marks) = apply_gates(&policy.gates, &call, v, Some(TaskId(3)), &ledger, 2);
-            (v.audit_entries(2, Some(TaskId(3)), &call), marks)
-        })
-    });
+    for marks in [4usize, 1000] {
+        let ledger = &ledger[..marks];
+        c.bench_function(
+            &format!("decide_agent_gates_{marks}_marks_and_audit_rows"),
+            |b| {
+                b.iter(|| {
+                    let v = policy.decide_for(&call, caller, &[]);
+                    let (v, marks) =
+                        apply_gates(&policy.gates, &call, v, Some(TaskId(3)), ledger, 2);
+                    (v.audit_entries(2, Some(TaskId(3)), &call), marks)
+                })
+            },
+        );
+    }
 }
 
 criterion_group!(benches, decide, decide_with_agent_and_gates);

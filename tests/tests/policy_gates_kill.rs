@@ -1,6 +1,7 @@
 //! The gates' state lives in the store (docs/DESIGN.md §9): a cap gate's sum and a prerequisite
-//! met before a SIGKILL of the node still hold after `keel resume`; and keel's own loop reaches the
-//! policy in process, `PostToolUse` included (a hook rewrites a result before the model sees it).
+//! met before a SIGKILL of the node still hold after `keel resume`; keel's own loop reaches the
+//! policy in process, `PostToolUse` included (a hook rewrites a result before the model sees it);
+//! an agent's own rules apply to its sessions and not to another agent's.
 //!
 //! Real processes: `keel model-server` (the scripted model on 127.0.0.1, recording every request),
 //! `keel run --model-server` (keel's own agent loop, the messages-api harness), SIGKILL, `keel
@@ -278,6 +279,49 @@ fn a_post_tool_use_hook_rewrites_the_result_keels_loop_hands_the_model() {
     let rewritten = rows_by(&rows, "hook:redact", "allow");
     assert!(
         rewritten.iter().any(|r| r["rewritten"] == true),
+        "{rows:#?}"
+    );
+}
+
+/// An agent's deny rule applies to its own sessions: the same command is denied for the careful
+/// agent (by its rule) and runs for the other agent. (The tool list is checked by the chain's
+/// unit tests.)
+#[test]
+fn an_agents_rules_apply_to_its_sessions_only() {
+    let agents = "\n[[agents]]\nname = \"careful\"\nharness = \"messages-api\"\nmodel = \"keel-scripted-1\"\ntools = [\"bash\", \"read\"]\nrules = { deny = [\"bash(*careful-denied*)\"] }\n\n[[agents]]\nname = \"free\"\nharness = \"messages-api\"\nmodel = \"keel-scripted-1\"\n";
+    let home = Home::new(agents);
+    let mut steps = Vec::new();
+    for (key, agent, command) in [
+        (
+            "careful",
+            "careful",
+            "echo careful-denied > careful.txt; echo made",
+        ),
+        ("free", "free", "echo careful-denied > free.txt; echo made"),
+    ] {
+        let mut step = scripted::step(key, "Run the command.", command, "shell", &[]).unwrap();
+        step.assignee = Some(agent.into());
+        steps.push(step);
+    }
+    home.write_plan(steps);
+    let mut cmd = keel(home.path()).unwrap();
+    cmd.args(["run", "agents", "--plan", ".keel/plan.json"])
+        .env("ANTHROPIC_BASE_URL", &home.url)
+        .env("ANTHROPIC_API_KEY", "sk-agents-test");
+    let (code, out, err) = run_to_end(&mut cmd);
+    assert!(!home.path().join("careful.txt").exists(), "{out}\n{err}");
+    assert!(
+        home.path().join("free.txt").exists(),
+        "the free agent's call did not run ({code})\n{out}\n{err}"
+    );
+    let rows = home.audit();
+    // Each attempt of the careful step is denied (its retries included), the free one never.
+    let denied = rows_by(&rows, "agent-deny-rule", "deny");
+    assert!(!denied.is_empty(), "{rows:#?}");
+    assert!(
+        denied.iter().all(|r| r["reason"]
+            == "denied by agent careful's rule bash(*careful-denied*)"
+            && r["task"] == denied[0]["task"]),
         "{rows:#?}"
     );
 }
