@@ -34,6 +34,14 @@ use crate::cli::Cli;
 use crate::exit::Exit;
 
 fn main() -> ExitCode {
+    // A pre-tool gate runs `keel hook --url URL` once per tool call: that path needs none of what
+    // follows (the secret patterns, the command line parser), only the few bytes it forwards.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == "hook")
+        && let Some(url) = hook::gate_url(&args[2..])
+    {
+        return hook::run(url);
+    }
     quiet_storage_panics();
     // Before anything else: a build whose secret patterns do not compile must not run (issue 16).
     if let Err(e) = redact::init() {

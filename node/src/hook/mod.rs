@@ -8,7 +8,7 @@
 pub(crate) mod bridge;
 pub(crate) mod stop;
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -66,23 +66,230 @@ fn ask_node(url: &str) -> anyhow::Result<HookAnswer> {
     if payload.len() > PAYLOAD_BYTES_MAX {
         anyhow::bail!("the hook payload is over {PAYLOAD_BYTES_MAX} bytes");
     }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        keel_harness::messages_api::http::install_crypto_provider();
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_millis(ANSWER_WAIT_MS_MAX))
-            .build()?;
-        let response = client
-            .post(url)
-            .bearer_auth(token)
-            .header("content-type", "application/json")
-            .body(payload)
-            .send()
-            .await?;
-        // A refusal (unknown token, bad payload) still carries a deny answer with its reason.
-        let answer: HookAnswer = response.json().await?;
-        Ok(answer)
-    })
+    let endpoint = Endpoint::parse(url)?;
+    let request = request_bytes(&endpoint, &token, &payload)?;
+    let mut stream = std::net::TcpStream::connect(endpoint.authority)?;
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(Duration::from_millis(ANSWER_WAIT_MS_MAX)))?;
+    stream.write_all(&request)?;
+    let mut response = Vec::new();
+    stream
+        .take(RESPONSE_BYTES_MAX as u64 + 1)
+        .read_to_end(&mut response)?;
+    if response.len() > RESPONSE_BYTES_MAX {
+        anyhow::bail!("the node's answer is over {RESPONSE_BYTES_MAX} bytes");
+    }
+    // A refusal (unknown token, bad payload) still carries a deny answer with its reason.
+    let body = response_body(&response)?;
+    Ok(serde_json::from_slice(body)?)
+}
+
+/// The largest answer read from the node: a decision and its reason.
+const RESPONSE_BYTES_MAX: usize = 64 * 1024;
+
+/// Where the node's hook endpoint is: `http://HOST:PORT/PATH` (the bridge hands out a 127.0.0.1
+/// address; TLS is never needed on loopback).
+#[derive(Debug, PartialEq, Eq)]
+struct Endpoint<'a> {
+    authority: &'a str,
+    path: &'a str,
+}
+
+impl<'a> Endpoint<'a> {
+    fn parse(url: &'a str) -> anyhow::Result<Endpoint<'a>> {
+        let rest = url
+            .strip_prefix("http://")
+            .ok_or_else(|| anyhow::anyhow!("the hook endpoint {url} is not an http:// URL"))?;
+        let (authority, path) = match rest.find('/') {
+            Some(i) => rest.split_at(i),
+            None => (rest, "/"),
+        };
+        if authority.is_empty() || !path.bytes().all(|b| b.is_ascii_graphic()) {
+            anyhow::bail!("the hook endpoint {url} is not a plain http://HOST:PORT/PATH");
+        }
+        Ok(Endpoint { authority, path })
+    }
+}
+
+/// One HTTP/1.1 request, closed after its answer. `keel hook` runs once per tool call, so it speaks
+/// the few bytes of HTTP itself rather than start an async runtime and an HTTP client with TLS,
+/// which cost more than the rest of the round trip (docs/PERFORMANCE.md, the hook bridge).
+fn request_bytes(endpoint: &Endpoint<'_>, token: &str, payload: &[u8]) -> anyhow::Result<Vec<u8>> {
+    if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
+        anyhow::bail!("{HOOK_TOKEN_ENV} is not a token");
+    }
+    let mut request = format!(
+        "POST {} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        endpoint.path,
+        endpoint.authority,
+        payload.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(payload);
+    Ok(request)
+}
+
+/// The body of a whole HTTP/1.1 response read to its end: after the blank line, cut to its
+/// `Content-Length` when given. A chunked body is refused (the bridge's answers have a length).
+fn response_body(response: &[u8]) -> anyhow::Result<&[u8]> {
+    let head_end = response
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| anyhow::anyhow!("the node's answer is not HTTP"))?;
+    let head = std::str::from_utf8(&response[..head_end])?;
+    let body = &response[head_end + 4..];
+    let mut lines = head.split("\r\n");
+    let status = lines.next().unwrap_or_default();
+    if !status.starts_with("HTTP/1.") {
+        anyhow::bail!("the node's answer is not HTTP/1.x: {status}");
+    }
+    let mut length = None;
+    for line in lines {
+        let Some((name, value)) = line.split_once(':') else {
+            continue;
+        };
+        if name.eq_ignore_ascii_case("content-length") {
+            length = Some(value.trim().parse::<usize>()?);
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            anyhow::bail!("the node's answer is {}-encoded", value.trim());
+        }
+    }
+    match length {
+        Some(n) if n <= body.len() => Ok(&body[..n]),
+        Some(n) => anyhow::bail!("the node's answer ended after {} of {n} bytes", body.len()),
+        None => Ok(body),
+    }
+}
+
+/// `Some(URL)` when the arguments after `hook` are exactly `--url URL` (what every gate runs): the
+/// command's fast path, which skips the command line parser and everything the other commands set
+/// up first.
+pub(crate) fn gate_url(args_after_hook: &[std::ffi::OsString]) -> Option<&str> {
+    match args_after_hook {
+        [flag, url] if flag == "--url" => url.to_str(),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_endpoint_is_read_from_the_gate_url() {
+        assert_eq!(
+            Endpoint::parse("http://127.0.0.1:4100/v1/hook").unwrap_or_else(|e| panic!("{e}")),
+            Endpoint {
+                authority: "127.0.0.1:4100",
+                path: "/v1/hook"
+            }
+        );
+        assert!(Endpoint::parse("https://127.0.0.1:4100/v1/hook").is_err());
+        assert!(Endpoint::parse("http:///v1/hook").is_err());
+        assert!(Endpoint::parse("http://127.0.0.1:1/a b").is_err());
+    }
+
+    #[test]
+    fn the_request_carries_the_token_and_the_payload_and_refuses_a_header_in_the_token() {
+        let endpoint = Endpoint {
+            authority: "127.0.0.1:9",
+            path: "/v1/hook",
+        };
+        let bytes = request_bytes(&endpoint, "abc123", b"{}").unwrap_or_default();
+        let text = String::from_utf8(bytes).unwrap_or_default();
+        assert!(
+            text.starts_with("POST /v1/hook HTTP/1.1\r\nHost: 127.0.0.1:9\r\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\r\nAuthorization: Bearer abc123\r\n"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("Content-Length: 2\r\nConnection: close\r\n\r\n{}"),
+            "{text}"
+        );
+        assert!(request_bytes(&endpoint, "abc\r\nX-Evil: 1", b"{}").is_err());
+        assert!(request_bytes(&endpoint, "", b"{}").is_err());
+    }
+
+    #[test]
+    fn the_answer_body_is_cut_to_its_length_and_anything_else_is_an_error() {
+        let ok =
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 4\r\n\r\n{}{}";
+        assert_eq!(response_body(ok).ok(), Some(&b"{}{}"[..]));
+        let cut = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}xx";
+        assert_eq!(response_body(cut).ok(), Some(&b"{}"[..]));
+        let to_eof = b"HTTP/1.1 401 Unauthorized\r\n\r\n{\"a\":1}";
+        assert_eq!(response_body(to_eof).ok(), Some(&b"{\"a\":1}"[..]));
+        assert!(response_body(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n{}").is_err());
+        assert!(
+            response_body(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}").is_err()
+        );
+        assert!(response_body(b"SSH-2.0\r\n\r\n").is_err());
+        assert!(response_body(b"HTTP/1.1 200 OK").is_err());
+    }
+
+    #[test]
+    fn only_the_exact_gate_arguments_take_the_fast_path() {
+        let args = |a: &[&str]| a.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+        assert_eq!(gate_url(&args(&["--url", "http://x/"])), Some("http://x/"));
+        assert_eq!(gate_url(&args(&["--report-for", "T"])), None);
+        assert_eq!(gate_url(&args(&["--url", "http://x/", "--json"])), None);
+        assert_eq!(gate_url(&args(&[])), None);
+    }
+
+    /// The whole client against a real HTTP server (axum, as the node's bridge) on 127.0.0.1.
+    #[test]
+    fn the_client_gets_the_decision_from_a_real_server() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind(("127.0.0.1", 0)))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let app = axum::Router::new().route(
+            HOOK_PATH,
+            axum::routing::post(
+                |headers: axum::http::HeaderMap, body: axum::body::Bytes| async move {
+                    let auth = headers
+                        .get("authorization")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default()
+                        .to_owned();
+                    let reason = format!("{auth} {}", String::from_utf8_lossy(&body));
+                    serde_json::to_string(&HookAnswer {
+                        decision: Decision::Deny,
+                        reason,
+                    })
+                    .unwrap_or_default()
+                },
+            ),
+        );
+        let server = std::thread::spawn(move || {
+            rt.block_on(async move {
+                let _ = axum::serve(listener, app).await;
+            })
+        });
+        let endpoint = format!("http://{addr}{HOOK_PATH}");
+        let endpoint = Endpoint::parse(&endpoint).unwrap_or_else(|e| panic!("{e}"));
+        let request = request_bytes(&endpoint, "tok", br#"{"tool_name":"Bash"}"#)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut stream =
+            std::net::TcpStream::connect(endpoint.authority).unwrap_or_else(|e| panic!("{e}"));
+        stream.write_all(&request).unwrap_or_else(|e| panic!("{e}"));
+        let mut response = Vec::new();
+        stream
+            .read_to_end(&mut response)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let answer: HookAnswer =
+            serde_json::from_slice(response_body(&response).unwrap_or_else(|e| panic!("{e}")))
+                .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(answer.decision, Decision::Deny);
+        assert_eq!(answer.reason, r#"Bearer tok {"tool_name":"Bash"}"#);
+        drop(server); // the server thread ends with the test process
+    }
 }
