@@ -15,43 +15,26 @@
 //!    the coordinator's `/metrics` counts them in.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)] // A benchmark: a panic is the report.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use keel_cluster::{COORDINATOR_GROUP, ClusterMsg, NodeName, ToCoordinator};
+use keel_cluster::{ClusterMsg, NodeName, ToCoordinator};
 use keel_store::RunStatus;
-use keel_tests::fan_out::{prepare, reader};
+use keel_tests::cluster::{ClusterHome, join_coordinator, wait_joined};
+use keel_tests::fan_out::reader;
 use keel_tests::serve::{Server, worker_command};
 use keel_tests::{Reaped, keel};
 
 const WAIT: Duration = Duration::from_secs(300);
-const COOKIE: &str = "keel-bench-cookie-0123456789abcdef";
 const BLAST_FRAMES: u64 = 100_000;
 
-struct Home {
-    _dir: tempfile::TempDir,
-    work: std::path::PathBuf,
-    cookie: std::path::PathBuf,
-}
-
-fn home(steps: usize) -> Home {
-    let dir = tempfile::tempdir().unwrap();
-    let work = dir.path().join("work");
-    prepare(
-        &work,
+/// A keel home for `steps`-part fan-outs whose parts only echo, with no spawn-rate limit.
+fn home(steps: usize) -> ClusterHome {
+    ClusterHome::new(
         "[supervisor]\nmax_concurrent_specialists = 16\nspawns_per_minute = 1000000\nspawn_burst = 100000\n",
         steps,
         |i| format!("echo part {i} done"),
-    );
-    let cookie = dir.path().join("cookie");
-    std::fs::write(&cookie, COOKIE).unwrap();
-    std::fs::set_permissions(&cookie, std::fs::Permissions::from_mode(0o600)).unwrap();
-    Home {
-        _dir: dir,
-        work,
-        cookie,
-    }
+    )
 }
 
 /// Each run's duration in the store (created to last update), in ms, all completed.
@@ -72,7 +55,7 @@ fn quantile(v: &mut [u64], q: usize) -> u64 {
 }
 
 /// A coordinator daemon and `workers` workers of capacity 8, joined.
-fn cluster(h: &Home, workers: usize) -> (Server, Vec<Reaped>, String) {
+fn cluster(h: &ClusterHome, workers: usize) -> (Server, Vec<Reaped>, String) {
     let (server, addr) = Server::start_coordinator(&h.work, &h.cookie);
     let mut ws = Vec::new();
     for i in 0..workers {
@@ -80,17 +63,7 @@ fn cluster(h: &Home, workers: usize) -> (Server, Vec<Reaped>, String) {
         cmd.args(["--capacity", "8"]);
         ws.push(Reaped::spawn(cmd).unwrap());
     }
-    let deadline = Instant::now() + WAIT;
-    while server
-        .process
-        .stderr_so_far()
-        .matches("worker joined")
-        .count()
-        < workers
-    {
-        assert!(Instant::now() < deadline, "workers did not join");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_joined(&server.process, workers, WAIT);
     (server, ws, addr)
 }
 
@@ -163,28 +136,7 @@ fn main() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let blast = rt.block_on(async {
         let name = NodeName::new("bench").unwrap();
-        let (node, _) = keel_cluster::start_node_server(
-            &name,
-            COOKIE.into(),
-            "127.0.0.1:0".parse().unwrap(),
-            None,
-        )
-        .await
-        .unwrap();
-        tokio::spawn(keel_cluster::join_with_backoff(
-            node.clone(),
-            addr.parse().unwrap(),
-            None,
-        ));
-        let deadline = Instant::now() + WAIT;
-        let coordinator = loop {
-            let members = ractor::pg::get_members(&COORDINATOR_GROUP.to_string());
-            if let Some(m) = members.into_iter().find(|m| !m.get_id().is_local()) {
-                break ractor::ActorRef::<ClusterMsg>::from(m);
-            }
-            assert!(Instant::now() < deadline, "could not join");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        let coordinator = join_coordinator(&name, &addr, WAIT).await;
         let (_, base) = server.request("GET", "/metrics", Some(&token), None);
         let base = metric(&base, "keel_cluster_frames_total{direction=\"in\"}");
         let started = Instant::now();

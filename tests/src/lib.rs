@@ -1,6 +1,7 @@
 //! Shared helpers for keel's cross-crate integration tests: the `keel` binary, child processes that
 //! are reaped even when a test fails, and readers of a scripted model server's request recordings.
 
+pub mod cluster;
 pub mod fan_out;
 pub mod secrets;
 pub mod serve;
@@ -391,4 +392,28 @@ pub fn model_server_with(
     let line = server.line_containing("listening on", Duration::from_secs(30))?;
     let url = line.trim_start_matches("listening on ").trim().to_string();
     Ok((server, url))
+}
+
+/// Whether the real Claude Code (the pinned CLI) is installed; `false` (with the reason printed)
+/// only when `KEEL_SKIP_REAL_CLIS=1` allows skipping.
+///
+/// # Panics
+/// When it is missing and skipping was not allowed: the test needs it.
+pub fn claude_code_installed() -> bool {
+    use keel_harness::cli::CliFlavor as _;
+    match keel_harness::cli::claude::ClaudeCodeHarness::claude_code()
+        .flavor()
+        .binary()
+        .locate()
+    {
+        Ok(_) => true,
+        Err(e) if std::env::var("KEEL_SKIP_REAL_CLIS").as_deref() == Ok("1") => {
+            eprintln!("skipping Claude Code (KEEL_SKIP_REAL_CLIS=1): {e}");
+            false
+        }
+        Err(e) => panic!(
+            "{e}\nthis test needs the real Claude Code CLI: run `{}`, or set KEEL_SKIP_REAL_CLIS=1",
+            keel_harness::cli::INSTALL_COMMAND
+        ),
+    }
 }

@@ -70,7 +70,7 @@ impl Server {
     /// When it cannot start or does not listen within two minutes.
     pub fn start_coordinator(dir: &Path, cookie_file: &Path) -> (Self, String) {
         let mut cmd = keel(dir).unwrap();
-        cmd.env("KEEL_LOG", "error,keel_cluster=info,keel::node_cmd=info")
+        cmd.env("KEEL_LOG", crate::cluster::NODE_LOG)
             .args([
                 "node",
                 "--role",

@@ -16,7 +16,6 @@
 
 use keel_actors::session_tool::reported_findings;
 use keel_actors::{Plan, PlanStep};
-use keel_harness::cli::CliFlavor;
 use keel_store::{RunId, RunStatus, TaskKind, TaskStatus};
 use keel_tests::fan_out::{reader, subtasks};
 use keel_tests::{Reaped, keel, recorded_bodies, wait_for};
@@ -25,26 +24,6 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(180);
-
-/// Whether the real Claude Code is installed; `false` (with the reason printed) only when
-/// `KEEL_SKIP_REAL_CLIS=1` allows skipping.
-fn claude_code() -> bool {
-    match keel_harness::cli::claude::ClaudeCodeHarness::claude_code()
-        .flavor()
-        .binary()
-        .locate()
-    {
-        Ok(_) => true,
-        Err(e) if std::env::var("KEEL_SKIP_REAL_CLIS").as_deref() == Ok("1") => {
-            eprintln!("skipping Claude Code (KEEL_SKIP_REAL_CLIS=1): {e}");
-            false
-        }
-        Err(e) => panic!(
-            "{e}\nthis test needs the real Claude Code CLI: run `{}`, or set KEEL_SKIP_REAL_CLIS=1",
-            keel_harness::cli::INSTALL_COMMAND
-        ),
-    }
-}
 
 struct Fixture {
     _dir: tempfile::TempDir,
@@ -175,7 +154,7 @@ fn part(i: usize) -> Value {
 
 #[test]
 fn claude_code_as_a_lead_delegates_three_subtasks_in_one_call_and_ends_with_its_synthesis() {
-    if !claude_code() {
+    if !keel_tests::claude_code_installed() {
         return;
     }
     let fx = Fixture::new();
@@ -276,7 +255,7 @@ fn follow_up(fx: &Fixture, parent: &str, message: &str) -> std::process::Command
 
 #[test]
 fn claude_code_reads_an_ancestor_its_preamble_names_with_get_task_details() {
-    if !claude_code() {
+    if !keel_tests::claude_code_installed() {
         return;
     }
     let fx = Fixture::new();
@@ -324,7 +303,7 @@ fn step_tasks(work: &std::path::Path) -> Vec<keel_store::Task> {
 
 #[test]
 fn claude_code_reports_findings_that_are_durable_before_its_next_request_and_survive_a_sigkill() {
-    if !claude_code() {
+    if !keel_tests::claude_code_installed() {
         return;
     }
     // The first answer calls `report_findings`; the next request (the one carrying the tool's
@@ -370,7 +349,7 @@ fn claude_code_reports_findings_that_are_durable_before_its_next_request_and_sur
 
 #[test]
 fn claude_code_escalates_and_keel_answer_resumes_the_task_with_the_answer_in_its_first_request() {
-    if !claude_code() {
+    if !keel_tests::claude_code_installed() {
         return;
     }
     const QUESTION: &str = "Which config format should the tool write?";

@@ -3,7 +3,9 @@
 //! recordings count every session started.
 //!
 //! - Undisturbed: the run completes with the reference reports and its specialists ran on both
-//!   workers.
+//!   workers; two parts run on the real Claude Code (one through its Bash tool, one calling keel's
+//!   `report_progress` on its worker's MCP endpoint), skipped only with `KEEL_SKIP_REAL_CLIS=1`
+//!   when it is not installed.
 //! - SIGKILL of one worker mid-run: its attempts go down when its lease expires and run again on the
 //!   other worker with resume preambles; no acknowledged step runs a second session; the reports
 //!   equal the undisturbed run's.
@@ -15,86 +17,121 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests: a panic is the failure report.
 
 use keel_cluster::wire::encode_as_version;
-use keel_cluster::{
-    COORDINATOR_GROUP, ClusterMsg, NodeName, PROTOCOL_VERSION, ToCoordinator, WorkerStatus,
-};
+use keel_cluster::{ClusterMsg, NodeName, PROTOCOL_VERSION, ToCoordinator, WorkerStatus};
 use keel_store::{RunId, RunStatus, TaskStatus};
-use keel_tests::fan_out::{
-    claims, count, expected_claims, openings_of, part, prepare, reader, subtasks,
+use keel_tests::cluster::{
+    COOKIE, ClusterHome, NODE_LOG, free_port, join_coordinator, write_cookie,
 };
+use keel_tests::fan_out::{claims, count, expected_claims, openings_of, part, reader, subtasks};
 use keel_tests::serve::worker_command;
 use keel_tests::{Reaped, keel, recorded_bodies, session_openings, wait_for};
 use std::collections::BTreeSet;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 const STEPS: usize = 16;
 const RUN_WAIT: Duration = Duration::from_secs(180);
 const JOIN_WAIT: Duration = Duration::from_secs(60);
-/// The coordinator's log: keel's cluster lines at info, everything else at error.
-const COORDINATOR_LOG: &str = "error,keel_cluster=info,keel::node_cmd=info";
-const COOKIE: &str = "keel-test-cookie-0123456789abcdef";
+/// The variable holding the scripted model server's made-up key, for runs with [[agents]].
+const KEY_ENV: &str = "KEEL_CLUSTER_TEST_KEY";
+
+/// Which harnesses the fan-out's parts run on.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Harnesses {
+    /// Every part on keel's own loop (the built-in scripted profile).
+    Loop,
+    /// Parts 0 and 1 on the real Claude Code ([`claude_part`]), the others on keel's loop: two
+    /// profiles of keel.toml, both on the scripted model server.
+    WithClaudeCode,
+}
+
+/// What part `i` on Claude Code does: part 0 runs `echo part 0 done` through Claude Code's Bash
+/// tool and reports its line; part 1 calls keel's `report_progress` tool, on the MCP endpoint of the
+/// worker that hosts it, and reports the tool's answer. Both claims are what [`expected`] names.
+fn claude_part(i: usize) -> String {
+    match i {
+        0 => "Part 0 of the fan-out. REPORT_AFTER_TOOL\nRUN_TOOL: echo part 0 done ;;".into(),
+        _ => format!(
+            "Part {i} of the fan-out. REPORT_AFTER_TOOL\nCALL_TOOL: mcp__keel__report_progress {}",
+            serde_json::json!({"note": format!("part {i} on claude code")})
+        ),
+    }
+}
+
+/// The claims of an undisturbed run with `harnesses`, sorted.
+fn expected(harnesses: Harnesses) -> Vec<String> {
+    let mut claims = expected_claims(STEPS);
+    if harnesses == Harnesses::WithClaudeCode {
+        claims.retain(|c| c != "part 1 done");
+        claims.push("recorded: progress note 1".into());
+        claims.sort();
+    }
+    claims
+}
 
 struct Cluster {
-    _dir: tempfile::TempDir,
-    work: PathBuf,
-    cookie: PathBuf,
+    /// The model server's folder (its recordings).
+    _models: tempfile::TempDir,
+    home: ClusterHome,
     record: PathBuf,
     _server: Reaped,
     url: String,
     port: u16,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn write_cookie(path: &Path, text: &str, mode: u32) {
-    std::fs::write(path, text).unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    harnesses: Harnesses,
 }
 
 /// A working folder with a keel home, a 16-part plan, a private cookie file and a
 /// recording model server.
-fn cluster() -> Cluster {
-    let dir = tempfile::tempdir().unwrap();
-    let work = dir.path().join("work");
-    let record = dir.path().join("requests");
+fn cluster(harnesses: Harnesses) -> Cluster {
+    let models = tempfile::tempdir().unwrap();
+    let record = models.path().join("requests");
+    let (server, url) = keel_tests::model_server(models.path(), &record).unwrap();
+    let mut keel_toml = "[supervisor]\nmax_concurrent_specialists = 16\n".to_string();
+    if harnesses == Harnesses::WithClaudeCode {
+        keel_toml.push_str(&format!(
+            "\n[[accounts]]\nname = \"scripted\"\nprovider = \"anthropic\"\nbase_url = \"{url}\"\nkey_env = \"{KEY_ENV}\"\n\
+             \n[[agents]]\nname = \"loop\"\nharness = \"messages-api\"\nmodel = \"keel-scripted-1\"\naccount = \"scripted\"\n\
+             \n[[agents]]\nname = \"claude\"\nharness = \"claude-code\"\nmodel = \"keel-scripted-1\"\naccount = \"scripted\"\n"
+        ));
+    }
     // Two waves of 8 (two workers of capacity 4), each part long enough for a kill to land inside it.
-    prepare(
-        &work,
-        "[supervisor]\nmax_concurrent_specialists = 16\n",
-        STEPS,
-        |i| format!("sleep 2; echo part {i} done"),
-    );
-    let cookie = dir.path().join("cookie");
-    write_cookie(&cookie, COOKIE, 0o600);
-    let (server, url) = keel_tests::model_server(&work, &record).unwrap();
+    let home = ClusterHome::new(&keel_toml, STEPS, |i| {
+        format!("sleep 2; echo part {i} done")
+    });
+    if harnesses == Harnesses::WithClaudeCode {
+        let path = home.work.join("plan.json");
+        let mut plan: keel_actors::Plan =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        for (i, step) in plan.steps.iter_mut().enumerate().take(2) {
+            step.brief = claude_part(i);
+            step.assignee = Some("claude".into());
+        }
+        std::fs::write(&path, serde_json::to_string(&plan).unwrap()).unwrap();
+    }
     Cluster {
-        _dir: dir,
-        work,
-        cookie,
+        _models: models,
+        home,
         record,
         _server: server,
         url,
         port: free_port(),
+        harnesses,
     }
 }
 
 impl Cluster {
+    fn work(&self) -> &Path {
+        &self.home.work
+    }
+
     fn coordinator_addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
 
     /// `keel node --role coordinator`, with `--run` of the plan when `run` (waiting for 2 workers).
     fn coordinator(&self, run: bool) -> Reaped {
-        let mut cmd = keel(&self.work).unwrap();
-        cmd.env("KEEL_LOG", COORDINATOR_LOG).args([
+        let mut cmd = keel(self.work()).unwrap();
+        cmd.env("KEEL_LOG", NODE_LOG).args([
             "node",
             "--role",
             "coordinator",
@@ -105,7 +142,7 @@ impl Cluster {
             "--model-server",
             &self.url,
         ]);
-        cmd.arg("--cookie-file").arg(&self.cookie);
+        cmd.arg("--cookie-file").arg(&self.home.cookie);
         if run {
             cmd.args([
                 "--run",
@@ -125,15 +162,17 @@ impl Cluster {
     }
 
     fn worker(&self, name: &str, cookie: &Path) -> Reaped {
-        let mut cmd = worker_command(&self.work, &self.coordinator_addr(), name, cookie);
-        cmd.env("KEEL_LOG", COORDINATOR_LOG).args([
-            "--capacity",
-            "4",
-            "--lease-ms",
-            "1500",
-            "--model-server",
-            &self.url,
-        ]);
+        let mut cmd = worker_command(self.work(), &self.coordinator_addr(), name, cookie);
+        cmd.env("KEEL_LOG", NODE_LOG)
+            .env(KEY_ENV, "sk-cluster-test-key")
+            .args([
+                "--capacity",
+                "4",
+                "--lease-ms",
+                "1500",
+                "--model-server",
+                &self.url,
+            ]);
         Reaped::spawn(cmd).unwrap()
     }
 }
@@ -154,37 +193,78 @@ fn placements_on(log: &str, worker: &str) -> usize {
 }
 
 #[test]
-fn an_undisturbed_cluster_run_spreads_over_both_workers() {
-    let c = cluster();
+fn an_undisturbed_cluster_run_spreads_over_both_workers_with_two_parts_on_claude_code() {
+    let harnesses = if keel_tests::claude_code_installed() {
+        Harnesses::WithClaudeCode
+    } else {
+        Harnesses::Loop
+    };
+    let c = cluster(harnesses);
     let mut coordinator = c.coordinator(true);
-    let _w1 = c.worker("w1", &c.cookie);
-    let _w2 = c.worker("w2", &c.cookie);
+    let _w1 = c.worker("w1", &c.home.cookie);
+    let _w2 = c.worker("w2", &c.home.cookie);
     let run = started_run(&mut coordinator);
     let (status, out, err) = coordinator.wait_output(RUN_WAIT).unwrap();
     assert!(status.success(), "{status}\n{out}\n{err}");
     assert!(out.contains(": Completed"), "{out}");
-    let store = reader(&c.work);
+    let store = reader(c.work());
     assert_eq!(
         store.catalog().run(run).unwrap().status,
         RunStatus::Completed
     );
-    assert_eq!(claims(&store, run), expected_claims(STEPS));
-    assert_eq!(session_openings(&recorded_bodies(&c.record)).len(), STEPS);
+    assert_eq!(claims(&store, run), expected(c.harnesses));
+    // One session per part on keel's loop (Claude Code's first request is not an opening of that
+    // shape: it carries more than the brief's message).
+    let openings = session_openings(&recorded_bodies(&c.record));
+    let first_loop_part = if c.harnesses == Harnesses::WithClaudeCode {
+        2
+    } else {
+        0
+    };
+    for i in first_loop_part..STEPS {
+        assert_eq!(
+            openings_of(&openings, i),
+            1,
+            "part {i} ran {} sessions",
+            openings_of(&openings, i)
+        );
+    }
     // Capacity 4 each and 16 at once: both workers hosted specialists.
     assert!(placements_on(&err, "w1") >= 1, "{err}");
     assert!(placements_on(&err, "w2") >= 1, "{err}");
     assert_eq!(placements_on(&err, "w1") + placements_on(&err, "w2"), STEPS);
+    if c.harnesses == Harnesses::WithClaudeCode {
+        let tasks = subtasks(&store, run);
+        // Claude Code's requests (its system prompt names it) and its call of keel's tool on its
+        // worker's endpoint: the note is durable in the coordinator's store.
+        let bodies: Vec<String> = recorded_bodies(&c.record)
+            .iter()
+            .map(serde_json::Value::to_string)
+            .collect();
+        assert!(
+            bodies
+                .iter()
+                .any(|b| b.contains("Claude Code") && b.contains("Part 0 of the fan-out.")),
+            "part 0 did not run on Claude Code"
+        );
+        assert!(
+            tasks
+                .iter()
+                .any(|t| t.progress_notes == vec!["part 1 on claude code".to_string()]),
+            "{tasks:#?}"
+        );
+    }
 }
 
 #[test]
 fn a_sigkilled_workers_tasks_finish_on_the_other_worker() {
-    let c = cluster();
+    let c = cluster(Harnesses::Loop);
     let mut coordinator = c.coordinator(true);
-    let w1 = c.worker("w1", &c.cookie);
-    let _w2 = c.worker("w2", &c.cookie);
+    let w1 = c.worker("w1", &c.home.cookie);
+    let _w2 = c.worker("w2", &c.home.cookie);
     let run = started_run(&mut coordinator);
     // Wait until the first wave's reports are durable and w1 runs the second wave, then kill it.
-    let store = reader(&c.work);
+    let store = reader(c.work());
     wait_for(RUN_WAIT, "reports, and a second wave on w1", || {
         let tasks = subtasks(&store, run);
         let second_wave_on_w1 = placements_on(&coordinator.stderr_so_far(), "w1") > 4;
@@ -204,7 +284,7 @@ fn a_sigkilled_workers_tasks_finish_on_the_other_worker() {
     let (status, out, err) = coordinator.wait_output(RUN_WAIT).unwrap();
     assert!(status.success(), "{status}\n{out}\n{err}");
     assert!(out.contains(": Completed"), "{out}");
-    let store = reader(&c.work);
+    let store = reader(c.work());
     // The reports equal an undisturbed run's.
     assert_eq!(claims(&store, run), expected_claims(STEPS));
     let lost: Vec<&str> = err
@@ -243,12 +323,12 @@ fn a_sigkilled_workers_tasks_finish_on_the_other_worker() {
 
 #[test]
 fn a_sigkilled_coordinator_restarts_resumes_the_run_and_the_workers_come_back() {
-    let c = cluster();
+    let c = cluster(Harnesses::Loop);
     let mut coordinator = c.coordinator(true);
-    let _w1 = c.worker("w1", &c.cookie);
-    let _w2 = c.worker("w2", &c.cookie);
+    let _w1 = c.worker("w1", &c.home.cookie);
+    let _w2 = c.worker("w2", &c.home.cookie);
     let run = started_run(&mut coordinator);
-    let store = reader(&c.work);
+    let store = reader(c.work());
     wait_for(RUN_WAIT, "reports before the kill", || {
         (count(&subtasks(&store, run), TaskStatus::Complete) >= 3).then_some(())
     })
@@ -278,13 +358,13 @@ fn a_sigkilled_coordinator_restarts_resumes_the_run_and_the_workers_come_back() 
         .stderr_line_containing("worker joined worker=w2", JOIN_WAIT)
         .unwrap();
     wait_for(RUN_WAIT, "the resumed run's end", || {
-        let store = reader(&c.work);
+        let store = reader(c.work());
         let status = store.catalog().run(run).ok()?.status;
         status.is_terminal().then_some(status)
     })
     .map(|status| assert_eq!(status, RunStatus::Completed))
     .unwrap();
-    let store = reader(&c.work);
+    let store = reader(c.work());
     assert_eq!(claims(&store, run), expected_claims(STEPS));
     let openings = session_openings(&recorded_bodies(&c.record));
     for i in &acked {
@@ -305,9 +385,9 @@ fn a_sigkilled_coordinator_restarts_resumes_the_run_and_the_workers_come_back() 
 
 #[test]
 fn a_wrong_cookie_is_refused_and_a_readable_cookie_file_never_starts_a_node() {
-    let c = cluster();
+    let c = cluster(Harnesses::Loop);
     let mut coordinator = c.coordinator(false);
-    let wrong = c.work.join("wrong-cookie");
+    let wrong = c.work().join("wrong-cookie");
     write_cookie(&wrong, "a-different-cookie-of-enough-length", 0o600);
     let mut intruder = c.worker("intruder", &wrong);
     intruder
@@ -317,7 +397,7 @@ fn a_wrong_cookie_is_refused_and_a_readable_cookie_file_never_starts_a_node() {
         .stderr_line_containing("closed before it authenticated", JOIN_WAIT)
         .unwrap();
     // A worker with the right cookie joins the same coordinator.
-    let _good = c.worker("good", &c.cookie);
+    let _good = c.worker("good", &c.home.cookie);
     coordinator
         .stderr_line_containing("worker joined worker=good", JOIN_WAIT)
         .unwrap();
@@ -328,9 +408,9 @@ fn a_wrong_cookie_is_refused_and_a_readable_cookie_file_never_starts_a_node() {
     );
 
     // A cookie file other users may read: refused before the node starts, naming the fix.
-    let open = c.work.join("open-cookie");
+    let open = c.work().join("open-cookie");
     write_cookie(&open, COOKIE, 0o644);
-    let cmd = worker_command(&c.work, &c.coordinator_addr(), "careless", &open);
+    let cmd = worker_command(c.work(), &c.coordinator_addr(), "careless", &open);
     let (status, out, err) = Reaped::spawn(cmd).unwrap().wait_output(JOIN_WAIT).unwrap();
     assert!(!status.success(), "{out}");
     assert!(err.contains("accessible to other users"), "{err}");
@@ -339,7 +419,7 @@ fn a_wrong_cookie_is_refused_and_a_readable_cookie_file_never_starts_a_node() {
 
 #[test]
 fn a_version_skewed_message_is_refused_with_a_logged_error() {
-    let c = cluster();
+    let c = cluster(Harnesses::Loop);
     let mut coordinator = c.coordinator(false);
     // This test process joins as a node with the right cookie and speaks another protocol version.
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -349,25 +429,7 @@ fn a_version_skewed_message_is_refused_with_a_logged_error() {
         .unwrap();
     rt.block_on(async {
         let name = NodeName::new("skewed").unwrap();
-        let (server, _) = keel_cluster::start_node_server(
-            &name,
-            COOKIE.into(),
-            "127.0.0.1:0".parse().unwrap(),
-            None,
-        )
-        .await
-        .unwrap();
-        let peer = c.coordinator_addr().parse().unwrap();
-        tokio::spawn(keel_cluster::join_with_backoff(server.clone(), peer, None));
-        let deadline = tokio::time::Instant::now() + JOIN_WAIT;
-        let coordinator_ref = loop {
-            let members = ractor::pg::get_members(&COORDINATOR_GROUP.to_string());
-            if let Some(cell) = members.into_iter().next() {
-                break ractor::ActorRef::<ClusterMsg>::from(cell);
-            }
-            assert!(tokio::time::Instant::now() < deadline, "never joined");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
+        let coordinator_ref = join_coordinator(&name, &c.coordinator_addr(), JOIN_WAIT).await;
         let heartbeat = ToCoordinator::Heartbeat(WorkerStatus {
             incarnation: 1,
             harnesses: vec![keel_harness::HarnessKind::MessagesApi],

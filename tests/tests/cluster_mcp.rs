@@ -11,7 +11,6 @@
 //!   the session ended, its token is refused with 401 too.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests: a panic is the failure report.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
 
@@ -19,13 +18,13 @@ use keel_actors::session_tool::reported_findings;
 use keel_actors::{Plan, PlanStep};
 use keel_harness::tools::mcp::{McpClient, McpError};
 use keel_store::{RunStatus, TaskStatus};
+use keel_tests::cluster::{COOKIE, NODE_LOG, write_cookie};
 use keel_tests::fan_out::{reader, subtasks};
 use keel_tests::serve::{Server, worker_command};
 use keel_tests::{Reaped, keel, recorded_bodies, wait_for};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(120);
-const COOKIE: &str = "keel-mcp-cluster-cookie-0123456789";
 
 fn plan(key: &str, brief: String) -> String {
     let plan = Plan {
@@ -84,13 +83,12 @@ fn a_session_on_a_worker_reports_through_its_own_nodes_endpoint_and_tokens_stay_
     let init = keel(&work).unwrap().arg("init").output().unwrap();
     assert!(init.status.success(), "{init:?}");
     let cookie = dir.path().join("cookie");
-    std::fs::write(&cookie, COOKIE).unwrap();
-    std::fs::set_permissions(&cookie, std::fs::Permissions::from_mode(0o600)).unwrap();
+    write_cookie(&cookie, COOKIE, 0o600);
     let (_model, model_url) = keel_tests::model_server(&work, &record).unwrap();
 
     let (mut server, cluster) = Server::start_coordinator(&work, &cookie);
     let mut cmd = worker_command(&work, &cluster, "w1", &cookie);
-    cmd.env("KEEL_LOG", "error,keel_cluster=info,keel::node_cmd=info")
+    cmd.env("KEEL_LOG", NODE_LOG)
         .args(["--model-server", &model_url]);
     let mut worker = Reaped::spawn(cmd).unwrap();
     let line = worker
