@@ -2,11 +2,15 @@
 //! processes against one node (docs/PERFORMANCE.md, "Cluster"), on real `keel` processes over
 //! 127.0.0.1.
 //!
-//! `cargo run --release -p keel-tests --example cluster_bench -- [RUNS]` (default 10 runs a shape).
+//! `cargo run --release -p keel-tests --example cluster_bench -- [RUNS] [idle]` (default 10 runs a
+//! shape; `idle`: only the first measurement).
 //!
 //! 1. Idle dispatch: a coordinator daemon and one worker; RUNS runs of a one-step plan, so each
 //!    spawn crosses an idle network. The coordinator's own measurement (from the spawn handed to
-//!    the cluster layer to the worker's acknowledgement), read from its log when it stops.
+//!    the cluster layer to the worker's acknowledgement), read from its log when it stops; and
+//!    where it goes, from the nodes' log timestamps: coordinator to worker (the coordinator's
+//!    "placed" line to the worker's "spawn received"), the specialist's actor started on the
+//!    worker, and the rest (the acknowledgement's way back).
 //! 2. Burst: a coordinator daemon and two workers (capacity 8 each); RUNS runs of a 16-step
 //!    fan-out: dispatch latency as above, each run's duration (its row, created to ended), and
 //!    keel frames between the nodes per second of those runs.
@@ -54,17 +58,71 @@ fn quantile(v: &mut [u64], q: usize) -> u64 {
     v[((v.len() - 1) * q) / 100]
 }
 
-/// A coordinator daemon and `workers` workers of capacity 8, joined.
-fn cluster(h: &ClusterHome, workers: usize) -> (Server, Vec<Reaped>, String) {
+/// A coordinator daemon and `workers` workers of capacity 8, joined; the workers log keel's
+/// cluster lines at debug when `timed`.
+fn cluster(h: &ClusterHome, workers: usize, timed: bool) -> (Server, Vec<Reaped>, String) {
     let (server, addr) = Server::start_coordinator(&h.work, &h.cookie);
     let mut ws = Vec::new();
     for i in 0..workers {
         let mut cmd = worker_command(&h.work, &addr, &format!("w{i}"), &h.cookie);
         cmd.args(["--capacity", "8"]);
+        if timed {
+            cmd.env("KEEL_LOG", "error,keel_cluster=debug");
+        }
         ws.push(Reaped::spawn(cmd).unwrap());
     }
     wait_joined(&server.process, workers, WAIT);
     (server, ws, addr)
+}
+
+/// Microseconds since midnight of a log line's RFC 3339 timestamp (`...THH:MM:SS.ffffffZ ...`).
+fn micros_of(line: &str) -> Option<u64> {
+    let time = line.split_whitespace().next()?.split('T').nth(1)?;
+    let time = time.trim_end_matches('Z');
+    let mut parts = time.split(':');
+    let h: u64 = parts.next()?.parse().ok()?;
+    let m: u64 = parts.next()?.parse().ok()?;
+    let (sec, frac) = parts.next()?.split_once('.')?;
+    let sec: u64 = sec.parse().ok()?;
+    let frac = format!("{frac:0<6}");
+    let us: u64 = frac.get(..6)?.parse().ok()?;
+    Some(((h * 60 + m) * 60 + sec) * 1_000_000 + us)
+}
+
+/// The time of the line of `log` holding `marker` and `attempt=ATTEMPT`, per attempt.
+fn times(log: &str, marker: &str) -> std::collections::BTreeMap<String, u64> {
+    log.lines()
+        .filter(|l| l.contains(marker))
+        .filter_map(|l| {
+            let attempt = l.rsplit("attempt=").next()?.split_whitespace().next()?;
+            Some((attempt.to_string(), micros_of(l)?))
+        })
+        .collect()
+}
+
+/// Median microseconds of each leg of a spawn (coordinator to worker, actor start on the worker)
+/// from the coordinator's and the worker's logs.
+fn legs(coordinator: &str, worker: &str) -> String {
+    let placed = times(coordinator, "specialist placed on a worker");
+    let received = times(worker, "spawn received");
+    let started = times(worker, "specialist started");
+    let mut there = Vec::new();
+    let mut start = Vec::new();
+    for (attempt, p) in &placed {
+        if let (Some(r), Some(s)) = (received.get(attempt), started.get(attempt)) {
+            there.push(r.saturating_sub(*p));
+            start.push(s.saturating_sub(*r));
+        }
+    }
+    if there.is_empty() {
+        return "no timed spawns in the logs".into();
+    }
+    format!(
+        "coordinator to worker median {} us, actor started on the worker median {} us ({} spawns)",
+        quantile(&mut there, 50),
+        quantile(&mut start, 50),
+        there.len()
+    )
 }
 
 /// `keel run --quiet --plan plan.json` by `cmd`.
@@ -103,19 +161,25 @@ fn main() {
 
     // 1. Idle dispatch.
     let h = home(1);
-    let (server, workers, _) = cluster(&h, 1);
+    let (server, workers, _) = cluster(&h, 1, true);
     for _ in 0..runs {
         run(server.keel(&h.work));
     }
+    let coordinator_log = server.process.stderr_so_far();
+    let worker_log = workers[0].stderr_so_far();
     println!(
         "idle dispatch, {runs} one-step runs, one worker: {}",
         stop(server)
     );
+    println!("  where it goes: {}", legs(&coordinator_log, &worker_log));
     drop(workers);
+    if std::env::args().nth(2).as_deref() == Some("idle") {
+        return;
+    }
 
     // 2. Burst on two workers.
     let h = home(16);
-    let (server, workers, addr) = cluster(&h, 2);
+    let (server, workers, addr) = cluster(&h, 2, false);
     let token = server.token();
     let (_, before) = server.request("GET", "/metrics", Some(&token), None);
     let started = Instant::now();

@@ -226,7 +226,12 @@ impl Actor for Endpoint {
 impl Endpoint {
     async fn receive(&self, myself: &ActorRef<ClusterMsg>, body: ToWorker) {
         match body {
-            ToWorker::Spawn { incarnation, start } => self.spawn(myself, incarnation, *start).await,
+            ToWorker::Spawn { incarnation, start } => {
+                // With its pair on the coordinator ("specialist placed on a worker"), the one-way
+                // time of a spawn at debug level (docs/PERFORMANCE.md, cluster).
+                tracing::debug!(attempt = %start.attempt, "spawn received");
+                self.spawn(myself, incarnation, *start).await;
+            }
             ToWorker::Specialist { attempt, msg } => {
                 let actor = lock(&self.0.hosted).get(&attempt).cloned();
                 match actor {
