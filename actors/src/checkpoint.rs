@@ -6,6 +6,11 @@
 //! says the commit is durable. A stage is never split across transactions. A failed commit wrote
 //! nothing; it is retried with backoff a bounded number of times, then its stages are answered with
 //! `PersistFailed` so no coordinator waits forever.
+//!
+//! Riding stages ([`CheckpointMsg::Riding`]: writes no consequence waits on soon) start no commit of
+//! their own: they wait in the queue, in order with the others, until a stage that needs a commit
+//! arrives or until they have waited [`CheckpointConfig::ride_linger_ms`]. A run's durable commits
+//! then follow its decisions that need them, not every row it writes.
 
 use crate::effect::{Effect, Envelope, TimerKey};
 use crate::machine::{Entropy, Machine, Millis};
@@ -24,6 +29,8 @@ pub struct CheckpointConfig {
     pub commit_retries_max: u32,
     /// Wait before the first retry; doubles per retry.
     pub retry_backoff_ms: Millis,
+    /// Longest a riding stage waits for a commit another stage needs before it gets one of its own.
+    pub ride_linger_ms: Millis,
 }
 
 impl Default for CheckpointConfig {
@@ -33,6 +40,7 @@ impl Default for CheckpointConfig {
             queued_stages_max: 4096,
             commit_retries_max: 5,
             retry_backoff_ms: 20,
+            ride_linger_ms: 20,
         }
     }
 }
@@ -51,7 +59,16 @@ struct InFlight {
 #[derive(Debug)]
 pub struct CheckpointWriter {
     config: CheckpointConfig,
-    queue: VecDeque<Stage>,
+    /// Stages waiting for a commit, each with whether it needs one (false: it may ride).
+    queue: VecDeque<(Stage, bool)>,
+    /// Of `queue`, the stages that need a commit.
+    urgent_queued: usize,
+    /// The ops of the stages in `queue`.
+    queued_ops: usize,
+    /// The linger timer armed for the riding stages in `queue`, if any (its number).
+    linger: Option<u64>,
+    /// Whether the linger bound passed for the riding stages now in `queue`.
+    lingered: bool,
     in_flight: Option<InFlight>,
     next_commit: u64,
     commits_count: u64,
@@ -65,6 +82,10 @@ impl CheckpointWriter {
         Self {
             config,
             queue: VecDeque::new(),
+            urgent_queued: 0,
+            queued_ops: 0,
+            linger: None,
+            lingered: false,
             in_flight: None,
             next_commit: 0,
             commits_count: 0,
@@ -101,9 +122,9 @@ impl CheckpointWriter {
         out.push(Effect::Send(envelope));
     }
 
-    /// Queue one stage for the next commit, or refuse it (too many ops, queue full) with
-    /// `PersistFailed`.
-    fn enqueue(&mut self, stage: Stage, out: &mut Vec<Effect>) {
+    /// Queue one stage for the next commit (`urgent`: it needs one; else it may ride), or refuse it
+    /// (too many ops, queue full) with `PersistFailed`.
+    fn enqueue(&mut self, stage: Stage, urgent: bool, out: &mut Vec<Effect>) {
         if stage.ops.len() > STAGE_OPS_MAX || stage.ops.len() > self.config.batch_ops_max as usize {
             let error = format!("a stage of {} ops exceeds the limit", stage.ops.len());
             Self::answer(&stage, Err(error), out);
@@ -114,24 +135,54 @@ impl CheckpointWriter {
             Self::answer(&stage, Err(error), out);
             return;
         }
-        self.queue.push_back(stage);
+        self.urgent_queued += usize::from(urgent);
+        self.queued_ops += stage.ops.len();
+        self.queue.push_back((stage, urgent));
     }
 
-    fn flush(&mut self, out: &mut Vec<Effect>) {
+    /// Arm the linger timer for riding stages that wait with no commit coming for them.
+    fn arm_linger(&mut self, now: Millis, out: &mut Vec<Effect>) {
+        if self.linger.is_some() || self.lingered || self.queue.is_empty() {
+            return;
+        }
+        let n = self.next_commit;
+        self.linger = Some(n);
+        out.push(Effect::SetTimer {
+            key: TimerKey::Checkpoint(CheckpointTimer::Linger(n)),
+            at: now.saturating_add(self.config.ride_linger_ms),
+        });
+    }
+
+    /// Start the next commit when none is in flight and the queue holds a stage that needs one (or
+    /// riding stages that waited their bound, or more riding ops than one commit takes).
+    fn flush(&mut self, now: Millis, out: &mut Vec<Effect>) {
         if self.in_flight.is_some() || self.queue.is_empty() {
+            return;
+        }
+        if self.urgent_queued == 0
+            && !self.lingered
+            && self.queued_ops < self.config.batch_ops_max as usize
+        {
+            self.arm_linger(now, out);
             return;
         }
         let mut ops = 0usize;
         let mut stages = Vec::new();
-        while let Some(front) = self.queue.front() {
+        while let Some((front, _)) = self.queue.front() {
             let n = front.ops.len();
             if !stages.is_empty() && ops + n > self.config.batch_ops_max as usize {
                 break;
             }
             ops += n;
-            if let Some(stage) = self.queue.pop_front() {
+            if let Some((stage, urgent)) = self.queue.pop_front() {
+                self.urgent_queued -= usize::from(urgent);
+                self.queued_ops -= stage.ops.len();
                 stages.push(stage);
             }
+        }
+        if self.queue.is_empty() {
+            self.lingered = false;
+            self.linger = None;
         }
         let id = CommitId(self.next_commit);
         self.next_commit += 1;
@@ -165,14 +216,28 @@ impl Machine for CheckpointWriter {
         }
         match input {
             CheckpointInput::Msg(CheckpointMsg::Stage(stage)) => {
-                self.enqueue(stage, out);
-                self.flush(out);
+                self.enqueue(stage, true, out);
+                self.flush(now, out);
             }
             CheckpointInput::Msg(CheckpointMsg::Stages(stages)) => {
                 for stage in stages {
-                    self.enqueue(stage, out);
+                    self.enqueue(stage, true, out);
                 }
-                self.flush(out);
+                self.flush(now, out);
+            }
+            CheckpointInput::Msg(CheckpointMsg::Riding(stages)) => {
+                for stage in stages {
+                    self.enqueue(stage, false, out);
+                }
+                self.flush(now, out);
+            }
+            CheckpointInput::Timer(CheckpointTimer::Linger(n)) => {
+                if self.linger != Some(n) {
+                    return; // a timer of riding stages that have been committed since
+                }
+                self.linger = None;
+                self.lingered = true;
+                self.flush(now, out);
             }
             CheckpointInput::Committed(id) => {
                 let Some(flight) = self.in_flight.take_if(|f| f.id == id && !f.waiting_retry)
@@ -183,7 +248,7 @@ impl Machine for CheckpointWriter {
                 for stage in &flight.stages {
                     Self::answer(stage, Ok(()), out);
                 }
-                self.flush(out);
+                self.flush(now, out);
             }
             CheckpointInput::CommitFailed { id, error } => {
                 let Some(flight) = self.in_flight.as_mut().filter(|f| f.id == id) else {
@@ -212,17 +277,19 @@ impl Machine for CheckpointWriter {
                     // run's writes only ever commit as a prefix of what its coordinator decided.
                     let runs: std::collections::BTreeSet<_> =
                         flight.stages.iter().map(|s| s.run).collect();
-                    let (dependent, rest): (VecDeque<Stage>, VecDeque<Stage>) =
+                    let (dependent, rest): (VecDeque<_>, VecDeque<_>) =
                         std::mem::take(&mut self.queue)
                             .into_iter()
-                            .partition(|s| runs.contains(&s.run));
+                            .partition(|(s, _)| runs.contains(&s.run));
                     self.queue = rest;
-                    for stage in &dependent {
+                    self.urgent_queued = self.queue.iter().filter(|(_, u)| *u).count();
+                    self.queued_ops = self.queue.iter().map(|(s, _)| s.ops.len()).sum();
+                    for (stage, _) in &dependent {
                         let error = format!("an earlier write of this run failed: {error}");
                         Self::answer(stage, Err(error), out);
                     }
                 }
-                self.flush(out);
+                self.flush(now, out);
             }
             CheckpointInput::Abandon { reason } => {
                 if let Some(flight) = self.in_flight.take() {
@@ -230,9 +297,13 @@ impl Machine for CheckpointWriter {
                         Self::answer(stage, Err(reason.clone()), out);
                     }
                 }
-                for stage in std::mem::take(&mut self.queue) {
+                for (stage, _) in std::mem::take(&mut self.queue) {
                     Self::answer(&stage, Err(reason.clone()), out);
                 }
+                self.urgent_queued = 0;
+                self.queued_ops = 0;
+                self.linger = None;
+                self.lingered = false;
             }
             CheckpointInput::Timer(CheckpointTimer::RetryCommit(id)) => {
                 let next = CommitId(self.next_commit);

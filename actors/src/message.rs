@@ -503,6 +503,15 @@ pub enum CheckpointMsg {
     /// # Delivery
     /// As [`CheckpointMsg::Stage`], once per stage.
     Stages(Vec<Stage>),
+    /// Stages that may ride with a later commit (docs/DESIGN.md §4, riding stages): no consequence
+    /// waits on them soon (log rows, admission records, decision rows, a result while others of its
+    /// batch are still running), so the writer commits them with the next commit another stage
+    /// needs, or once they have waited its linger bound, whichever comes first. A stage is still
+    /// answered only once it is durable, and a run's stages still commit in ticket order.
+    ///
+    /// # Delivery
+    /// As [`CheckpointMsg::Stage`], once per stage.
+    Riding(Vec<Stage>),
 }
 
 /// A coordinator's timers.
@@ -535,6 +544,8 @@ pub enum SupervisorTimer {
 pub enum CheckpointTimer {
     /// Retry a failed commit.
     RetryCommit(CommitId),
+    /// Riding stages have waited their linger bound: commit them (the number tells a stale timer).
+    Linger(u64),
 }
 
 /// A specialist's timers.

@@ -4,8 +4,8 @@
 use keel_actors::*;
 use keel_store::{ManifestEntry, ManifestOutcome, RunId};
 
-fn stage(run: u128, ticket: u64, ops: usize) -> CheckpointInput {
-    CheckpointInput::Msg(CheckpointMsg::Stage(Stage {
+fn stage_of(run: u128, ticket: u64, ops: usize) -> Stage {
+    Stage {
         run: RunId(run),
         owner: StageOwner::Coordinator,
         ticket,
@@ -19,7 +19,15 @@ fn stage(run: u128, ticket: u64, ops: usize) -> CheckpointInput {
                 })
             })
             .collect(),
-    }))
+    }
+}
+
+fn stage(run: u128, ticket: u64, ops: usize) -> CheckpointInput {
+    CheckpointInput::Msg(CheckpointMsg::Stage(stage_of(run, ticket, ops)))
+}
+
+fn riding(run: u128, ticket: u64, ops: usize) -> CheckpointInput {
+    CheckpointInput::Msg(CheckpointMsg::Riding(vec![stage_of(run, ticket, ops)]))
 }
 
 /// What one input produced, summarised: commits as (id, tickets), acks, failures, timers.
@@ -439,6 +447,82 @@ fn an_abandon_answers_every_waiting_stage_and_ignores_the_late_completion() {
             ),
             // Idle again: the next stage commits at once.
             (stage(1, 3, 1), commit(2, &[3])),
+        ],
+    );
+}
+
+#[test]
+fn riding_stages_wait_for_a_stage_that_needs_a_commit_and_share_it() {
+    check(
+        CheckpointConfig::default(),
+        vec![
+            // No commit for a riding stage alone: only its linger timer.
+            (
+                riding(1, 1, 1),
+                Seen {
+                    timers: 1,
+                    ..Seen::default()
+                },
+            ),
+            (riding(2, 5, 1), Seen::default()),
+            // A stage that needs a commit takes the riders into it, in the order they came.
+            (stage(1, 2, 1), commit(1, &[1, 5, 2])),
+            (
+                CheckpointInput::Committed(CommitId(base() + 1)),
+                Seen {
+                    durable: vec![1, 5, 2],
+                    ..Seen::default()
+                },
+            ),
+        ],
+    );
+}
+
+#[test]
+fn riding_stages_alone_get_a_commit_once_they_waited_their_bound() {
+    let linger = CheckpointInput::Timer(CheckpointTimer::Linger(base() + 1));
+    check(
+        CheckpointConfig::default(),
+        vec![
+            (
+                riding(1, 1, 1),
+                Seen {
+                    timers: 1,
+                    ..Seen::default()
+                },
+            ),
+            (riding(1, 2, 1), Seen::default()),
+            (linger.clone(), commit(1, &[1, 2])),
+            (
+                CheckpointInput::Committed(CommitId(base() + 1)),
+                Seen {
+                    durable: vec![1, 2],
+                    ..Seen::default()
+                },
+            ),
+            // The timer of riders already committed changes nothing.
+            (linger, Seen::default()),
+        ],
+    );
+}
+
+#[test]
+fn riding_ops_beyond_one_commit_do_not_wait_for_the_bound() {
+    let config = CheckpointConfig {
+        batch_ops_max: 4,
+        ..CheckpointConfig::default()
+    };
+    check(
+        config,
+        vec![
+            (
+                riding(1, 1, 2),
+                Seen {
+                    timers: 1,
+                    ..Seen::default()
+                },
+            ),
+            (riding(1, 2, 2), commit(1, &[1, 2])),
         ],
     );
 }

@@ -993,9 +993,9 @@ fn stages_in(effects: &[Effect]) -> Vec<Stage> {
     for e in effects {
         match e {
             Effect::Send(Envelope::Checkpoint(CheckpointMsg::Stage(s))) => stages.push(s.clone()),
-            Effect::Send(Envelope::Checkpoint(CheckpointMsg::Stages(ss))) => {
-                stages.extend(ss.iter().cloned())
-            }
+            Effect::Send(Envelope::Checkpoint(
+                CheckpointMsg::Stages(ss) | CheckpointMsg::Riding(ss),
+            )) => stages.extend(ss.iter().cloned()),
             _ => {}
         }
     }
@@ -1160,4 +1160,131 @@ fn a_recovered_step_keeps_its_failures_and_is_parked_with_its_last_failure() {
             .unwrap_or_default()
             .contains("500 from the endpoint")
     );
+}
+
+/// Whether `effects` send stages that need a commit (`Some(true)`), only riding ones
+/// (`Some(false)`), or none.
+fn urgent_stages(effects: &[Effect]) -> Option<bool> {
+    let mut seen = None;
+    for e in effects {
+        match e {
+            Effect::Send(Envelope::Checkpoint(
+                CheckpointMsg::Stage(_) | CheckpointMsg::Stages(_),
+            )) => return Some(true),
+            Effect::Send(Envelope::Checkpoint(CheckpointMsg::Riding(_))) => seen = Some(false),
+            _ => {}
+        }
+    }
+    seen
+}
+
+#[test]
+fn a_batchs_results_ride_together_and_the_runs_end_rides_with_the_last() {
+    let mut c = Coordinator::new(CoordinatorConfig::default());
+    let mut rng = SplitMix64(5);
+    let keys: Vec<String> = (0..4).map(|i| format!("s{i}")).collect();
+    let mut out = Vec::new();
+    c.handle(
+        CoordinatorInput::Msg(CoordinatorMsg::Accept(RunSpec {
+            run: keel_store::RunId(43),
+            brief: "four parts".into(),
+            mode: RunMode::Plan(plan(keys.iter().map(|k| step(k, &[])).collect())),
+            budget_limit_micros: None,
+            config_snapshot: String::new(),
+        })),
+        1,
+        &mut rng,
+        &mut out,
+    );
+    assert_eq!(urgent_stages(&out), Some(true), "the run's creation needs a commit");
+    // Every stage answered durable and every admission granted; the admissions' records ride.
+    settle(&mut c, out, &mut rng);
+    let attempts = c.current_attempts();
+    assert_eq!(attempts.len(), 4);
+    let mut staged = Vec::new();
+    for (i, attempt) in attempts.iter().enumerate() {
+        let report = serde_json::from_str::<SubagentReport>(
+            report_json(attempt.task, "complete", "part")
+                .rsplit_once("\n")
+                .unwrap()
+                .1,
+        )
+        .unwrap();
+        let mut out = Vec::new();
+        c.handle(
+            CoordinatorInput::Msg(CoordinatorMsg::Specialist {
+                from: *attempt,
+                reply: SpecialistReply::Finished(AttemptResult {
+                    attempt: *attempt,
+                    outcome: Ok(report),
+                    spent_micros: 0,
+                }),
+            }),
+            20,
+            &mut rng,
+            &mut out,
+        );
+        let last = i == attempts.len() - 1;
+        // The first three ride (others still run); the last needs a commit, and the run's end
+        // is staged right behind it, before either is durable.
+        assert_eq!(urgent_stages(&out), Some(last), "result {i}");
+        let ends = stages_in(&out).iter().any(|s| {
+            s.ops.iter().any(|op| {
+                matches!(op, PersistOp::UpdateRun(r) if r.status == RunStatus::Completed)
+            })
+        });
+        assert_eq!(ends, last, "result {i}");
+        assert!(
+            !out.iter().any(|e| matches!(
+                e,
+                Effect::Send(Envelope::Specialist {
+                    msg: SpecialistMsg::Ack,
+                    ..
+                })
+            )),
+            "nothing is acknowledged before it is durable"
+        );
+        staged.extend(stages_in(&out));
+    }
+    // One commit makes them all durable: every result is acknowledged before the run's end.
+    let mut out = Vec::new();
+    for s in &staged {
+        c.handle(
+            CoordinatorInput::Msg(CoordinatorMsg::Durable { ticket: s.ticket }),
+            30,
+            &mut rng,
+            &mut out,
+        );
+    }
+    let acks = out
+        .iter()
+        .filter(|e| {
+            matches!(
+                e,
+                Effect::Send(Envelope::Specialist {
+                    msg: SpecialistMsg::Ack,
+                    ..
+                })
+            )
+        })
+        .count();
+    assert_eq!(acks, 4);
+    let finished = out
+        .iter()
+        .position(|e| matches!(e, Effect::Emit(LifecycleEvent::RunFinished(_))))
+        .expect("the run ended");
+    let last_ack = out
+        .iter()
+        .rposition(|e| {
+            matches!(
+                e,
+                Effect::Send(Envelope::Specialist {
+                    msg: SpecialistMsg::Ack,
+                    ..
+                })
+            )
+        })
+        .unwrap();
+    assert!(last_ack < finished, "acknowledgements precede the run's end");
+    assert_eq!(c.status(), Some(RunStatus::Completed));
 }

@@ -3,7 +3,7 @@
 use super::follow_up::ready_follow_ups;
 use super::lead::Lead;
 use super::staging::Then;
-use super::step::Step;
+use super::step::{Step, usable_report};
 use super::synthesis::{StepEnd, synthesize};
 use super::{CoordinatorConfig, LEAD_STEP_KEY, Phase, RunState, StepStatus, bytes_max};
 use crate::effect::Effect;
@@ -12,7 +12,7 @@ use crate::machine::{Entropy, Millis};
 use crate::message::{RunMode, RunSpec, SupervisorMsg};
 use crate::persist::PersistOp;
 use crate::plan::{PLAN_STEPS_MAX, PlanStep, validate};
-use crate::report::{TEXT_BYTES_MAX, bounded};
+use crate::report::{StepOutcome, TEXT_BYTES_MAX, bounded};
 use keel_store::{Budget, Run, RunId, RunStatus, Task, TaskId, TaskKind, TaskStatus};
 
 impl RunState {
@@ -293,22 +293,68 @@ impl RunState {
         self.stage(ops, Then::Finished { status, outcome }, true, now, out);
     }
 
+    /// Whether a result may still arrive soon from another step: one being recorded, admitted or
+    /// running. While one may, a result rides with the next commit instead of starting its own.
+    pub(super) fn results_expected(&self) -> bool {
+        self.steps.iter().any(|s| {
+            matches!(
+                s.status,
+                StepStatus::Recording | StepStatus::Admitting | StepStatus::Running
+            )
+        })
+    }
+
+    /// Stage the run's end right behind the last result it waited for, before that result is
+    /// durable, when every step's outcome is decided (durable, or in a stage sent before this one)
+    /// and nothing is left to dispatch: the results and the end share one commit. Stages commit in
+    /// ticket order, so the end is never durable without the results; a crash after that commit and
+    /// before the acknowledgements leaves results durable but unacknowledged in an ended run, which
+    /// the host answers from the store (`host::decide::answer_after_end`).
+    pub(super) fn finish_if_decided(&mut self, now: Millis, out: &mut Vec<Effect>) {
+        let decided = self
+            .steps
+            .iter()
+            .all(|s| matches!(s.status, StepStatus::Done | StepStatus::Committing));
+        if decided && self.lead.is_none() {
+            self.finish(now, out);
+        }
+    }
+
+    /// Each step's outcome as decided: durable, or in a stage on its way (a step whose result or
+    /// parking is being committed).
+    fn decided_outcomes(&self) -> Vec<Option<&StepOutcome>> {
+        let mut outcomes: Vec<Option<&StepOutcome>> =
+            self.steps.iter().map(|s| s.outcome.as_ref()).collect();
+        for pending in self.pending.values() {
+            if let Then::Accepted { step, outcome, .. } | Then::Parked { step, outcome } =
+                &pending.then
+                && let Some(slot) = outcomes.get_mut(*step)
+                && slot.is_none()
+            {
+                *slot = Some(outcome);
+            }
+        }
+        outcomes
+    }
+
     /// End the run with a synthesis: a failure stays a failure, partial coverage is annotated.
     pub(super) fn finish(&mut self, now: Millis, out: &mut Vec<Effect>) {
         if self.phase != Phase::Running {
             return;
         }
         self.phase = Phase::Finishing;
+        let outcomes = self.decided_outcomes();
         let ends: Vec<StepEnd<'_>> = self
             .steps
             .iter()
-            .map(|s| StepEnd {
+            .zip(&outcomes)
+            .map(|(s, outcome)| StepEnd {
                 key: &s.spec.key,
-                outcome: s.outcome.as_ref(),
+                outcome: *outcome,
             })
             .collect();
         let synthesis = synthesize(&ends);
-        let usable = self.steps.iter().any(|s| s.usable_report().is_some());
+        let usable = outcomes.iter().any(|o| usable_report(*o).is_some());
         let status = if usable {
             RunStatus::Completed
         } else {

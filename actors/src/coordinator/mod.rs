@@ -256,7 +256,8 @@ impl RunState {
 
     fn flush_decisions(&mut self, now: Millis, out: &mut Vec<Effect>) {
         if !self.decisions.is_empty() {
-            self.stage(Vec::new(), Then::Nothing, false, now, out);
+            // Decision rows explain the run; nothing waits on them: they ride with the next commit.
+            self.stage_riding(Vec::new(), Then::Nothing, now, out);
         }
     }
 

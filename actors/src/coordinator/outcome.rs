@@ -143,7 +143,9 @@ impl RunState {
         let Some(&index) = self.by_task.get(&from.task) else {
             return; // not a task of this run
         };
-        if self.phase != Phase::Running && self.steps[index].accepted != Some(from) {
+        let committing = self.steps[index].status == StepStatus::Committing
+            && self.steps[index].current(self.id) == Some(from);
+        if self.phase != Phase::Running && self.steps[index].accepted != Some(from) && !committing {
             // The run is ending (cancelled, budget, synthesis): nothing more is accepted.
             self.to_specialist(
                 from,
@@ -238,17 +240,20 @@ impl RunState {
                     self.steps[index].status = StepStatus::Committing;
                     // No checkpoint here: the task row (result and done-marker, one transaction) is
                     // what recovery reads; the next dispatch or the synthesis writes the checkpoint.
-                    self.stage(
-                        ops,
-                        Then::Accepted {
-                            step: index,
-                            attempt: from,
-                            outcome,
-                        },
-                        false,
-                        now,
-                        out,
-                    );
+                    let then = Then::Accepted {
+                        step: index,
+                        attempt: from,
+                        outcome,
+                    };
+                    if self.results_expected() {
+                        // Other steps still run: this result rides with theirs (or with the
+                        // writer's linger bound), one commit for the batch's results.
+                        self.stage_riding(ops, then, now, out);
+                    } else {
+                        self.stage(ops, then, false, now, out);
+                        // The last result the run waited for: the run's end rides in its commit.
+                        self.finish_if_decided(now, out);
+                    }
                 }
                 Err(e) => {
                     let failure = SubtaskFailure {
@@ -536,7 +541,7 @@ impl RunState {
                 if ops.len() > self.stage_ops_max() {
                     self.stage_independent(ops, now, out);
                 } else if !ops.is_empty() {
-                    self.stage(ops, Then::Nothing, false, now, out);
+                    self.stage_riding(ops, Then::Nothing, now, out);
                 }
             }
             SpecialistReply::Spend { spent_micros } => {

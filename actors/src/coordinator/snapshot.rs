@@ -100,23 +100,28 @@ impl RunState {
     }
 
     pub(super) fn checkpoint_row(&self, now: Millis) -> Checkpoint {
+        // A step whose outcome is being committed counts as done: its stage has an earlier ticket,
+        // so it is durable whenever this checkpoint is (the run's end rides with the last result).
+        let done = |s: &&super::step::Step| {
+            matches!(s.status, StepStatus::Done | StepStatus::Committing)
+        };
         let verified = self
             .steps
             .iter()
-            .filter(|s| s.status == StepStatus::Done)
+            .filter(done)
             .filter_map(|s| s.current_task)
             .collect();
         let pending = self
             .steps
             .iter()
-            .filter(|s| s.status != StepStatus::Done)
+            .filter(|s| !done(s))
             .filter_map(|s| s.current_task)
             .collect();
         let last = self
             .steps
             .iter()
             .rev()
-            .find(|s| s.status == StepStatus::Done)
+            .find(done)
             .map(|s| s.spec.key.clone());
         Checkpoint {
             run_id: self.id,

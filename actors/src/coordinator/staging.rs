@@ -54,10 +54,23 @@ pub(super) enum Then {
     },
 }
 
+/// Whether a stage needs a commit now or may ride with the next one (docs/DESIGN.md §4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Urgency {
+    /// A consequence waits on it (an admission, the run's end, a tool's answer, the last result
+    /// the run expects): the checkpoint writer starts a commit for it.
+    Now,
+    /// Nothing waits on it soon (log and decision rows, an admission's record, a result while
+    /// other steps still run): it rides with the next commit, or gets one after the writer's
+    /// linger bound. It is still answered only once durable.
+    Ride,
+}
+
 #[derive(Clone, Debug)]
 pub(super) struct Pending {
     pub(super) ops: Vec<PersistOp>,
     pub(super) checkpoint: bool,
+    pub(super) urgency: Urgency,
     pub(super) then: Then,
     pub(super) restages: u32,
     /// Whether it is at the checkpoint now. A failed stage and every stage after it are held back and
@@ -105,6 +118,29 @@ impl RunState {
     /// whose own ops do not fit is refused whole ([`StageRefusal`]) and the run fails.
     pub(super) fn stage(
         &mut self,
+        ops: Vec<PersistOp>,
+        then: Then,
+        checkpoint: bool,
+        now: Millis,
+        out: &mut Vec<Effect>,
+    ) {
+        self.stage_as(Urgency::Now, ops, then, checkpoint, now, out);
+    }
+
+    /// As [`RunState::stage`], for writes nothing waits on soon: they ride with the next commit.
+    pub(super) fn stage_riding(
+        &mut self,
+        ops: Vec<PersistOp>,
+        then: Then,
+        now: Millis,
+        out: &mut Vec<Effect>,
+    ) {
+        self.stage_as(Urgency::Ride, ops, then, false, now, out);
+    }
+
+    fn stage_as(
+        &mut self,
+        urgency: Urgency,
         mut ops: Vec<PersistOp>,
         then: Then,
         checkpoint: bool,
@@ -122,16 +158,21 @@ impl RunState {
             let rows: Vec<SessionLogRow> = self.decisions.drain(..early).collect();
             for chunk in rows.chunks(max) {
                 let logs = chunk.iter().cloned().map(|row| self.log_op(row)).collect();
-                self.enqueue(logs, Then::Nothing, false, now, out);
+                self.enqueue(logs, Then::Nothing, false, Urgency::Ride, now, out);
             }
         }
-        let rows: Vec<SessionLogRow> = self.decisions.drain(..).collect();
-        ops.extend(rows.into_iter().map(|row| self.log_op(row)));
-        self.enqueue(ops, then, checkpoint, now, out);
+        let root = self.root.id;
+        ops.extend(
+            self.decisions
+                .drain(..)
+                .map(|row| PersistOp::AppendLog { task: root, row }),
+        );
+        self.enqueue(ops, then, checkpoint, urgency, now, out);
     }
 
     /// Writes that are independent of each other (each row stands alone when durable), staged in as
-    /// many stages as the bound needs, before the decision they belong to.
+    /// many stages as the bound needs, before the decision they belong to. They ride: the decision
+    /// staged after them (or the writer's linger bound) commits them.
     pub(super) fn stage_independent(
         &mut self,
         ops: Vec<PersistOp>,
@@ -139,8 +180,13 @@ impl RunState {
         out: &mut Vec<Effect>,
     ) {
         let max = self.stage_ops_max();
-        for chunk in ops.chunks(max) {
-            self.enqueue(chunk.to_vec(), Then::Nothing, false, now, out);
+        let mut ops = ops.into_iter();
+        loop {
+            let chunk: Vec<PersistOp> = ops.by_ref().take(max).collect();
+            if chunk.is_empty() {
+                break;
+            }
+            self.enqueue(chunk, Then::Nothing, false, Urgency::Ride, now, out);
         }
     }
 
@@ -177,6 +223,7 @@ impl RunState {
         ops: Vec<PersistOp>,
         then: Then,
         checkpoint: bool,
+        urgency: Urgency,
         now: Millis,
         out: &mut Vec<Effect>,
     ) {
@@ -186,6 +233,7 @@ impl RunState {
         let pending = Pending {
             ops,
             checkpoint,
+            urgency,
             then,
             restages: 0,
             sent: !held,
@@ -227,14 +275,17 @@ impl RunState {
             // Built when sent (and again when re-sent), so a later stage never carries an older snapshot.
             ops.push(PersistOp::PutCheckpoint(self.checkpoint_row(now)));
         }
-        out.push(Effect::Send(Envelope::Checkpoint(CheckpointMsg::Stage(
-            Stage {
-                run: self.id,
-                owner: StageOwner::Coordinator,
-                ticket,
-                ops,
-            },
-        ))));
+        let stage = Stage {
+            run: self.id,
+            owner: StageOwner::Coordinator,
+            ticket,
+            ops,
+        };
+        let msg = match pending.urgency {
+            Urgency::Now => CheckpointMsg::Stage(stage),
+            Urgency::Ride => CheckpointMsg::Riding(vec![stage]),
+        };
+        out.push(Effect::Send(Envelope::Checkpoint(msg)));
     }
 }
 
@@ -352,36 +403,46 @@ impl RunState {
 
 /// Every stage this input sent to the checkpoint writer, as one message (in ticket order, at the place
 /// of the first): the writer then puts them all into one group commit instead of committing the first
-/// alone while the others wait for the next. A single stage stays a [`CheckpointMsg::Stage`].
+/// alone while the others wait for the next. A single stage stays as it was sent; several ride only
+/// if every one of them rides (one that needs a commit takes the others into it).
 pub(super) fn coalesce_stages(out: &mut Vec<Effect>, first: usize) {
-    let count = out[first..]
-        .iter()
-        .filter(|e| {
-            matches!(
-                e,
-                Effect::Send(Envelope::Checkpoint(CheckpointMsg::Stage(_)))
-            )
-        })
-        .count();
+    let mut count = 0;
+    let mut urgent = false;
+    for e in &out[first..] {
+        match e {
+            Effect::Send(Envelope::Checkpoint(CheckpointMsg::Stage(_))) => {
+                count += 1;
+                urgent = true;
+            }
+            Effect::Send(Envelope::Checkpoint(CheckpointMsg::Riding(r))) => count += r.len(),
+            _ => {}
+        }
+    }
     if count < 2 {
         return;
     }
     let mut stages = Vec::with_capacity(count);
     let mut at = None;
-    let mut kept = Vec::with_capacity(out.len() - first - count + 1);
+    let mut kept = Vec::with_capacity(out.len() - first);
     for (i, effect) in out.drain(first..).enumerate() {
         match effect {
             Effect::Send(Envelope::Checkpoint(CheckpointMsg::Stage(stage))) => {
                 at.get_or_insert(i);
                 stages.push(stage);
             }
+            Effect::Send(Envelope::Checkpoint(CheckpointMsg::Riding(riding))) => {
+                at.get_or_insert(i);
+                stages.extend(riding);
+            }
             other => kept.push(other),
         }
     }
     let at = at.unwrap_or(0).min(kept.len());
-    kept.insert(
-        at,
-        Effect::Send(Envelope::Checkpoint(CheckpointMsg::Stages(stages))),
-    );
+    let msg = if urgent {
+        CheckpointMsg::Stages(stages)
+    } else {
+        CheckpointMsg::Riding(stages)
+    };
+    kept.insert(at, Effect::Send(Envelope::Checkpoint(msg)));
     out.extend(kept);
 }

@@ -136,10 +136,15 @@ impl Step {
     }
 
     pub(super) fn usable_report(&self) -> Option<&SubagentReport> {
-        match &self.outcome {
-            Some(StepOutcome::Report(r)) if r.status != ReportStatus::Blocked => Some(r),
-            _ => None,
-        }
+        usable_report(self.outcome.as_ref())
+    }
+}
+
+/// The report in an outcome, if it is one a synthesis or a dependent step can use (not blocked).
+pub(super) fn usable_report(outcome: Option<&StepOutcome>) -> Option<&SubagentReport> {
+    match outcome {
+        Some(StepOutcome::Report(r)) if r.status != ReportStatus::Blocked => Some(r),
+        _ => None,
     }
 }
 
@@ -547,13 +552,7 @@ impl RunState {
                 t.updated_ms = now;
                 let row = t.clone();
                 self.steps[index].assignment = Some(assignment);
-                self.stage(
-                    vec![PersistOp::UpdateTask(row)],
-                    Then::Nothing,
-                    false,
-                    now,
-                    out,
-                );
+                self.stage_riding(vec![PersistOp::UpdateTask(row)], Then::Nothing, now, out);
             }
             return;
         }
@@ -575,13 +574,9 @@ impl RunState {
                     t.updated_ms = now;
                     let row = t.clone();
                     self.steps[index].assignment = Some(assignment);
-                    self.stage(
-                        vec![PersistOp::UpdateTask(row)],
-                        Then::Nothing,
-                        false,
-                        now,
-                        out,
-                    );
+                    // The admission's record rides with the next commit (the attempt's first
+                    // results, most often): recovery treats a pending and a running task alike.
+                    self.stage_riding(vec![PersistOp::UpdateTask(row)], Then::Nothing, now, out);
                 } else {
                     self.steps[index].assignment = Some(assignment);
                 }

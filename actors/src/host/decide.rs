@@ -15,13 +15,16 @@
 //! | cancel a task, run hosted | none: `CoordinatorMsg::CancelTask` to its coordinator | the coordinator's |
 //! | resume | [`resume`] | a paused run `Running` |
 //! | follow-up | [`follow_up`] | joined: nothing; reopened: the run `Running` |
+//! | a result resent to an ended run no coordinator hosts | [`answer_after_end`] | nothing |
 //!
 //! A host that draws these (the simulator's interventions) keeps the same order as the runtime:
 //! for a pause, stop the specialists and let their last commits land first, then write
 //! [`Marks::ops`] and drop the coordinators; for a resume or a reopen, write the marks, then hand the
 //! rows to a fresh coordinator as `CoordinatorInput::Recovered` or `CoordinatorInput::Reopened`.
 
+use crate::ids::AttemptId;
 use crate::machine::Millis;
+use crate::message::SpecialistMsg;
 use crate::persist::PersistOp;
 use crate::report::{FailureKind, StepOutcome, SubtaskFailure, TEXT_BYTES_MAX, bounded};
 use keel_store::{Run, RunId, RunStatus, Task, TaskKind, TaskStatus};
@@ -340,6 +343,35 @@ fn count(ops: &[PersistOp]) -> u32 {
     u32::try_from(ops.len()).unwrap_or(u32::MAX)
 }
 
+/// The answer to a specialist that resends its result to a run no coordinator of this host has:
+/// `Some(Ack)` when the run has ended and `task` (the attempt's task row, if stored) holds this
+/// attempt's report durably, `Some(Cancel)` for any other attempt of an ended run, `None` when the
+/// run has not ended (its coordinator, once rebuilt, answers).
+///
+/// Why this exists: a run's end rides in the commit of its last results, so a crash after that
+/// commit and before the acknowledgements leaves an ended run (which no restart rebuilds) with
+/// durable results whose specialists still wait for their acknowledgement.
+pub fn answer_after_end(run: &Run, task: Option<&Task>, attempt: AttemptId) -> Option<SpecialistMsg> {
+    if !run.status.is_terminal() {
+        return None;
+    }
+    let durable = task.is_some_and(|t| {
+        t.id == attempt.task
+            && t.attempt == attempt.attempt
+            && matches!(
+                t.status,
+                TaskStatus::Complete | TaskStatus::Partial | TaskStatus::Blocked
+            )
+    });
+    Some(if durable {
+        SpecialistMsg::Ack
+    } else {
+        SpecialistMsg::Cancel {
+            reason: "the run has ended".into(),
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -534,5 +566,43 @@ mod tests {
                 })
             );
         }
+    }
+
+    #[test]
+    fn a_result_resent_to_an_ended_run_is_acked_only_when_its_report_is_durable() {
+        let attempt = AttemptId {
+            run: RunId(7),
+            task: TaskId(9),
+            attempt: 1,
+        };
+        let done = task(9, Some(1), TaskStatus::Complete);
+        let ended = run(RunStatus::Completed);
+        assert_eq!(
+            answer_after_end(&ended, Some(&done), attempt),
+            Some(SpecialistMsg::Ack)
+        );
+        // Another attempt of the task, a task not ended, no row: told to stop, never acked.
+        let older = AttemptId {
+            attempt: 2,
+            ..attempt
+        };
+        assert!(matches!(
+            answer_after_end(&ended, Some(&done), older),
+            Some(SpecialistMsg::Cancel { .. })
+        ));
+        let open = task(9, Some(1), TaskStatus::Running);
+        assert!(matches!(
+            answer_after_end(&ended, Some(&open), attempt),
+            Some(SpecialistMsg::Cancel { .. })
+        ));
+        assert!(matches!(
+            answer_after_end(&ended, None, attempt),
+            Some(SpecialistMsg::Cancel { .. })
+        ));
+        // A run still open is its coordinator's to answer.
+        assert_eq!(
+            answer_after_end(&run(RunStatus::Running), Some(&done), attempt),
+            None
+        );
     }
 }

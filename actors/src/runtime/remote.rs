@@ -107,6 +107,35 @@ impl Node {
     }
 }
 
+impl Node {
+    /// A remote specialist resends its result to a run no coordinator here hosts: once the run has
+    /// ended (its end rode in the commit of its last results; a crash, or the coordinator's own
+    /// stop, came before the acknowledgement reached it), it is answered from the store
+    /// (`host::decide::answer_after_end`); otherwise the message is dropped as before.
+    fn answer_after_end(self: &Arc<Self>, attempt: AttemptId) {
+        let node = Arc::clone(self);
+        super::node::spawn(async move {
+            let answer = node
+                .read(move |store| {
+                    let scope = store.run(attempt.run);
+                    let run = scope.get()?;
+                    let task = scope.task(attempt.task).ok();
+                    Ok(crate::host::decide::answer_after_end(
+                        &run,
+                        task.as_ref(),
+                        attempt,
+                    ))
+                })
+                .await;
+            match answer {
+                Ok(Some(msg)) => node.route_remote(attempt, msg),
+                Ok(None) => tracing::debug!(%attempt, "result for a run not hosted here, dropped"),
+                Err(e) => tracing::debug!(%attempt, error = %e, "result for an unhosted run unread"),
+            }
+        });
+    }
+}
+
 /// How a cluster layer hands the runtime what remote specialists say. Holds the node weakly: once the
 /// runtime is gone every call is a no-op.
 #[derive(Clone)]
@@ -148,6 +177,13 @@ impl RemoteInbox {
                 spent_micros: *spent_micros,
             }),
             _ => {}
+        }
+        if matches!(reply, SpecialistReply::Finished(_))
+            && node.coordinator(from.run).is_none()
+            && !node.frozen.load(std::sync::atomic::Ordering::Acquire)
+        {
+            node.answer_after_end(from);
+            return;
         }
         node.route(Envelope::Coordinator {
             run: from.run,

@@ -67,6 +67,7 @@ impl World {
             let Some(node) = &mut self.coord else { return };
             let Some(coordinator) = node.coordinators.get_mut(&run) else {
                 self.coord_effects = out;
+                self.answer_after_end(run, &input);
                 return;
             };
             self.checker.coordinator_input(self.event_no, run, &input);
@@ -76,6 +77,31 @@ impl World {
             self.coord_effect(Some(run), effect);
         }
         self.coord_effects = out;
+    }
+
+    /// A specialist's result for a run no coordinator here has: if the run ended (its end rode in
+    /// the commit of its last results, and a crash came before their acknowledgements), the host
+    /// answers from the store as the runtime does (`host::decide::answer_after_end`).
+    fn answer_after_end(&mut self, run: RunId, input: &CoordinatorInput) {
+        let CoordinatorInput::Msg(CoordinatorMsg::Specialist {
+            from,
+            reply: keel_actors::SpecialistReply::Finished(_),
+        }) = input
+        else {
+            return;
+        };
+        let scope = self.store.store().run(run);
+        let Ok(row) = scope.get() else { return };
+        let task = scope.task(from.task).ok();
+        if let Some(msg) = host::decide::answer_after_end(&row, task.as_ref(), *from) {
+            self.coord_effect(
+                Some(run),
+                Effect::Send(Envelope::Specialist {
+                    attempt: *from,
+                    msg,
+                }),
+            );
+        }
     }
 
     pub(super) fn deliver_sup(&mut self, input: SupervisorInput) {

@@ -244,6 +244,11 @@ fn ckpt_input_name(i: &CheckpointInput) -> String {
             let run = stages.first().map_or(0, |s| s.run.0);
             format!("stages {} {}", short(run), tickets.join(","))
         }
+        CheckpointInput::Msg(keel_actors::CheckpointMsg::Riding(stages)) => {
+            let tickets: Vec<String> = stages.iter().map(|s| format!("#{}", s.ticket)).collect();
+            let run = stages.first().map_or(0, |s| s.run.0);
+            format!("riding {} {}", short(run), tickets.join(","))
+        }
         CheckpointInput::Committed(id) => format!("committed {}", id.0),
         CheckpointInput::CommitFailed { id, .. } => format!("commit-failed {}", id.0),
         CheckpointInput::Timer(t) => format!("timer {t:?}"),

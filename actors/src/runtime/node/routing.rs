@@ -108,7 +108,9 @@ impl Node {
 fn from_coordinator(msg: &CheckpointMsg) -> bool {
     match msg {
         CheckpointMsg::Stage(stage) => stage.owner == StageOwner::Coordinator,
-        CheckpointMsg::Stages(stages) => stages.iter().any(|s| s.owner == StageOwner::Coordinator),
+        CheckpointMsg::Stages(stages) | CheckpointMsg::Riding(stages) => {
+            stages.iter().any(|s| s.owner == StageOwner::Coordinator)
+        }
     }
 }
 
