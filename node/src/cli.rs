@@ -310,6 +310,14 @@ pub(crate) enum Command {
         /// row.
         #[arg(long, value_name = "N")]
         hook_calls: Option<u32>,
+        /// Measure keel at scale instead: a home with this many stored runs, one run of
+        /// `--scale-fan-out` specialists, memory per in-flight run, a restart's recovery, and the
+        /// `keel runs` and `keel tree` commands on that home.
+        #[arg(long, value_name = "N", conflicts_with = "hook_calls")]
+        scale_runs: Option<u32>,
+        /// Specialists in the large run of `--scale-runs`.
+        #[arg(long, value_name = "N", default_value_t = 256)]
+        scale_fan_out: u32,
     },
 }
 

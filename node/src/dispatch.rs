@@ -218,10 +218,21 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failed> {
             ..
         } => failure(run::bench_hook::bench_hook(calls, cli.json))?,
         Command::Bench {
+            scale_runs: Some(stored),
+            scale_fan_out,
+            ..
+        } => failure(run::bench_scale::bench_scale(
+            stored,
+            scale_fan_out,
+            cli.json,
+        ))?,
+        Command::Bench {
             fan_out,
             runs,
             in_flight,
             hook_calls: None,
+            scale_runs: None,
+            ..
         } => failure(run::bench::bench(&fan_out, runs, in_flight, cli.json))?,
     }
     Ok(())

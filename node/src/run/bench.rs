@@ -30,7 +30,7 @@ const IN_FLIGHT_MAX: u32 = 64;
 /// A harness whose every session ends at once with a report of about 300 bytes.
 struct InstantHarness;
 
-fn report(task: &str) -> String {
+pub(super) fn report(task: &str) -> String {
     // The claim pads the report to about 300 bytes of JSON.
     format!(
         "{{\"subtask_id\":\"{task}\",\"status\":\"complete\",\"findings\":[{{\"claim\":\"the instant harness \
@@ -73,7 +73,7 @@ impl Harness for InstantHarness {
     }
 }
 
-fn plan(n: u32) -> Plan {
+pub(super) fn plan(n: u32) -> Plan {
     Plan {
         steps: (0..n)
             .map(|i| PlanStep {
@@ -91,7 +91,7 @@ fn plan(n: u32) -> Plan {
     }
 }
 
-fn config(work: &std::path::Path, n: u32, in_flight: u32) -> RuntimeConfig {
+pub(super) fn config(work: &std::path::Path, n: u32, in_flight: u32) -> RuntimeConfig {
     let mut c = RuntimeConfig::default();
     c.supervisor.agents = vec![AgentProfile {
         name: "instant".into(),

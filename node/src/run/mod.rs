@@ -10,6 +10,7 @@
 
 pub(crate) mod bench;
 pub(crate) mod bench_hook;
+pub(crate) mod bench_scale;
 pub(crate) mod control;
 pub(crate) mod demo;
 pub(crate) mod follow_up;
