@@ -48,7 +48,7 @@ impl Default for CheckpointConfig {
 #[derive(Debug)]
 struct InFlight {
     id: CommitId,
-    stages: Vec<Stage>,
+    stages: std::sync::Arc<[Stage]>,
     retries: u32,
     /// Waiting for the retry timer rather than for the host.
     waiting_retry: bool,
@@ -122,6 +122,23 @@ impl CheckpointWriter {
         out.push(Effect::Send(envelope));
     }
 
+    /// Answer a durable commit: each host stage by its ticket, each coordinator once, with the
+    /// newest of its stages in the commit (its stages commit in ticket order, so `Durable` for that
+    /// ticket covers every earlier one it sent: one message per run and commit, not per stage).
+    fn answer_durable(stages: &[Stage], out: &mut Vec<Effect>) {
+        let mut newest = std::collections::BTreeMap::new();
+        for (i, stage) in stages.iter().enumerate() {
+            if stage.owner == StageOwner::Coordinator {
+                newest.insert(stage.run, i);
+            }
+        }
+        for (i, stage) in stages.iter().enumerate() {
+            if stage.owner == StageOwner::Host || newest.get(&stage.run) == Some(&i) {
+                Self::answer(stage, Ok(()), out);
+            }
+        }
+    }
+
     /// Queue one stage for the next commit (`urgent`: it needs one; else it may ride), or refuse it
     /// (too many ops, queue full) with `PersistFailed`.
     fn enqueue(&mut self, stage: Stage, urgent: bool, out: &mut Vec<Effect>) {
@@ -186,9 +203,10 @@ impl CheckpointWriter {
         }
         let id = CommitId(self.next_commit);
         self.next_commit += 1;
+        let stages: std::sync::Arc<[Stage]> = stages.into();
         out.push(Effect::Persist(CommitBatch {
             id,
-            stages: stages.clone(),
+            stages: std::sync::Arc::clone(&stages),
         }));
         self.in_flight = Some(InFlight {
             id,
@@ -245,9 +263,7 @@ impl Machine for CheckpointWriter {
                     return; // a completion of a commit this writer no longer waits for
                 };
                 self.commits_count += 1;
-                for stage in &flight.stages {
-                    Self::answer(stage, Ok(()), out);
-                }
+                Self::answer_durable(&flight.stages, out);
                 self.flush(now, out);
             }
             CheckpointInput::CommitFailed { id, error } => {
@@ -269,7 +285,7 @@ impl Machine for CheckpointWriter {
                 }
                 if let Some(flight) = self.in_flight.take() {
                     let error = format!("commit failed after {} retries: {error}", flight.retries);
-                    for stage in &flight.stages {
+                    for stage in flight.stages.iter() {
                         let error = error.clone();
                         Self::answer(stage, Err(error), out);
                     }
@@ -293,7 +309,7 @@ impl Machine for CheckpointWriter {
             }
             CheckpointInput::Abandon { reason } => {
                 if let Some(flight) = self.in_flight.take() {
-                    for stage in &flight.stages {
+                    for stage in flight.stages.iter() {
                         Self::answer(stage, Err(reason.clone()), out);
                     }
                 }
@@ -320,7 +336,7 @@ impl Machine for CheckpointWriter {
                 flight.waiting_retry = false;
                 out.push(Effect::Persist(CommitBatch {
                     id: next,
-                    stages: flight.stages.clone(),
+                    stages: std::sync::Arc::clone(&flight.stages),
                 }));
             }
         }

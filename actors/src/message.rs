@@ -223,10 +223,11 @@ pub enum CoordinatorMsg {
         /// What it says.
         reply: SpecialistReply,
     },
-    /// A stage is durable.
+    /// A stage is durable, and with it every stage its coordinator sent before it.
     ///
     /// # Delivery
-    /// Local; the answer to [`CheckpointMsg::Stage`]; exactly once per ticket, in ticket order.
+    /// Local; the answer to [`CheckpointMsg::Stage`]: once per run and commit, naming the newest
+    /// ticket of the run in that commit (a run's stages commit in ticket order), in ticket order.
     Durable {
         /// The stage's ticket.
         ticket: u64,

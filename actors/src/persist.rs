@@ -141,8 +141,9 @@ pub struct CommitId(pub u64);
 pub struct CommitBatch {
     /// Identifies the commit.
     pub id: CommitId,
-    /// The stages, in the order they were received.
-    pub stages: Vec<Stage>,
+    /// The stages, in the order they were received; shared with the writer, which keeps them for a
+    /// retry and for the answers, so handing a batch to the host copies no ops.
+    pub stages: std::sync::Arc<[Stage]>,
 }
 
 impl CommitBatch {

@@ -290,7 +290,28 @@ impl RunState {
 }
 
 impl RunState {
+    /// `ticket` is durable, and with it every stage sent before it: the checkpoint writer answers
+    /// once per run and commit with the newest ticket, and a run's stages commit in ticket order.
+    /// A stage held back after a failure (not sent) is not covered; it is re-sent and answered.
     pub(super) fn on_durable(
+        &mut self,
+        ticket: u64,
+        now: Millis,
+        rng: &mut dyn Entropy,
+        out: &mut Vec<Effect>,
+    ) {
+        let durable: Vec<u64> = self
+            .pending
+            .range(..=ticket)
+            .filter(|(t, p)| p.sent || **t == ticket)
+            .map(|(t, _)| *t)
+            .collect();
+        for t in durable {
+            self.on_stage_durable(t, now, rng, out);
+        }
+    }
+
+    fn on_stage_durable(
         &mut self,
         ticket: u64,
         now: Millis,

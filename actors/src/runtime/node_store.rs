@@ -161,7 +161,8 @@ mod tests {
                 owner: StageOwner::Host,
                 ticket: 0,
                 ops: vec![PersistOp::CreateRun(run_row(id))],
-            }],
+            }]
+            .into(),
         }
     }
 

@@ -342,7 +342,7 @@ impl Checker {
                 }
             }
             Effect::Persist(batch) => {
-                for stage in &batch.stages {
+                for stage in batch.stages.iter() {
                     for op in &stage.ops {
                         if let keel_actors::PersistOp::CreateTask(t) = op {
                             self.observed.tasks_created.insert(t.id, (t.kind, t.parent));

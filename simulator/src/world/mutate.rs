@@ -35,14 +35,15 @@ impl World {
                 Effect::SpawnSpecialist(start)
             }
             (Mutation::WriteAnotherRunsRow, Effect::Persist(mut batch)) => {
-                if let Some(PersistOp::UpdateTask(task)) = batch
-                    .stages
+                let mut stages = batch.stages.to_vec();
+                if let Some(PersistOp::UpdateTask(task)) = stages
                     .iter_mut()
                     .flat_map(|s| s.ops.iter_mut())
                     .find(|op| matches!(op, PersistOp::UpdateTask(_)))
                 {
                     task.run_id = RunId(task.run_id.0 ^ 1);
                 }
+                batch.stages = stages.into();
                 Effect::Persist(batch)
             }
             (
@@ -64,12 +65,14 @@ impl World {
                 Effect::Persist(batch)
             }
             (Mutation::LoseTaskEnd, Effect::Persist(mut batch)) => {
-                for stage in &mut batch.stages {
+                let mut stages = batch.stages.to_vec();
+                for stage in &mut stages {
                     stage.ops.retain(|op| {
                         !matches!(op, PersistOp::UpdateTask(t)
                             if matches!(t.status, TaskStatus::Failed | TaskStatus::Cancelled | TaskStatus::Escalated))
                     });
                 }
+                batch.stages = stages.into();
                 Effect::Persist(batch)
             }
             (_, effect) => effect,

@@ -65,7 +65,8 @@ impl World {
                 owner: StageOwner::Host,
                 ticket: n,
                 ops: marks.ops,
-            }],
+            }]
+            .into(),
         };
         let effect = Effect::Persist(batch);
         self.checker
