@@ -1196,7 +1196,11 @@ fn a_batchs_results_ride_together_and_the_runs_end_rides_with_the_last() {
         &mut rng,
         &mut out,
     );
-    assert_eq!(urgent_stages(&out), Some(true), "the run's creation needs a commit");
+    assert_eq!(
+        urgent_stages(&out),
+        Some(true),
+        "the run's creation needs a commit"
+    );
     // Every stage answered durable and every admission granted; the admissions' records ride.
     settle(&mut c, out, &mut rng);
     let attempts = c.current_attempts();
@@ -1229,9 +1233,9 @@ fn a_batchs_results_ride_together_and_the_runs_end_rides_with_the_last() {
         // is staged right behind it, before either is durable.
         assert_eq!(urgent_stages(&out), Some(last), "result {i}");
         let ends = stages_in(&out).iter().any(|s| {
-            s.ops.iter().any(|op| {
-                matches!(op, PersistOp::UpdateRun(r) if r.status == RunStatus::Completed)
-            })
+            s.ops
+                .iter()
+                .any(|op| matches!(op, PersistOp::UpdateRun(r) if r.status == RunStatus::Completed))
         });
         assert_eq!(ends, last, "result {i}");
         assert!(
@@ -1285,6 +1289,9 @@ fn a_batchs_results_ride_together_and_the_runs_end_rides_with_the_last() {
             )
         })
         .unwrap();
-    assert!(last_ack < finished, "acknowledgements precede the run's end");
+    assert!(
+        last_ack < finished,
+        "acknowledgements precede the run's end"
+    );
     assert_eq!(c.status(), Some(RunStatus::Completed));
 }

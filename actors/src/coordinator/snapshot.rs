@@ -102,9 +102,8 @@ impl RunState {
     pub(super) fn checkpoint_row(&self, now: Millis) -> Checkpoint {
         // A step whose outcome is being committed counts as done: its stage has an earlier ticket,
         // so it is durable whenever this checkpoint is (the run's end rides with the last result).
-        let done = |s: &&super::step::Step| {
-            matches!(s.status, StepStatus::Done | StepStatus::Committing)
-        };
+        let done =
+            |s: &&super::step::Step| matches!(s.status, StepStatus::Done | StepStatus::Committing);
         let verified = self
             .steps
             .iter()

@@ -351,7 +351,11 @@ fn count(ops: &[PersistOp]) -> u32 {
 /// Why this exists: a run's end rides in the commit of its last results, so a crash after that
 /// commit and before the acknowledgements leaves an ended run (which no restart rebuilds) with
 /// durable results whose specialists still wait for their acknowledgement.
-pub fn answer_after_end(run: &Run, task: Option<&Task>, attempt: AttemptId) -> Option<SpecialistMsg> {
+pub fn answer_after_end(
+    run: &Run,
+    task: Option<&Task>,
+    attempt: AttemptId,
+) -> Option<SpecialistMsg> {
     if !run.status.is_terminal() {
         return None;
     }

@@ -130,7 +130,9 @@ impl Node {
             match answer {
                 Ok(Some(msg)) => node.route_remote(attempt, msg),
                 Ok(None) => tracing::debug!(%attempt, "result for a run not hosted here, dropped"),
-                Err(e) => tracing::debug!(%attempt, error = %e, "result for an unhosted run unread"),
+                Err(e) => {
+                    tracing::debug!(%attempt, error = %e, "result for an unhosted run unread")
+                }
             }
         });
     }

@@ -109,7 +109,10 @@ async fn wait_started(started: &AtomicU64, n: u64) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    Err(anyhow!("only {} of {n} sessions started", started.load(Ordering::Relaxed)))
+    Err(anyhow!(
+        "only {} of {n} sessions started",
+        started.load(Ordering::Relaxed)
+    ))
 }
 
 fn open_store(path: &Path) -> anyhow::Result<Arc<Store>> {
@@ -175,14 +178,18 @@ async fn measure(home: &Path, stored_runs: u32, fan_out: u32) -> anyhow::Result<
     let mut held = Vec::new();
     for _ in 0..HELD_RUNS {
         let h = rt
-            .submit("held".into(), RunMode::Plan(plan(HELD_FAN_OUT)), None, String::new())
+            .submit(
+                "held".into(),
+                RunMode::Plan(plan(HELD_FAN_OUT)),
+                None,
+                String::new(),
+            )
             .await?;
         held.push(tokio::spawn(h.finished()));
     }
     wait_started(&hosted.started, base + u64::from(HELD_RUNS * HELD_FAN_OUT)).await?;
     #[allow(clippy::cast_precision_loss)] // Byte counts far below 2^52.
-    let held_run_bytes =
-        resident_bytes().saturating_sub(before) as f64 / f64::from(HELD_RUNS);
+    let held_run_bytes = resident_bytes().saturating_sub(before) as f64 / f64::from(HELD_RUNS);
     hosted.gate.send_replace(true);
     for h in held {
         completed(h.await??.status)?;
@@ -193,7 +200,12 @@ async fn measure(home: &Path, stored_runs: u32, fan_out: u32) -> anyhow::Result<
     let before = resident_bytes();
     let base = hosted.started.load(Ordering::Relaxed);
     let h = rt
-        .submit("held".into(), RunMode::Plan(plan(fan_out)), None, String::new())
+        .submit(
+            "held".into(),
+            RunMode::Plan(plan(fan_out)),
+            None,
+            String::new(),
+        )
         .await?;
     wait_started(&hosted.started, base + u64::from(fan_out)).await?;
     #[allow(clippy::cast_precision_loss)] // Byte counts far below 2^52.
@@ -206,7 +218,12 @@ async fn measure(home: &Path, stored_runs: u32, fan_out: u32) -> anyhow::Result<
     let mut handles = Vec::new();
     for _ in 0..stored_runs {
         let h = rt
-            .submit("stored".into(), RunMode::Plan(plan(STORED_FAN_OUT)), None, String::new())
+            .submit(
+                "stored".into(),
+                RunMode::Plan(plan(STORED_FAN_OUT)),
+                None,
+                String::new(),
+            )
             .await?;
         handles.push(tokio::spawn(h.finished()));
         if handles.len() >= 64 {
@@ -223,7 +240,12 @@ async fn measure(home: &Path, stored_runs: u32, fan_out: u32) -> anyhow::Result<
     // One large run, timed from submission to its end.
     let t = now();
     let h = rt
-        .submit("large".into(), RunMode::Plan(plan(fan_out)), None, String::new())
+        .submit(
+            "large".into(),
+            RunMode::Plan(plan(fan_out)),
+            None,
+            String::new(),
+        )
         .await?;
     completed(h.finished().await?.status)?;
     let large_run_ms = ms(t.elapsed());
@@ -232,7 +254,12 @@ async fn measure(home: &Path, stored_runs: u32, fan_out: u32) -> anyhow::Result<
     hosted.gate.send_replace(false);
     let base = hosted.started.load(Ordering::Relaxed);
     let h = rt
-        .submit("paused".into(), RunMode::Plan(plan(fan_out)), None, String::new())
+        .submit(
+            "paused".into(),
+            RunMode::Plan(plan(fan_out)),
+            None,
+            String::new(),
+        )
         .await?;
     let paused = h.id();
     wait_started(&hosted.started, base + u64::from(fan_out)).await?;
@@ -249,7 +276,10 @@ async fn measure(home: &Path, stored_runs: u32, fan_out: u32) -> anyhow::Result<
     let open = keel_actors::host::store::recover_open_runs(&store)?;
     let recover_open_runs_ms = ms(t.elapsed());
     if open.len() != 1 || open[0].run.id != paused {
-        return Err(anyhow!("expected the paused run alone open, found {}", open.len()));
+        return Err(anyhow!(
+            "expected the paused run alone open, found {}",
+            open.len()
+        ));
     }
     drop(open);
     let hosted = host(Arc::clone(&store), home, fan_out).await?;
@@ -314,7 +344,10 @@ fn completed(status: RunStatus) -> anyhow::Result<()> {
 /// `keel bench --scale-runs N [--scale-fan-out M]`: print what keel costs with N stored runs and a
 /// run of M specialists.
 pub(crate) fn bench_scale(stored_runs: u32, fan_out: u32, json: bool) -> anyhow::Result<()> {
-    if stored_runs == 0 || stored_runs > SCALE_RUNS_MAX || fan_out == 0 || fan_out > SCALE_FAN_OUT_MAX
+    if stored_runs == 0
+        || stored_runs > SCALE_RUNS_MAX
+        || fan_out == 0
+        || fan_out > SCALE_FAN_OUT_MAX
     {
         return Err(anyhow!(
             "scale runs must be 1..={SCALE_RUNS_MAX} and the fan-out 1..={SCALE_FAN_OUT_MAX}"
@@ -343,7 +376,11 @@ pub(crate) fn bench_scale(stored_runs: u32, fan_out: u32, json: bool) -> anyhow:
             mib(b)
         }
     )?;
-    outln!("one run of {} specialists: {:.1} ms", s.fan_out, s.large_run_ms)?;
+    outln!(
+        "one run of {} specialists: {:.1} ms",
+        s.fan_out,
+        s.large_run_ms
+    )?;
     outln!(
         "memory per in-flight run: {:.2} MiB ({HELD_FAN_OUT} specialists, sessions started), {:.1} MiB for the run of {}",
         mib(s.held_run_bytes),

@@ -186,7 +186,8 @@ impl World {
                 owner: StageOwner::Host,
                 ticket: n,
                 ops,
-            }],
+            }]
+            .into(),
         });
         self.checker
             .coord_effect(self.event_no, self.now, Some(run), &effect, None);

@@ -54,7 +54,8 @@ impl World {
                 Effect::Send(Envelope::Supervisor(SupervisorMsg::OpenRun { run, budget }))
             }
             (Mutation::LoseReportedFindings, Effect::Persist(mut batch)) => {
-                for op in batch.stages.iter_mut().flat_map(|s| s.ops.iter_mut()) {
+                let mut stages = batch.stages.to_vec();
+                for op in stages.iter_mut().flat_map(|s| s.ops.iter_mut()) {
                     if let PersistOp::UpdateTask(task) = op {
                         task.attachments.retain(|a| {
                             !a.name
@@ -62,6 +63,7 @@ impl World {
                         });
                     }
                 }
+                batch.stages = stages.into();
                 Effect::Persist(batch)
             }
             (Mutation::LoseTaskEnd, Effect::Persist(mut batch)) => {
