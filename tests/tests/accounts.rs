@@ -253,8 +253,11 @@ fn a_restart_after_the_switch_stays_on_the_new_account() {
     assert_eq!(task["status"], "Complete", "{task}");
     let accounts = fx.accounts_of(task["id"].as_str().unwrap());
     assert_eq!(accounts.first().map(String::as_str), Some("team-a"));
+    // Log rows ride with the next commit (at most 20 ms later, docs/DESIGN.md §4), so the killed
+    // attempt's "session started on account team-b" row may be lost with the process: the resumed
+    // attempt's row is always there.
     assert!(
-        accounts.len() >= 3 && accounts[1..].iter().all(|a| a == "team-b"),
+        accounts.len() >= 2 && accounts[1..].iter().all(|a| a == "team-b"),
         "{accounts:?}"
     );
 }
