@@ -312,6 +312,27 @@ impl Membership {
         before != self.waiting.len()
     }
 
+    /// The earliest time at which [`Membership::tick`] has something to do (a lease, an
+    /// unacknowledged spawn or a waiting attempt runs out), if anything can run out: a host that
+    /// keeps time itself (the simulator) ticks exactly then instead of on a fixed period.
+    pub fn next_deadline(&self) -> Option<Millis> {
+        let leases = self
+            .workers
+            .values()
+            .filter(|w| !w.lost)
+            .map(|w| w.lease_until);
+        let acks = self
+            .placed
+            .values()
+            .filter(|p| !p.acked)
+            .map(|p| p.sent_at.saturating_add(self.config.spawn_ack_ms));
+        let waiting = self
+            .waiting
+            .front()
+            .map(|(since, _)| since.saturating_add(self.config.placement_wait_ms));
+        leases.chain(acks).chain(waiting).min()
+    }
+
     /// Time passed: expire leases, unacknowledged spawns and attempts that waited too long.
     pub fn tick(&mut self, now: Millis, out: &mut Vec<Action>) {
         let expired: Vec<NodeName> = self

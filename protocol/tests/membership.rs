@@ -195,3 +195,26 @@ fn a_cancel_for_a_waiting_attempt_withdraws_it() {
     m.heartbeat(&n("a"), status(1, &[API], 8), 10, &mut out);
     assert!(spawned_on(&out).is_empty());
 }
+
+#[test]
+fn the_next_deadline_is_the_first_lease_ack_or_wait_to_run_out() {
+    let mut m = Membership::new(config());
+    let mut out = Vec::new();
+    assert_eq!(m.next_deadline(), None);
+    m.heartbeat(&n("a"), status(1, &[API], 1), 100, &mut out);
+    assert_eq!(m.next_deadline(), Some(1_100), "a's lease");
+    m.place(start(attempt(1, 1), API, "x"), 200, &mut out);
+    assert_eq!(m.next_deadline(), Some(700), "the spawn's acknowledgement");
+    m.place(start(attempt(2, 1), API, "x"), 300, &mut out);
+    assert_eq!(m.spawned(&n("a"), attempt(1, 1)), Some(200));
+    assert_eq!(
+        m.next_deadline(),
+        Some(1_100),
+        "a's lease again: 2 waits until 3,300"
+    );
+    // Ticking at the deadline takes the worker down: then only the waiting attempt can run out.
+    out.clear();
+    m.tick(1_100, &mut out);
+    assert_eq!(downs(&out), vec![1]);
+    assert_eq!(m.next_deadline(), Some(3_300));
+}

@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 
+use keel_protocol::MembershipConfig;
+
 use keel_actors::{
     CheckpointConfig, CoordinatorConfig, RunSpec, SpecialistConfig, SupervisorConfig,
 };
@@ -138,8 +140,13 @@ pub struct WorldConfig {
     pub restart_after_ms: u64,
     /// How long a specialist's context load may take before the host fails it.
     pub context_timeout_ms: u64,
-    /// How long the coordinator node takes to notice that a worker went away.
-    pub down_detect_ms: u64,
+    /// The coordinator node's rules for its workers (keel-protocol's `Membership`, as `keel node`
+    /// runs it): leases, spawn acknowledgements, how long an attempt waits for a worker.
+    pub membership: MembershipConfig,
+    /// How often a worker sends its heartbeat (well under the lease, as `keel node` does).
+    pub heartbeat_ms: u64,
+    /// Most specialists one worker hosts at once (it advertises this in its heartbeat).
+    pub worker_capacity: u32,
     /// The coordinators' limits.
     pub coordinator: CoordinatorConfig,
     /// The supervisor's limits (its agent list is replaced by [`crate::setup::agents`]).
@@ -187,7 +194,14 @@ impl WorldConfig {
             stop_when_terminal: true,
             restart_after_ms: 1_000,
             context_timeout_ms: 5_000,
-            down_detect_ms: 1_000,
+            membership: MembershipConfig {
+                lease_ms: 3_000,
+                spawn_ack_ms: 3_000,
+                placement_wait_ms: 30_000,
+                ..MembershipConfig::default()
+            },
+            heartbeat_ms: 1_000,
+            worker_capacity: 8,
             coordinator: CoordinatorConfig::default(),
             supervisor,
             // As the runtime hosts sessions of harnesses with an MCP client: their tool calls

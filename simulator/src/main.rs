@@ -129,6 +129,17 @@ fn soak_run(from: u64, count: u64) -> ExitCode {
         summary.frame_bytes as f64 / summary.frames_sent.max(1) as f64,
         summary.frames_refused
     );
+    let c = &summary.cluster;
+    println!(
+        "cluster: {} heartbeats, {} leases expired, {} joins, {} attempts down, {} spawns acknowledged, {} refused, {} stale attempts cancelled",
+        c.heartbeats,
+        c.leases_expired,
+        c.joined,
+        c.attempts_down,
+        c.spawns_acknowledged,
+        c.spawns_refused,
+        c.stale_cancelled
+    );
     let calls: Vec<String> = summary
         .tool_calls
         .iter()

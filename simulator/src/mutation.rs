@@ -90,6 +90,12 @@ pub enum Mutation {
     AnnounceFollowUpBeforeDurable,
     /// Invariant 18: the network cuts the last byte off every frame it carries between nodes.
     TruncateFrame,
+    /// Invariant 19 (issue 12): the workers advertise every harness in their heartbeats, installed
+    /// or not, so the coordinator node's membership places attempts on workers that cannot run them.
+    AdvertiseAllHarnesses,
+    /// Invariant 20 (issue 12): the coordinator node never ticks its membership, so a crashed
+    /// worker's lease never expires and its attempts are never reported down.
+    NeverExpireLeases,
     /// Invariant 1 (issue 11): the host's commits drop the findings a task row carries, so a
     /// session told its `report_findings` call is recorded finds them gone.
     LoseReportedFindings,

@@ -45,6 +45,24 @@ pub fn agents() -> Vec<AgentProfile> {
     ]
 }
 
+/// The harnesses worker `node` (1-based) has installed, which it advertises in its heartbeats:
+/// worker 1 has the four CLIs of [`agents`], every later worker lacks one of them in turn (worker 2
+/// no Claude Code, worker 3 no Codex, ...), so placement by capability matters and, with three
+/// workers or more, every harness is on two of them.
+pub fn worker_harnesses(node: u8) -> Vec<keel_harness::HarnessKind> {
+    use keel_harness::HarnessKind;
+    const CLIS: [HarnessKind; 4] = [
+        HarnessKind::ClaudeCode,
+        HarnessKind::Codex,
+        HarnessKind::Opencode,
+        HarnessKind::Pi,
+    ];
+    let lacks = usize::from(node)
+        .checked_sub(2)
+        .map(|i| CLIS[i % CLIS.len()]);
+    CLIS.into_iter().filter(|h| Some(*h) != lacks).collect()
+}
+
 /// The model an agent's profile names (what every session of that agent must use).
 pub fn model_of(agent: &str) -> Option<String> {
     agents()

@@ -43,6 +43,8 @@ pub struct SoakSummary {
     pub escalations_answered: u64,
     /// What the hooks of gated tool calls answered, by kind (issue 13).
     pub hook_outcomes: std::collections::BTreeMap<&'static str, u64>,
+    /// What the cluster's membership did (heartbeats, leases, placements), summed.
+    pub cluster: crate::world::ClusterCounts,
     /// Tool calls keel's policy gated.
     pub gated_calls: u64,
     /// Of those, the calls whose tool ran (the others were denied).
@@ -59,6 +61,14 @@ impl SoakSummary {
         self.frames_sent += report.frames.sent;
         self.frame_bytes += report.frames.bytes;
         self.frames_refused += report.frames.refused;
+        let (c, r) = (&mut self.cluster, &report.cluster);
+        c.heartbeats += r.heartbeats;
+        c.leases_expired += r.leases_expired;
+        c.joined += r.joined;
+        c.attempts_down += r.attempts_down;
+        c.spawns_acknowledged += r.spawns_acknowledged;
+        c.spawns_refused += r.spawns_refused;
+        c.stale_cancelled += r.stale_cancelled;
         for (tool, n) in &report.observed.tool_calls {
             *self.tool_calls.entry(tool).or_default() += n;
         }

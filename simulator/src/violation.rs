@@ -46,6 +46,12 @@ pub enum Invariant {
     /// 18. Every message between nodes crosses as a frame of the wire protocol and arrives as it was
     ///     sent: it encodes, and it decodes at its receiver (a frame of another version is refused).
     WireCarries,
+    /// 19. Placement fits: a spawn goes only to a worker that has the attempt's harness installed
+    ///     and room for it (issue 12: keel-protocol's `Membership` places by capability and load).
+    PlacementFits,
+    /// 20. A lost worker's work is re-placed: every attempt a crashed worker hosted is down at the
+    ///     supervisor within the lease plus the network's longest delay (issue 12: leases expire).
+    LostWorkReplaced,
     /// The world itself broke a bound (agenda full, event budget spent): a runaway, reported as such.
     WorldBound,
 }
@@ -72,6 +78,8 @@ impl Invariant {
             Self::CancelKeepsOutcome => 16,
             Self::RetriesCountFailures => 17,
             Self::WireCarries => 18,
+            Self::PlacementFits => 19,
+            Self::LostWorkReplaced => 20,
             Self::WorldBound => 0,
         }
     }

@@ -602,3 +602,46 @@ fn invariant_12_a_mandatory_hooks_error_taken_as_allow_is_caught() {
         "although mandatory hook guard failed or timed out",
     );
 }
+
+#[test]
+fn invariant_19_a_placement_on_a_worker_without_the_harness_is_caught() {
+    // Four Claude Code steps at once: worker 2 has no Claude Code. Its heartbeats in the mutant
+    // claim every harness, so the membership, spreading by load, places one there.
+    let steps = ["a", "b", "c", "d"]
+        .iter()
+        .map(|k| step(k, &[], Some("claude-a"), 1_000))
+        .collect();
+    let config = WorldConfig::calm(119, vec![run_spec(rid(1), "placed", plan(steps), None)]);
+    caught(
+        config,
+        Mutation::AdvertiseAllHarnesses,
+        Invariant::PlacementFits,
+        "which it does not have",
+    );
+}
+
+#[test]
+fn invariant_20_a_lost_workers_attempt_never_reported_down_is_caught() {
+    // Step "a"'s first session hangs; every worker crashes at 2 s for 20 s. The leases expire at
+    // about 5 s and the supervisor restarts "a" once a worker is back; the mutant never ticks its
+    // membership, so the crashed worker's attempt stays live at the supervisor past the bound.
+    let mut config = steps_world(120, &["a"], HarnessBehaviour::Success);
+    config
+        .harness_script
+        .insert(("a".into(), 1), HarnessBehaviour::Hang);
+    for node in 1..=config.workers {
+        config.interventions.push((
+            2_000,
+            Intervention::Crash {
+                node: keel_sim::net::NodeId(node),
+                down_ms: 20_000,
+            },
+        ));
+    }
+    caught(
+        config,
+        Mutation::NeverExpireLeases,
+        Invariant::LostWorkReplaced,
+        "past the lease bound",
+    );
+}

@@ -5,6 +5,7 @@
 //! Checks are made at the moment a rule could break (an effect about to run), plus after every event
 //! (limits) and at the end (liveness). The first violation stops the run.
 
+mod cluster;
 mod hooks;
 mod observed;
 mod operator;
@@ -12,6 +13,7 @@ mod run_state;
 mod session_tools;
 mod tool_pairing;
 
+pub use cluster::PlacementSeen;
 pub use observed::{DelegationAnswer, Observed, SessionObs, SpawnObs};
 pub use run_state::RETRY_BUDGET_SPENT;
 use run_state::RunStateChecks;
@@ -75,6 +77,8 @@ pub struct Checker {
     tools: session_tools::ToolCalls,
     /// The hooks that ran for the sessions' tool calls (issue 13, invariant 12).
     hooks: hooks::HookCalls,
+    /// Placement and leases between the nodes (issue 12, invariants 19 and 20).
+    cluster: cluster::ClusterChecks,
 }
 
 /// The window over which the spawn rate is checked: a GCRA bucket admits at most its burst plus one
@@ -108,6 +112,7 @@ impl Checker {
             run_state: RunStateChecks::new(config.coordinator.attempts_per_step_max),
             tools: session_tools::ToolCalls::default(),
             hooks: hooks::HookCalls::default(),
+            cluster: cluster::ClusterChecks::default(),
         }
     }
 
@@ -261,7 +266,8 @@ impl Checker {
     }
 
     /// Limits that must hold after every event (docs/DESIGN.md §12, invariant 8).
-    pub fn after_event(&mut self, event: u64, supervisor: &Supervisor) {
+    pub fn after_event(&mut self, event: u64, now: SimMillis, supervisor: &Supervisor) {
+        self.lost_attempts_down(event, now, supervisor);
         let live = supervisor.live_count();
         if live > self.specialists_max as usize {
             self.fail(

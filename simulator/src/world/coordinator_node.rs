@@ -17,7 +17,7 @@ use crate::net::NodeId;
 use super::World;
 use super::event::Ev;
 use super::frames::Frame;
-use keel_protocol::ToWorker;
+use keel_protocol::{Membership, ToWorker};
 
 /// The coordinator node's machines: everything here is lost in a crash; the store is not.
 #[derive(Debug)]
@@ -25,8 +25,11 @@ pub(super) struct CoordinatorNode {
     pub(super) coordinators: BTreeMap<RunId, Coordinator>,
     pub(super) supervisor: Supervisor,
     pub(super) checkpoint: CheckpointWriter,
-    /// Where each attempt was placed (host memory, lost in a crash like everything else).
-    pub(super) placement: BTreeMap<AttemptId, NodeId>,
+    /// The workers and where each attempt is placed: keel-protocol's membership, as the cluster
+    /// endpoint of `keel node` keeps it (host memory, lost in a crash like everything else).
+    pub(super) membership: Membership,
+    /// When the membership's next tick is on the agenda.
+    pub(super) tick_at: Option<crate::queue::SimMillis>,
 }
 
 impl World {
@@ -47,7 +50,8 @@ impl World {
             coordinators: BTreeMap::new(),
             supervisor: Supervisor::new(sup),
             checkpoint: CheckpointWriter::new(self.config.checkpoint.clone()),
-            placement: BTreeMap::new(),
+            membership: Membership::new(self.config.membership.clone()),
+            tick_at: None,
         }
     }
 
@@ -231,23 +235,7 @@ impl World {
                     },
                 );
             }
-            Effect::SpawnSpecialist(start) => {
-                let node = self.pick_worker();
-                if let Some(c) = &mut self.coord {
-                    c.placement.insert(start.attempt, node);
-                }
-                // The coordinator node addresses the worker's current incarnation (a cluster node
-                // event tells it of a crash at once).
-                let inc = self.workers[usize::from(node.0) - 1].inc;
-                self.send_frame(
-                    NodeId::COORDINATOR,
-                    node,
-                    Frame::ToWorker(ToWorker::Spawn {
-                        incarnation: inc.into(),
-                        start: Box::new(start),
-                    }),
-                );
-            }
+            Effect::SpawnSpecialist(start) => self.place(start),
             Effect::StopSpecialist { attempt, reason } => {
                 self.send_to_specialist(attempt, SpecialistMsg::Cancel { reason });
             }
@@ -315,34 +303,6 @@ impl World {
                 Err(e.to_string())
             }
         }
-    }
-
-    pub(super) fn pick_worker(&mut self) -> NodeId {
-        // Round robin, skipping workers the host knows are down; the host learns of a crash at once
-        // (a cluster node event), but a spawn may still race one.
-        let n = self.workers.len();
-        for _ in 0..n {
-            self.spawn_cursor = (self.spawn_cursor + 1) % n;
-            if self.workers[self.spawn_cursor].up {
-                break;
-            }
-        }
-        NodeId(u8::try_from(self.spawn_cursor + 1).unwrap_or(1))
-    }
-
-    pub(super) fn send_to_specialist(&mut self, attempt: AttemptId, msg: SpecialistMsg) {
-        let Some(node) = self
-            .coord
-            .as_ref()
-            .and_then(|c| c.placement.get(&attempt).copied())
-        else {
-            return;
-        };
-        self.send_frame(
-            NodeId::COORDINATOR,
-            node,
-            Frame::ToWorker(ToWorker::Specialist { attempt, msg }),
-        );
     }
 
     pub(super) fn context_request(

@@ -52,6 +52,10 @@ pub(super) enum Ev {
         attempt: AttemptId,
         session: u64,
     },
+    /// A worker's heartbeat is due (valid for the incarnation that scheduled it).
+    Heartbeat { node: NodeId, inc: u32 },
+    /// The coordinator node's membership has a deadline (valid for the node's incarnation).
+    MembershipTick { inc: u32 },
     /// Roll for partitions, crashes and disk faults.
     FaultTick,
     /// A scripted intervention of the scenario.
@@ -111,6 +115,8 @@ impl Ev {
             Ev::HarnessNext { node, attempt, .. } => {
                 write!(s, "harness {node} {}", attempt_short(attempt))
             }
+            Ev::Heartbeat { node, .. } => write!(s, "heartbeat {node}"),
+            Ev::MembershipTick { .. } => write!(s, "membership-tick"),
             Ev::FaultTick => write!(s, "fault-tick"),
             Ev::Intervene(i) => write!(s, "intervene {i:?}"),
             Ev::Operator(i) => write!(s, "operator {i:?}"),

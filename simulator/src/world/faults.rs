@@ -2,7 +2,7 @@
 //! starts the liveness phase.
 
 use keel_actors::host;
-use keel_actors::{AttemptId, CoordinatorInput, SupervisorInput, SupervisorMsg};
+use keel_actors::{AttemptId, CoordinatorInput};
 use keel_store::RunId;
 
 use crate::config::DiskFault;
@@ -82,30 +82,14 @@ impl World {
             w.inc += 1;
             w.hosted_ever.clear();
             let lost: Vec<AttemptId> = std::mem::take(&mut w.specialists).into_keys().collect();
-            // The coordinator node sees the worker's session drop (a cluster node event) and reports
-            // each of its specialists down to the supervisor.
-            if self.coord.is_some() {
-                let at = self.now + self.config.down_detect_ms;
-                for attempt in lost {
-                    let placed_here = self
-                        .coord
-                        .as_ref()
-                        .is_some_and(|c| c.placement.get(&attempt) == Some(&node));
-                    if placed_here {
-                        let msg = SupervisorMsg::SpecialistDown {
-                            attempt,
-                            reason: format!("worker {node} went down"),
-                        };
-                        self.schedule(
-                            at,
-                            Ev::Sup {
-                                input: SupervisorInput::Msg(msg),
-                                inc: Some(self.coord_inc),
-                            },
-                        );
-                    }
-                }
-            }
+            // Nothing tells the coordinator node: its membership stops hearing the worker's
+            // heartbeats, and the lease expires (invariant 20 bounds when).
+            let latency_max = self
+                .profile_sampled
+                .latency_ms_max
+                .max(self.profile.latency_ms_max);
+            let deadline = self.now + self.config.membership.lease_ms + latency_max;
+            self.checker.worker_crashed(node, lost, deadline);
         }
         self.schedule(self.now + down_ms, Ev::Restart(node));
     }
@@ -145,6 +129,9 @@ impl World {
         } else {
             let w = &mut self.workers[usize::from(node.0) - 1];
             w.up = true;
+            // A new incarnation announces itself at once.
+            let inc = w.inc;
+            self.heartbeat(node, inc);
         }
     }
 

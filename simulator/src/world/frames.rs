@@ -6,9 +6,9 @@
 //! another protocol version are drawn too (`version_skew_ppm`): the receiver refuses them, as
 //! `keel node` does with a logged error, and they change nothing.
 //!
-//! What the simulated cluster does not use of the protocol: heartbeats and leases (a node's crash is
-//! an event the coordinator node learns at once), spawn acknowledgements, lifecycle, usage and exit
-//! messages. Placement is round robin over live workers, not keel-protocol's `Membership`.
+//! Heartbeats, spawn acknowledgements and exits go to the coordinator node's membership
+//! (`cluster.rs`). What the simulated workers do not send: lifecycle and usage messages (the
+//! machines' emits are not modelled as messages).
 
 use keel_actors::{AttemptId, CoordinatorInput, CoordinatorMsg, SpecialistInput};
 use keel_protocol::wire::{self, Envelope, PROTOCOL_VERSION, WireError};
@@ -39,6 +39,10 @@ impl Frame {
             Self::ToWorker(ToWorker::ContextRows { .. }) => "context-rows",
             Self::ToCoordinator(ToCoordinator::Reply { .. }) => "reply",
             Self::ToCoordinator(ToCoordinator::LoadContext { .. }) => "load-context",
+            Self::ToCoordinator(ToCoordinator::Heartbeat(_)) => "heartbeat",
+            Self::ToCoordinator(ToCoordinator::Spawned { .. }) => "spawned",
+            Self::ToCoordinator(ToCoordinator::SpawnRefused { .. }) => "spawn-refused",
+            Self::ToCoordinator(ToCoordinator::Exited { .. }) => "exited",
             Self::ToCoordinator(_) => "worker-status",
         }
     }
@@ -50,7 +54,12 @@ impl Frame {
             Self::ToWorker(
                 ToWorker::Specialist { attempt, .. } | ToWorker::ContextRows { attempt, .. },
             )
-            | Self::ToCoordinator(ToCoordinator::LoadContext { attempt, .. }) => Some(*attempt),
+            | Self::ToCoordinator(
+                ToCoordinator::LoadContext { attempt, .. }
+                | ToCoordinator::Spawned { attempt }
+                | ToCoordinator::SpawnRefused { attempt, .. }
+                | ToCoordinator::Exited { attempt, .. },
+            ) => Some(*attempt),
             Self::ToCoordinator(ToCoordinator::Reply { from, .. }) => Some(*from),
             Self::ToCoordinator(_) => None,
         }
@@ -103,7 +112,13 @@ impl Wire {
         })
     }
 
-    fn node_of(&self, name: &NodeName) -> Option<NodeId> {
+    /// Node `node`'s name.
+    pub(super) fn name(&self, node: NodeId) -> Option<&NodeName> {
+        self.names.get(usize::from(node.0))
+    }
+
+    /// The node named `name`.
+    pub(super) fn node_of(&self, name: &NodeName) -> Option<NodeId> {
         let i = self.names.iter().position(|n| n == name)?;
         Some(NodeId(u8::try_from(i).ok()?))
     }
@@ -236,13 +251,7 @@ impl World {
             ToCoordinator::LoadContext { attempt, request } => {
                 self.context_request(from, attempt, request);
             }
-            // Not sent by the simulated workers (module docs).
-            ToCoordinator::Heartbeat(_)
-            | ToCoordinator::Spawned { .. }
-            | ToCoordinator::SpawnRefused { .. }
-            | ToCoordinator::Lifecycle(_)
-            | ToCoordinator::Usage { .. }
-            | ToCoordinator::Exited { .. } => {}
+            other => self.cluster_frame(from, other),
         }
     }
 
@@ -254,10 +263,7 @@ impl World {
             return;
         }
         match msg {
-            ToWorker::Spawn { incarnation, start } => match u32::try_from(incarnation) {
-                Ok(inc) => self.spawn_arrives(node, *start, inc),
-                Err(_) => self.stale_spawns_refused += 1,
-            },
+            ToWorker::Spawn { incarnation, start } => self.spawn_arrives(node, *start, incarnation),
             ToWorker::Specialist { attempt, msg } => {
                 self.deliver_spec(node, attempt, SpecialistInput::Msg(msg));
             }

@@ -10,6 +10,7 @@
 //! Every effect a machine emits is executed here, and every one passes the [`crate::check::Checker`]
 //! first, so an invariant is checked at the moment it could break.
 
+mod cluster;
 mod coordinator_node;
 mod event;
 mod faults;
@@ -36,6 +37,7 @@ use crate::sim_store::SimStore;
 use crate::trace::Trace;
 use crate::violation::{Invariant, Violation};
 
+pub use cluster::ClusterCounts;
 use coordinator_node::CoordinatorNode;
 use event::Ev;
 pub use frames::FrameCounts;
@@ -94,6 +96,8 @@ pub struct RunReport {
     pub lead_runs: std::collections::BTreeSet<RunId>,
     /// What crossed the network as frames of the wire protocol.
     pub frames: FrameCounts,
+    /// What the cluster's membership did (heartbeats, leases, placements).
+    pub cluster: ClusterCounts,
 }
 
 /// The simulated world of one seed.
@@ -120,7 +124,8 @@ pub struct World {
     commits: u64,
     healed: bool,
     disk_fault_armed: Option<crate::config::DiskFault>,
-    spawn_cursor: usize,
+    /// What the cluster's membership did.
+    cluster: ClusterCounts,
     stale_spawns_refused: u64,
     coord_effects: Vec<Effect>,
     spec_effects: Vec<SpecialistEffect>,
@@ -193,6 +198,7 @@ impl World {
                     stale_spawns_refused: 0,
                     lead_runs: std::collections::BTreeSet::new(),
                     frames: FrameCounts::default(),
+                    cluster: ClusterCounts::default(),
                 }));
             }
         };
@@ -233,7 +239,7 @@ impl World {
             commits: 0,
             healed: false,
             disk_fault_armed: None,
-            spawn_cursor: 0,
+            cluster: ClusterCounts::default(),
             stale_spawns_refused: 0,
             coord_effects: Vec::new(),
             spec_effects: Vec::new(),
@@ -250,6 +256,15 @@ impl World {
             world.policy = hooks::sim_policy().ok();
         }
         world.coord = Some(world.fresh_coordinator_node());
+        for i in 1..=world.config.workers {
+            world.schedule(
+                0,
+                Ev::Heartbeat {
+                    node: NodeId(i),
+                    inc: 0,
+                },
+            );
+        }
         let submit_at =
             if world.config.mutation == Some(crate::mutation::Mutation::LeakProcessState) {
                 crate::mutation::leaked_world_count()
@@ -381,7 +396,8 @@ impl World {
             self.step(ev);
             self.announce_durable_follow_ups();
             if let Some(coord) = &self.coord {
-                self.checker.after_event(self.event_no, &coord.supervisor);
+                self.checker
+                    .after_event(self.event_no, self.now, &coord.supervisor);
             }
             if self.checker.violation().is_some() {
                 break;
@@ -426,6 +442,7 @@ impl World {
                 .map(|r| r.run)
                 .collect(),
             frames: self.wire.counts(),
+            cluster: self.cluster,
         }
     }
 
@@ -544,6 +561,8 @@ impl World {
                 attempt,
                 session,
             } => self.harness_next(node, inc, attempt, session),
+            Ev::Heartbeat { node, inc } => self.heartbeat(node, inc),
+            Ev::MembershipTick { inc } => self.membership_tick(inc),
             Ev::FaultTick => self.fault_tick(),
             Ev::Intervene(i) => self.intervene(i),
             Ev::Operator(i) => {

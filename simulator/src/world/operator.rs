@@ -94,7 +94,7 @@ impl World {
     pub(super) fn pause(&mut self, down_ms: u64) {
         let Some(node) = &self.coord else { return };
         let runs: Vec<RunId> = node.coordinators.keys().copied().collect();
-        let placed: Vec<_> = node.placement.keys().copied().collect();
+        let placed: Vec<_> = node.supervisor.live_attempts().collect();
         for attempt in placed {
             self.send_to_specialist(
                 attempt,

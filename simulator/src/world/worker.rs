@@ -70,23 +70,9 @@ pub const LEAD_CALLS_MAX: u64 = 4;
 pub const HOSTED_REMEMBERED_MAX: usize = 100_000;
 
 impl World {
-    pub(super) fn spawn_arrives(&mut self, node: NodeId, start: SpecialistStart, inc: u32) {
+    /// Worker `node` hosts `start` (its spawn was accepted: `cluster.rs`).
+    pub(super) fn host_specialist(&mut self, node: NodeId, start: SpecialistStart) {
         let w = &mut self.workers[usize::from(node.0) - 1];
-        if w.up && inc != w.inc {
-            // Addressed to an earlier incarnation of this worker: a late copy of a spawn the worker
-            // may have hosted before it crashed (its memory of that is gone, the session may have
-            // run). Refused: the supervisor's deadline or down-detection already took the attempt
-            // over, and the coordinator runs the step again as a new attempt with a new key.
-            self.stale_spawns_refused += 1;
-            return;
-        }
-        if !w.up
-            || w.hosted_ever.contains(&start.attempt)
-            || w.hosted_ever.len() >= HOSTED_REMEMBERED_MAX
-        {
-            // A duplicate spawn message is ignored: one attempt, one specialist.
-            return;
-        }
         w.hosted_ever.insert(start.attempt);
         let attempt = start.attempt;
         self.checker.spawned(self.event_no, &start);
@@ -335,6 +321,16 @@ impl World {
                 self.workers[usize::from(node.0) - 1]
                     .specialists
                     .remove(&attempt);
+                // The worker's endpoint reports the ended actor, which frees its capacity.
+                self.send_frame(
+                    node,
+                    NodeId::COORDINATOR,
+                    Frame::ToCoordinator(ToCoordinator::Exited {
+                        attempt,
+                        normal: true,
+                        reason: "exit".into(),
+                    }),
+                );
             }
         }
     }
