@@ -146,3 +146,151 @@ async fn hooks_registered_in_code_decide_and_redact_in_keels_own_loop() {
     );
     rt.shutdown().await;
 }
+
+/// The tool call every case below makes: a payment the ask rule and the counting gate both cover.
+fn pay() -> ToolCall {
+    ToolCall::new(
+        "Bash",
+        serde_json::json!({"command": "pay bob", "amount": 1}),
+    )
+}
+
+/// Issue 13: a call a human approved still passes every gate. A counting gate allows one payment
+/// per run and an ask rule asks about each: the first approved payment runs; a second payment asked
+/// while the first waited is approved too but refused by the gate; a third is refused by the gate
+/// without anyone being asked; a refused ask writes no mark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approved_ask_still_passes_every_gate() {
+    use keel_actors::runtime::ToolScope;
+    use keel_harness::PermissionMode;
+    use keel_policy::{Decision, Gate, GateCheck, GateScope};
+
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let store = Arc::new(Store::open(dir.path().join("keel.redb")).unwrap());
+    let rule = |t: &str| -> keel_policy::Rule { t.parse().unwrap() };
+    let policy = Policy {
+        ask: vec![rule("Bash(pay*)")],
+        ask_timeout_ms: 60_000,
+        gates: vec![Gate {
+            name: "once".into(),
+            rule: rule("Bash(pay*)"),
+            per: GateScope::Run,
+            check: GateCheck::Count { max_calls: 1 },
+        }],
+        ..Policy::default()
+    };
+    let host = PolicyHost::new(policy);
+    let harnesses = HarnessSet::new().with(
+        HarnessKind::Scripted,
+        Arc::new(ScriptedHarness::new(Script::rules())),
+    );
+    let mut config = RuntimeConfig::default();
+    config.specialist.working_dir = work.clone();
+    config.stop_grace_ms = 1_000;
+    let (rt, _events) = Runtime::start(store.clone(), harnesses, config)
+        .await
+        .unwrap();
+    host.attach(&rt);
+    // A run for the rows to belong to.
+    let plan = scripted::fan_out_plan(1, |_| "echo ready".into()).unwrap();
+    let handle = rt
+        .submit("pay".into(), RunMode::Plan(plan), None, "test".into())
+        .await
+        .unwrap();
+    let run = handle.id();
+    tokio::time::timeout(Duration::from_secs(120), handle.finished())
+        .await
+        .expect("the run finishes")
+        .unwrap();
+    let task = store.run(run).tasks(None, 10).unwrap().items[0].id;
+    let scope = ToolScope {
+        attempt: keel_actors::AttemptId {
+            run,
+            task,
+            attempt: 1,
+        },
+        mode: PermissionMode::AcceptEdits,
+        tools: Vec::new(),
+        agent: "scripted".into(),
+    };
+    let payload = || serde_json::json!({"hook_event_name": "PreToolUse"});
+
+    // Two payments wait for a human at once: both pass the gate before anyone is asked.
+    let ask = || {
+        let (host, scope) = (host.clone(), scope.clone());
+        // A test stands in for the harness sessions that wait on their calls concurrently.
+        #[allow(clippy::disallowed_methods)]
+        tokio::spawn(async move { host.before_tool(&scope, &pay(), payload()).await })
+    };
+    let mut waiting = vec![ask(), ask()];
+    let open = |n: usize| {
+        let store = store.clone();
+        async move {
+            for _ in 0..400 {
+                let raised = store.run(run).escalations(0, 100).unwrap().items;
+                if raised.len() == n {
+                    return raised.into_iter().map(|e| e.value.id).collect::<Vec<_>>();
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            panic!("{n} escalations were not raised");
+        }
+    };
+    let ids = open(2).await;
+    // The first approval lets its call through and takes the gate's one place.
+    rt.answer_escalation(ids[0], "allow").await.unwrap();
+    let mut done = None;
+    for _ in 0..400 {
+        if let Some(i) = waiting
+            .iter()
+            .position(tokio::task::JoinHandle::is_finished)
+        {
+            done = Some(waiting.remove(i));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let first = done.expect("the approved call is decided").await.unwrap();
+    assert_eq!(first.decision, Decision::Allow, "{first:?}");
+    assert_eq!(first.decided_by, "approval");
+    // The second is approved too, and still refused: the gate is full.
+    rt.answer_escalation(ids[1], "allow").await.unwrap();
+    let second = waiting.remove(0).await.unwrap();
+    assert_eq!(second.decision, Decision::Deny, "{second:?}");
+    assert_eq!(second.decided_by, "gate:once");
+    // A third is refused by the gate before anyone is asked.
+    let third = ask().await.unwrap();
+    assert_eq!(third.decided_by, "gate:once");
+    assert_eq!(
+        open(2).await.len(),
+        2,
+        "nobody is asked about a refused call"
+    );
+    let marks = store.run(run).gate_marks(0, 100).unwrap().items;
+    assert_eq!(marks.len(), 1, "{marks:?}");
+    let rows: Vec<(String, HookDecision)> = store
+        .run(run)
+        .audit(0, 1000)
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|r| (r.value.hook, r.value.decision))
+        .collect();
+    let row = |h: &str, d| (h.to_string(), d);
+    assert_eq!(
+        rows,
+        [
+            row("ask-rule", HookDecision::Ask),
+            row("ask-rule", HookDecision::Ask),
+            row("approval", HookDecision::Allow),
+            row("gate:once", HookDecision::Allow),
+            row("approval", HookDecision::Allow),
+            row("gate:once", HookDecision::Deny),
+            row("ask-rule", HookDecision::Ask),
+            row("gate:once", HookDecision::Deny),
+        ]
+    );
+    rt.shutdown().await;
+}

@@ -8,8 +8,8 @@
 use criterion::{Criterion, criterion_group, criterion_main};
 use keel_harness::PermissionMode;
 use keel_policy::{
-    AgentRules, Caller, Gate, GateCheck, GateScope, HookOutcome, HookResult, Policy, ToolCall,
-    Unmatched, apply_gates,
+    AgentRules, Caller, Gate, GateCheck, GateLedger, GateScope, HookOutcome, HookResult, Policy,
+    ToolCall, Unmatched, apply_gates,
 };
 use keel_store::{GateEvent, GateMark, TaskId};
 use serde_json::json;
@@ -130,7 +130,9 @@ fn decide_with_agent_and_gates(c: &mut Criterion) {
         agent: Some(&agent),
     };
     for marks in [4usize, 1000] {
-        let ledger = &ledger[..marks];
+        // The run's ledger as the runtime holds it: indexed once (when the run's first gated call
+        // reads the store), then kept up to date with each durable mark.
+        let ledger = &GateLedger::from_marks(&ledger[..marks]);
         c.bench_function(
             &format!("decide_agent_gates_{marks}_marks_and_audit_rows"),
             |b| {

@@ -7,38 +7,33 @@ use serde_json::Value;
 /// command (a string, or Codex's argv array), then a file tool's path under each harness's name for it.
 const SUBJECT_FIELDS: [&str; 5] = ["command", "cmd", "file_path", "filePath", "path"];
 
-/// A tool call awaiting a decision.
+/// A tool call awaiting a decision. Built by [`ToolCall::new`], which reads the call's subject once
+/// (every rule with a pattern matches against it); change neither field afterwards.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ToolCall {
     /// The tool's literal name, as the harness reported it.
     pub tool: String,
     /// The tool's input, as the model sent it.
     pub input: Value,
+    /// What the call acts on ([`ToolCall::subject`]), read from `input` once.
+    subject: Option<String>,
 }
 
 impl ToolCall {
     /// A call of `tool` with `input`.
     pub fn new(tool: impl Into<String>, input: Value) -> Self {
+        let subject = subject_of(&input);
         ToolCall {
             tool: tool.into(),
             input,
+            subject,
         }
     }
 
     /// What the call acts on, for a rule's pattern: the command line of a shell tool (an argv array
     /// joined by spaces) or the path of a file tool. `None` when the input names neither.
-    pub fn subject(&self) -> Option<String> {
-        let obj = self.input.as_object()?;
-        SUBJECT_FIELDS
-            .iter()
-            .find_map(|field| match obj.get(*field)? {
-                Value::String(s) => Some(s.clone()),
-                Value::Array(words) => {
-                    let words: Vec<&str> = words.iter().filter_map(Value::as_str).collect();
-                    (!words.is_empty()).then(|| words.join(" "))
-                }
-                _ => None,
-            })
+    pub fn subject(&self) -> Option<&str> {
+        self.subject.as_deref()
     }
 
     /// A digest of the input for the audit row: never the raw input, which may hold secrets. FNV-1a
@@ -55,6 +50,21 @@ impl ToolCall {
     }
 }
 
+/// What `input` names a call acts on ([`ToolCall::subject`]).
+fn subject_of(input: &Value) -> Option<String> {
+    let obj = input.as_object()?;
+    SUBJECT_FIELDS
+        .iter()
+        .find_map(|field| match obj.get(*field)? {
+            Value::String(s) => Some(s.clone()),
+            Value::Array(words) => {
+                let words: Vec<&str> = words.iter().filter_map(Value::as_str).collect();
+                (!words.is_empty()).then(|| words.join(" "))
+            }
+            _ => None,
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -64,7 +74,7 @@ mod tests {
     fn the_subject_is_the_command_or_the_path() {
         let check = |input: Value, expected: Option<&str>| {
             assert_eq!(
-                ToolCall::new("t", input.clone()).subject().as_deref(),
+                ToolCall::new("t", input.clone()).subject(),
                 expected,
                 "{input}"
             );

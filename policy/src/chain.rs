@@ -41,6 +41,8 @@ pub mod link {
     pub const AGENT_ALLOW_RULE: &str = "agent-allow-rule";
     /// Nothing matched: the policy's `unmatched` decision applied.
     pub const UNMATCHED: &str = "unmatched";
+    /// A human answered an ask (allow or deny) through its approval escalation.
+    pub const APPROVAL: &str = "approval";
 }
 
 /// Tools that only read (each harness's spelling, compared without case): what a read-only session
@@ -207,6 +209,23 @@ pub struct Verdict {
 }
 
 impl Verdict {
+    /// A human's approval of a call the chain asked about (`keel answer ID allow`), as a verdict the
+    /// gates then check like any allowed call: an approval lifts the ask, never a gate's count, cap,
+    /// prerequisite or token. `reason` names the escalation; the trail is the approval's audit line.
+    pub fn approved(reason: String) -> Verdict {
+        Verdict {
+            decision: Decision::Allow,
+            decided_by: link::APPROVAL.to_owned(),
+            trail: vec![AuditLine {
+                who: link::APPROVAL.to_owned(),
+                decision: HookDecision::Allow,
+                reason: reason.clone(),
+                rewritten: false,
+            }],
+            reason,
+        }
+    }
+
     /// The audit rows of this verdict for `call` made by `task`'s session at `ts_ms`, one per line of
     /// the trail, to be written durably before the call runs (invariant 12).
     pub fn audit_entries(

@@ -10,7 +10,8 @@
 //! - **cap**: a numeric field of the call's input summed over the run (an `Added` mark per call),
 //!   refused when the sum would pass the cap; a missing, negative or non-numeric field denies.
 //!
-//! Evaluation is pure: the caller reads the marks, [`apply_gates`] answers the verdict and the marks
+//! Evaluation is pure: the caller holds the run's marks indexed ([`GateLedger`], rebuilt from the store
+//! after a crash), [`apply_gates`] answers the verdict and the marks
 //! to write, and the caller writes them in the same durable commit as the decision's audit rows,
 //! before the call runs, holding one lock from the read to the commit so two calls cannot both take
 //! the last place. [`marks_on_success`] answers the marks a successful call earns (PostToolUse).
@@ -21,6 +22,7 @@ use serde_json::Value;
 
 use crate::call::ToolCall;
 use crate::chain::{AuditLine, Decision, Verdict};
+use crate::ledger::{GateLedger, Tally};
 use crate::rule::Rule;
 
 /// Millionths in one unit of a capped field.
@@ -91,39 +93,28 @@ impl Gate {
         format!("gate:{}", self.name)
     }
 
-    /// This gate's marks of `event`'s kind that count for a call by `task`.
-    fn marks<'a>(
-        &'a self,
-        marks: &'a [GateMark],
-        task: Option<TaskId>,
-        kind: fn(&GateEvent) -> bool,
-    ) -> impl Iterator<Item = &'a GateMark> + 'a {
-        marks.iter().filter(move |m| {
-            m.gate == self.name
-                && kind(&m.event)
-                && (self.per == GateScope::Run || m.task_id == task)
-        })
-    }
-
     /// The calls this counting gate already let through for `task`.
-    pub fn count(&self, marks: &[GateMark], task: Option<TaskId>) -> u32 {
-        let n = self
-            .marks(marks, task, |e| *e == GateEvent::Counted)
-            .count();
-        u32::try_from(n).unwrap_or(u32::MAX)
+    pub fn count(&self, ledger: &GateLedger, task: Option<TaskId>) -> u32 {
+        self.tally(ledger, task).counted
     }
 
-    /// Checks `call` by `task` against the marks: the mark to write when it passes, or why not.
+    /// This gate's tally for a call by `task`, over its scope.
+    fn tally(&self, ledger: &GateLedger, task: Option<TaskId>) -> Tally {
+        ledger.tally(&self.name, self.per, task)
+    }
+
+    /// Checks `call` by `task` against the ledger: the mark to write when it passes, or why not.
     fn check(
         &self,
         call: &ToolCall,
-        marks: &[GateMark],
+        ledger: &GateLedger,
         task: Option<TaskId>,
     ) -> Result<(String, Option<GateEvent>), String> {
         let per = self.per.noun();
+        let tally = self.tally(ledger, task);
         match &self.check {
             GateCheck::Count { max_calls } => {
-                let n = self.count(marks, task);
+                let n = tally.counted;
                 if n >= *max_calls {
                     return Err(format!(
                         "gate {} allows at most {max_calls} calls matching {} per {per}; {n} already ran",
@@ -136,11 +127,7 @@ impl Gate {
                 ))
             }
             GateCheck::Prerequisite { after } => {
-                if self
-                    .marks(marks, task, |e| *e == GateEvent::Met)
-                    .next()
-                    .is_none()
-                {
+                if tally.met == 0 {
                     return Err(format!(
                         "gate {}: a call matching {after} must succeed in this {per} before {}; \
                          run it first, then retry",
@@ -150,8 +137,7 @@ impl Gate {
                 Ok((format!("{after} succeeded earlier in this {per}"), None))
             }
             GateCheck::Token { issued_by } => {
-                let issued = self.marks(marks, task, |e| *e == GateEvent::Issued).count();
-                let spent = self.marks(marks, task, |e| *e == GateEvent::Spent).count();
+                let (issued, spent) = (tally.issued, tally.spent);
                 if issued <= spent {
                     return Err(format!(
                         "gate {}: {} needs a {} token, issued when a call matching {issued_by} \
@@ -167,13 +153,7 @@ impl Gate {
             GateCheck::Cap { field, max_micros } => {
                 let amount = amount_micros(&call.input, field)
                     .map_err(|why| format!("gate {}: {why}, so the call is denied", self.name))?;
-                let total: u64 = self
-                    .marks(marks, task, |e| matches!(e, GateEvent::Added { .. }))
-                    .map(|m| match m.event {
-                        GateEvent::Added { micros } => micros,
-                        _ => 0,
-                    })
-                    .fold(0u64, u64::saturating_add);
+                let total = tally.added_micros;
                 let after = total.saturating_add(amount);
                 if after > *max_micros {
                     return Err(format!(
@@ -242,25 +222,30 @@ pub fn units(micros: u64) -> String {
     format!("{whole}.{}", digits.trim_end_matches('0'))
 }
 
-/// Applies `gates` to the chain's verdict on `call` by `task`, from the run's `marks`. A call the
-/// chain did not allow is returned unchanged. An allowed call that a matching gate refuses is
+/// Applies `gates` to the chain's verdict on `call` by `task`, from the run's indexed `ledger`. A
+/// denied call is returned unchanged. An allowed or asked call that a matching gate refuses is
 /// denied (that gate's line is added; gates are checked in declaration order, the first refusal
-/// decides); an allowed call every matching gate passes gets one allow line per gate, and the marks
-/// to write with the decision's audit rows.
+/// decides), so nobody is asked about a call the gates would refuse. An asked call the gates pass is
+/// returned unchanged, with no mark: a human's approval ([`Verdict::approved`]) is checked again
+/// when it comes. An allowed call every matching gate passes gets one allow line per gate, and the
+/// marks to write with the decision's audit rows. A call let through counts from this decision
+/// (`Counted`, `Spent`, `Added`), whether the tool then succeeds or fails: the mark is durable
+/// before the call runs, so a crash during the call cannot lose it, and a call that failed may
+/// still have had its effect.
 pub fn apply_gates(
     gates: &[Gate],
     call: &ToolCall,
     mut verdict: Verdict,
     task: Option<TaskId>,
-    marks: &[GateMark],
+    ledger: &GateLedger,
     ts_ms: UnixMillis,
 ) -> (Verdict, Vec<GateMark>) {
-    if verdict.decision != Decision::Allow {
+    if verdict.decision == Decision::Deny {
         return (verdict, Vec::new());
     }
     let mut passed = Vec::new();
     for gate in gates.iter().filter(|g| g.rule.matches(call)) {
-        match gate.check(call, marks, task) {
+        match gate.check(call, ledger, task) {
             Ok((reason, event)) => passed.push((gate, reason, event)),
             Err(reason) => {
                 verdict.trail.push(AuditLine {
@@ -275,6 +260,11 @@ pub fn apply_gates(
                 return (verdict, Vec::new());
             }
         }
+    }
+    if verdict.decision == Decision::Ask {
+        // Nobody is asked about a call the gates refuse; one they pass now is checked again, and
+        // its marks written, once a human approved it (`Verdict::approved`).
+        return (verdict, Vec::new());
     }
     let mut written = Vec::new();
     for (gate, reason, event) in passed {

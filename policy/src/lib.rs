@@ -7,6 +7,7 @@
 //!   call as the policy sees it.
 //! - [`gate`]: gates on an allowed call from the run's gate ledger in the store (count,
 //!   prerequisite, token, cap).
+//! - [`ledger`]: a run's gate ledger indexed by gate and task, what the gates read.
 //! - [`config`]: `[[hooks]]`, `[permissions]` and `[[gates]]` of keel.toml, validated with errors naming the field.
 //! - `run` (feature `io`): running a command hook with its timeout, failing closed.
 //!
@@ -18,6 +19,7 @@ pub mod chain;
 pub mod config;
 pub mod gate;
 pub mod hook;
+pub mod ledger;
 pub mod post;
 pub mod rule;
 #[cfg(feature = "io")]
@@ -36,5 +38,6 @@ pub use gate::{
     Gate, GateCheck, GateScope, apply_gates, guards, marks_on_success, watches_success,
 };
 pub use hook::{BuiltinHook, CodeHook, CodeHookRef, HookAction, HookEvent, HookSpec, ToolMatcher};
+pub use ledger::{GateLedger, Tally};
 pub use post::{PostHookOutcome, PostHookResult, apply_post_hooks};
 pub use rule::{Rule, RuleError};

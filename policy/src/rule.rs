@@ -15,7 +15,48 @@ pub const RULE_BYTES_MAX: usize = 1024;
 pub struct Rule {
     text: String,
     tool: ToolName,
-    pattern: Option<String>,
+    pattern: Option<Glob>,
+}
+
+/// A rule's pattern split at its `*`s once, when the rule is parsed: the piece the subject starts
+/// with, the pieces it holds in order, and the piece it ends with (`None`: no `*`, the subject is
+/// exactly `first`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Glob {
+    first: String,
+    middle: Vec<String>,
+    last: Option<String>,
+}
+
+impl Glob {
+    fn new(pattern: &str) -> Glob {
+        let mut pieces: Vec<String> = pattern.split('*').map(str::to_owned).collect();
+        let first = pieces.remove(0);
+        let last = pieces.pop();
+        Glob {
+            first,
+            middle: pieces,
+            last,
+        }
+    }
+
+    /// `*` matches any run of characters (none included); every other character matches itself.
+    /// Linear in the subject for each piece, so a hostile subject cannot blow up the check.
+    fn matches(&self, subject: &str) -> bool {
+        let Some(mut rest) = subject.strip_prefix(self.first.as_str()) else {
+            return false;
+        };
+        let Some(last) = &self.last else {
+            return rest.is_empty();
+        };
+        for piece in &self.middle {
+            match rest.find(piece.as_str()) {
+                Some(at) => rest = &rest[at + piece.len()..],
+                None => return false,
+            }
+        }
+        rest.ends_with(last.as_str())
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -55,7 +96,7 @@ impl FromStr for Rule {
         }
         let (name, pattern) = match trimmed.split_once('(') {
             Some((name, rest)) => match rest.strip_suffix(')') {
-                Some(pattern) => (name.trim(), Some(pattern.to_owned())),
+                Some(pattern) => (name.trim(), Some(Glob::new(pattern))),
                 None => return Err(RuleError::Unbalanced(trimmed.to_owned())),
             },
             None if trimmed.contains(')') => {
@@ -101,31 +142,9 @@ impl Rule {
         name_ok
             && match &self.pattern {
                 None => true,
-                Some(p) => call.subject().is_some_and(|s| glob_match(p, &s)),
+                Some(glob) => call.subject().is_some_and(|s| glob.matches(s)),
             }
     }
-}
-
-/// `*` matches any run of characters (none included); every other character matches itself. Linear
-/// in the subject for each `*`-separated piece, so a hostile subject cannot blow up the check.
-fn glob_match(pattern: &str, subject: &str) -> bool {
-    let mut pieces = pattern.split('*');
-    let first = pieces.next().unwrap_or_default();
-    let Some(mut rest) = subject.strip_prefix(first) else {
-        return false;
-    };
-    let pieces: Vec<&str> = pieces.collect();
-    let Some((last, middle)) = pieces.split_last() else {
-        // No `*` at all: the whole subject must be the pattern.
-        return rest.is_empty();
-    };
-    for piece in middle {
-        match rest.find(piece) {
-            Some(at) => rest = &rest[at + piece.len()..],
-            None => return false,
-        }
-    }
-    rest.ends_with(last)
 }
 
 #[cfg(test)]

@@ -16,15 +16,19 @@
 //! [`Policy::register_hook`]), wraps it in a [`PolicyHost`], adds [`PolicyHost::service`] to its
 //! [`super::HarnessSet`] and calls [`PolicyHost::attach`] once its [`Runtime`] has started.
 
+use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 use std::sync::{Arc, OnceLock};
 
 use keel_harness::{GuardFuture, GuardedCall, PermissionMode, SessionSpec, ToolGuard, ToolOutput};
-use keel_policy::{Caller, Decision, HookEvent, Policy, ToolCall, Verdict};
-use keel_store::{AuditEntry, HookDecision};
+use keel_policy::{
+    AuditLine, Caller, Decision, GateLedger, HookEvent, Policy, ToolCall, Verdict, link,
+};
+use keel_store::{AuditEntry, GateMark, HookDecision, RunId};
 use serde_json::{Value, json};
 
 use super::Runtime;
-use super::audit::AuditWriter;
+use super::audit::{AuditError, AuditWriter};
 use super::clock::{OsEntropy, wall_clock_ms};
 use super::escalation::{ApprovalDesk, ApprovalEnd};
 use super::harnesses::SessionService;
@@ -77,14 +81,77 @@ impl ToolAnswer {
             decided_by: "keel".into(),
         }
     }
+
+    /// The answer a recorded verdict gives.
+    fn of(verdict: &Verdict) -> ToolAnswer {
+        ToolAnswer {
+            decision: verdict.decision,
+            reason: verdict.reason.clone(),
+            decided_by: verdict.decided_by.clone(),
+        }
+    }
+
+    /// A decision whose rows are not durable: the call is denied.
+    fn not_recorded(e: &AuditError) -> ToolAnswer {
+        ToolAnswer::deny(format!(
+            "keel: the decision could not be recorded, so the call is denied: {e}"
+        ))
+    }
+}
+
+/// The run's indexed gate ledger, built from the store's `gate_marks` when this host holds none
+/// for it yet (the run's first gated call here, or after a failed commit).
+async fn ledger_of<'a>(
+    ledgers: &'a mut BTreeMap<RunId, GateLedger>,
+    audit: &AuditWriter,
+    run: RunId,
+) -> Result<&'a mut GateLedger, AuditError> {
+    match ledgers.entry(run) {
+        Entry::Occupied(held) => Ok(held.into_mut()),
+        Entry::Vacant(slot) => {
+            let marks = audit.read_marks(run).await?;
+            Ok(slot.insert(GateLedger::from_marks(&marks)))
+        }
+    }
+}
+
+/// Makes `entries` and `marks` durable in one commit and then adds the marks to the run's index,
+/// when `ledgers` (the gates' lock) is held. A failed commit drops the run's index: whether its
+/// marks reached the store is unknown, so the next gated call rebuilds it from the store.
+async fn commit(
+    ledgers: Option<&mut BTreeMap<RunId, GateLedger>>,
+    audit: &AuditWriter,
+    run: RunId,
+    entries: Vec<AuditEntry>,
+    marks: Vec<GateMark>,
+) -> Result<(), AuditError> {
+    let Some(ledgers) = ledgers else {
+        return audit.append_with_marks(run, entries, marks).await;
+    };
+    let written = marks.clone();
+    match audit.append_with_marks(run, entries, marks).await {
+        Ok(()) => {
+            if let Some(ledger) = ledgers.get_mut(&run) {
+                ledger.record(&written);
+            }
+            Ok(())
+        }
+        Err(e) => {
+            ledgers.remove(&run);
+            Err(e)
+        }
+    }
 }
 
 struct Inner {
     policy: Policy,
     audit: OnceLock<AuditWriter>,
     desk: OnceLock<ApprovalDesk>,
-    /// Held from reading the gate ledger to the commit of the marks a gated call writes.
-    gates_serial: tokio::sync::Mutex<()>,
+    /// Each run's gate ledger, indexed ([`GateLedger`]): built from the store's `gate_marks` on the
+    /// run's first gated call here (after a restart, from what is durable), then kept up to date
+    /// with each mark once it is durable. The lock is held from the look-up to the commit of the
+    /// marks a gated call writes, so two calls cannot both take the last place.
+    ledgers: tokio::sync::Mutex<BTreeMap<RunId, GateLedger>>,
 }
 
 /// The runtime's policy: cheap to clone, shared by the in-process guards and the `keel hook`
@@ -112,7 +179,7 @@ impl PolicyHost {
                 policy,
                 audit: OnceLock::new(),
                 desk: OnceLock::new(),
-                gates_serial: tokio::sync::Mutex::new(()),
+                ledgers: tokio::sync::Mutex::new(BTreeMap::new()),
             }),
         }
     }
@@ -163,62 +230,94 @@ impl PolicyHost {
             agent: policy.agent_rules(&scope.agent),
         };
         let verdict = policy.decide_for(call, caller, &outcomes);
+        let run = scope.attempt.run;
         let task = Some(scope.attempt.task);
         let now = wall_clock_ms();
-        // A gated call is decided one at a time, from the ledger in the store to the durable marks
-        // it writes, so two concurrent calls cannot both take the last place.
+        // A gated call is decided one at a time, from the run's indexed ledger to the durable marks
+        // it writes, so two concurrent calls cannot both take the last place. An ask is checked too:
+        // nobody is asked about a call the gates refuse.
         let gated = keel_policy::guards(&policy.gates, call);
-        let serial = if gated {
-            Some(inner.gates_serial.lock().await)
+        let mut ledgers = if gated {
+            Some(inner.ledgers.lock().await)
         } else {
             None
         };
-        let (verdict, marks) = if gated && verdict.decision == Decision::Allow {
-            match audit.read_marks(scope.attempt.run).await {
+        let (verdict, marks) = match ledgers.as_deref_mut() {
+            Some(ledgers) if verdict.decision != Decision::Deny => {
+                match ledger_of(ledgers, audit, run).await {
+                    Ok(ledger) => {
+                        keel_policy::apply_gates(&policy.gates, call, verdict, task, ledger, now)
+                    }
+                    Err(e) => {
+                        return ToolAnswer::deny(format!(
+                            "keel: the gates' ledger could not be read, so the call is denied: {e}"
+                        ));
+                    }
+                }
+            }
+            _ => (verdict, Vec::new()),
+        };
+        let entries = verdict.audit_entries(now, task, call);
+        if verdict.decision != Decision::Ask {
+            return match commit(ledgers.as_deref_mut(), audit, run, entries, marks).await {
+                Ok(()) => ToolAnswer::of(&verdict),
+                Err(e) => ToolAnswer::not_recorded(&e),
+            };
+        }
+        // The ask itself is durable before anyone is asked; the gates' lock is not held while a
+        // human thinks.
+        drop(ledgers);
+        if let Err(e) = audit.append(run, entries).await {
+            return ToolAnswer::not_recorded(&e);
+        }
+        let reason = match self.approval(scope, call, &verdict, audit).await {
+            Ok(reason) => reason,
+            Err(reason) => {
+                let refused = AuditLine {
+                    who: link::APPROVAL.into(),
+                    decision: HookDecision::Deny,
+                    reason: reason.clone(),
+                    rewritten: false,
+                };
+                let rows = keel_policy::audit_rows(&[refused], wall_clock_ms(), task, call);
+                if let Err(e) = audit.append(run, rows).await {
+                    return ToolAnswer::not_recorded(&e);
+                }
+                return ToolAnswer {
+                    decision: Decision::Deny,
+                    reason,
+                    decided_by: link::APPROVAL.into(),
+                };
+            }
+        };
+        // A human approved: the call still passes every gate, checked now against the ledger as it
+        // is after the wait, and its marks are written with the approval's row.
+        let approved = Verdict::approved(reason);
+        let now = wall_clock_ms();
+        let mut ledgers = if gated {
+            Some(inner.ledgers.lock().await)
+        } else {
+            None
+        };
+        let (verdict, marks) = match ledgers.as_deref_mut() {
+            Some(ledgers) => match ledger_of(ledgers, audit, run).await {
                 Ok(ledger) => {
-                    keel_policy::apply_gates(&policy.gates, call, verdict, task, &ledger, now)
+                    keel_policy::apply_gates(&policy.gates, call, approved, task, ledger, now)
                 }
                 Err(e) => {
                     return ToolAnswer::deny(format!(
-                        "keel: the gates' ledger could not be read, so the call is denied: {e}"
+                        "keel: the gates' ledger could not be read, so the approved call is \
+                         denied: {e}"
                     ));
                 }
-            }
-        } else {
-            (verdict, Vec::new())
+            },
+            None => (approved, Vec::new()),
         };
-        let mut entries = verdict.audit_entries(now, task, call);
-        let mut answer = ToolAnswer {
-            decision: verdict.decision,
-            reason: verdict.reason.clone(),
-            decided_by: verdict.decided_by.clone(),
-        };
-        if verdict.decision == Decision::Ask {
-            // The ask itself is durable before anyone is asked; the gates' lock is not held while
-            // a human thinks.
-            drop(serial);
-            if let Err(e) = audit.append(scope.attempt.run, entries).await {
-                return ToolAnswer::deny(format!(
-                    "keel: the decision could not be recorded, so the call is denied: {e}"
-                ));
-            }
-            let (decision, reason, row) = self.approval(scope, call, &verdict, audit).await;
-            answer = ToolAnswer {
-                decision,
-                reason,
-                decided_by: "approval".into(),
-            };
-            entries = vec![row];
+        let entries = verdict.audit_entries(now, task, call);
+        match commit(ledgers.as_deref_mut(), audit, run, entries, marks).await {
+            Ok(()) => ToolAnswer::of(&verdict),
+            Err(e) => ToolAnswer::not_recorded(&e),
         }
-        if let Err(e) = audit
-            .append_with_marks(scope.attempt.run, entries, marks)
-            .await
-        {
-            return ToolAnswer::deny(format!(
-                "keel: the decision could not be recorded, so the call is denied: {e}"
-            ));
-        }
-        answer
     }
 
     /// Hands back the result the model sees for `call`, which ran and produced `output`: the
@@ -254,8 +353,15 @@ impl PolicyHost {
         };
         let entries = keel_policy::audit_rows(&trail, now, task, call);
         let recorded = match self.inner.audit.get() {
+            // Marks go into the run's index too, under the gates' lock, once they are durable.
+            Some(audit) if !marks.is_empty() => {
+                let mut ledgers = self.inner.ledgers.lock().await;
+                commit(Some(&mut ledgers), audit, scope.attempt.run, entries, marks)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
             Some(audit) => audit
-                .append_with_marks(scope.attempt.run, entries, marks)
+                .append(scope.attempt.run, entries)
                 .await
                 .map_err(|e| e.to_string()),
             None => Err("the node is not ready to record decisions".into()),
@@ -277,32 +383,19 @@ impl PolicyHost {
         }
     }
 
-    /// An `ask`: raises an approval escalation (the policy-gap trigger) with the call's case, waits
-    /// for `keel answer` up to the policy's timeout, and answers the decision with its audit row:
-    /// allowed when a human approved, denied when a human refused, when the timeout passed first,
-    /// or when the escalation could not be raised.
+    /// An `ask`: raises an approval escalation (the policy-gap trigger) with the call's case and
+    /// waits for `keel answer` up to the policy's timeout. `Ok` with the approval's reason when a
+    /// human approved (the gates are checked next); `Err` with the denial's reason when a human
+    /// refused, when the timeout passed first, or when the escalation could not be raised.
     async fn approval(
         &self,
         scope: &ToolScope,
         call: &ToolCall,
         verdict: &Verdict,
         audit: &AuditWriter,
-    ) -> (Decision, String, AuditEntry) {
+    ) -> Result<String, String> {
         let policy = &self.inner.policy;
-        let row = |decision: HookDecision, reason: String| AuditEntry {
-            ts_ms: wall_clock_ms(),
-            task_id: Some(scope.attempt.task),
-            hook: "approval".into(),
-            tool: call.tool.clone(),
-            decision,
-            reason,
-            input_digest: call.input_digest(),
-            rewritten: false,
-        };
-        let deny = |reason: String| {
-            let entry = row(HookDecision::Deny, reason.clone());
-            (Decision::Deny, reason, entry)
-        };
+        let deny = Err::<String, String>;
         let Some(desk) = self.inner.desk.get() else {
             return deny(format!(
                 "{}; keel cannot ask a human here, so the call is denied",
@@ -325,7 +418,7 @@ impl PolicyHost {
                 rows.iter()
                     .filter(|r| {
                         r.task_id == Some(scope.attempt.task)
-                            && r.hook == "approval"
+                            && r.hook == link::APPROVAL
                             && r.tool == call.tool
                             && r.decision == HookDecision::Allow
                     })
@@ -334,7 +427,7 @@ impl PolicyHost {
             .unwrap_or(0);
         let case = ApprovalCase {
             tool: call.tool.clone(),
-            subject: call.subject().unwrap_or_else(|| call.tool.clone()),
+            subject: call.subject().unwrap_or(&call.tool).to_owned(),
             asked_by: format!("{} ({})", verdict.reason, verdict.decided_by),
             amount_micros: amount_micros(&call.input),
             deadline_ms: now.saturating_add(policy.ask_timeout_ms),
@@ -348,9 +441,7 @@ impl PolicyHost {
             .await
         {
             Ok(ApprovalEnd::Answered(text)) if approves(&text) => {
-                let reason = format!("approved by a human (escalation {id})");
-                let entry = row(HookDecision::Allow, reason.clone());
-                (Decision::Allow, reason, entry)
+                Ok(format!("approved by a human (escalation {id})"))
             }
             Ok(ApprovalEnd::Answered(text)) => deny(format!(
                 "refused by a human (escalation {id}: {text}); do not retry this call"
