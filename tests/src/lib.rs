@@ -24,6 +24,9 @@ pub enum HelperError {
     /// A wait ran out.
     #[error("timed out after {0:?}: {1}")]
     Timeout(Duration, String),
+    /// A command failed or printed something other than what its caller reads.
+    #[error("unexpected output: {0}")]
+    Output(String),
 }
 
 /// The `keel` binary of this build, built once per test process (a no-op when it is fresh).
@@ -293,6 +296,73 @@ pub fn wait_for<T>(
     }
 }
 
+/// Runs `cmd` to its end (killed after `wait`): its exit code (-1 when a signal ended it), stdout
+/// and stderr. It takes `&mut` so that a builder chain (`keel(dir)?.args([..])`) passes straight in.
+///
+/// # Errors
+/// As [`Reaped::spawn`] and [`Reaped::wait_output`].
+pub fn run_to_end(cmd: &mut Command, wait: Duration) -> Result<(i32, String, String), HelperError> {
+    let cmd = std::mem::replace(cmd, Command::new("true"));
+    let (status, out, err) = Reaped::spawn(cmd)?.wait_output(wait)?;
+    Ok((status.code().unwrap_or(-1), out, err))
+}
+
+/// `keel init` in `dir`, then `extra` appended to the new home's keel.toml: a home with a policy,
+/// profiles or accounts of the test's own.
+///
+/// # Errors
+/// [`HelperError::Output`] when `keel init` fails, [`HelperError::Process`] when keel.toml cannot be
+/// read or written.
+pub fn init_home_with(dir: &Path, extra: &str, wait: Duration) -> Result<(), HelperError> {
+    let (code, out, err) = run_to_end(keel(dir)?.arg("init"), wait)?;
+    if code != 0 {
+        return Err(HelperError::Output(format!(
+            "keel init: {code}\n{out}{err}"
+        )));
+    }
+    let config = dir.join(".keel").join("keel.toml");
+    let mut text = std::fs::read_to_string(&config)?;
+    text.push_str(extra);
+    std::fs::write(&config, text)?;
+    Ok(())
+}
+
+/// `keel --json ARGS` in `dir`, which must succeed: the array `field` of what it prints (`rows` of
+/// `audit`, `escalations` of `escalations`...).
+///
+/// # Errors
+/// [`HelperError::Output`] when the command fails or prints no such array.
+pub fn keel_json_list(
+    dir: &Path,
+    args: &[&str],
+    field: &str,
+    wait: Duration,
+) -> Result<Vec<serde_json::Value>, HelperError> {
+    let (code, out, err) = run_to_end(keel(dir)?.arg("--json").args(args), wait)?;
+    if code != 0 {
+        return Err(HelperError::Output(format!(
+            "keel {args:?}: {code}\n{out}{err}"
+        )));
+    }
+    let v: serde_json::Value = serde_json::from_str(out.trim())
+        .map_err(|e| HelperError::Output(format!("keel {args:?} printed no JSON ({e}): {out}")))?;
+    v[field]
+        .as_array()
+        .cloned()
+        .ok_or_else(|| HelperError::Output(format!("keel {args:?} printed no `{field}`: {out}")))
+}
+
+/// The audit rows written by `who` (a hook's name, `rules`, `human`...) with `decision`.
+pub fn audit_rows_by<'a>(
+    rows: &'a [serde_json::Value],
+    who: &str,
+    decision: &str,
+) -> Vec<&'a serde_json::Value> {
+    rows.iter()
+        .filter(|r| r["who"] == who && r["decision"] == decision)
+        .collect()
+}
+
 /// Write `plan` to `dir/plan.json` and start `keel run <brief> --plan plan.json --detach` in `dir`;
 /// the output of the starting command (its stdout names the run).
 ///
@@ -394,26 +464,38 @@ pub fn model_server_with(
     Ok((server, url))
 }
 
-/// Whether the real Claude Code (the pinned CLI) is installed; `false` (with the reason printed)
-/// only when `KEEL_SKIP_REAL_CLIS=1` allows skipping.
+/// Whether the real CLI of `kind` (the pinned version) is installed; `true` for keel's own loop;
+/// `false` (with the reason printed) only when `KEEL_SKIP_REAL_CLIS=1` allows skipping.
 ///
 /// # Panics
 /// When it is missing and skipping was not allowed: the test needs it.
-pub fn claude_code_installed() -> bool {
+pub fn cli_installed(kind: keel_harness::HarnessKind) -> bool {
+    use keel_harness::HarnessKind;
     use keel_harness::cli::CliFlavor as _;
-    match keel_harness::cli::claude::ClaudeCodeHarness::claude_code()
-        .flavor()
-        .binary()
-        .locate()
-    {
+    let binary = match kind {
+        HarnessKind::ClaudeCode => keel_harness::cli::claude::ClaudeCode.binary(),
+        HarnessKind::Codex => keel_harness::cli::codex::Codex.binary(),
+        HarnessKind::Opencode => keel_harness::cli::opencode::Opencode.binary(),
+        HarnessKind::Pi => keel_harness::cli::pi::Pi::default().binary(),
+        _ => return true,
+    };
+    match binary.locate() {
         Ok(_) => true,
         Err(e) if std::env::var("KEEL_SKIP_REAL_CLIS").as_deref() == Ok("1") => {
-            eprintln!("skipping Claude Code (KEEL_SKIP_REAL_CLIS=1): {e}");
+            eprintln!("skipping {kind} (KEEL_SKIP_REAL_CLIS=1): {e}");
             false
         }
         Err(e) => panic!(
-            "{e}\nthis test needs the real Claude Code CLI: run `{}`, or set KEEL_SKIP_REAL_CLIS=1",
+            "{e}\nthis test needs the real {kind} CLI: run `{}`, or set KEEL_SKIP_REAL_CLIS=1",
             keel_harness::cli::INSTALL_COMMAND
         ),
     }
+}
+
+/// [`cli_installed`] for Claude Code, the CLI most tests use.
+///
+/// # Panics
+/// As [`cli_installed`].
+pub fn claude_code_installed() -> bool {
+    cli_installed(keel_harness::HarnessKind::ClaudeCode)
 }

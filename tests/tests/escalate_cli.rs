@@ -14,30 +14,21 @@ use std::time::Duration;
 use keel_actors::Plan;
 use keel_actors::runtime::scripted;
 use keel_store::{RunId, Store, StoreConfig, TaskKind};
-use keel_tests::{Reaped, keel, recorded_bodies, session_openings, wait_for};
+use keel_tests::{
+    Reaped, keel, keel_json_list, recorded_bodies, run_to_end, session_openings, wait_for,
+};
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(120);
 /// What the scripted session asks.
 const QUESTION: &str = "Which config format should the tool write?";
 
-fn run_to_end(cmd: &mut std::process::Command) -> (i32, String, String) {
-    let cmd = std::mem::replace(cmd, std::process::Command::new("true"));
-    let (status, out, err) = Reaped::spawn(cmd).unwrap().wait_output(WAIT).unwrap();
-    (status.code().unwrap_or(-1), out, err)
-}
-
 /// `keel --json escalations [args]` in `dir`: the listed escalations.
 fn escalations(dir: &Path, args: &[&str]) -> Vec<Value> {
-    let (code, out, err) = run_to_end(
-        keel(dir)
-            .unwrap()
-            .args(["--json", "escalations"])
-            .args(args),
-    );
-    assert_eq!(code, 0, "{out}{err}");
-    let v: Value = serde_json::from_str(out.trim()).unwrap();
-    v["escalations"].as_array().unwrap().clone()
+    let args: Vec<&str> = std::iter::once("escalations")
+        .chain(args.iter().copied())
+        .collect();
+    keel_json_list(dir, &args, "escalations", WAIT).unwrap()
 }
 
 /// A keel home in a temporary folder with a one-step plan, and a scripted model server (recording
@@ -53,7 +44,7 @@ impl Fixture {
     fn new() -> Fixture {
         let dir = tempfile::tempdir().unwrap();
         let home = dir.path();
-        let (code, out, err) = run_to_end(keel(home).unwrap().arg("init"));
+        let (code, out, err) = run_to_end(keel(home).unwrap().arg("init"), WAIT).unwrap();
         assert_eq!(code, 0, "{out}{err}");
         let plan = Plan {
             steps: vec![
@@ -153,20 +144,23 @@ fn an_escalated_task_pauses_until_keel_answer_and_resumes_with_the_answer() {
     let id = e["id"].as_str().unwrap().to_string();
     let task = e["task"].as_str().unwrap().to_string();
     // The task is paused, durably.
-    let (code, out, err) = run_to_end(keel(home).unwrap().args(["--json", "show", &task]));
+    let (code, out, err) =
+        run_to_end(keel(home).unwrap().args(["--json", "show", &task]), WAIT).unwrap();
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("\"Paused\""), "{out}");
 
     // Bad answers are refused with the field's problem and change nothing.
-    let (code, out, err) = run_to_end(keel(home).unwrap().args(["answer", &id, "yaml"]));
+    let (code, out, err) =
+        run_to_end(keel(home).unwrap().args(["answer", &id, "yaml"]), WAIT).unwrap();
     assert_eq!(code, 2, "not an option\n{out}{err}");
     assert!(err.contains("json, toml"), "{err}");
-    let (code, out, err) =
-        run_to_end(
-            keel(home)
-                .unwrap()
-                .args(["answer", "01ARZ3NDEKTSV4RRFFQ69G5FAV", "json"]),
-        );
+    let (code, out, err) = run_to_end(
+        keel(home)
+            .unwrap()
+            .args(["answer", "01ARZ3NDEKTSV4RRFFQ69G5FAV", "json"]),
+        WAIT,
+    )
+    .unwrap();
     assert_eq!(code, 3, "unknown escalation\n{out}{err}");
     assert_eq!(
         escalations(home, &[]).len(),
@@ -175,7 +169,8 @@ fn an_escalated_task_pauses_until_keel_answer_and_resumes_with_the_answer() {
     );
 
     // The answer goes to the process holding the store, which resumes the task.
-    let (code, out, err) = run_to_end(keel(home).unwrap().args(["answer", &id, "TOML"]));
+    let (code, out, err) =
+        run_to_end(keel(home).unwrap().args(["answer", &id, "TOML"]), WAIT).unwrap();
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("resumes now"), "{out}");
     eprintln!("answered after {:?}", began.elapsed());
@@ -189,7 +184,8 @@ fn an_escalated_task_pauses_until_keel_answer_and_resumes_with_the_answer() {
     assert_eq!(all[0]["status"], "answered");
     assert_eq!(all[0]["answer"], "toml");
     // A second answer is refused.
-    let (code, _, err) = run_to_end(keel(home).unwrap().args(["answer", &id, "json"]));
+    let (code, _, err) =
+        run_to_end(keel(home).unwrap().args(["answer", &id, "json"]), WAIT).unwrap();
     assert_ne!(code, 0, "{err}");
 
     // Two sessions of the task: the second's first request carries the human's answer.
@@ -237,16 +233,17 @@ fn an_escalation_survives_a_sigkill_and_keel_resume_continues_with_the_answer() 
     assert!(decision.contains("0 to run again"), "{decision}");
     resumed.kill();
     assert_eq!(fx.openings().len(), 1, "a waiting task ran again");
-    let (code, out, err) = run_to_end(keel(home).unwrap().args(["answer", &id, "json"]));
+    let (code, out, err) =
+        run_to_end(keel(home).unwrap().args(["answer", &id, "json"]), WAIT).unwrap();
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("keel resume"), "{out}");
-    let (code, out, err) = run_to_end(keel(home).unwrap().args([
-        "resume",
-        &run_id,
-        "--quiet",
-        "--model-server",
-        &fx.url,
-    ]));
+    let (code, out, err) = run_to_end(
+        keel(home)
+            .unwrap()
+            .args(["resume", &run_id, "--quiet", "--model-server", &fx.url]),
+        WAIT,
+    )
+    .unwrap();
     assert_eq!(code, 0, "the resumed run completes\n{out}\n{err}");
     let openings = fx.openings();
     assert_eq!(openings.len(), 2, "{openings:#?}");

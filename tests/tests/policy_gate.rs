@@ -17,7 +17,10 @@ use keel_actors::{Plan, PlanStep};
 use keel_harness::HarnessKind;
 use keel_harness::scripted::model::REPORT_AFTER_TOOL;
 use keel_store::{HookDecision, RunId, Store, StoreConfig};
-use keel_tests::{Reaped, keel, wait_for};
+use keel_tests::{
+    Reaped, audit_rows_by, cli_installed, init_home_with, keel, keel_json_list, run_to_end,
+    wait_for,
+};
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(240);
@@ -39,12 +42,7 @@ impl Fixture {
     /// (one runs [`FORBIDDEN`], one [`ASKED`], one a harmless command), and a scripted model server.
     fn new(policy: &str) -> Fixture {
         let dir = tempfile::tempdir().unwrap();
-        let (code, out, err) = run_to_end(keel(dir.path()).unwrap().arg("init"));
-        assert_eq!(code, 0, "{out}{err}");
-        let config = dir.path().join(".keel").join("keel.toml");
-        let mut text = std::fs::read_to_string(&config).unwrap();
-        text.push_str(policy);
-        std::fs::write(&config, text).unwrap();
+        init_home_with(dir.path(), policy, WAIT).unwrap();
         let plan = Plan {
             steps: vec![
                 shell_step("forbidden", "Create the marker file.", FORBIDDEN),
@@ -79,7 +77,7 @@ impl Fixture {
     /// `keel run` of the plan on keel's own loop (`None`) or a real CLI; returns its exit code and
     /// output (the run may fail: the forbidden step never gets its report).
     fn run(&self, harness: Option<HarnessKind>) -> (i32, String, String) {
-        run_to_end(&mut self.run_command(harness))
+        run_to_end(&mut self.run_command(harness), WAIT).unwrap()
     }
 
     /// The `keel run` command of [`Fixture::run`], not started.
@@ -103,10 +101,7 @@ impl Fixture {
 
     /// `keel --json audit` of the latest run: its rows.
     fn audit(&self) -> Vec<Value> {
-        let (code, out, err) = run_to_end(keel(self.path()).unwrap().args(["--json", "audit"]));
-        assert_eq!(code, 0, "{out}{err}");
-        let v: Value = serde_json::from_str(out.trim()).unwrap();
-        v["rows"].as_array().unwrap().clone()
+        keel_json_list(self.path(), &["audit"], "rows", WAIT).unwrap()
     }
 }
 
@@ -126,38 +121,6 @@ fn shell_step(key: &str, what: &str, command: &str) -> PlanStep {
     }
 }
 
-fn run_to_end(cmd: &mut std::process::Command) -> (i32, String, String) {
-    let cmd = std::mem::replace(cmd, std::process::Command::new("true"));
-    let (status, out, err) = Reaped::spawn(cmd).unwrap().wait_output(WAIT).unwrap();
-    (status.code().unwrap_or(-1), out, err)
-}
-
-fn rows_by<'a>(rows: &'a [Value], who: &str, decision: &str) -> Vec<&'a Value> {
-    rows.iter()
-        .filter(|r| r["who"] == who && r["decision"] == decision)
-        .collect()
-}
-
-/// `None` when a CLI is missing and skipping was asked for; panics when it is missing otherwise.
-fn cli_available(kind: HarnessKind) -> Option<()> {
-    use keel_harness::cli::CliFlavor;
-    let binary = match kind {
-        HarnessKind::ClaudeCode => keel_harness::cli::claude::ClaudeCode.binary(),
-        HarnessKind::Codex => keel_harness::cli::codex::Codex.binary(),
-        HarnessKind::Opencode => keel_harness::cli::opencode::Opencode.binary(),
-        HarnessKind::Pi => keel_harness::cli::pi::Pi::default().binary(),
-        _ => return Some(()),
-    };
-    match binary.locate() {
-        Ok(_) => Some(()),
-        Err(e) if std::env::var("KEEL_SKIP_REAL_CLIS").as_deref() == Ok("1") => {
-            eprintln!("skipping {kind} (KEEL_SKIP_REAL_CLIS=1): {e}");
-            None
-        }
-        Err(e) => panic!("{e}; set KEEL_SKIP_REAL_CLIS=1 to skip"),
-    }
-}
-
 #[test]
 fn keels_own_loop_denies_by_rule_and_runs_an_asked_call_once_approved() {
     deny_and_ask_case(None);
@@ -165,43 +128,40 @@ fn keels_own_loop_denies_by_rule_and_runs_an_asked_call_once_approved() {
 
 #[test]
 fn claude_code_denies_by_rule_and_runs_an_asked_call_once_approved() {
-    if cli_available(HarnessKind::ClaudeCode).is_some() {
+    if cli_installed(HarnessKind::ClaudeCode) {
         deny_and_ask_case(Some(HarnessKind::ClaudeCode));
     }
 }
 
 #[test]
 fn codex_denies_by_rule_and_runs_an_asked_call_once_approved() {
-    if cli_available(HarnessKind::Codex).is_some() {
+    if cli_installed(HarnessKind::Codex) {
         deny_and_ask_case(Some(HarnessKind::Codex));
     }
 }
 
 #[test]
 fn opencode_denies_by_rule_and_runs_an_asked_call_once_approved() {
-    if cli_available(HarnessKind::Opencode).is_some() {
+    if cli_installed(HarnessKind::Opencode) {
         deny_and_ask_case(Some(HarnessKind::Opencode));
     }
 }
 
 #[test]
 fn pi_denies_by_rule_and_runs_an_asked_call_once_approved() {
-    if cli_available(HarnessKind::Pi).is_some() {
+    if cli_installed(HarnessKind::Pi) {
         deny_and_ask_case(Some(HarnessKind::Pi));
     }
 }
 
 /// `keel --json escalations` in `dir` (`--all` too when asked): the listed escalations.
 fn escalations(dir: &Path, all: bool) -> Vec<Value> {
-    let mut cmd = keel(dir).unwrap();
-    cmd.args(["--json", "escalations"]);
-    if all {
-        cmd.arg("--all");
-    }
-    let (code, out, err) = run_to_end(&mut cmd);
-    assert_eq!(code, 0, "{out}{err}");
-    let v: Value = serde_json::from_str(out.trim()).unwrap();
-    v["escalations"].as_array().unwrap().clone()
+    let args: &[&str] = if all {
+        &["escalations", "--all"]
+    } else {
+        &["escalations"]
+    };
+    keel_json_list(dir, args, "escalations", WAIT).unwrap()
 }
 
 /// A deny rule and an `ask` rule on one harness, in one run: the denied command's file never
@@ -233,7 +193,8 @@ fn deny_and_ask_case(harness: Option<HarnessKind>) {
         !fx.path().join("approved.txt").exists(),
         "{harness:?}: the call ran before its approval"
     );
-    let (code, out, err) = run_to_end(keel(fx.path()).unwrap().args(["answer", id, "allow"]));
+    let (code, out, err) =
+        run_to_end(keel(fx.path()).unwrap().args(["answer", id, "allow"]), WAIT).unwrap();
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("the waiting tool call is decided"), "{out}");
     let (_status, out, err) = run.wait_output(WAIT).unwrap();
@@ -246,7 +207,7 @@ fn deny_and_ask_case(harness: Option<HarnessKind>) {
         "{harness:?}: the approved call did not run\n{out}\n{err}"
     );
     let rows = fx.audit();
-    let denied = rows_by(&rows, "deny-rule", "deny");
+    let denied = audit_rows_by(&rows, "deny-rule", "deny");
     assert!(
         !denied.is_empty(),
         "{harness:?}: no denial audited: {rows:#?}\n{out}\n{err}"
@@ -258,7 +219,7 @@ fn deny_and_ask_case(harness: Option<HarnessKind>) {
         "{rows:#?}"
     );
     assert!(
-        !rows_by(&rows, "unmatched", "allow").is_empty(),
+        !audit_rows_by(&rows, "unmatched", "allow").is_empty(),
         "{harness:?}: the harmless call was not audited: {rows:#?}"
     );
     assert!(
@@ -268,8 +229,11 @@ fn deny_and_ask_case(harness: Option<HarnessKind>) {
         }),
         "an audit row holds the raw input"
     );
-    assert!(!rows_by(&rows, "ask-rule", "ask").is_empty(), "{rows:#?}");
-    let approved = rows_by(&rows, "approval", "allow");
+    assert!(
+        !audit_rows_by(&rows, "ask-rule", "ask").is_empty(),
+        "{rows:#?}"
+    );
+    let approved = audit_rows_by(&rows, "approval", "allow");
     assert_eq!(approved.len(), 1, "{rows:#?}");
     assert!(
         approved[0]["reason"].as_str().unwrap().contains(id),
@@ -289,8 +253,11 @@ fn ask_unanswered_case(harness: Option<HarnessKind>) {
         "{harness:?}: an unanswered ask ran\n{out}\n{err}"
     );
     let rows = fx.audit();
-    assert!(!rows_by(&rows, "ask-rule", "ask").is_empty(), "{rows:#?}");
-    let denied = rows_by(&rows, "approval", "deny");
+    assert!(
+        !audit_rows_by(&rows, "ask-rule", "ask").is_empty(),
+        "{rows:#?}"
+    );
+    let denied = audit_rows_by(&rows, "approval", "deny");
     assert!(!denied.is_empty(), "{harness:?}: {rows:#?}\n{out}\n{err}");
     assert!(
         denied
@@ -298,7 +265,10 @@ fn ask_unanswered_case(harness: Option<HarnessKind>) {
             .all(|r| r["reason"].as_str().unwrap().contains("timed out")),
         "{rows:#?}"
     );
-    assert!(rows_by(&rows, "approval", "allow").is_empty(), "{rows:#?}");
+    assert!(
+        audit_rows_by(&rows, "approval", "allow").is_empty(),
+        "{rows:#?}"
+    );
     // Should a retry of the step ask again, the run may end while its last ask still waits (a
     // session ended by the run's end records no expiry), so the first one is checked.
     let all = escalations(fx.path(), true);
@@ -313,7 +283,7 @@ fn keels_own_loop_denies_an_asked_call_nobody_answers_after_its_timeout() {
 
 #[test]
 fn claude_code_denies_an_asked_call_nobody_answers_after_its_timeout() {
-    if cli_available(HarnessKind::ClaudeCode).is_some() {
+    if cli_installed(HarnessKind::ClaudeCode) {
         ask_unanswered_case(Some(HarnessKind::ClaudeCode));
     }
 }
@@ -325,28 +295,28 @@ fn a_mandatory_hook_that_hangs_denies_after_its_timeout() {
 
 #[test]
 fn claude_code_a_mandatory_hook_that_hangs_denies_after_its_timeout() {
-    if cli_available(HarnessKind::ClaudeCode).is_some() {
+    if cli_installed(HarnessKind::ClaudeCode) {
         hung_hook_case(Some(HarnessKind::ClaudeCode));
     }
 }
 
 #[test]
 fn codex_a_mandatory_hook_that_hangs_denies_after_its_timeout() {
-    if cli_available(HarnessKind::Codex).is_some() {
+    if cli_installed(HarnessKind::Codex) {
         hung_hook_case(Some(HarnessKind::Codex));
     }
 }
 
 #[test]
 fn opencode_a_mandatory_hook_that_hangs_denies_after_its_timeout() {
-    if cli_available(HarnessKind::Opencode).is_some() {
+    if cli_installed(HarnessKind::Opencode) {
         hung_hook_case(Some(HarnessKind::Opencode));
     }
 }
 
 #[test]
 fn pi_a_mandatory_hook_that_hangs_denies_after_its_timeout() {
-    if cli_available(HarnessKind::Pi).is_some() {
+    if cli_installed(HarnessKind::Pi) {
         hung_hook_case(Some(HarnessKind::Pi));
     }
 }
@@ -361,7 +331,7 @@ fn hung_hook_case(harness: Option<HarnessKind>) {
         "the call ran past a hung mandatory hook\n{out}\n{err}"
     );
     let rows = fx.audit();
-    let errors = rows_by(&rows, "hook:hangs", "error");
+    let errors = audit_rows_by(&rows, "hook:hangs", "error");
     assert!(!errors.is_empty(), "{rows:#?}\n{out}\n{err}");
     assert!(
         errors.iter().all(|r| r["reason"]
@@ -445,16 +415,17 @@ fn a_counting_gate_survives_a_sigkill_of_the_node() {
     })
     .unwrap();
     node.kill();
-    let (code, out, err) = run_to_end(keel(fx.path()).unwrap().args([
-        "resume",
-        &run.to_string(),
-        "--model-server",
-        &fx.url,
-    ]));
+    let (code, out, err) = run_to_end(
+        keel(fx.path())
+            .unwrap()
+            .args(["resume", &run.to_string(), "--model-server", &fx.url]),
+        WAIT,
+    )
+    .unwrap();
     assert!(code == 0 || code == 5, "resume: {code}\n{out}\n{err}");
     let rows = fx.audit();
-    let allowed = rows_by(&rows, "gate:count", "allow");
-    let denied = rows_by(&rows, "gate:count", "deny");
+    let allowed = audit_rows_by(&rows, "gate:count", "allow");
+    let denied = audit_rows_by(&rows, "gate:count", "deny");
     assert_eq!(
         allowed.len(),
         2,

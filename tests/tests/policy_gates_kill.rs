@@ -14,7 +14,10 @@ use std::time::Duration;
 use keel_actors::runtime::scripted;
 use keel_actors::{Plan, PlanStep};
 use keel_store::{GateEvent, RunId, Store, StoreConfig};
-use keel_tests::{Reaped, keel, model_server, recorded_bodies, wait_for};
+use keel_tests::{
+    Reaped, audit_rows_by, init_home_with, keel, keel_json_list, model_server, recorded_bodies,
+    run_to_end, wait_for,
+};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(240);
@@ -29,12 +32,7 @@ struct Home {
 impl Home {
     fn new(policy: &str) -> Home {
         let dir = tempfile::tempdir().unwrap();
-        let (code, out, err) = run_to_end(keel(dir.path()).unwrap().arg("init"));
-        assert_eq!(code, 0, "{out}{err}");
-        let config = dir.path().join(".keel").join("keel.toml");
-        let mut text = std::fs::read_to_string(&config).unwrap();
-        text.push_str(policy);
-        std::fs::write(&config, text).unwrap();
+        init_home_with(dir.path(), policy, WAIT).unwrap();
         let (server, url) = model_server(dir.path(), &dir.path().join("record")).unwrap();
         Home {
             dir,
@@ -101,34 +99,23 @@ impl Home {
     }
 
     fn resume(&self, run: RunId) {
-        let (code, out, err) = run_to_end(keel(self.path()).unwrap().args([
-            "resume",
-            &run.to_string(),
-            "--model-server",
-            &self.url,
-        ]));
+        let (code, out, err) = run_to_end(
+            keel(self.path()).unwrap().args([
+                "resume",
+                &run.to_string(),
+                "--model-server",
+                &self.url,
+            ]),
+            WAIT,
+        )
+        .unwrap();
         assert!(code == 0 || code == 5, "resume: {code}\n{out}\n{err}");
     }
 
     /// `keel --json audit` of the latest run: its rows.
     fn audit(&self) -> Vec<Value> {
-        let (code, out, err) = run_to_end(keel(self.path()).unwrap().args(["--json", "audit"]));
-        assert_eq!(code, 0, "{out}{err}");
-        let v: Value = serde_json::from_str(out.trim()).unwrap();
-        v["rows"].as_array().unwrap().clone()
+        keel_json_list(self.path(), &["audit"], "rows", WAIT).unwrap()
     }
-}
-
-fn run_to_end(cmd: &mut std::process::Command) -> (i32, String, String) {
-    let cmd = std::mem::replace(cmd, std::process::Command::new("true"));
-    let (status, out, err) = Reaped::spawn(cmd).unwrap().wait_output(WAIT).unwrap();
-    (status.code().unwrap_or(-1), out, err)
-}
-
-fn rows_by<'a>(rows: &'a [Value], who: &str, decision: &str) -> Vec<&'a Value> {
-    rows.iter()
-        .filter(|r| r["who"] == who && r["decision"] == decision)
-        .collect()
 }
 
 /// A chain of steps `s0..sN`, each running `command(i)`, each after the previous.
@@ -184,8 +171,8 @@ fn a_cap_gate_survives_a_sigkill_of_the_node() {
     node.kill();
     home.resume(run);
     let rows = home.audit();
-    let allowed = rows_by(&rows, "gate:spend", "allow");
-    let denied = rows_by(&rows, "gate:spend", "deny");
+    let allowed = audit_rows_by(&rows, "gate:spend", "allow");
+    let denied = audit_rows_by(&rows, "gate:spend", "deny");
     assert_eq!(allowed.len(), 2, "the cap let more through: {rows:#?}");
     assert!(
         !denied.is_empty(),
@@ -208,10 +195,10 @@ fn a_prerequisite_met_before_a_sigkill_holds_after_resume() {
     let home = Home::new(gate);
     // Without the build, the deploy is denied.
     home.write_plan(chain(1, |_| "echo deploy-now".into(), None));
-    let (code, out, err) = run_to_end(&mut home.run_command());
+    let (code, out, err) = run_to_end(&mut home.run_command(), WAIT).unwrap();
     let rows = home.audit();
     assert!(
-        rows_by(&rows, "gate:built", "deny").iter().any(|r| r["reason"]
+        audit_rows_by(&rows, "gate:built", "deny").iter().any(|r| r["reason"]
             .as_str()
             .unwrap()
             .contains("a call matching bash(*build-ok*) must succeed in this run before bash; run it first")),
@@ -237,11 +224,11 @@ fn a_prerequisite_met_before_a_sigkill_holds_after_resume() {
     home.resume(run);
     let rows = home.audit();
     assert!(
-        rows_by(&rows, "gate:built", "deny").is_empty(),
+        audit_rows_by(&rows, "gate:built", "deny").is_empty(),
         "the deploy was denied after the build: {rows:#?}"
     );
     assert!(
-        !rows_by(&rows, "gate:built", "allow").is_empty(),
+        !audit_rows_by(&rows, "gate:built", "allow").is_empty(),
         "the deploy never ran: {rows:#?}"
     );
 }
@@ -259,7 +246,7 @@ fn a_post_tool_use_hook_rewrites_the_result_keels_loop_hands_the_model() {
     );
     let home = Home::new(&policy);
     home.write_plan(chain(1, |_| "echo pw-hunter2".into(), None));
-    let (code, out, err) = run_to_end(&mut home.run_command());
+    let (code, out, err) = run_to_end(&mut home.run_command(), WAIT).unwrap();
     assert_eq!(code, 0, "{out}\n{err}");
     let results: Vec<String> = recorded_bodies(&home.path().join("record"))
         .iter()
@@ -276,7 +263,7 @@ fn a_post_tool_use_hook_rewrites_the_result_keels_loop_hands_the_model() {
         "{results:#?}"
     );
     let rows = home.audit();
-    let rewritten = rows_by(&rows, "hook:redact", "allow");
+    let rewritten = audit_rows_by(&rows, "hook:redact", "allow");
     assert!(
         rewritten.iter().any(|r| r["rewritten"] == true),
         "{rows:#?}"
@@ -308,7 +295,7 @@ fn an_agents_rules_apply_to_its_sessions_only() {
     cmd.args(["run", "agents", "--plan", ".keel/plan.json"])
         .env("ANTHROPIC_BASE_URL", &home.url)
         .env("ANTHROPIC_API_KEY", "sk-agents-test");
-    let (code, out, err) = run_to_end(&mut cmd);
+    let (code, out, err) = run_to_end(&mut cmd, WAIT).unwrap();
     assert!(!home.path().join("careful.txt").exists(), "{out}\n{err}");
     assert!(
         home.path().join("free.txt").exists(),
@@ -316,7 +303,7 @@ fn an_agents_rules_apply_to_its_sessions_only() {
     );
     let rows = home.audit();
     // Each attempt of the careful step is denied (its retries included), the free one never.
-    let denied = rows_by(&rows, "agent-deny-rule", "deny");
+    let denied = audit_rows_by(&rows, "agent-deny-rule", "deny");
     assert!(!denied.is_empty(), "{rows:#?}");
     assert!(
         denied.iter().all(|r| r["reason"]

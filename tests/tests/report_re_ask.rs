@@ -16,7 +16,7 @@ use keel_actors::{Plan, PlanStep};
 use keel_harness::HarnessKind;
 use keel_harness::scripted::model::{MALFORMED_REPORTS, REPORT_AFTER_TOOL};
 use keel_store::{RunId, Store, StoreConfig, Task, TaskKind};
-use keel_tests::{Reaped, keel};
+use keel_tests::{Reaped, keel, run_to_end};
 
 const WAIT: Duration = Duration::from_secs(240);
 /// What the log row of a re-ask starts with (the specialist's record of a `SentBack` event).
@@ -38,7 +38,7 @@ impl Fixture {
         let dir = tempfile::tempdir().unwrap();
         let home = dir.path().join("work");
         std::fs::create_dir_all(&home).unwrap();
-        let (code, out, err) = run_to_end(keel(&home).unwrap().arg("init"));
+        let (code, out, err) = run_to_end(keel(&home).unwrap().arg("init"), WAIT).unwrap();
         assert_eq!(code, 0, "{out}{err}");
         // The scripted model runs the command, then reports (unsourced `malformed` times) whatever
         // the tool answered: a CLI refusing the command still gets a tool result to report.
@@ -86,7 +86,7 @@ impl Fixture {
                     .env("ANTHROPIC_API_KEY", "sk-re-ask-test");
             }
         }
-        run_to_end(&mut cmd)
+        run_to_end(&mut cmd, WAIT).unwrap()
     }
 
     /// The run's subtasks (oldest first) with the summaries of their log rows.
@@ -107,12 +107,6 @@ impl Fixture {
             })
             .collect()
     }
-}
-
-fn run_to_end(cmd: &mut std::process::Command) -> (i32, String, String) {
-    let cmd = std::mem::replace(cmd, std::process::Command::new("true"));
-    let (status, out, err) = Reaped::spawn(cmd).unwrap().wait_output(WAIT).unwrap();
-    (status.code().unwrap_or(-1), out, err)
 }
 
 fn sent_back(rows: &[String]) -> Vec<&String> {
@@ -173,23 +167,9 @@ fn keels_own_loop_fails_the_attempt_after_a_second_malformed_report() {
     fails_after_one_re_ask(None);
 }
 
-/// Whether the real Claude Code is installed; `false` only when `KEEL_SKIP_REAL_CLIS=1` allows
-/// skipping.
-fn claude_code() -> bool {
-    use keel_harness::cli::CliFlavor;
-    match keel_harness::cli::claude::ClaudeCode.binary().locate() {
-        Ok(_) => true,
-        Err(e) if std::env::var("KEEL_SKIP_REAL_CLIS").as_deref() == Ok("1") => {
-            eprintln!("skipping Claude Code (KEEL_SKIP_REAL_CLIS=1): {e}");
-            false
-        }
-        Err(e) => panic!("{e}; set KEEL_SKIP_REAL_CLIS=1 to skip"),
-    }
-}
-
 #[test]
 fn claude_code_fixes_a_malformed_report_in_one_more_turn_through_its_stop_hook() {
-    if claude_code() {
+    if keel_tests::claude_code_installed() {
         fixed_in_one_more_turn(Some(HarnessKind::ClaudeCode));
     }
 }
