@@ -289,7 +289,13 @@ impl Endpoint {
             ever.insert(attempt);
         }
         let role = WorkerSpecialistRole::new(Arc::clone(shared), &start);
-        let machine = Specialist::new(start, shared.config.specialist.clone());
+        let mut config = shared.config.specialist.clone();
+        // The session calls keel's tools on this worker's endpoint (a lead's `delegate` among them).
+        config.session_tools = shared
+            .config
+            .harnesses
+            .session_tool_path(start.assignment.harness);
+        let machine = Specialist::new(start, config);
         let rng = lock(&shared.entropy).fork();
         let state = MachineActorState::new(machine, rng, Default::default());
         match Actor::spawn_linked(None, MachineActor::new(role), state, myself.get_cell()).await {

@@ -69,7 +69,24 @@ impl Server {
     /// # Panics
     /// When it cannot start or does not listen within two minutes.
     pub fn start_coordinator(dir: &Path, cookie_file: &Path) -> (Self, String) {
+        Self::start_coordinator_with(dir, cookie_file, &[], &[])
+    }
+
+    /// [`Server::start_coordinator`] with more arguments for `keel node` (`--harness`, `--model`,
+    /// ...) and more environment variables.
+    ///
+    /// # Panics
+    /// As [`Server::start_coordinator`].
+    pub fn start_coordinator_with(
+        dir: &Path,
+        cookie_file: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> (Self, String) {
         let mut cmd = keel(dir).unwrap();
+        for (name, value) in env {
+            cmd.env(name, value);
+        }
         cmd.env("KEEL_LOG", crate::cluster::NODE_LOG)
             .args([
                 "node",
@@ -81,7 +98,8 @@ impl Server {
                 "127.0.0.1:0",
                 "--cookie-file",
             ])
-            .arg(cookie_file);
+            .arg(cookie_file)
+            .args(args);
         let mut process = Reaped::spawn(cmd).unwrap();
         let line = process.line_containing("listening on", START_WAIT).unwrap();
         let cluster = word_after(&line, "listening on ").to_string();

@@ -9,15 +9,22 @@
 //! - A live session of another run, holding its own token: asking for the first run's task is
 //!   refused (the token scopes the call to its own run); a made-up token is refused with 401; once
 //!   the session ended, its token is refused with 401 too.
+//! - A brief without a plan, given to the coordinator daemon with `keel run --server`, runs a lead
+//!   session (as `keel run` and `keel serve` do) placed on a worker: its `delegate` call on that
+//!   worker's endpoint crosses to the coordinator, whose three subtasks run on the workers (one
+//!   calls `report_progress` on its own worker's endpoint), and the answer with their reports comes
+//!   back to the lead, which ends the run. The coordinator-only node listens on its cluster port
+//!   and its API only: no MCP endpoint where no session runs.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests: a panic is the failure report.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
 use keel_actors::session_tool::reported_findings;
 use keel_actors::{Plan, PlanStep};
 use keel_harness::tools::mcp::{McpClient, McpError};
-use keel_store::{RunStatus, TaskStatus};
+use keel_store::{RunStatus, TaskKind, TaskStatus};
 use keel_tests::cluster::{COOKIE, NODE_LOG, write_cookie};
 use keel_tests::fan_out::{reader, subtasks};
 use keel_tests::serve::{Server, worker_command};
@@ -241,4 +248,186 @@ fn a_session_on_a_worker_reports_through_its_own_nodes_endpoint_and_tokens_stay_
             }
         }
     }
+}
+
+/// The TCP ports process `pid` listens on (Linux: its sockets' inodes, looked up in
+/// `/proc/net/tcp` and `/proc/net/tcp6`).
+fn listening_ports(pid: u32) -> BTreeSet<u16> {
+    let inodes: BTreeSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter_map(|link| {
+            let link = link.to_string_lossy().to_string();
+            Some(
+                link.strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .to_string(),
+            )
+        })
+        .collect();
+    let mut ports = BTreeSet::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for row in text.lines().skip(1) {
+            let cols: Vec<&str> = row.split_whitespace().collect();
+            // local_address is IP:PORT in hex, st 0A is LISTEN, the inode is the tenth column.
+            if cols.len() > 9 && cols[3] == "0A" && inodes.contains(cols[9]) {
+                let port = cols[1].rsplit(':').next().unwrap();
+                ports.insert(u16::from_str_radix(port, 16).unwrap());
+            }
+        }
+    }
+    ports
+}
+
+/// The port of `addr` (`IP:PORT` or `http://IP:PORT...`).
+fn port_of(addr: &str) -> u16 {
+    let hostport = addr.trim_start_matches("http://");
+    let hostport = hostport.split('/').next().unwrap();
+    hostport.rsplit(':').next().unwrap().parse().unwrap()
+}
+
+/// A subtask the lead delegates, carried out by the scripted model on keel's loop: part 1 calls
+/// `report_progress`, the others run `echo part N done`; each reports what it got.
+fn lead_part(i: usize) -> Value {
+    let brief = if i == 1 {
+        format!(
+            "Part {i}. REPORT_AFTER_TOOL\nCALL_TOOL: mcp__keel__report_progress {}",
+            json!({"note": "part 1 on a worker"})
+        )
+    } else {
+        format!("Part {i}. REPORT_AFTER_TOOL\nRUN_TOOL: echo part {i} done ;;")
+    };
+    json!({"id": format!("part-{i}"), "brief": brief, "goal": format!("part {i}")})
+}
+
+#[test]
+fn a_brief_without_a_plan_runs_a_lead_on_a_worker_of_a_coordinator_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    let record = dir.path().join("requests");
+    std::fs::create_dir_all(&work).unwrap();
+    let init = keel(&work).unwrap().arg("init").output().unwrap();
+    assert!(init.status.success(), "{init:?}");
+    let cookie = dir.path().join("cookie");
+    write_cookie(&cookie, COOKIE, 0o600);
+    let (_model, model_url) = keel_tests::model_server(&work, &record).unwrap();
+    // keel's own loop on the scripted model server, as an Anthropic endpoint: not the built-in
+    // scripted profile, whose briefs get the scripted survey plan instead of a lead.
+    let harness = ["--harness", "messages-api", "--model", "keel-scripted-1"];
+    let env = [
+        ("ANTHROPIC_BASE_URL", model_url.as_str()),
+        ("ANTHROPIC_API_KEY", "sk-cluster-lead-test"),
+    ];
+    let (mut server, cluster) = Server::start_coordinator_with(&work, &cookie, &harness, &env);
+    let mut workers = Vec::new();
+    for name in ["w1", "w2"] {
+        let mut cmd = worker_command(&work, &cluster, name, &cookie);
+        cmd.env("KEEL_LOG", NODE_LOG).args(harness).envs(env);
+        let mut worker = Reaped::spawn(cmd).unwrap();
+        let line = worker
+            .stderr_line_containing("MCP endpoint for the sessions hosted here", WAIT)
+            .unwrap();
+        server
+            .process
+            .stderr_line_containing(&format!("worker joined worker={name}"), WAIT)
+            .unwrap();
+        // A worker listens on its endpoint (and its cluster port).
+        let endpoint = line.split("url=").nth(1).unwrap();
+        assert!(
+            listening_ports(worker.id()).contains(&port_of(endpoint)),
+            "{line}"
+        );
+        workers.push(worker);
+    }
+    // The coordinator-only node runs no session: its cluster port and its API, nothing else.
+    assert_eq!(
+        listening_ports(server.process.id()),
+        BTreeSet::from([port_of(&cluster), port_of(&server.url)]),
+    );
+
+    let brief = format!(
+        "Lead the three parts. REPORT_AFTER_TOOL\nCALL_TOOL: mcp__keel__delegate {}",
+        json!({"subtasks": [lead_part(1), lead_part(2), lead_part(3)]})
+    );
+    let client = tempfile::tempdir().unwrap();
+    let out = server
+        .keel(client.path())
+        .args(["run", "--quiet", &brief])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let store = reader(&work);
+    let run = store.catalog().runs(1).unwrap().items[0].clone();
+    assert_eq!(run.status, RunStatus::Completed, "{run:#?}");
+    assert!(stdout.contains(&run.id.to_string()), "{stdout}");
+    let tasks = subtasks(&store, run.id);
+    assert_eq!(tasks.len(), 3, "{tasks:#?}");
+    assert!(
+        tasks
+            .iter()
+            .all(|t| t.kind == TaskKind::Subtask && t.status == TaskStatus::Complete),
+        "{tasks:#?}"
+    );
+    // A delegated part's tool call on its worker's endpoint: durable in the coordinator's store.
+    assert!(
+        tasks
+            .iter()
+            .any(|t| t.progress_notes == vec!["part 1 on a worker".to_string()]),
+        "{tasks:#?}"
+    );
+    let root = store
+        .run(run.id)
+        .tasks(None, 100)
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|t| t.kind == TaskKind::Root)
+        .unwrap();
+    assert!(root.outcome.is_some(), "{root:#?}");
+    let log = store.run(run.id).last_log_rows(root.id, 500).unwrap();
+    assert!(
+        log.iter().any(|r| r
+            .value
+            .summary
+            .contains("dispatch delegation turn 1: 3 calls in parallel")),
+        "{log:#?}"
+    );
+    drop(store);
+    // The lead ran as a lead (keel's lead instructions in its system prompt), and its `delegate`
+    // call was answered with the three reports: the model read them in the lead's next request.
+    let bodies: Vec<String> = recorded_bodies(&record)
+        .iter()
+        .map(Value::to_string)
+        .collect();
+    assert!(
+        bodies
+            .iter()
+            .any(|b| b.contains("You are the lead of a keel run")
+                && b.contains("Lead the three parts")),
+        "no lead session: {bodies:#?}"
+    );
+    assert!(
+        bodies.iter().any(|b| b.contains("tool_result")
+            && ["part-1", "part-2", "part-3"].iter().all(|p| b.contains(p))
+            && b.contains("part 2 done")),
+        "the delegate answer never reached the lead's model: {bodies:#?}"
+    );
+    // Every session ran on a worker: the lead and its three parts were placed there, and the
+    // lead's `delegate` went through a worker's endpoint.
+    let log = server.process.stderr_so_far();
+    assert_eq!(
+        log.matches("specialist placed on a worker").count(),
+        4,
+        "{log}"
+    );
+    let worker_logs: String = workers.iter().map(Reaped::stderr_so_far).collect();
+    assert!(worker_logs.contains("tool=\"delegate\""), "{worker_logs}");
 }

@@ -94,6 +94,18 @@ impl HarnessSet {
         self.session_endpoint.is_some() && kind != HarnessKind::Pi
     }
 
+    /// How a session of `kind` hosted with this set reaches its specialist's coordination tools:
+    /// through the endpoint when it serves them (tool-use events are then only logged, or a
+    /// `delegate` call would be taken twice), else as tool-use events. Every host of a specialist
+    /// (the runtime's node, a cluster worker) configures it the same way.
+    pub fn session_tool_path(&self, kind: HarnessKind) -> crate::SessionToolPath {
+        if self.serves_session_tools(kind) {
+            crate::SessionToolPath::Endpoint
+        } else {
+            crate::SessionToolPath::ToolEvents
+        }
+    }
+
     /// Opens the attempt's session on the endpoint (its token minted, its calls going to `deliver`)
     /// and names the endpoint in the spec, the token in its environment. Returns the token when the
     /// session got the tools, for the host to hand its specialist as a

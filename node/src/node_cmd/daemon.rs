@@ -48,10 +48,9 @@ pub(super) async fn serve(
         home,
         config,
         scripted: setup.scripted,
-        // Sessions on workers get keel's tools from their worker's endpoint, but a lead session
-        // on a worker is not tested yet: a brief without a plan runs as one step (as `keel node
-        // --run` does).
-        lead_capable: false,
+        // A brief without a plan runs a lead session, as under `keel run` and `keel serve`: the
+        // lead is placed on a worker and calls keel's tools on that worker's endpoint.
+        lead_capable: setup.lead_capable(),
         work_dir: work_dir.to_path_buf(),
         agents: serve::agent_names(&api.runtime_config),
         runs_in_flight_max: api.runtime_config.runs_in_flight_max,

@@ -2,10 +2,11 @@
 //!
 //! - `--role coordinator` opens the home's store, hosts every run's machines (coordinators, the
 //!   supervisor, the checkpoint writer) and places each specialist on a worker by capability and load;
-//!   at start it resumes the runs that were running when it died.
+//!   at start it resumes the runs that were running when it died. No session runs on it, so it
+//!   starts no MCP endpoint; a brief without a plan still runs as a lead (on a worker).
 //! - `--role worker` never opens the store: it hosts the specialists placed on it, runs their harness
-//!   sessions here, and sends everything back as messages, which the coordinator makes durable before
-//!   it acknowledges them.
+//!   sessions here (with keel's session tools on its own MCP endpoint), and sends everything back as
+//!   messages, which the coordinator makes durable before it acknowledges them.
 //! - `--role all` is both in one process.
 //!
 //! The cookie comes from a file only its owner can read (`--cookie-file`), never from argv. The
@@ -33,7 +34,7 @@ use keel_store::RunStatus;
 
 use crate::config::LogFormat;
 use crate::home::Home;
-use crate::run::setup::{HarnessChoice, attach_policy, node_setup, work_dir};
+use crate::run::setup::{HarnessChoice, SessionsHost, attach_policy, node_setup_for, work_dir};
 use crate::run::{self, Ended};
 use crate::serve::ApiMetrics;
 use crate::stdout::outln;
@@ -162,7 +163,13 @@ pub(crate) fn node(home: &Home, args: NodeArgs, json: bool) -> anyhow::Result<En
     run::init_logs(&config.log, args.log_format);
     run::tokio_runtime()?.block_on(async {
         let work = work_dir()?;
-        let setup = node_setup(&config, &args.choice, &work, None).await?;
+        // Sessions run on workers: a coordinator-only node serves no session tools itself.
+        let sessions = if r.role.works() {
+            SessionsHost::ThisNode
+        } else {
+            SessionsHost::Workers
+        };
+        let setup = node_setup_for(&config, &args.choice, &work, None, sessions).await?;
         let (server, bound) = start_node_server(&r.name, r.cookie.clone(), r.listen, r.tls.as_ref()).await?;
         let mut coordinator = None;
         if r.role.coordinates() {
@@ -198,7 +205,9 @@ pub(crate) fn node(home: &Home, args: NodeArgs, json: bool) -> anyhow::Result<En
         let worker = if r.role.works() {
             // The sessions this node hosts call keel's tools here, on their own machine; each
             // call crosses the cluster to the coordinator node as the specialist's reply.
-            tracing::info!(url = %setup.session_tools_url, "keel's MCP endpoint for the sessions hosted here");
+            if let Some(url) = &setup.session_tools_url {
+                tracing::info!(%url, "keel's MCP endpoint for the sessions hosted here");
+            }
             Some(
                 WorkerEndpoint::start(WorkerConfig {
                     name: r.name.clone(),
@@ -305,7 +314,7 @@ async fn coordinate(
         brief,
         plan,
         setup.scripted,
-        false,
+        setup.lead_capable(),
         args.choice.agent.clone(),
     )?;
     let (budget, snapshot) = run::submission(config);

@@ -49,8 +49,22 @@ pub(crate) struct NodeSetup {
     /// pre-tool gate. Attach the runtime's audit writer with [`attach_policy`] once it runs.
     pub(crate) policy: Option<PolicyBridge>,
     /// Where this node's MCP endpoint serves keel's session tools (127.0.0.1): a worker node
-    /// announces it, since the sessions it hosts call it.
-    pub(crate) session_tools_url: String,
+    /// announces it, since the sessions it hosts call it. `None` on a node where no session runs
+    /// (a cluster's coordinator-only node), which starts no endpoint.
+    pub(crate) session_tools_url: Option<String>,
+    /// Whether sessions of this node's runs run on other nodes (a coordinator-only node: its
+    /// workers each serve keel's session tools to the sessions they host).
+    sessions_elsewhere: bool,
+}
+
+/// Where the sessions of a node's runs run, which decides whether it serves keel's session tools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SessionsHost {
+    /// Here (`keel run`, `keel serve`, a worker or an `all` node): the node starts its MCP
+    /// endpoint on 127.0.0.1 for them.
+    ThisNode,
+    /// On worker nodes only (a coordinator-only node): no endpoint here; each worker serves its own.
+    Workers,
 }
 
 /// Lets the policy bridge record decisions through `runtime` (until then every call is denied).
@@ -146,24 +160,39 @@ fn harness_for(kind: HarnessKind) -> anyhow::Result<Arc<dyn keel_harness::Harnes
 }
 
 impl NodeSetup {
-    /// Whether a lead session can run here: the lead is a session of the first agent (or the chosen
-    /// one), and it needs keel's session tools, which pi sessions do not get.
+    /// Whether a lead session can run for this node's runs: the lead is a session of the first
+    /// agent (or the chosen one), and it needs keel's session tools, which pi sessions do not get.
+    /// On a coordinator-only node the lead runs on a worker, which serves the tools itself.
     pub(crate) fn lead_capable(&self) -> bool {
         self.config.supervisor.agents.iter().any(|a| {
-            HarnessKind::parse(&a.harness).is_some_and(|k| self.harnesses.serves_session_tools(k))
+            HarnessKind::parse(&a.harness).is_some_and(|k| {
+                self.harnesses.serves_session_tools(k)
+                    || (self.sessions_elsewhere && k != HarnessKind::Pi)
+            })
         })
     }
 }
 
-/// Build the node: agents from keel.toml (narrowed by `--agent`), or one profile on `--harness`, or
-/// the built-in scripted model over the native agent loop on a local model server; then `kept`, a
-/// profile a run was hosted with ([`kept_profile`]), in place of any profile of the same name, with
-/// its harness and account.
+/// Build a node whose sessions run here ([`node_setup_for`] with [`SessionsHost::ThisNode`]).
 pub(crate) async fn node_setup(
     config: &Config,
     choice: &HarnessChoice,
     work_dir: &Path,
     kept: Option<AgentProfile>,
+) -> anyhow::Result<NodeSetup> {
+    node_setup_for(config, choice, work_dir, kept, SessionsHost::ThisNode).await
+}
+
+/// Build the node: agents from keel.toml (narrowed by `--agent`), or one profile on `--harness`, or
+/// the built-in scripted model over the native agent loop on a local model server; then `kept`, a
+/// profile a run was hosted with ([`kept_profile`]), in place of any profile of the same name, with
+/// its harness and account. keel's MCP endpoint starts only when `sessions` run on this node.
+pub(crate) async fn node_setup_for(
+    config: &Config,
+    choice: &HarnessChoice,
+    work_dir: &Path,
+    kept: Option<AgentProfile>,
+    sessions: SessionsHost,
 ) -> anyhow::Result<NodeSetup> {
     let mut rc = RuntimeConfig::default();
     let sup = &config.supervisor;
@@ -295,20 +324,27 @@ pub(crate) async fn node_setup(
             provider: a.provider,
         })
         .collect();
-    // keel's session tools for every session of a harness with an MCP client (issue 11).
-    // Its answers and error bodies are scrubbed with the credentials this node knows (issue 16).
-    let mut endpoint_config = keel_mcp::EndpointConfig {
-        scrubber: rc.specialist.scrubber.clone(),
-        ..keel_mcp::EndpointConfig::default()
+    // keel's session tools for every session of a harness with an MCP client (issue 11), where
+    // sessions run. Its answers and error bodies are scrubbed with the credentials this node
+    // knows (issue 16).
+    let session_tools_url = match sessions {
+        SessionsHost::ThisNode => {
+            let mut endpoint_config = keel_mcp::EndpointConfig {
+                scrubber: rc.specialist.scrubber.clone(),
+                ..keel_mcp::EndpointConfig::default()
+            };
+            for value in harnesses.credential_values() {
+                let _ = endpoint_config.scrubber.register_secret(&value);
+            }
+            let endpoint = keel_mcp::McpEndpoint::start(endpoint_config)
+                .await
+                .context("starting keel's MCP endpoint on 127.0.0.1")?;
+            let url = endpoint.url().to_string();
+            harnesses = harnesses.with_session_endpoint(Arc::new(endpoint));
+            Some(url)
+        }
+        SessionsHost::Workers => None,
     };
-    for value in harnesses.credential_values() {
-        let _ = endpoint_config.scrubber.register_secret(&value);
-    }
-    let endpoint = keel_mcp::McpEndpoint::start(endpoint_config)
-        .await
-        .context("starting keel's MCP endpoint on 127.0.0.1")?;
-    let session_tools_url = endpoint.url().to_string();
-    harnesses = harnesses.with_session_endpoint(Arc::new(endpoint));
     // The report check of every session: keel's own loop runs it in process, a CLI with a Stop hook
     // runs `keel hook --report-for ...` (docs/HARNESSES.md says which can).
     let exe = std::env::current_exe().context("locating the keel executable for the hooks")?;
@@ -335,6 +371,7 @@ pub(crate) async fn node_setup(
         _server: server,
         policy,
         session_tools_url,
+        sessions_elsewhere: sessions == SessionsHost::Workers,
     })
 }
 

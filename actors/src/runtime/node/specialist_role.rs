@@ -55,13 +55,7 @@ impl Node {
             span,
         };
         let mut config = self.config.specialist.clone();
-        if self
-            .harnesses
-            .serves_session_tools(start.assignment.harness)
-        {
-            // The endpoint delivers the session's tool calls; its tool-use events are only logged.
-            config.session_tools = crate::specialist::SessionToolPath::Endpoint;
-        }
+        config.session_tools = self.harnesses.session_tool_path(start.assignment.harness);
         let machine = Specialist::new(start, config);
         let state = MachineActorState::new(machine, self.fork_rng(), SpecialistLocal::default());
         match Actor::spawn_linked(None, MachineActor::new(role), state, supervisor.get_cell()).await
