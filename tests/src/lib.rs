@@ -29,6 +29,34 @@ pub enum HelperError {
     Output(String),
 }
 
+/// A `cargo` command for a build from inside a test, without the variables cargo sets for the test
+/// binary itself (`CARGO_MANIFEST_DIR`, `CARGO_PKG_NAME`, ...): build scripts such as ring's rerun
+/// when those change, so inheriting them rebuilt ring and everything above it on every nested build
+/// and again on the next `cargo test`.
+fn nested_cargo() -> Command {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    for (name, _) in std::env::vars_os() {
+        let Some(name) = name.to_str() else { continue };
+        let set_for_the_test = name.starts_with("CARGO_PKG_")
+            || name.starts_with("CARGO_BIN_")
+            || matches!(
+                name,
+                "CARGO_MANIFEST_DIR"
+                    | "CARGO_MANIFEST_PATH"
+                    | "CARGO_MANIFEST_LINKS"
+                    | "CARGO_CRATE_NAME"
+                    | "CARGO_PRIMARY_PACKAGE"
+                    | "CARGO_TARGET_TMPDIR"
+                    | "OUT_DIR"
+            );
+        if set_for_the_test {
+            cmd.env_remove(name);
+        }
+    }
+    cmd
+}
+
 /// The `keel` binary of this build, built once per test process (a no-op when it is fresh).
 ///
 /// # Errors
@@ -46,8 +74,7 @@ pub fn keel_binary() -> Result<PathBuf, HelperError> {
         let target_dir = profile_dir
             .parent()
             .ok_or("no target directory above the profile directory")?;
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut build = Command::new(cargo);
+        let mut build = nested_cargo();
         build
             .args(["build", "--quiet", "-p", "keel-node", "--bin", "keel"])
             .env("CARGO_TARGET_DIR", target_dir);
@@ -83,8 +110,7 @@ pub fn example_binary(name: &str) -> Result<PathBuf, HelperError> {
     let target_dir = profile_dir
         .parent()
         .ok_or_else(|| HelperError::Binary("no target directory".into()))?;
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
+    let status = nested_cargo()
         .args(["build", "--quiet", "-p", "keel-tests", "--example", name])
         .env("CARGO_TARGET_DIR", target_dir)
         .status()?;
