@@ -6,9 +6,12 @@
 //!   workers; two parts run on the real Claude Code (one through its Bash tool, one calling keel's
 //!   `report_progress` on its worker's MCP endpoint), skipped only with `KEEL_SKIP_REAL_CLIS=1`
 //!   when it is not installed.
-//! - SIGKILL of one worker mid-run: its attempts go down when its lease expires and run again on the
-//!   other worker with resume preambles; no acknowledged step runs a second session; the reports
-//!   equal the undisturbed run's.
+//! - SIGKILL of one worker mid-run (with the Claude Code sessions it started, as when its machine
+//!   dies): its attempts go down when its lease expires and run again on the other worker with
+//!   resume preambles; no acknowledged step runs a second session; the reports equal the
+//!   undisturbed run's. Two parts run on the real Claude Code, and the worker killed is one that
+//!   runs a Claude Code session at that moment: that part's next session, on the other worker, is
+//!   Claude Code again and starts with keel's resume preamble.
 //! - SIGKILL of the coordinator mid-run, then a restart: it resumes the run from its checkpoint, the
 //!   workers reconnect by themselves, and the reports equal the undisturbed run's.
 //! - A wrong cookie is refused (both sides log it; the worker never joins), a cookie file others may
@@ -25,7 +28,7 @@ use keel_tests::cluster::{
 use keel_tests::fan_out::{claims, count, expected_claims, openings_of, part, reader, subtasks};
 use keel_tests::serve::worker_command;
 use keel_tests::{Reaped, keel, recorded_bodies, session_openings, wait_for};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -43,7 +46,20 @@ enum Harnesses {
     /// Parts 0 and 1 on the real Claude Code ([`claude_part`]), the others on keel's loop: two
     /// profiles of keel.toml, both on the scripted model server.
     WithClaudeCode,
+    /// As [`Harnesses::WithClaudeCode`], but parts 0 and 1 both run a slow command through Claude
+    /// Code's Bash tool ([`slow_claude_part`]), so that a kill lands inside their sessions.
+    SlowClaudeCode,
 }
+
+impl Harnesses {
+    /// Whether parts 0 and 1 run on Claude Code.
+    fn claude(self) -> bool {
+        self != Harnesses::Loop
+    }
+}
+
+/// The parts that run on Claude Code (with [`Harnesses::claude`]).
+const CLAUDE_PARTS: [usize; 2] = [0, 1];
 
 /// What part `i` on Claude Code does: part 0 runs `echo part 0 done` through Claude Code's Bash
 /// tool and reports its line; part 1 calls keel's `report_progress` tool, on the MCP endpoint of the
@@ -56,6 +72,22 @@ fn claude_part(i: usize) -> String {
             serde_json::json!({"note": format!("part {i} on claude code")})
         ),
     }
+}
+
+/// What part `i` on Claude Code does in the kill test: it runs `sleep 6; echo part i done` through
+/// Claude Code's Bash tool and reports its line (the claim of a part on keel's loop).
+fn slow_claude_part(i: usize) -> String {
+    format!("Part {i} of the fan-out. REPORT_AFTER_TOOL\nRUN_TOOL: sleep 6; echo part {i} done ;;")
+}
+
+/// Whether a recorded request body is Claude Code's (its system prompt names it) for part `i`.
+fn claude_request_of(body: &str, i: usize) -> bool {
+    body.contains("Claude Code") && body.contains(&format!("Part {i} of the fan-out."))
+}
+
+/// Whether a recorded request body carries keel's resume preamble.
+fn resumes(body: &str) -> bool {
+    body.contains(r#"kind=\"resume\""#)
 }
 
 /// The claims of an undisturbed run with `harnesses`, sorted.
@@ -87,7 +119,7 @@ fn cluster(harnesses: Harnesses) -> Cluster {
     let record = models.path().join("requests");
     let (server, url) = keel_tests::model_server(models.path(), &record).unwrap();
     let mut keel_toml = "[supervisor]\nmax_concurrent_specialists = 16\n".to_string();
-    if harnesses == Harnesses::WithClaudeCode {
+    if harnesses.claude() {
         keel_toml.push_str(&format!(
             "\n[[accounts]]\nname = \"scripted\"\nprovider = \"anthropic\"\nbase_url = \"{url}\"\nkey_env = \"{KEY_ENV}\"\n\
              \n[[agents]]\nname = \"loop\"\nharness = \"messages-api\"\nmodel = \"keel-scripted-1\"\naccount = \"scripted\"\n\
@@ -98,12 +130,17 @@ fn cluster(harnesses: Harnesses) -> Cluster {
     let home = ClusterHome::new(&keel_toml, STEPS, |i| {
         format!("sleep 2; echo part {i} done")
     });
-    if harnesses == Harnesses::WithClaudeCode {
+    if harnesses.claude() {
         let path = home.work.join("plan.json");
         let mut plan: keel_actors::Plan =
             serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        for (i, step) in plan.steps.iter_mut().enumerate().take(2) {
-            step.brief = claude_part(i);
+        for i in CLAUDE_PARTS {
+            let step = &mut plan.steps[i];
+            step.brief = if harnesses == Harnesses::SlowClaudeCode {
+                slow_claude_part(i)
+            } else {
+                claude_part(i)
+            };
             step.assignee = Some("claude".into());
         }
         std::fs::write(&path, serde_json::to_string(&plan).unwrap()).unwrap();
@@ -184,6 +221,55 @@ fn started_run(c: &mut Reaped) -> RunId {
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
+/// The worker each task was placed on last, by the coordinator's log ("specialist placed on a
+/// worker attempt=TASK#N worker=NAME").
+fn last_placements(log: &str) -> BTreeMap<String, String> {
+    let field = |line: &str, name: &str| {
+        line.split(name)
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .map(str::to_string)
+    };
+    let mut last = BTreeMap::new();
+    for line in log
+        .lines()
+        .filter(|l| l.contains("specialist placed on a worker"))
+    {
+        if let (Some(attempt), Some(worker)) = (field(line, " attempt="), field(line, " worker=")) {
+            let task = attempt.split('#').next().unwrap_or_default().to_string();
+            last.insert(task, worker);
+        }
+    }
+    last
+}
+
+/// The process ids whose parent is `pid` (Linux: `/proc/*/stat`).
+fn children_of(pid: u32) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|child| {
+            std::fs::read_to_string(format!("/proc/{child}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    // pid (comm) state ppid ...: comm may hold spaces, so split after its ')'.
+                    let after = stat.rsplit_once(')')?.1;
+                    after.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect()
+}
+
+/// SIGKILL every process group led by one of `pids` (a CLI session runs in its own group).
+fn kill_groups(pids: &[i32]) {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    for pid in pids {
+        let _ = kill(Pid::from_raw(-pid), Signal::SIGKILL);
+    }
+}
+
 fn placements_on(log: &str, worker: &str) -> usize {
     log.lines()
         .filter(|l| {
@@ -258,20 +344,60 @@ fn an_undisturbed_cluster_run_spreads_over_both_workers_with_two_parts_on_claude
 
 #[test]
 fn a_sigkilled_workers_tasks_finish_on_the_other_worker() {
-    let c = cluster(Harnesses::Loop);
+    let harnesses = if keel_tests::claude_code_installed() {
+        Harnesses::SlowClaudeCode
+    } else {
+        Harnesses::Loop
+    };
+    let c = cluster(harnesses);
     let mut coordinator = c.coordinator(true);
-    let w1 = c.worker("w1", &c.home.cookie);
-    let _w2 = c.worker("w2", &c.home.cookie);
+    let workers = [
+        ("w1", c.worker("w1", &c.home.cookie)),
+        ("w2", c.worker("w2", &c.home.cookie)),
+    ];
     let run = started_run(&mut coordinator);
-    // Wait until the first wave's reports are durable and w1 runs the second wave, then kill it.
     let store = reader(c.work());
-    wait_for(RUN_WAIT, "reports, and a second wave on w1", || {
+    // Kill a worker once reports are durable, while it runs a Claude Code part's session (whichever
+    // worker that is), or, on keel's loop only, once w1 runs the second wave.
+    let (victim, killed_claude) = wait_for(RUN_WAIT, "reports, and a part to kill", || {
         let tasks = subtasks(&store, run);
-        let second_wave_on_w1 = placements_on(&coordinator.stderr_so_far(), "w1") > 4;
-        (count(&tasks, TaskStatus::Complete) >= 2 && second_wave_on_w1).then_some(())
+        if count(&tasks, TaskStatus::Complete) < 2 {
+            return None;
+        }
+        let log = coordinator.stderr_so_far();
+        if !harnesses.claude() {
+            return (placements_on(&log, "w1") > 4).then(|| ("w1".to_string(), BTreeSet::new()));
+        }
+        let placed = last_placements(&log);
+        let bodies: Vec<String> = recorded_bodies(&c.record)
+            .iter()
+            .map(serde_json::Value::to_string)
+            .collect();
+        let in_flight = |i: usize| {
+            let task = tasks.iter().find(|t| part(t) == i)?;
+            let worker = placed.get(&task.id.to_string())?;
+            let running = task.status != TaskStatus::Complete
+                && bodies.iter().any(|b| claude_request_of(b, i));
+            running.then(|| worker.clone())
+        };
+        let victim = CLAUDE_PARTS.into_iter().find_map(in_flight)?;
+        let parts: BTreeSet<usize> = CLAUDE_PARTS
+            .into_iter()
+            .filter(|i| in_flight(*i).as_ref() == Some(&victim))
+            .collect();
+        Some((victim, parts))
     })
     .unwrap();
-    w1.kill();
+    let (_survivor, killed) = workers
+        .into_iter()
+        .partition::<Vec<_>, _>(|(name, _)| *name != victim);
+    for (_, worker) in killed {
+        // As when its machine dies: the worker and the CLI sessions it started (each in its own
+        // process group, which a SIGKILLed worker cannot take down with it).
+        let sessions = children_of(worker.id());
+        worker.kill();
+        kill_groups(&sessions);
+    }
     let at_kill = subtasks(&store, run);
     let acked: BTreeSet<usize> = at_kill
         .iter()
@@ -285,22 +411,49 @@ fn a_sigkilled_workers_tasks_finish_on_the_other_worker() {
     assert!(status.success(), "{status}\n{out}\n{err}");
     assert!(out.contains(": Completed"), "{out}");
     let store = reader(c.work());
-    // The reports equal an undisturbed run's.
-    assert_eq!(claims(&store, run), expected_claims(STEPS));
+    // The reports equal an undisturbed run's (Claude Code's parts report their lines too).
+    assert_eq!(
+        claims(&store, run),
+        expected_claims(STEPS),
+        "{out}\n{:#?}",
+        subtasks(&store, run)
+            .iter()
+            .map(|t| (part(t), t.status, t.attempt, t.outcome.clone()))
+            .collect::<Vec<_>>()
+    );
     let lost: Vec<&str> = err
         .lines()
-        .filter(|l| l.contains("remote attempt down") && l.contains("worker w1"))
+        .filter(|l| l.contains("remote attempt down") && l.contains(&format!("worker {victim}")))
         .collect();
-    assert!(!lost.is_empty(), "w1's attempts never went down: {err}");
-    // After the kill every placement went to w2.
+    assert!(
+        !lost.is_empty(),
+        "{victim}'s attempts never went down: {err}"
+    );
+    // After the loss every placement went to the other worker.
+    let other = if victim == "w1" { "w2" } else { "w1" };
     let after_loss = err
         .split("worker lost: its lease expired")
         .nth(1)
-        .unwrap_or_else(|| panic!("w1 was never declared lost: {err}"));
-    assert_eq!(placements_on(after_loss, "w1"), 0, "{after_loss}");
-    assert!(placements_on(after_loss, "w2") >= 1, "{after_loss}");
+        .unwrap_or_else(|| panic!("{victim} was never declared lost: {err}"));
+    assert_eq!(placements_on(after_loss, &victim), 0, "{after_loss}");
+    assert!(placements_on(after_loss, other) >= 1, "{after_loss}");
+    let bodies: Vec<String> = recorded_bodies(&c.record)
+        .iter()
+        .map(serde_json::Value::to_string)
+        .collect();
     let openings = session_openings(&recorded_bodies(&c.record));
     for i in 0..STEPS {
+        if harnesses.claude() && CLAUDE_PARTS.contains(&i) {
+            // Claude Code's sessions are not one-message openings: an acknowledged part of
+            // Claude Code never ran again (no resumed session of it).
+            if acked.contains(&i) {
+                assert!(
+                    !bodies.iter().any(|b| claude_request_of(b, i) && resumes(b)),
+                    "acknowledged part {i} ran again on Claude Code"
+                );
+            }
+            continue;
+        }
         let n = openings_of(&openings, i);
         if acked.contains(&i) {
             assert_eq!(n, 1, "acknowledged part {i} ran {n} sessions");
@@ -308,17 +461,32 @@ fn a_sigkilled_workers_tasks_finish_on_the_other_worker() {
             assert!(n >= 1, "part {i} never ran");
         }
     }
-    // The steps that ran again continued with keel's resume preamble.
-    let again: Vec<&String> = openings[before..]
-        .iter()
-        .filter(|o| o.contains(r#"kind=\"resume\""#))
+    // The steps that ran again continued with keel's resume preamble; the Claude Code part killed
+    // mid-session ran again on Claude Code, its first request carrying the preamble.
+    let again = openings[before..].iter().filter(|o| resumes(o)).count();
+    let claude_again: BTreeSet<usize> = CLAUDE_PARTS
+        .into_iter()
+        .filter(|i| {
+            bodies
+                .iter()
+                .any(|b| claude_request_of(b, *i) && resumes(b))
+        })
         .collect();
     assert!(
-        !again.is_empty(),
+        again + claude_again.len() > 0,
         "no session ran again with a resume preamble"
+    );
+    assert!(
+        killed_claude.is_subset(&claude_again),
+        "Claude Code parts killed mid-session {killed_claude:?}, resumed on Claude Code {claude_again:?}"
     );
     let tasks = subtasks(&store, run);
     assert!(tasks.iter().any(|t| t.attempt >= 2));
+    for i in &killed_claude {
+        let task = tasks.iter().find(|t| part(t) == *i).unwrap();
+        assert!(task.attempt >= 2, "{task:#?}");
+        assert_eq!(task.assignee.as_deref(), Some("claude"), "{task:#?}");
+    }
 }
 
 #[test]

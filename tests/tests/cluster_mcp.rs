@@ -18,7 +18,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests: a panic is the failure report.
 
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use keel_actors::session_tool::reported_findings;
@@ -80,18 +80,47 @@ async fn call(url: &str, token: &str, tool: &str, args: Value) -> Result<(String
     mcp_client(url, token).await?.call_tool(tool, args).await
 }
 
-#[test]
-fn a_session_on_a_worker_reports_through_its_own_nodes_endpoint_and_tokens_stay_in_their_run() {
+/// A working folder with a keel home, a private cookie file, and a recording scripted model server.
+struct Home {
+    _dir: tempfile::TempDir,
+    work: PathBuf,
+    record: PathBuf,
+    cookie: PathBuf,
+    _model: Reaped,
+    model_url: String,
+}
+
+fn home() -> Home {
     let dir = tempfile::tempdir().unwrap();
     let work = dir.path().join("work");
     let record = dir.path().join("requests");
     std::fs::create_dir_all(&work).unwrap();
-    std::fs::write(work.join("lib.rs"), "pub fn f() {}\n").unwrap();
     let init = keel(&work).unwrap().arg("init").output().unwrap();
     assert!(init.status.success(), "{init:?}");
     let cookie = dir.path().join("cookie");
     write_cookie(&cookie, COOKIE, 0o600);
-    let (_model, model_url) = keel_tests::model_server(&work, &record).unwrap();
+    let (model, model_url) = keel_tests::model_server(&work, &record).unwrap();
+    Home {
+        _dir: dir,
+        work,
+        record,
+        cookie,
+        _model: model,
+        model_url,
+    }
+}
+
+#[test]
+fn a_session_on_a_worker_reports_through_its_own_nodes_endpoint_and_tokens_stay_in_their_run() {
+    let Home {
+        _dir,
+        work,
+        record,
+        cookie,
+        _model,
+        model_url,
+    } = home();
+    std::fs::write(work.join("lib.rs"), "pub fn f() {}\n").unwrap();
 
     let (mut server, cluster) = Server::start_coordinator(&work, &cookie);
     let mut cmd = worker_command(&work, &cluster, "w1", &cookie);
@@ -305,15 +334,14 @@ fn lead_part(i: usize) -> Value {
 
 #[test]
 fn a_brief_without_a_plan_runs_a_lead_on_a_worker_of_a_coordinator_daemon() {
-    let dir = tempfile::tempdir().unwrap();
-    let work = dir.path().join("work");
-    let record = dir.path().join("requests");
-    std::fs::create_dir_all(&work).unwrap();
-    let init = keel(&work).unwrap().arg("init").output().unwrap();
-    assert!(init.status.success(), "{init:?}");
-    let cookie = dir.path().join("cookie");
-    write_cookie(&cookie, COOKIE, 0o600);
-    let (_model, model_url) = keel_tests::model_server(&work, &record).unwrap();
+    let Home {
+        _dir,
+        work,
+        record,
+        cookie,
+        _model,
+        model_url,
+    } = home();
     // keel's own loop on the scripted model server, as an Anthropic endpoint: not the built-in
     // scripted profile, whose briefs get the scripted survey plan instead of a lead.
     let harness = ["--harness", "messages-api", "--model", "keel-scripted-1"];
