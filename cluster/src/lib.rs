@@ -27,7 +27,7 @@ pub use coordinator::{CoordinatorEndpoint, DispatchStats, EndpointObserver, Fram
 pub use membership::{Membership, MembershipConfig};
 pub use name::{COORDINATOR_GROUP, NodeName, NodeNameError, WORKERS_GROUP, worker_group};
 pub use net::{NetError, NodeServerRef, join_with_backoff, start_node_server};
-pub use tls::{NodeTls, TlsError, TlsFiles};
+pub use tls::{NodeTls, TlsError, TlsFiles, server_identity};
 pub use wire::{
     ClusterMsg, Envelope, PROTOCOL_VERSION, ToCoordinator, ToWorker, WireError, WorkerStatus,
 };

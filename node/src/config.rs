@@ -89,6 +89,18 @@ pub(crate) struct ServerSection {
     /// The largest request body accepted, in bytes.
     #[serde(deserialize_with = "body_bytes")]
     pub(crate) body_bytes_max: u32,
+    /// The API's certificate chain (PEM): with `tls_key`, the API answers TLS only (https).
+    /// Relative to the keel home unless absolute.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) tls_cert: Option<PathBuf>,
+    /// The private key of `tls_cert` (PEM, mode 600 or stricter).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) tls_key: Option<PathBuf>,
+    /// The CA certificates (PEM) that local commands on this home trust when they reach the
+    /// server over https (a private CA); `$KEEL_API_CA_FILE` wins. Without either, the
+    /// platform's roots.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) tls_ca: Option<PathBuf>,
 }
 
 /// The port `keel serve` listens on when keel.toml names none.
@@ -106,6 +118,9 @@ impl Default for ServerSection {
             listen: std::net::SocketAddr::from(([127, 0, 0, 1], SERVER_PORT_DEFAULT)),
             token_file: PathBuf::from(TOKEN_FILE_DEFAULT),
             body_bytes_max: BODY_BYTES_DEFAULT,
+            tls_cert: None,
+            tls_key: None,
+            tls_ca: None,
         }
     }
 }

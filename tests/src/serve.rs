@@ -127,7 +127,10 @@ impl Server {
     }
 
     fn of(process: Reaped, url: String, dir: &Path) -> Self {
-        let addr = url.trim_start_matches("http://").to_string();
+        let addr = url
+            .trim_start_matches("http://")
+            .trim_start_matches("https://")
+            .to_string();
         Server {
             process,
             addr,

@@ -2,6 +2,12 @@
 //! worker with a certificate the cluster's CA signed joins and runs the coordinator's work; a worker
 //! without TLS is refused during the handshake and never joins; a key file others may read never
 //! starts a node.
+//!
+//! TLS on the HTTP API (`keel serve` here; a coordinator node's daemon serves the same `ApiServer`):
+//! with `[server] tls_cert` and `tls_key` it answers https only (a plain HTTP request gets no HTTP
+//! answer); `keel --server https://...` trusting the CA (`$KEEL_API_CA_FILE`) prints a run's
+//! summary; a client that does not trust it is refused; a local `keel run` on the home reaches the
+//! server it announces (`https://` in `server.json`) trusting `[server] tls_ca`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests: a panic is the failure report.
 
 use std::os::unix::fs::PermissionsExt;
@@ -9,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use keel_tests::fan_out::prepare;
-use keel_tests::serve::worker_command;
+use keel_tests::serve::{Server, quiet_survey, survey_files, worker_command};
 use keel_tests::{Reaped, keel};
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair,
@@ -126,4 +132,75 @@ fn workers_join_over_mutual_tls_and_a_plain_worker_is_refused() {
     let (status, out, err) = Reaped::spawn(careless).unwrap().wait_output(WAIT).unwrap();
     assert!(!status.success(), "{out}");
     assert!(err.contains("accessible to other users"), "{err}");
+}
+
+#[test]
+fn the_http_api_speaks_only_tls_when_keel_toml_names_a_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    survey_files(&work);
+    let init = keel(&work).unwrap().arg("init").output().unwrap();
+    assert!(init.status.success(), "{init:?}");
+    certificates(dir.path(), &["api"]);
+    let file = |name: &str| dir.path().join(name).display().to_string();
+    std::fs::write(
+        work.join(".keel/keel.toml"),
+        format!(
+            "[server]\ntls_cert = \"{}\"\ntls_key = \"{}\"\ntls_ca = \"{}\"\n",
+            file("api.pem"),
+            file("api.key"),
+            file("ca.pem")
+        ),
+    )
+    .unwrap();
+    let server = Server::start(&work);
+    assert!(
+        server.url.starts_with("https://127.0.0.1:"),
+        "{}",
+        server.url
+    );
+
+    // Plain HTTP on the same port: no HTTP answer (the TLS server takes it for a bad handshake).
+    let plain = {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(&server.addr).unwrap();
+        stream.set_read_timeout(Some(WAIT)).unwrap();
+        stream
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: keel\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut raw = Vec::new();
+        let _ = stream.read_to_end(&mut raw);
+        raw
+    };
+    assert!(
+        !plain.starts_with(b"HTTP/"),
+        "{}",
+        String::from_utf8_lossy(&plain)
+    );
+
+    // A client trusting the CA: a run over https, with its live view on the event stream.
+    let client = tempfile::tempdir().unwrap();
+    let mut trusting = server.keel(client.path());
+    trusting.env("KEEL_API_CA_FILE", dir.path().join("ca.pem"));
+    let summary = quiet_survey(trusting, &work);
+    assert!(summary.contains("failures: none"), "{summary}");
+
+    // A client that does not trust it (the platform's roots): refused, nothing sent.
+    let out = server
+        .keel(client.path())
+        .env_remove("KEEL_API_CA_FILE")
+        .args(["runs"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("cannot reach the keel server"), "{err}");
+
+    // A local command on the home reaches the server it announces, trusting `[server] tls_ca`.
+    let announced = std::fs::read_to_string(work.join(".keel/server.json")).unwrap();
+    assert!(announced.contains("https://127.0.0.1:"), "{announced}");
+    let mut local = keel(&work).unwrap();
+    local.env_remove("KEEL_API_CA_FILE");
+    assert_eq!(quiet_survey(local, &work), summary);
 }

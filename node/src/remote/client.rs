@@ -2,7 +2,10 @@
 //! that holds the home): bearer token, JSON bodies, the server's error bodies as typed errors,
 //! and a run's event stream read as server-sent events.
 
+use std::path::Path;
 use std::time::Duration;
+
+use anyhow::Context;
 
 use keel_actors::runtime::RuntimeEvent;
 use keel_harness::messages_api::sse::{SseFrame, SseParser};
@@ -98,15 +101,26 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
-    /// A client of the server at `base` (`http://host:port`).
+    /// A client of the server at `base` (`http://host:port`, or `https://`, whose certificate is
+    /// checked against the CA certificates in the PEM file `ca` only when given, else against the
+    /// platform's roots).
     ///
     /// # Errors
-    /// When the HTTP client cannot be built.
-    pub(crate) fn new(base: &str, token: String) -> anyhow::Result<Self> {
+    /// When `ca` cannot be read or holds no certificate, or the HTTP client cannot be built.
+    pub(crate) fn new(base: &str, token: String, ca: Option<&Path>) -> anyhow::Result<Self> {
         keel_harness::messages_api::http::install_crypto_provider();
-        let http = reqwest::Client::builder()
-            .connect_timeout(CONNECT_TIMEOUT)
-            .build()?;
+        let mut builder = reqwest::Client::builder().connect_timeout(CONNECT_TIMEOUT);
+        if let Some(ca) = ca {
+            let pem = std::fs::read(ca)
+                .with_context(|| format!("reading the CA file {}", ca.display()))?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem)
+                .with_context(|| format!("the CA file {}", ca.display()))?;
+            if certs.is_empty() {
+                anyhow::bail!("the CA file {} holds no certificate", ca.display());
+            }
+            builder = builder.tls_certs_only(certs);
+        }
+        let http = builder.build()?;
         Ok(Self {
             http,
             base: base.trim_end_matches('/').to_owned(),

@@ -28,6 +28,8 @@ use client::{Client, ClientError, Followed};
 pub(crate) const TOKEN_ENV: &str = "KEEL_API_TOKEN";
 /// The environment variable naming a file with a server's token.
 pub(crate) const TOKEN_FILE_ENV: &str = "KEEL_API_TOKEN_FILE";
+/// The environment variable naming a file of CA certificates to trust for an `https` server.
+pub(crate) const CA_FILE_ENV: &str = "KEEL_API_CA_FILE";
 /// Capacity of the channel between the event stream and the live view.
 const VIEW_EVENTS_MAX: usize = 1_024;
 
@@ -51,7 +53,22 @@ pub(crate) fn target(
         None => return Ok(None),
     };
     let token = token(home, token_file)?;
-    Ok(Some(Client::new(&url, token)?))
+    let ca = if url.starts_with("https://") {
+        ca_file(home)?
+    } else {
+        None
+    };
+    Ok(Some(Client::new(&url, token, ca.as_deref())?))
+}
+
+/// The CA certificates an `https` server is checked against: `$KEEL_API_CA_FILE`, else the home's
+/// `[server] tls_ca`, else none (the platform's roots).
+fn ca_file(home: &Home) -> anyhow::Result<Option<PathBuf>> {
+    if let Some(path) = std::env::var_os(CA_FILE_ENV) {
+        return Ok(Some(PathBuf::from(path)));
+    }
+    let config = home.config()?;
+    Ok(config.server.tls_ca.map(|p| home.dir().join(p)))
 }
 
 /// The token: `--token-file`, else `$KEEL_API_TOKEN`, else `$KEEL_API_TOKEN_FILE`, else the

@@ -33,8 +33,8 @@ fn path(home: &Home) -> PathBuf {
 }
 
 /// The URL a client on this machine reaches a server bound to `addr` at (an unspecified address
-/// is reached on loopback).
-pub(crate) fn local_url(addr: SocketAddr) -> String {
+/// is reached on loopback), `https` when it serves TLS.
+pub(crate) fn local_url(addr: SocketAddr, tls: bool) -> String {
     let ip = if addr.ip().is_unspecified() {
         match addr {
             SocketAddr::V4(_) => std::net::IpAddr::from([127, 0, 0, 1]),
@@ -43,17 +43,18 @@ pub(crate) fn local_url(addr: SocketAddr) -> String {
     } else {
         addr.ip()
     };
-    format!("http://{}", SocketAddr::new(ip, addr.port()))
+    let scheme = if tls { "https" } else { "http" };
+    format!("{scheme}://{}", SocketAddr::new(ip, addr.port()))
 }
 
 /// Announce this process as the home's server.
 ///
 /// # Errors
 /// When the file cannot be written.
-pub(crate) fn write(home: &Home, addr: SocketAddr) -> anyhow::Result<()> {
+pub(crate) fn write(home: &Home, addr: SocketAddr, tls: bool) -> anyhow::Result<()> {
     let path = path(home);
     let text = serde_json::to_string(&Announced {
-        url: local_url(addr),
+        url: local_url(addr, tls),
         pid: std::process::id(),
     })?;
     // A file left by a server that was killed is replaced.

@@ -23,6 +23,7 @@ mod escalations;
 mod hub;
 mod metrics;
 mod routes;
+mod tls;
 pub(crate) mod wire;
 
 use std::net::SocketAddr;
@@ -114,21 +115,38 @@ impl ApiMetrics {
 /// The API bound to its address, not yet answering.
 pub(crate) struct ApiServer {
     app: Arc<routes::App>,
-    listener: tokio::net::TcpListener,
+    listener: Listening,
     addr: SocketAddr,
 }
 
+/// What the API answers on: plain HTTP, or TLS when keel.toml names a certificate.
+enum Listening {
+    Plain(tokio::net::TcpListener),
+    Tls(tls::TlsListener),
+}
+
 impl ApiServer {
-    /// Bind `listen` and prepare the API over `hosted`; the API starts reading the runtime's
-    /// events at once.
+    /// Bind `listen` and prepare the API over `hosted`, over TLS when its `[server]` names a
+    /// certificate and key; the API starts reading the runtime's events at once.
     ///
     /// # Errors
-    /// When the address cannot be bound.
+    /// When the address cannot be bound, or the TLS files are unusable.
     pub(crate) async fn bind(hosted: Hosted<'_>, listen: SocketAddr) -> anyhow::Result<Self> {
-        let listener = tokio::net::TcpListener::bind(listen)
+        let server = &hosted.config.server;
+        let in_home = |p: &PathBuf| hosted.home.dir().join(p);
+        let acceptor = match (&server.tls_cert, &server.tls_key) {
+            (Some(cert), Some(key)) => Some(tls::acceptor(&in_home(cert), &in_home(key))?),
+            (None, None) => None,
+            _ => anyhow::bail!("[server] needs tls_cert and tls_key together (or neither)"),
+        };
+        let tcp = tokio::net::TcpListener::bind(listen)
             .await
             .with_context(|| format!("listening on {listen}"))?;
-        let addr = listener.local_addr()?;
+        let addr = tcp.local_addr()?;
+        let listener = match acceptor {
+            Some(acceptor) => Listening::Tls(tls::TlsListener::new(tcp, acceptor)?),
+            None => Listening::Plain(tcp),
+        };
         let hub = hub::Hub::with_metrics(hosted.metrics.0.clone());
         tokio::spawn(hub.clone().pump(hosted.events));
         let (budget_micros, snapshot) = submission(hosted.config);
@@ -169,8 +187,9 @@ impl ApiServer {
         shutdown: impl Future<Output = ()>,
         banner: impl FnOnce(&str) -> std::io::Result<()>,
     ) -> anyhow::Result<PauseSummary> {
-        discovery::write(home, self.addr)?;
-        let url = discovery::local_url(self.addr);
+        let tls = matches!(self.listener, Listening::Tls(_));
+        discovery::write(home, self.addr, tls)?;
+        let url = discovery::local_url(self.addr, tls);
         let served = async {
             banner(&url)?;
             {
@@ -196,40 +215,57 @@ impl ApiServer {
         shutdown: impl Future<Output = ()>,
     ) -> anyhow::Result<PauseSummary> {
         let ApiServer { app, listener, .. } = self;
-        let (stop, stopped) = tokio::sync::watch::channel(false);
-        let server = axum::serve(listener, routes::router(Arc::clone(&app)))
-            .with_graceful_shutdown(async move {
-                let mut stopped = stopped;
-                let _ = stopped.wait_for(|s| *s).await;
-            });
-        let server = server.into_future();
-        tokio::pin!(server);
-        tokio::select! {
-            r = &mut server => {
-                r.context("serving the API")?;
-                return Ok(app.rt.pause(PAUSE_WAIT).await);
-            }
-            () = shutdown => {}
+        match listener {
+            Listening::Plain(listener) => answer(app, listener, shutdown).await,
+            Listening::Tls(listener) => answer(app, listener, shutdown).await,
         }
-        app.ready.store(false, Ordering::Release);
-        let paused = app.rt.pause(PAUSE_WAIT).await;
-        for run in &paused.runs {
-            app.hub.paused(
-                *run,
-                format!(
-                    "the keel server stopped ({} open tasks marked paused)",
-                    paused.tasks_paused
-                ),
-            );
-        }
-        app.hub.close();
-        let _ = stop.send(true);
-        // Requests still open after the wait (a long summary wait) are dropped.
-        if let Ok(r) = tokio::time::timeout(DRAIN_WAIT, server).await {
-            r.context("serving the API")?;
-        }
-        Ok(paused)
     }
+}
+
+/// [`ApiServer::run`] on one kind of listener.
+async fn answer<L>(
+    app: Arc<routes::App>,
+    listener: L,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<PauseSummary>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let server = axum::serve(listener, routes::router(Arc::clone(&app))).with_graceful_shutdown(
+        async move {
+            let mut stopped = stopped;
+            let _ = stopped.wait_for(|s| *s).await;
+        },
+    );
+    let server = server.into_future();
+    tokio::pin!(server);
+    tokio::select! {
+        r = &mut server => {
+            r.context("serving the API")?;
+            return Ok(app.rt.pause(PAUSE_WAIT).await);
+        }
+        () = shutdown => {}
+    }
+    app.ready.store(false, Ordering::Release);
+    let paused = app.rt.pause(PAUSE_WAIT).await;
+    for run in &paused.runs {
+        app.hub.paused(
+            *run,
+            format!(
+                "the keel server stopped ({} open tasks marked paused)",
+                paused.tasks_paused
+            ),
+        );
+    }
+    app.hub.close();
+    let _ = stop.send(true);
+    // Requests still open after the wait (a long summary wait) are dropped.
+    if let Ok(r) = tokio::time::timeout(DRAIN_WAIT, server).await {
+        r.context("serving the API")?;
+    }
+    Ok(paused)
 }
 
 /// The agent profiles a request may name: those of the runtime's supervisor.
