@@ -15,6 +15,20 @@ use keel_store::{AgentProfile, HookDecision, RunStatus, Sharing, Store, StoreCon
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The built-in scripted agent every run here is assigned to.
+fn scripted_profile() -> AgentProfile {
+    AgentProfile {
+        name: "scripted".into(),
+        description: "the built-in scripted model".into(),
+        harness: "scripted".into(),
+        model: "scripted-1".into(),
+        account: "local".into(),
+        tools: Vec::new(),
+        system_prompt: String::new(),
+        limits: Default::default(),
+    }
+}
+
 /// Denies any command that mentions `forbidden`.
 struct Guard;
 
@@ -84,16 +98,7 @@ async fn hooks_registered_in_code_decide_and_redact_in_keels_own_loop() {
         )
         .with_service(host.service());
     let mut config = RuntimeConfig::default();
-    config.supervisor.agents = vec![AgentProfile {
-        name: "scripted".into(),
-        description: "the built-in scripted model".into(),
-        harness: "scripted".into(),
-        model: "scripted-1".into(),
-        account: "local".into(),
-        tools: Vec::new(),
-        system_prompt: String::new(),
-        limits: Default::default(),
-    }];
+    config.supervisor.agents = vec![scripted_profile()];
     config.coordinator.attempts_per_step_max = 1;
     config.specialist.working_dir = work.clone();
     config.stop_grace_ms = 1_000;
@@ -291,6 +296,127 @@ async fn an_approved_ask_still_passes_every_gate() {
             row("ask-rule", HookDecision::Ask),
             row("gate:once", HookDecision::Deny),
         ]
+    );
+    rt.shutdown().await;
+}
+
+/// A SubagentStart hook in code: vetoes a specialist whose brief mentions `forbidden`, annotates
+/// every other; a SubagentStop hook annotates every report.
+struct Subagents;
+
+impl CodeHook for Subagents {
+    fn on_event(&self, event: HookEvent, payload: &serde_json::Value) -> keel_policy::EventResult {
+        let brief = payload["brief"].as_str().unwrap_or_default();
+        match event {
+            HookEvent::SubagentStart if brief.contains("forbidden") => {
+                keel_policy::EventResult::Veto {
+                    reason: "no forbidden work".into(),
+                }
+            }
+            HookEvent::SubagentStart => keel_policy::EventResult::Annotate {
+                context: "stay in the work folder".into(),
+            },
+            _ => keel_policy::EventResult::Annotate {
+                context: "checked by the embedder".into(),
+            },
+        }
+    }
+}
+
+/// Issue 13: SubagentStart and SubagentStop hooks on keel's real path. A vetoed start never runs
+/// its command and its step fails with the hook's reason; an allowed start gets the note in its
+/// brief; its report reaches the lead with the SubagentStop note; every decision is an audit row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subagent_hooks_veto_a_start_and_annotate_a_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let store = Arc::new(Store::open(dir.path().join("keel.redb")).unwrap());
+    let mut policy = Policy::default();
+    for (name, event) in [
+        ("starts", HookEvent::SubagentStart),
+        ("reports", HookEvent::SubagentStop),
+    ] {
+        policy
+            .register_hook(HookSpec::code(
+                name,
+                event,
+                ToolMatcher::Any,
+                Arc::new(Subagents),
+            ))
+            .unwrap();
+    }
+    let host = PolicyHost::new(policy);
+    let harnesses = HarnessSet::new()
+        .with(
+            HarnessKind::Scripted,
+            Arc::new(ScriptedHarness::new(Script::rules())),
+        )
+        .with_service(host.service());
+    let mut config = RuntimeConfig::default();
+    config.supervisor.agents = vec![scripted_profile()];
+    config.coordinator.attempts_per_step_max = 1;
+    config.specialist.working_dir = work.clone();
+    config.stop_grace_ms = 1_000;
+    let (rt, _events) = Runtime::start(store.clone(), harnesses, config)
+        .await
+        .unwrap();
+    host.attach(&rt);
+    let plan = scripted::fan_out_plan(2, |i| {
+        if i == 0 {
+            "echo forbidden > vetoed.txt; echo vetoed".into()
+        } else {
+            "echo allowed".into()
+        }
+    })
+    .unwrap();
+    let handle = rt
+        .submit("subagents".into(), RunMode::Plan(plan), None, "test".into())
+        .await
+        .unwrap();
+    let run = handle.id();
+    let outcome = tokio::time::timeout(Duration::from_secs(120), handle.finished())
+        .await
+        .expect("the run finishes")
+        .unwrap();
+    assert!(!work.join("vetoed.txt").exists(), "the vetoed start ran");
+    let tasks = store.run(run).tasks(None, 100).unwrap().items;
+    let vetoed = tasks
+        .iter()
+        .find(|t| t.brief.contains("forbidden"))
+        .expect("the vetoed step");
+    let vetoed_outcome = vetoed.outcome.clone().unwrap_or_default();
+    assert!(vetoed_outcome.contains("no forbidden work"), "{vetoed:#?}");
+    let allowed = tasks
+        .iter()
+        .find(|t| t.brief.contains("echo allowed"))
+        .expect("the allowed step");
+    let allowed_outcome = allowed.outcome.clone().unwrap_or_default();
+    assert!(
+        allowed_outcome.contains("checked by the embedder"),
+        "{allowed:#?} / {}",
+        outcome.outcome
+    );
+    let rows = store.run(run).audit(0, 1000).unwrap().items;
+    let count = |hook: &str, tool: &str, decision: HookDecision| {
+        rows.iter()
+            .filter(|r| {
+                r.value.hook == hook && r.value.tool == tool && r.value.decision == decision
+            })
+            .count()
+    };
+    assert_eq!(
+        count("hook:starts", "SubagentStart", HookDecision::Deny),
+        1,
+        "{rows:#?}"
+    );
+    assert!(
+        count("hook:starts", "SubagentStart", HookDecision::Allow) >= 1,
+        "{rows:#?}"
+    );
+    assert!(
+        count("hook:reports", "SubagentStop", HookDecision::Allow) >= 1,
+        "{rows:#?}"
     );
     rt.shutdown().await;
 }

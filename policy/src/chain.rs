@@ -304,11 +304,12 @@ impl Policy {
     ///
     /// # Errors
     /// The hook's name is taken, or its event is not one keel runs hooks at
-    /// (`PreToolUse`, `PostToolUse`).
+    /// ([`HookEvent::runs_in_keel`]).
     pub fn register_hook(&mut self, hook: HookSpec) -> Result<(), crate::PolicyConfigError> {
-        let problem = if !hook.event.is_tool_event() {
+        let problem = if !hook.event.runs_in_keel() {
             Some(format!(
-                "{} hooks are not run by keel; register PreToolUse or PostToolUse hooks",
+                "{} hooks are not run by keel; register PreToolUse, PostToolUse, SubagentStart \
+                 or SubagentStop hooks",
                 hook.event.as_str()
             ))
         } else if self.hooks.iter().any(|h| h.name == hook.name) {

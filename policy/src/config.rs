@@ -432,21 +432,24 @@ impl HookConfig {
             Some(n) => n.clone(),
             None => format!("hooks[{i}]"),
         };
-        if !self.event.is_tool_event() {
+        if !self.event.runs_in_keel() {
             return Err(err(
                 field("event"),
                 format!(
-                    "{} hooks are not run by keel yet (PreToolUse and PostToolUse are); \
-                     a hook that never runs would be a silent gap",
+                    "{} hooks are not run by keel yet (PreToolUse, PostToolUse, SubagentStart \
+                     and SubagentStop are); a hook that never runs would be a silent gap",
                     self.event.as_str()
                 ),
             ));
         }
-        if self.event == HookEvent::PostToolUse && self.builtin.is_some() {
+        if self.event != HookEvent::PreToolUse && self.builtin.is_some() {
             return Err(err(
                 field("builtin"),
-                "PostToolUse hooks are commands (or hooks registered in code); the built-ins \
-                 decide calls before they run",
+                format!(
+                    "{} hooks are commands (or hooks registered in code); the built-ins decide \
+                     calls before they run",
+                    self.event.as_str()
+                ),
             ));
         }
         let matcher = match &self.matcher {
@@ -462,7 +465,12 @@ impl HookConfig {
                     "a matcher is \"*\", one tool name, or a non-empty list of tool names",
                 ));
             }
-            if !self.event.is_tool_event() {
+            if !self.event.is_tool_event()
+                && !matches!(
+                    self.event,
+                    HookEvent::SubagentStart | HookEvent::SubagentStop
+                )
+            {
                 return Err(err(
                     field("matcher"),
                     format!(
@@ -528,6 +536,41 @@ mod tests {
                 assert!(e.to_string().contains(needle), "{e} lacks {needle:?}");
             }
         }
+    }
+
+    #[test]
+    fn subagent_hooks_build_with_an_agent_matcher() {
+        let policy = parse(
+            "[[hooks]]\nname = \"briefs\"\nevent = \"SubagentStart\"\nmatcher = \"coder\"\n\
+             command = [\"check-brief\"]\n[[hooks]]\nevent = \"SubagentStop\"\n\
+             command = [\"check-report\"]\n",
+        )
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(policy.hooks.len(), 2);
+        assert_eq!(policy.hooks[0].event, HookEvent::SubagentStart);
+        assert_eq!(
+            policy.hooks[0].matcher,
+            ToolMatcher::Tools(vec!["coder".into()])
+        );
+        assert_eq!(
+            policy
+                .hooks_for(HookEvent::SubagentStart, Some("coder"))
+                .count(),
+            1
+        );
+        assert_eq!(
+            policy
+                .hooks_for(HookEvent::SubagentStart, Some("lead"))
+                .count(),
+            0
+        );
+        assert_eq!(
+            policy
+                .hooks_for(HookEvent::SubagentStop, Some("lead"))
+                .count(),
+            1
+        );
     }
 
     #[test]
@@ -621,6 +664,16 @@ ask_timeout_s = 60
             "[[hooks]]\nevent = \"Stop\"\ncommand = [\"a\"]\n",
             "hooks[0].event",
             "not run by keel yet",
+        );
+        check_err(
+            "[[hooks]]\nevent = \"PreCompact\"\ncommand = [\"a\"]\n",
+            "hooks[0].event",
+            "not run by keel yet",
+        );
+        check_err(
+            "[[hooks]]\nevent = \"SubagentStart\"\nbuiltin = \"deny\"\n",
+            "hooks[0].builtin",
+            "SubagentStart hooks are commands",
         );
         check_err(
             "[permissions]\ndeny = [\"Bash\", \"Bash(rm *\"]\n",

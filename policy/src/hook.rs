@@ -8,8 +8,11 @@ use std::sync::Arc;
 use keel_harness::ToolOutput;
 use serde::{Deserialize, Serialize};
 
+use serde_json::Value;
+
 use crate::call::ToolCall;
 use crate::chain::HookResult;
+use crate::event::EventResult;
 use crate::post::PostHookResult;
 
 /// The events a hook can be attached to (docs/DESIGN.md §9).
@@ -23,9 +26,11 @@ pub enum HookEvent {
     Stop,
     /// Before a harness compacts its context.
     PreCompact,
-    /// When an attempt's session is about to start.
+    /// When a specialist's session (a task's attempt, a delegated subtask included) is about to
+    /// start on its brief: a veto refuses the start, an annotation is added to the brief.
     SubagentStart,
-    /// When an attempt's session has ended with a report.
+    /// When a specialist's report came back: a veto refuses the report (the attempt fails), an
+    /// annotation is added to the report's summary the lead sees.
     SubagentStop,
 }
 
@@ -43,6 +48,29 @@ impl HookEvent {
     /// Whether the event concerns one tool call, so a tool matcher means something for it.
     pub fn is_tool_event(self) -> bool {
         matches!(self, HookEvent::PreToolUse | HookEvent::PostToolUse)
+    }
+
+    /// Whether the event is about a session rather than one tool call: its hooks veto or annotate it
+    /// ([`crate::event`]), and a matcher names agents (`SubagentStart`, `SubagentStop`) or nothing.
+    pub fn is_session_event(self) -> bool {
+        matches!(
+            self,
+            HookEvent::SubagentStart | HookEvent::SubagentStop | HookEvent::PreCompact
+        )
+    }
+
+    /// Whether keel runs hooks configured for this event (docs/DESIGN.md §9): the tool events, and
+    /// a specialist's start and report. `Stop` is keel's own report check, not configurable;
+    /// `PreCompact` runs only where a CLI's compaction is bridged to keel, so it is refused in
+    /// `[[hooks]]` until one is (a hook that never runs would be a silent gap).
+    pub fn runs_in_keel(self) -> bool {
+        matches!(
+            self,
+            HookEvent::PreToolUse
+                | HookEvent::PostToolUse
+                | HookEvent::SubagentStart
+                | HookEvent::SubagentStop
+        )
     }
 
     /// The event's name as written in keel.toml and in a hook's JSON payload (`hook_event_name`).
@@ -91,7 +119,8 @@ pub enum BuiltinHook {
 
 /// A hook written in Rust by an embedding host and registered in code
 /// ([`crate::Policy::register_hook`]): it runs in process, in the policy's order with the
-/// configured hooks (keel.toml's first), on `PreToolUse` and `PostToolUse`. It runs on the caller's
+/// configured hooks (keel.toml's first), on `PreToolUse`, `PostToolUse`, `SubagentStart` and
+/// `SubagentStop`. It runs on the caller's
 /// task, so it must answer quickly and never block; a panic is a failure (denying, or withholding
 /// the result, when the hook is mandatory).
 pub trait CodeHook: Send + Sync {
@@ -105,6 +134,14 @@ pub trait CodeHook: Send + Sync {
     fn after_tool(&self, call: &ToolCall, output: &ToolOutput) -> PostHookResult {
         let _ = (call, output);
         PostHookResult::Keep
+    }
+
+    /// A session event (`SubagentStart`, `SubagentStop`): veto it, annotate it, or no opinion.
+    /// `payload` is what a command hook gets on stdin (`hook_event_name`, `run_id`, `task_id`,
+    /// `attempt`, `agent`, and `brief` or `report`).
+    fn on_event(&self, event: HookEvent, payload: &Value) -> EventResult {
+        let _ = (event, payload);
+        EventResult::NoOpinion
     }
 }
 
@@ -165,8 +202,9 @@ pub struct HookSpec {
 }
 
 impl HookSpec {
-    /// A hook registered in code: `name` in audit rows, at `event` (`PreToolUse` or
-    /// `PostToolUse`), on the calls `matcher` picks. Mandatory: its failure denies (or withholds).
+    /// A hook registered in code: `name` in audit rows, at `event` (one keel runs,
+    /// [`HookEvent::runs_in_keel`]), on the calls (or, for a subagent event, the agents) `matcher`
+    /// picks. Mandatory: its failure denies (or withholds).
     pub fn code(
         name: impl Into<String>,
         event: HookEvent,

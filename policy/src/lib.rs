@@ -8,6 +8,7 @@
 //! - [`gate`]: gates on an allowed call from the run's gate ledger in the store (count,
 //!   prerequisite, token, cap).
 //! - [`ledger`]: a run's gate ledger indexed by gate and task, what the gates read.
+//! - [`event`]: session events (`SubagentStart`, `SubagentStop`, `PreCompact`): veto or annotate.
 //! - [`config`]: `[[hooks]]`, `[permissions]` and `[[gates]]` of keel.toml, validated with errors naming the field.
 //! - `run` (feature `io`): running a command hook with its timeout, failing closed.
 //!
@@ -17,6 +18,7 @@ pub mod agent;
 pub mod call;
 pub mod chain;
 pub mod config;
+pub mod event;
 pub mod gate;
 pub mod hook;
 pub mod ledger;
@@ -34,6 +36,7 @@ pub use config::{
     AgentRulesConfig, GateConfig, GateKind, HookConfig, MatcherConfig, PermissionsConfig,
     PolicyConfig, PolicyConfigError, RuleListsConfig,
 };
+pub use event::{EventOutcome, EventResult, EventVerdict, decide_event};
 pub use gate::{
     Gate, GateCheck, GateScope, apply_gates, guards, marks_on_success, watches_success,
 };

@@ -19,6 +19,7 @@ use keel_harness::ToolOutput;
 
 use crate::call::ToolCall;
 use crate::chain::{AuditLine, HookOutcome, HookResult, Policy};
+use crate::event::{EventOutcome, EventResult, interpret_event};
 use crate::hook::{BuiltinHook, HookAction, HookEvent, HookSpec};
 use crate::post::{PostHookOutcome, PostHookResult};
 
@@ -37,6 +38,50 @@ pub async fn run_hooks(policy: &Policy, call: &ToolCall, payload: &Value) -> Vec
             _ => run_hook(hook, payload).await,
         };
         let outcome = HookOutcome {
+            hook: hook.name.clone(),
+            mandatory: hook.mandatory,
+            result,
+        };
+        let end = outcome.ends_hooks();
+        outcomes.push(outcome);
+        if end {
+            break;
+        }
+    }
+    outcomes
+}
+
+/// Runs the hooks of session event `event` (`SubagentStart`, `SubagentStop`, `PreCompact`) whose
+/// matcher picks `agent` (`None`: only hooks matching `*`), in the policy's order, until one ends
+/// them (a veto, or a mandatory hook's failure): a command with `payload` on stdin, a hook in code
+/// with the payload. The outcomes go to [`crate::event::decide_event`].
+pub async fn run_event_hooks(
+    policy: &Policy,
+    event: HookEvent,
+    agent: Option<&str>,
+    payload: &Value,
+) -> Vec<EventOutcome> {
+    let mut outcomes = Vec::new();
+    for hook in policy.hooks_for(event, agent) {
+        let result = match &hook.action {
+            HookAction::Code(code) => in_code(&hook.name, || code.0.on_event(event, payload))
+                .unwrap_or_else(|error| EventResult::Failed { error }),
+            HookAction::Command { program, args } => {
+                let run = run_command(program, args, payload);
+                match tokio::time::timeout(Duration::from_millis(hook.timeout_ms), run).await {
+                    Ok(Ok((code, out, err))) => interpret_event(code, &out, &err),
+                    Ok(Err(error)) => EventResult::Failed { error },
+                    Err(_) => EventResult::TimedOut {
+                        after_ms: hook.timeout_ms,
+                    },
+                }
+            }
+            HookAction::Builtin(BuiltinHook::Deny) => EventResult::Veto {
+                reason: format!("hook {} refuses every {}", hook.name, event.as_str()),
+            },
+            HookAction::Builtin(BuiltinHook::Allow) => EventResult::NoOpinion,
+        };
+        let outcome = EventOutcome {
             hook: hook.name.clone(),
             mandatory: hook.mandatory,
             result,

@@ -4,9 +4,12 @@
 
 use crate::ids::AttemptId;
 use crate::message::SessionSecret;
+use crate::report::SubagentReport;
 use crate::session_tool::{DeliverToolCall, SESSION_TOOL_SERVER, SessionEndpoint};
 use keel_harness::{Account, Harness, HarnessKind, McpEndpoint, SessionSpec};
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 /// Environment variable a session's tools see holding its subtask id (the id its report must name).
@@ -29,6 +32,50 @@ pub trait SessionService: Send + Sync + 'static {
     fn session_starting(&self, attempt: AttemptId, spec: &mut SessionSpec);
     /// Called once `attempt`'s session has ended (or failed to start).
     fn session_ended(&self, attempt: AttemptId);
+
+    /// A specialist's start or its report (the policy's `SubagentStart` and `SubagentStop`
+    /// hooks, docs/DESIGN.md §9): veto it or annotate it, with the decision durable before the
+    /// answer. A start is asked before [`SessionService::session_starting`]. The default has no
+    /// opinion.
+    fn subagent_event<'a>(
+        &'a self,
+        attempt: AttemptId,
+        event: SubagentEvent<'a>,
+    ) -> ServiceFuture<'a, SubagentAnswer> {
+        let _ = (attempt, event);
+        Box::pin(std::future::ready(SubagentAnswer::default()))
+    }
+}
+
+/// A future a [`SessionService`] answers with.
+pub type ServiceFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A specialist's session event, as services see it.
+#[derive(Clone, Copy, Debug)]
+pub enum SubagentEvent<'a> {
+    /// The session is about to start on `brief` (its first message) as agent `agent`.
+    Start {
+        /// The agent profile it runs as.
+        agent: &'a str,
+        /// The session's first message: the brief (with its preamble).
+        brief: &'a str,
+    },
+    /// The session's report came back.
+    Stop {
+        /// The agent profile it ran as.
+        agent: &'a str,
+        /// The report, verified.
+        report: &'a SubagentReport,
+    },
+}
+
+/// What the services answered about a [`SubagentEvent`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SubagentAnswer {
+    /// The veto, if any: why the start or the report is refused.
+    pub veto: Option<String>,
+    /// A note to carry into the brief (a start) or the report's summary (a report).
+    pub note: Option<String>,
 }
 
 /// The harnesses of a node, by kind, with its accounts.
@@ -183,6 +230,27 @@ impl HarnessSet {
     pub fn with_service(mut self, service: Arc<dyn SessionService>) -> Self {
         self.services.push(service);
         self
+    }
+
+    /// Asks every service about `attempt`'s start or report, in the order they were added: the
+    /// first veto decides; the notes are kept in order.
+    pub(crate) async fn subagent_event(
+        &self,
+        attempt: AttemptId,
+        event: SubagentEvent<'_>,
+    ) -> SubagentAnswer {
+        let mut notes = Vec::new();
+        for s in &self.services {
+            let answer = s.subagent_event(attempt, event).await;
+            if answer.veto.is_some() {
+                return answer;
+            }
+            notes.extend(answer.note);
+        }
+        SubagentAnswer {
+            veto: None,
+            note: (!notes.is_empty()).then(|| notes.join("\n")),
+        }
     }
 
     /// Tell every service that `attempt`'s session has ended.

@@ -67,14 +67,15 @@ pub use escalation::{
 pub use event::{PauseReason, RunOutcome, RuntimeEvent};
 pub use follow_up::{FollowUpHandle, FollowUpOutcome, check_follow_up_message};
 pub use harnesses::{
-    ATTEMPT_ENV, HarnessSet, MCP_TOKEN_ENV, RUN_ID_ENV, SUBTASK_ID_ENV, SessionService,
+    ATTEMPT_ENV, HarnessSet, MCP_TOKEN_ENV, RUN_ID_ENV, SUBTASK_ID_ENV, ServiceFuture,
+    SessionService, SubagentAnswer, SubagentEvent,
 };
 pub use lifecycle::RunHandle;
 pub use machine_actor::{Deliver, Flow, MachineActor, MachineActorState, MachineRef, Role};
 pub use node_store::{NodeStore, StoreOpener};
 pub use observe::{RuntimeObserver, refusal_reason};
 pub use pause::PauseSummary;
-pub use policy::{PolicyHost, ToolAnswer, ToolScope};
+pub use policy::{EventAnswer, PolicyHost, ToolAnswer, ToolScope};
 pub use remote::{RemoteHosts, RemoteInbox};
 pub use session_feed::{UsageSeen, feed_session};
 pub use spans::SPAN_TARGET;

@@ -31,7 +31,7 @@ use super::Runtime;
 use super::audit::{AuditError, AuditWriter};
 use super::clock::{OsEntropy, wall_clock_ms};
 use super::escalation::{ApprovalDesk, ApprovalEnd};
-use super::harnesses::SessionService;
+use super::harnesses::{ServiceFuture, SessionService, SubagentAnswer, SubagentEvent};
 use crate::escalation::{
     ApprovalCase, approval as approval_escalation, approves, mint_escalation_id,
 };
@@ -96,6 +96,31 @@ impl ToolAnswer {
         ToolAnswer::deny(format!(
             "keel: the decision could not be recorded, so the call is denied: {e}"
         ))
+    }
+}
+
+/// What a session event's hooks answered ([`PolicyHost::on_session_event`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventAnswer {
+    /// `Deny`: the event is vetoed; `Allow`: it goes on.
+    pub decision: Decision,
+    /// Why it was vetoed (empty when it goes on).
+    pub reason: String,
+    /// The hooks' annotations, to carry into the brief, the report or the compaction.
+    pub context: Option<String>,
+    /// The hook that vetoed (`hook:NAME`), `keel` when the decision could not be recorded, or
+    /// empty.
+    pub decided_by: String,
+}
+
+impl EventAnswer {
+    fn go_on(context: Option<String>) -> EventAnswer {
+        EventAnswer {
+            decision: Decision::Allow,
+            reason: String::new(),
+            context,
+            decided_by: String::new(),
+        }
     }
 }
 
@@ -320,6 +345,68 @@ impl PolicyHost {
         }
     }
 
+    /// A session event (`SubagentStart`, `SubagentStop`, `PreCompact`; docs/DESIGN.md §9): runs
+    /// its hooks in the policy's order (matched by the scope's agent for a subagent event) and
+    /// answers a veto (`Deny`) or that the event goes on (`Allow`, with the hooks' notes), once
+    /// each hook's audit row is durable (the `tool` column holds the event's name). Rows that
+    /// cannot be made durable veto the event. No hook: `Allow`, and nothing is written. `payload`
+    /// is what a command hook gets on stdin (keel adds the event's name, the run, task, attempt
+    /// and agent). The `keel hook` bridge calls it for the CLIs' own events.
+    pub async fn on_session_event(
+        &self,
+        scope: &ToolScope,
+        event: HookEvent,
+        mut payload: Value,
+    ) -> EventAnswer {
+        let policy = &self.inner.policy;
+        let agent = matches!(event, HookEvent::SubagentStart | HookEvent::SubagentStop)
+            .then_some(scope.agent.as_str());
+        if policy.hooks_for(event, agent).next().is_none() {
+            return EventAnswer::go_on(None);
+        }
+        add_identity(&mut payload, scope);
+        if let Some(obj) = payload.as_object_mut() {
+            obj.insert("hook_event_name".into(), event.as_str().into());
+            obj.insert("agent".into(), scope.agent.clone().into());
+        }
+        let outcomes = keel_policy::run::run_event_hooks(policy, event, agent, &payload).await;
+        let verdict = keel_policy::decide_event(event.as_str(), &outcomes);
+        let subject = ToolCall::new(event.as_str(), payload);
+        let rows = keel_policy::audit_rows(
+            &verdict.trail,
+            wall_clock_ms(),
+            Some(scope.attempt.task),
+            &subject,
+        );
+        let recorded = match self.inner.audit.get() {
+            Some(audit) => audit
+                .append(scope.attempt.run, rows)
+                .await
+                .map_err(|e| e.to_string()),
+            None => Err("the node is not ready to record decisions".into()),
+        };
+        if let Err(e) = recorded {
+            return EventAnswer {
+                decision: Decision::Deny,
+                reason: format!(
+                    "keel: the {} decision could not be recorded, so it is refused: {e}",
+                    event.as_str()
+                ),
+                context: None,
+                decided_by: "keel".into(),
+            };
+        }
+        match verdict.veto {
+            Some((who, reason)) => EventAnswer {
+                decision: Decision::Deny,
+                reason: format!("{} hook {who} vetoed it: {reason}", event.as_str()),
+                context: None,
+                decided_by: who,
+            },
+            None => EventAnswer::go_on(verdict.annotation()),
+        }
+    }
+
     /// Hands back the result the model sees for `call`, which ran and produced `output`: the
     /// `PostToolUse` hooks' result, after their audit rows (and the gate marks a successful call
     /// earns) are durable. A result a hook changed whose rows cannot be recorded is withheld.
@@ -487,6 +574,34 @@ impl SessionService for GuardService {
     }
 
     fn session_ended(&self, _attempt: AttemptId) {}
+
+    fn subagent_event<'a>(
+        &'a self,
+        attempt: AttemptId,
+        event: SubagentEvent<'a>,
+    ) -> ServiceFuture<'a, SubagentAnswer> {
+        Box::pin(async move {
+            let (kind, agent, payload) = match event {
+                SubagentEvent::Start { agent, brief } => {
+                    (HookEvent::SubagentStart, agent, json!({ "brief": brief }))
+                }
+                SubagentEvent::Stop { agent, report } => {
+                    (HookEvent::SubagentStop, agent, json!({ "report": report }))
+                }
+            };
+            let scope = ToolScope {
+                attempt,
+                mode: PermissionMode::default(),
+                tools: Vec::new(),
+                agent: agent.to_owned(),
+            };
+            let answer = self.0.on_session_event(&scope, kind, payload).await;
+            SubagentAnswer {
+                veto: (answer.decision != Decision::Allow).then_some(answer.reason),
+                note: answer.context,
+            }
+        })
+    }
 }
 
 /// One session's guard: the host and who the session is.

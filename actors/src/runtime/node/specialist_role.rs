@@ -8,11 +8,12 @@ use crate::ids::{AttemptId, IdempotencyKey};
 use crate::message::{
     CoordinatorMsg, SpecialistInput, SpecialistReply, SpecialistStart, SupervisorMsg,
 };
-use crate::report::AttemptResult;
+use crate::report::{AttemptResult, FailureKind, SubtaskFailure};
+use crate::runtime::harnesses::SubagentEvent;
 use crate::runtime::machine_actor::{Flow, MachineActor, MachineActorState, MachineRef, Role};
 use crate::runtime::{RuntimeEvent, spans};
 use crate::specialist::Specialist;
-use keel_harness::{CancelToken, HarnessError, HarnessEvent, HarnessKind};
+use keel_harness::{CancelToken, ErrorCategory, HarnessError, HarnessEvent, HarnessKind};
 use ractor::Actor;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -91,6 +92,8 @@ pub(crate) struct SpecialistLocal {
     result: Option<AttemptResult>,
     /// What the progress view was last told of the session's usage.
     usage: crate::runtime::UsageSeen,
+    /// The agent profile the session runs as (what the `SubagentStop` hooks match).
+    agent: String,
 }
 
 /// Hosts one specialist attempt: runs its harness session and streams the session's events into it.
@@ -154,6 +157,35 @@ impl SpecialistRole {
             );
             return;
         };
+        // The policy's SubagentStart hooks: a veto refuses the start (a permission failure with
+        // the hook's reason), a note joins the brief; the decision is durable before either.
+        let mut spec = spec;
+        local.agent = spec.agent.clone();
+        let answer = self
+            .node
+            .harnesses
+            .subagent_event(
+                self.attempt,
+                SubagentEvent::Start {
+                    agent: &spec.agent,
+                    brief: &spec.prompt,
+                },
+            )
+            .await;
+        if let Some(reason) = answer.veto {
+            Self::feed(
+                me,
+                SpecialistInput::Harness(HarnessEvent::Failed(HarnessError::new(
+                    ErrorCategory::Permission,
+                    format!("the session was not started: {reason}"),
+                ))),
+            );
+            return;
+        }
+        if let Some(note) = answer.note {
+            spec.prompt
+                .push_str(&format!("\n\nNote from keel's policy:\n{note}"));
+        }
         let mut spec = self.node.harnesses.prepare(spec, self.attempt);
         let deliver = {
             let me = me.clone();
@@ -194,6 +226,44 @@ impl SpecialistRole {
                 };
                 spawn(forward.instrument(self.span.clone()));
             }
+        }
+    }
+}
+
+impl SpecialistRole {
+    /// The policy's SubagentStop hooks on a report that came back: a veto refuses it (the attempt
+    /// fails as a permission failure with the hook's reason, its findings kept as partial), a note
+    /// joins the report's summary the lead sees. The decision is durable before either.
+    async fn report_check(&self, local: &SpecialistLocal, result: &mut AttemptResult) {
+        let Ok(report) = &mut result.outcome else {
+            return;
+        };
+        let answer = self
+            .node
+            .harnesses
+            .subagent_event(
+                self.attempt,
+                SubagentEvent::Stop {
+                    agent: &local.agent,
+                    report,
+                },
+            )
+            .await;
+        if let Some(reason) = answer.veto {
+            result.outcome = Err(SubtaskFailure {
+                kind: FailureKind::Harness(ErrorCategory::Permission),
+                attempted: "the session reported; keel's policy refused the report".into(),
+                partial: report.findings.clone(),
+                retryable: false,
+                retry_after_ms: None,
+                detail: format!("the report was refused: {reason}"),
+            });
+            return;
+        }
+        if let Some(note) = answer.note {
+            report
+                .summary
+                .push_str(&format!("\n\nNote from keel's policy:\n{note}"));
         }
     }
 }
@@ -272,7 +342,10 @@ impl Role for SpecialistRole {
                         c.cancel();
                     }
                 }
-                SpecialistEffect::Reply(to, reply) => {
+                SpecialistEffect::Reply(to, mut reply) => {
+                    if let SpecialistReply::Finished(result) = &mut reply {
+                        self.report_check(local, result).await;
+                    }
                     match &reply {
                         SpecialistReply::Finished(result) => {
                             local.result = Some(result.clone());
