@@ -17,7 +17,8 @@ use keel_store::{
 pub enum PersistOp {
     /// `stage_create_run`: a new run row.
     CreateRun(Run),
-    /// `stage_update_run`: replace the run row (status, budget, outcome).
+    /// `stage_update_run`: replace the run row (status, budget, outcome); its plan stays as the run
+    /// was created with it (a row without one keeps it).
     UpdateRun(Run),
     /// `stage_create_task`: a new task row, indexed under its run and parent.
     CreateTask(Task),

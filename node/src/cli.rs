@@ -316,8 +316,12 @@ pub(crate) enum Command {
         #[arg(long, value_name = "N", conflicts_with = "hook_calls")]
         scale_runs: Option<u32>,
         /// Specialists in the large run of `--scale-runs`.
-        #[arg(long, value_name = "N", default_value_t = 256)]
+        #[arg(long, value_name = "N", default_value_t = 1024)]
         scale_fan_out: u32,
+        /// Build the home of `--scale-runs` in this new folder and keep it (for `keel --home DIR
+        /// runs`, a profile, or another binary on the same store) instead of a temporary one.
+        #[arg(long, value_name = "DIR", requires = "scale_runs")]
+        scale_keep: Option<PathBuf>,
     },
 }
 

@@ -220,10 +220,12 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failed> {
         Command::Bench {
             scale_runs: Some(stored),
             scale_fan_out,
+            scale_keep,
             ..
         } => failure(run::bench_scale::bench_scale(
             stored,
             scale_fan_out,
+            scale_keep.as_deref(),
             cli.json,
         ))?,
         Command::Bench {

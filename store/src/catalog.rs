@@ -43,6 +43,7 @@ impl<'s> Catalog<'s> {
 
     /// Runs newest first, older than `before` when given (the last run of the page before), at
     /// most `limit`, with the count of older runs the page leaves out: what `keel runs` lists.
+    /// Reads the page's rows only (the count comes from the table's length).
     ///
     /// # Errors
     /// [`ReadError::TooManyRows`] if `limit` is over the read limit; [`ReadError::Decode`].
@@ -57,7 +58,8 @@ impl<'s> Catalog<'s> {
     }
 
     /// The runs that are not terminal (pending, running, paused), oldest first, at most `limit`,
-    /// found among every run of the store (not only the first page): what a restarted node takes
+    /// found among every run of the store (not only the first page) through the open-runs index,
+    /// so the cost is one row per open run however many runs ended: what a restarted node takes
     /// up again and what `keel status` lists.
     ///
     /// # Errors

@@ -53,6 +53,16 @@ pub enum OpenError {
         /// The newest format this build reads.
         supported: u8,
     },
+    /// A store of an older format could not be brought to this build's format on a writable open
+    /// (a run row that does not decode): nothing was changed; restore a backup or open it with the
+    /// keel that wrote it.
+    #[error("cannot upgrade the store to format {to}: {source}")]
+    Upgrade {
+        /// The format the upgrade was to.
+        to: u8,
+        /// The row that stopped it (one that does not decode, or cannot be encoded again).
+        source: ItemError,
+    },
     /// The file is a redb database but holds no keel store (opened read-only, nothing to read).
     #[error("the file is a database but not a keel store")]
     NotAStore,
@@ -232,6 +242,13 @@ pub enum ItemError {
     ParentChanged {
         /// The task being updated.
         task: TaskId,
+    },
+    /// An update of a run's row carried a plan other than the one the run was created with: a
+    /// run's plan is fixed at creation (an update without a plan keeps it).
+    #[error("run {run}: its plan cannot change")]
+    PlanChanged {
+        /// The run being updated.
+        run: RunId,
     },
     /// The escalation id is already used by another run: escalation ids are unique store-wide.
     #[error("escalation id {0} is already taken")]

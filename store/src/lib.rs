@@ -51,6 +51,7 @@ mod scope;
 mod sim_disk;
 mod store;
 mod tables;
+mod upgrade;
 
 pub use batch::{Applied, StagedWrite, WriteBatch};
 pub use catalog::Catalog;

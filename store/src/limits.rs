@@ -29,8 +29,11 @@ pub struct Limits {
     /// Attachments above this size are stored by reference in the blob table instead of in the row,
     /// so task rows stay small and reads of a task tree stay cheap.
     pub inline_bytes_max: u64,
-    /// Most bytes in any other free-text field (goal, criteria, reasons, a system prompt, a plan).
+    /// Most bytes in any other free-text field (goal, criteria, reasons, a system prompt).
     pub text_bytes_max: u64,
+    /// Most bytes in a run's plan (its own row, written once): a plan of 1,024 steps with
+    /// paragraph briefs fits; a plan of megabytes is refused, not stored.
+    pub plan_bytes_max: u64,
     /// Most bytes in a name or key (idempotency key, agent name, attachment name, tool name).
     pub key_bytes_max: u64,
     /// Most items in any list field (criteria, attachments, notes, tools, verified outputs).
@@ -51,6 +54,7 @@ impl Default for Limits {
             attachment_bytes_max: 16 * 1024 * 1024,
             inline_bytes_max: 8 * 1024,
             text_bytes_max: 64 * 1024,
+            plan_bytes_max: 4 * 1024 * 1024,
             key_bytes_max: 256,
             list_items_max: 1024,
             batch_items_max: 4096,
@@ -108,7 +112,7 @@ impl Limits {
     pub fn check_run(&self, run: &Run) -> Result<(), LimitError> {
         self.bytes("run.brief", &run.brief, self.brief_bytes_max)?;
         if let Some(plan) = &run.plan {
-            self.text("run.plan", plan)?;
+            self.bytes("run.plan", plan, self.plan_bytes_max)?;
         }
         self.text("run.config_snapshot", &run.config_snapshot)?;
         if let Some(outcome) = &run.outcome {

@@ -263,6 +263,8 @@ fn copy_tables(
     let counts = [
         copy(source, target, tables::META)?,
         copy(source, target, tables::RUNS)?,
+        copy(source, target, tables::OPEN_RUNS)?,
+        copy(source, target, tables::RUN_PLANS)?,
         copy(source, target, tables::TASKS)?,
         copy(source, target, tables::TASK_RUN)?,
         copy(source, target, tables::TASK_CHILDREN)?,

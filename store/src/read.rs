@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use redb::{ReadTransaction, ReadableTable, TableDefinition};
+use redb::{ReadTransaction, ReadableTable, ReadableTableMetadata, TableDefinition};
 
 use crate::codec;
 use crate::error::ReadError;
@@ -62,13 +62,53 @@ pub(crate) fn check_limit(limits: &Limits, n: u32) -> Result<usize, ReadError> {
 
 pub(crate) fn get_run(txn: &ReadTransaction, run: RunId) -> Result<Run, ReadError> {
     let table = txn.open_table(tables::RUNS)?;
+    let plans = Plans::open(txn)?;
     match table.get(run.0)? {
         None => Err(ReadError::NotFound {
             what: "run",
             key: run.to_string(),
         }),
-        Some(g) => Ok(codec::decode(name::RUNS, &run, g.value())?),
+        Some(g) => plans.attach(codec::decode(name::RUNS, &run, g.value())?),
     }
+}
+
+/// The plans table of a read, to put each run's plan back into its row (store format 2 keeps it
+/// beside the row). Absent in a format-1 store opened read-only, whose rows still hold their plans.
+pub(crate) struct Plans(Option<redb::ReadOnlyTable<u128, Row>>);
+
+impl Plans {
+    pub(crate) fn open(txn: &ReadTransaction) -> Result<Self, ReadError> {
+        match txn.open_table(tables::RUN_PLANS) {
+            Ok(table) => Ok(Self(Some(table))),
+            Err(redb::TableError::TableDoesNotExist(_)) => Ok(Self(None)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The run with its plan (a row that holds its own plan, written by format 1, keeps it).
+    pub(crate) fn attach(&self, mut run: Run) -> Result<Run, ReadError> {
+        if run.plan.is_none()
+            && let Some(table) = &self.0
+            && let Some(g) = table.get(run.id.0)?
+        {
+            run.plan = Some(String::from_utf8(g.value().to_vec()).map_err(|e| {
+                codec::DecodeError::Corrupt {
+                    table: name::RUN_PLANS,
+                    key: run.id.to_string(),
+                    reason: e.to_string(),
+                }
+            })?);
+        }
+        Ok(run)
+    }
+}
+
+/// Whether the store's open-runs index can be trusted in this read: the store is of format 2 or
+/// later (a format-1 store opened read-only has none).
+fn open_runs_indexed(txn: &ReadTransaction) -> Result<bool, ReadError> {
+    let meta = txn.open_table(tables::META)?;
+    let format = meta.get("store_format")?.map_or(0, |g| g.value());
+    Ok(format >= crate::upgrade::FORMAT_OPEN_RUNS_INDEX)
 }
 
 pub(crate) fn get_task(txn: &ReadTransaction, run: RunId, task: TaskId) -> Result<Task, ReadError> {
@@ -160,6 +200,7 @@ pub(crate) fn all_tasks(txn: &ReadTransaction, limit: usize) -> Result<Listing<T
 
 pub(crate) fn runs(txn: &ReadTransaction, limit: usize) -> Result<Listing<Run>, ReadError> {
     let table = txn.open_table(tables::RUNS)?;
+    let plans = Plans::open(txn)?;
     let mut items = Vec::new();
     let mut more = false;
     for entry in table.iter()? {
@@ -168,20 +209,22 @@ pub(crate) fn runs(txn: &ReadTransaction, limit: usize) -> Result<Listing<Run>, 
             more = true;
             break;
         }
-        items.push(codec::decode(name::RUNS, &RunId(k.value()), v.value())?);
+        items.push(plans.attach(codec::decode(name::RUNS, &RunId(k.value()), v.value())?)?);
     }
     Ok(Listing { items, more })
 }
 
 /// Runs newest first (the highest ids: ULIDs sort by creation time), only those older than
-/// `before` when given, at most `limit`, and the count of older runs left out (counted by key,
-/// without decoding them).
+/// `before` when given, at most `limit`, and the count of older runs left out. Reads one page: the
+/// count is the table's length (kept by redb) less the runs at or after the page's last one, which
+/// are counted by key only from the first page down to it (none for the first page).
 pub(crate) fn runs_newest_first(
     txn: &ReadTransaction,
     before: Option<RunId>,
     limit: usize,
 ) -> Result<RunPage, ReadError> {
     let table = txn.open_table(tables::RUNS)?;
+    let plans = Plans::open(txn)?;
     let mut rows = match before {
         Some(before) => table.range(..before.0)?,
         None => table.range::<u128>(..)?,
@@ -191,20 +234,47 @@ pub(crate) fn runs_newest_first(
     while items.len() < limit {
         let Some(entry) = rows.next() else { break };
         let (k, v) = entry?;
-        items.push(codec::decode(name::RUNS, &RunId(k.value()), v.value())?);
+        items.push(plans.attach(codec::decode(name::RUNS, &RunId(k.value()), v.value())?)?);
     }
-    let mut older = 0u64;
-    for entry in rows {
-        entry?;
-        older += 1;
+    drop(rows);
+    if items.len() < limit {
+        return Ok(RunPage { items, older: 0 });
     }
+    let mut newer = 0u64;
+    if let Some(before) = before {
+        for entry in table.range(before.0..)? {
+            entry?;
+            newer += 1;
+        }
+    }
+    let shown = u64::try_from(items.len()).unwrap_or(u64::MAX);
+    let older = table.len()?.saturating_sub(newer).saturating_sub(shown);
     Ok(RunPage { items, older })
 }
 
 /// Every run that is not terminal, in id order (oldest first), at most `limit` of them, however
-/// many terminal runs the store holds: the scan reads every run row, the limit bounds only what
-/// it keeps.
+/// many terminal runs the store holds: read through the open-runs index, one row per open run (a
+/// format-1 store opened read-only has no index: every run row is read).
 pub(crate) fn open_runs(txn: &ReadTransaction, limit: usize) -> Result<Listing<Run>, ReadError> {
+    if !open_runs_indexed(txn)? {
+        return open_runs_scanned(txn, limit);
+    }
+    let index = txn.open_table(tables::OPEN_RUNS)?;
+    let mut items = Vec::new();
+    let mut more = false;
+    for entry in index.iter()? {
+        let (k, _) = entry?;
+        if items.len() == limit {
+            more = true;
+            break;
+        }
+        items.push(get_run(txn, RunId(k.value()))?);
+    }
+    Ok(Listing { items, more })
+}
+
+/// [`open_runs`] without the index: every run row decoded.
+fn open_runs_scanned(txn: &ReadTransaction, limit: usize) -> Result<Listing<Run>, ReadError> {
     let table = txn.open_table(tables::RUNS)?;
     let mut items = Vec::new();
     let mut more = false;
@@ -230,11 +300,8 @@ pub(crate) fn latest_run(txn: &ReadTransaction) -> Result<Option<Run>, ReadError
         return Ok(None);
     };
     let (k, v) = entry?;
-    Ok(Some(codec::decode(
-        name::RUNS,
-        &RunId(k.value()),
-        v.value(),
-    )?))
+    let run = codec::decode(name::RUNS, &RunId(k.value()), v.value())?;
+    Ok(Some(Plans::open(txn)?.attach(run)?))
 }
 
 pub(crate) fn children(

@@ -22,8 +22,11 @@ use crate::scope::RunScope;
 use crate::tables::{self, Row, name};
 
 /// The store format this build writes into the `meta` table. Bumped only when the table layout (not a
-/// record's shape: that is the codec's schema version) changes incompatibly.
-pub const STORE_FORMAT: u64 = 1;
+/// record's shape: that is the codec's schema version) changes incompatibly: an older keel refuses a
+/// newer format rather than write rows without the tables that must change with them. History: 1, the
+/// first; 2, the open-runs index and plans in their own table (the `upgrade` module; a writable open
+/// upgrades a format-1 store in its set-up transaction).
+pub const STORE_FORMAT: u64 = 2;
 
 /// How a store is opened. A struct rather than arguments so later options do not break callers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -171,11 +174,16 @@ impl Store {
         {
             let mut meta = txn.open_table(tables::META)?;
             let found = meta.get("store_format")?.map(|g| g.value());
-            if found.is_none() {
+            check_format(found)?;
+            if found.is_some_and(|f| f < crate::upgrade::FORMAT_OPEN_RUNS_INDEX) {
+                crate::upgrade::to_open_runs_index(&txn)?;
+            }
+            if found != Some(STORE_FORMAT) {
                 meta.insert("store_format", STORE_FORMAT)?;
             }
-            check_format(found)?;
             txn.open_table(tables::RUNS)?;
+            txn.open_table(tables::OPEN_RUNS)?;
+            txn.open_table(tables::RUN_PLANS)?;
             txn.open_table(tables::TASKS)?;
             txn.open_table(tables::TASK_RUN)?;
             txn.open_table(tables::TASK_CHILDREN)?;
@@ -493,6 +501,8 @@ impl<'t, K: redb::Key + 'static, V: redb::Value + 'static> Lazy<'t, K, V> {
 struct Writer<'t> {
     limits: &'t Limits,
     runs: Lazy<'t, u128, Row>,
+    open_runs: Lazy<'t, u128, ()>,
+    plans: Lazy<'t, u128, &'static [u8]>,
     tasks: Lazy<'t, (u128, u128), Row>,
     task_run: Lazy<'t, u128, u128>,
     children: Lazy<'t, (u128, u128, u128), ()>,
@@ -517,6 +527,8 @@ impl<'t> Writer<'t> {
         Self {
             limits,
             runs: Lazy::new(txn, tables::RUNS),
+            open_runs: Lazy::new(txn, tables::OPEN_RUNS),
+            plans: Lazy::new(txn, tables::RUN_PLANS),
             tasks: Lazy::new(txn, tables::TASKS),
             task_run: Lazy::new(txn, tables::TASK_RUN),
             children: Lazy::new(txn, tables::TASK_CHILDREN),
@@ -627,12 +639,25 @@ impl<'t> Writer<'t> {
                 if self.runs.open()?.get(run.0)?.is_some() {
                     return Err(ItemError::RunExists(run).into());
                 }
+                if let Some(plan) = &r.plan {
+                    self.plans.open()?.insert(run.0, plan.as_bytes())?;
+                }
                 self.put_run(r)?;
                 self.known_runs.insert(run.0);
                 Ok(Applied::RunCreated)
             }
             RunOp::UpdateRun(r) => {
                 self.require_run(run)?;
+                if let Some(plan) = &r.plan {
+                    let same = self
+                        .plans
+                        .open()?
+                        .get(run.0)?
+                        .is_some_and(|g| g.value() == plan.as_bytes());
+                    if !same {
+                        return Err(ItemError::PlanChanged { run }.into());
+                    }
+                }
                 self.put_run(r)?;
                 Ok(Applied::RunUpdated)
             }
@@ -819,9 +844,34 @@ impl<'t> Writer<'t> {
         }
     }
 
+    /// Writes a run's row (without its plan: that is in its own table, written at creation) and
+    /// keeps the open-runs index in step with it, in this same transaction: the index and the rows
+    /// are committed (or lost in a crash) together, so they never disagree.
     fn put_run(&mut self, r: &Run) -> Result<(), Failure> {
-        let bytes = codec::encode(name::RUNS, r)?;
+        let bytes = if r.plan.is_some() {
+            codec::encode(
+                name::RUNS,
+                &Run {
+                    id: r.id,
+                    brief: r.brief.clone(),
+                    plan: None,
+                    status: r.status,
+                    budget: r.budget,
+                    created_ms: r.created_ms,
+                    updated_ms: r.updated_ms,
+                    config_snapshot: r.config_snapshot.clone(),
+                    outcome: r.outcome.clone(),
+                },
+            )?
+        } else {
+            codec::encode(name::RUNS, r)?
+        };
         self.runs.open()?.insert(r.id.0, bytes.as_slice())?;
+        if r.status.is_terminal() {
+            self.open_runs.open()?.remove(r.id.0)?;
+        } else {
+            self.open_runs.open()?.insert(r.id.0, ())?;
+        }
         Ok(())
     }
 }

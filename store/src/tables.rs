@@ -10,6 +10,15 @@ pub(crate) type Row = &'static [u8];
 pub(crate) const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
 /// run -> Run.
 pub(crate) const RUNS: TableDefinition<'_, u128, Row> = TableDefinition::new("runs");
+/// run -> (): every run whose status is not terminal (pending, running, paused), written in the same
+/// transaction as the run's row, so recovery and `keel status` read the open runs without decoding
+/// every run (store format 2; a format-1 store gets it built on its first writable open).
+pub(crate) const OPEN_RUNS: TableDefinition<'_, u128, ()> = TableDefinition::new("open_runs");
+/// run -> the plan's text (UTF-8), written once when the run is created: a plan of 1,024 steps is
+/// hundreds of KiB, so it lives beside the run's row, not in it, and an update of the row (status,
+/// spend) never rewrites it (store format 2; a format-1 store has its plans moved here on its first
+/// writable open).
+pub(crate) const RUN_PLANS: TableDefinition<'_, u128, &[u8]> = TableDefinition::new("run_plans");
 /// (run, task) -> Task. The per-run index is the key order itself.
 pub(crate) const TASKS: TableDefinition<'_, (u128, u128), Row> = TableDefinition::new("tasks");
 /// task -> run: keeps task ids unique store-wide and lets the operator view locate a task.
@@ -56,6 +65,7 @@ pub(crate) const RUN_AGENTS: TableDefinition<'_, (u128, &str), Row> =
 /// Table names as they appear in errors.
 pub(crate) mod name {
     pub(crate) const RUNS: &str = "runs";
+    pub(crate) const RUN_PLANS: &str = "run_plans";
     pub(crate) const TASKS: &str = "tasks";
     pub(crate) const SESSION_LOGS: &str = "session_logs";
     pub(crate) const CHECKPOINTS: &str = "checkpoints";

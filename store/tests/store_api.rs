@@ -972,8 +972,8 @@ fn a_store_from_a_newer_keel_is_refused() {
     assert!(matches!(
         Store::open(&path),
         Err(OpenError::StoreFromFuture {
-            found: 2,
-            supported: 1
+            found: 3,
+            supported: 2
         })
     ));
 }

@@ -112,11 +112,21 @@ fn kill_and_resume(complete_min: usize) {
         "the kill came after the end: {:?}",
         run_row.status
     );
+    // The open-runs index, written in the same commits as the run's row, lists it after the kill.
+    let open = |store: &keel_store::Store| -> Vec<RunId> {
+        let listing = store.catalog().open_runs(10).unwrap();
+        listing.items.iter().map(|r| r.id).collect()
+    };
+    assert_eq!(open(&store), vec![run]);
     drop(store);
 
     let out = resume(&s, run);
     assert!(out.contains(": Completed"), "{out}");
     let store = reader(&s.work);
+    assert!(
+        open(&store).is_empty(),
+        "the ended run is still indexed as open"
+    );
     assert_eq!(claims(&store, run), expected_claims(STEPS));
     let openings = session_openings(&recorded_bodies(&s.record));
     for i in 0..STEPS {

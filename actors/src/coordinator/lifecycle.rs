@@ -155,6 +155,9 @@ impl RunState {
             PersistOp::CreateTask(root),
         ];
         state.stage(ops, Then::Nothing, true, now, out);
+        // The plan is stored once, with the run's creation (in its own table); the row's later
+        // updates leave it there, so the coordinator does not carry (nor rewrite) its text.
+        state.row.plan = None;
         state.send(
             SupervisorMsg::OpenRun {
                 run: state.id,

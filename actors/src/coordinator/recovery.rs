@@ -76,6 +76,8 @@ impl RunState {
         } else {
             state.rebuild_plan(&row);
         }
+        // The stored plan stays in the store: updates of the row leave it (see `accept`).
+        state.row.plan = None;
         let attempts = attempts_started(&idempotency);
         let waiting: BTreeMap<TaskId, keel_store::EscalationId> = escalations
             .iter()

@@ -89,7 +89,14 @@ impl MemStore {
         self.commits += 1;
         for (_run, op) in batch.ops() {
             match op.clone() {
-                PersistOp::CreateRun(r) | PersistOp::UpdateRun(r) => {
+                PersistOp::CreateRun(r) => {
+                    self.runs.insert(r.id, r);
+                }
+                // As the store does: an update without a plan keeps the one the run was created with.
+                PersistOp::UpdateRun(mut r) => {
+                    if r.plan.is_none() {
+                        r.plan = self.runs.get(&r.id).and_then(|old| old.plan.clone());
+                    }
                     self.runs.insert(r.id, r);
                 }
                 PersistOp::CreateTask(t) | PersistOp::UpdateTask(t) => {

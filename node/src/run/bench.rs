@@ -22,8 +22,8 @@ use keel_harness::{
 };
 use keel_store::{AgentLimits, AgentProfile, RunStatus, Sharing, Store, StoreConfig};
 
-/// Most specialists per run the bench accepts.
-const FAN_OUT_MAX: u32 = 256;
+/// Most specialists per run the bench accepts: the most a plan may have.
+const FAN_OUT_MAX: u32 = keel_actors::plan::PLAN_STEPS_MAX as u32;
 /// Most runs in flight the bench accepts.
 const IN_FLIGHT_MAX: u32 = 64;
 

@@ -343,7 +343,13 @@ fn completed(status: RunStatus) -> anyhow::Result<()> {
 
 /// `keel bench --scale-runs N [--scale-fan-out M]`: print what keel costs with N stored runs and a
 /// run of M specialists.
-pub(crate) fn bench_scale(stored_runs: u32, fan_out: u32, json: bool) -> anyhow::Result<()> {
+/// With `keep`, the home is built in that new folder and left there.
+pub(crate) fn bench_scale(
+    stored_runs: u32,
+    fan_out: u32,
+    keep: Option<&Path>,
+    json: bool,
+) -> anyhow::Result<()> {
     if stored_runs == 0
         || stored_runs > SCALE_RUNS_MAX
         || fan_out == 0
@@ -354,7 +360,19 @@ pub(crate) fn bench_scale(stored_runs: u32, fan_out: u32, json: bool) -> anyhow:
         ));
     }
     let dir = tempfile::tempdir().context("creating a temporary folder")?;
-    let home = crate::home::Home::locate(Some(dir.path().join("home")))?;
+    let home_dir = match keep {
+        Some(keep) => {
+            if keep.exists() {
+                return Err(anyhow!(
+                    "{} exists: --scale-keep needs a new folder",
+                    keep.display()
+                ));
+            }
+            keep.to_path_buf()
+        }
+        None => dir.path().join("home"),
+    };
+    let home = crate::home::Home::locate(Some(home_dir))?;
     home.init()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
