@@ -30,8 +30,9 @@ pub struct GuardedCall<'a> {
     pub cwd: &'a Path,
 }
 
-/// A tool's result as the model will see it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A tool's result as the model will see it (also what the `keel hook` bridge carries for a CLI's
+/// `PostToolUse`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ToolOutput {
     /// Whether it is an error result.
     pub is_error: bool,

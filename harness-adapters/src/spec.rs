@@ -219,6 +219,14 @@ pub struct SessionSpec {
     pub limits: SessionLimits,
     /// Optional command that checks each tool call before it runs.
     pub pre_tool_gate: Option<GateCommand>,
+    /// The command a CLI's native `PostToolUse` hook runs after each call (docs/HARNESSES.md,
+    /// "Policy hooks"): the result goes to keel's policy (a success meets a prerequisite or issues a
+    /// token; `PostToolUse` hooks may rewrite or withhold it). The adapter appends
+    /// `--post-for <harness>` (`cli::post_tool::post_command`), so the command reads that CLI's
+    /// payload and prints that CLI's answer. Set by the host only when the policy needs results;
+    /// keel's own loop ignores it (it hands results to the policy in process).
+    #[serde(default)]
+    pub post_tool_hook: Option<GateCommand>,
     /// Optional MCP endpoint exposing keel's coordination tools to the session.
     pub mcp_endpoint: Option<McpEndpoint>,
     /// The account to bill and authenticate as.
@@ -260,6 +268,7 @@ impl SessionSpec {
             env: BTreeMap::new(),
             limits: SessionLimits::default(),
             pre_tool_gate: None,
+            post_tool_hook: None,
             mcp_endpoint: None,
             account: Account::default(),
             stop_check: None,
@@ -297,6 +306,11 @@ impl SessionSpec {
             && (gate.program.trim().is_empty() || gate.timeout_ms == 0)
         {
             return invalid("pre_tool_gate needs a program and a positive timeout");
+        }
+        if let Some(hook) = &self.post_tool_hook
+            && (hook.program.trim().is_empty() || hook.timeout_ms == 0)
+        {
+            return invalid("post_tool_hook needs a program and a positive timeout");
         }
         Ok(())
     }

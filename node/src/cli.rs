@@ -119,6 +119,10 @@ pub(crate) enum Command {
             conflicts_with = "report_for"
         )]
         url: Option<String>,
+        /// Run as this CLI's PostToolUse hook (`claude-code`, `codex`, `opencode`, `pi`): hand the
+        /// node the call's result and print the CLI's answer when the model is to see another.
+        #[arg(long = "post-for", value_name = "HARNESS", requires = "url")]
+        post_for: Option<String>,
         /// Run as a CLI's Stop hook instead: the task ids the session's report may name (its own
         /// first); a last message that is not a valid report is sent back once with the error.
         #[arg(long = "report-for", value_name = "TASK")]

@@ -42,6 +42,11 @@ fn main() -> ExitCode {
     {
         return hook::run(url);
     }
+    if args.get(1).is_some_and(|a| a == "hook")
+        && let Some((url, harness)) = hook::post_args(&args[2..])
+    {
+        return hook::run_post(url, harness);
+    }
     quiet_storage_panics();
     // Before anything else: a build whose secret patterns do not compile must not run (issue 16).
     if let Err(e) = redact::init() {
@@ -61,10 +66,22 @@ fn main() -> ExitCode {
             return ExitCode::from(code as u8);
         }
     };
-    if let cli::Command::Hook { url, report_for } = &cli.command {
-        return match url {
-            Some(url) => hook::run(url),
-            None => hook::stop::run(report_for),
+    if let cli::Command::Hook {
+        url,
+        post_for,
+        report_for,
+    } = &cli.command
+    {
+        return match (url, post_for) {
+            (Some(url), Some(harness)) => match keel_harness::HarnessKind::parse(harness) {
+                Some(kind) => hook::run_post(url, kind),
+                None => {
+                    eprintln!("keel hook: unknown harness {harness}");
+                    ExitCode::from(Exit::Usage as u8)
+                }
+            },
+            (Some(url), None) => hook::run(url),
+            (None, _) => hook::stop::run(report_for),
         };
     }
     match dispatch::run(cli) {

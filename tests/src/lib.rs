@@ -3,6 +3,7 @@
 
 pub mod cluster;
 pub mod fan_out;
+pub mod policy;
 pub mod secrets;
 pub mod serve;
 

@@ -13,13 +13,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use keel_actors::runtime::scripted;
-use keel_actors::{Plan, PlanStep};
 use keel_harness::HarnessKind;
-use keel_harness::scripted::model::REPORT_AFTER_TOOL;
 use keel_store::{HookDecision, RunId, Store, StoreConfig};
+use keel_tests::policy::{PolicyHome, shell_step};
 use keel_tests::{
-    Reaped, audit_rows_by, cli_installed, init_home_with, keel, keel_json_list, run_to_end,
-    wait_for,
+    Reaped, audit_rows_by, cli_installed, keel, keel_json_list, run_to_end, wait_for,
 };
 use serde_json::Value;
 
@@ -31,47 +29,24 @@ const ASKED: &str = "echo needs-approval > approved.txt";
 /// The policy of the deny-and-ask run: one command denied, one asked.
 const DENY_AND_ASK: &str = "\n[permissions]\ndeny = [\"*(*should-not-run*)\"]\nask = [\"*(*needs-approval*)\"]\nask_timeout_s = 180\n";
 
-struct Fixture {
-    dir: tempfile::TempDir,
-    url: String,
-    _server: Reaped,
-}
+struct Fixture(PolicyHome);
 
 impl Fixture {
     /// A folder with a keel home whose keel.toml holds `policy`, a plan of three steps in parallel
     /// (one runs [`FORBIDDEN`], one [`ASKED`], one a harmless command), and a scripted model server.
     fn new(policy: &str) -> Fixture {
-        let dir = tempfile::tempdir().unwrap();
-        init_home_with(dir.path(), policy, WAIT).unwrap();
-        let plan = Plan {
-            steps: vec![
-                shell_step("forbidden", "Create the marker file.", FORBIDDEN),
-                shell_step("asked", "Create the approved file.", ASKED),
-                shell_step("harmless", "Say hello.", "echo hello"),
-            ],
-            constraints: Vec::new(),
-        };
-        std::fs::write(
-            dir.path().join(".keel").join("plan.json"),
-            serde_json::to_string(&plan).unwrap(),
-        )
+        let home = PolicyHome::new(policy).unwrap();
+        home.write_plan(vec![
+            shell_step("forbidden", "Create the marker file.", FORBIDDEN, &[]),
+            shell_step("asked", "Create the approved file.", ASKED, &[]),
+            shell_step("harmless", "Say hello.", "echo hello", &[]),
+        ])
         .unwrap();
-        let mut cmd = keel(dir.path()).unwrap();
-        cmd.arg("model-server");
-        let mut server = Reaped::spawn(cmd).unwrap();
-        let line = server
-            .line_containing("listening on", Duration::from_secs(30))
-            .unwrap();
-        let url = line.split_whitespace().last().unwrap().to_string();
-        Fixture {
-            dir,
-            url,
-            _server: server,
-        }
+        Fixture(home)
     }
 
     fn path(&self) -> &Path {
-        self.dir.path()
+        self.0.path()
     }
 
     /// `keel run` of the plan on keel's own loop (`None`) or a real CLI; returns its exit code and
@@ -82,42 +57,12 @@ impl Fixture {
 
     /// The `keel run` command of [`Fixture::run`], not started.
     fn run_command(&self, harness: Option<HarnessKind>) -> std::process::Command {
-        let mut cmd = keel(self.path()).unwrap();
-        cmd.args(["run", "make a file", "--quiet", "--plan", ".keel/plan.json"]);
-        match harness {
-            None => {
-                cmd.args(["--model-server", &self.url]);
-            }
-            Some(kind) => {
-                cmd.args(["--harness", kind.as_str(), "--model", "keel-scripted-1"])
-                    .env("ANTHROPIC_BASE_URL", &self.url)
-                    .env("ANTHROPIC_API_KEY", "sk-policy-test")
-                    .env("OPENAI_BASE_URL", format!("{}/v1", self.url))
-                    .env("OPENAI_API_KEY", "sk-policy-test");
-            }
-        }
-        cmd
+        self.0.run_command(harness).unwrap()
     }
 
     /// `keel --json audit` of the latest run: its rows.
     fn audit(&self) -> Vec<Value> {
-        keel_json_list(self.path(), &["audit"], "rows", WAIT).unwrap()
-    }
-}
-
-/// A step whose session runs `command` with its harness's shell tool and then reports whatever the
-/// tool answered (the scripted model's report rule), so a denied call still ends its step in one
-/// attempt, on every harness.
-fn shell_step(key: &str, what: &str, command: &str) -> PlanStep {
-    PlanStep {
-        key: key.into(),
-        brief: format!("{what} {REPORT_AFTER_TOOL}\nRUN_TOOL: {command} ;;"),
-        goal: what.into(),
-        quality_criteria: vec!["the finding is what the tool answered".into()],
-        output_schema: None,
-        assignee: None,
-        depends_on: Vec::new(),
-        estimate_micros: 0,
+        self.0.audit().unwrap()
     }
 }
 
@@ -372,15 +317,7 @@ fn a_counting_gate_survives_a_sigkill_of_the_node() {
             .unwrap()
         })
         .collect();
-    let plan = Plan {
-        steps,
-        constraints: Vec::new(),
-    };
-    std::fs::write(
-        fx.path().join(".keel").join("plan.json"),
-        serde_json::to_string(&plan).unwrap(),
-    )
-    .unwrap();
+    fx.0.write_plan(steps).unwrap();
     let mut cmd = keel(fx.path()).unwrap();
     cmd.args([
         "run",
@@ -388,7 +325,7 @@ fn a_counting_gate_survives_a_sigkill_of_the_node() {
         "--plan",
         ".keel/plan.json",
         "--model-server",
-        &fx.url,
+        &fx.0.url,
     ]);
     let mut node = Reaped::spawn(cmd).unwrap();
     let line = node
@@ -418,7 +355,7 @@ fn a_counting_gate_survives_a_sigkill_of_the_node() {
     let (code, out, err) = run_to_end(
         keel(fx.path())
             .unwrap()
-            .args(["resume", &run.to_string(), "--model-server", &fx.url]),
+            .args(["resume", &run.to_string(), "--model-server", &fx.0.url]),
         WAIT,
     )
     .unwrap();

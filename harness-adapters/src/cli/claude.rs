@@ -98,14 +98,24 @@ impl CliFlavor for ClaudeCode {
                 {"type": "command", "command": super::shell_quote(&wrapper.display().to_string()), "timeout": secs}
             ]}]}});
         }
+        if let Some(hook) = &spec.post_tool_hook {
+            // After every successful call: keel records the success and runs the PostToolUse
+            // hooks; a changed result comes back as `updatedToolOutput` in the tool's own shape.
+            let wrapper = super::post_tool::install_post_wrapper(
+                session_dir,
+                hook,
+                HarnessKind::ClaudeCode,
+                &mut files,
+            );
+            let secs = hook.timeout_ms.div_ceil(1000).max(1) + 5;
+            settings["hooks"]["PostToolUse"] = serde_json::json!([{"matcher": "*", "hooks": [
+                {"type": "command", "command": super::shell_quote(&wrapper.display().to_string()), "timeout": secs}
+            ]}]);
+        }
         if let (Some(stop), Some(_)) = (&spec.stop_gate, &spec.stop_check) {
             // The report check at the session's end: the command judges `last_assistant_message`
             // and answers `{"decision": "block", "reason": ...}` to send the session back once.
-            let command = std::iter::once(&stop.program)
-                .chain(&stop.args)
-                .map(|w| super::shell_quote(w))
-                .collect::<Vec<_>>()
-                .join(" ");
+            let command = super::gate::command_line(stop);
             let secs = stop.timeout_ms.div_ceil(1000).max(1);
             settings["hooks"]["Stop"] = serde_json::json!([{"hooks": [
                 {"type": "command", "command": command, "timeout": secs}

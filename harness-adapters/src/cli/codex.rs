@@ -148,6 +148,26 @@ impl CliFlavor for Codex {
                 "hooks.PreToolUse=[{{matcher=\"*\",hooks=[{{type=\"command\",command={},timeout={secs}}}]}}]",
                 toml_str(&super::shell_quote(&wrapper.display().to_string()))
             ));
+        }
+        if let Some(hook) = &spec.post_tool_hook {
+            // After every call: keel records a success and runs the PostToolUse hooks; a changed
+            // result comes back as `{"decision": "block", "reason": <the new result>}`, which Codex
+            // sends the model instead of the output.
+            let wrapper = super::post_tool::install_post_wrapper(
+                session_dir,
+                hook,
+                HarnessKind::Codex,
+                &mut files,
+            );
+            let secs = hook.timeout_ms.div_ceil(1000).max(1) + 5;
+            args.push("-c".into());
+            args.push(format!(
+                "hooks.PostToolUse=[{{matcher=\"*\",hooks=[{{type=\"command\",command={},timeout={secs}}}]}}]",
+                toml_str(&super::shell_quote(&wrapper.display().to_string()))
+            ));
+        }
+        if spec.pre_tool_gate.is_some() || spec.post_tool_hook.is_some() {
+            // Hooks that are not trusted are skipped silently.
             args.push("--dangerously-bypass-hook-trust".into());
         }
         if let Some(mcp) = &spec.mcp_endpoint {

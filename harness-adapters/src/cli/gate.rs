@@ -18,6 +18,15 @@ pub fn shell_quote(word: &str) -> String {
     format!("'{}'", word.replace('\'', "'\\''"))
 }
 
+/// A command's program and arguments as one shell command line, each word quoted.
+pub fn command_line(command: &GateCommand) -> String {
+    std::iter::once(&command.program)
+        .chain(&command.args)
+        .map(|w| shell_quote(w))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// How a CLI learns that the gate allowed a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GateAllow {
@@ -57,11 +66,7 @@ pub fn install_gate_wrapper(
 /// [`GateAllow::ClaudeCodeDecision`] an allowing gate that printed nothing gets Claude Code's allow
 /// decision printed for it (a gate that printed its own decision is passed through).
 pub fn gate_wrapper_script(gate: &GateCommand, allow: GateAllow) -> String {
-    let mut cmd = shell_quote(&gate.program);
-    for a in &gate.args {
-        cmd.push(' ');
-        cmd.push_str(&shell_quote(a));
-    }
+    let cmd = command_line(gate);
     let secs = gate.timeout_ms.div_ceil(1000).max(1);
     let run = match allow {
         GateAllow::ExitZero => format!("timeout -k 1 {secs} {cmd}\nrc=$?\n"),

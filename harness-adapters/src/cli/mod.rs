@@ -15,8 +15,9 @@
 //!
 //! Files: this one holds what every adapter implements ([`CliFlavor`], [`EventParser`]) and the
 //! parsers' shared helpers; `resume` the no-resume check, `binary` the executable lookup, `env` the
-//! session's environment and credential, `gate` the fail-closed gate scripts, `runner` the runner;
-//! one file per CLI; `jsonl` the bounded line reader; `limits` rate-limit classification.
+//! session's environment and credential, `gate` the fail-closed gate scripts, `post_tool` the
+//! `PostToolUse` hook's payloads and answers, `runner` the runner; one file per CLI; `jsonl` the
+//! bounded line reader; `limits` rate-limit classification.
 
 pub mod claude;
 pub mod codex;
@@ -24,6 +25,7 @@ pub mod jsonl;
 pub mod limits;
 pub mod opencode;
 pub mod pi;
+pub mod post_tool;
 
 mod binary;
 mod env;

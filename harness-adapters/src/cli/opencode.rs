@@ -122,6 +122,11 @@ impl CliFlavor for Opencode {
             });
             config["instructions"] = serde_json::json!([path.display().to_string()]);
         }
+        // One plugin holds keel's hooks: `tool.execute.before` runs the gate and throws the reason
+        // to block; `tool.execute.after` hands the result to keel and puts a changed one in place
+        // (`output.output` for opencode's tools, `output.content` for an MCP tool's).
+        let mut prelude = String::new();
+        let mut handlers = String::new();
         if let Some(gate) = &spec.pre_tool_gate {
             let wrapper = super::install_gate_wrapper(
                 session_dir,
@@ -129,14 +134,29 @@ impl CliFlavor for Opencode {
                 super::GateAllow::ExitZero,
                 &mut files,
             );
-            let plugin = session_dir.join("keel-gate.js");
-            let js = format!(
-                "{}\nexport const KeelGate = async (ctx) => ({{\n  \"tool.execute.before\": async (input, output) => {{\n    const reason = keelGate(input.tool, output.args, input.callID, ctx?.directory);\n    if (reason !== null) throw new Error(reason);\n  }},\n}});\n",
-                super::gate_js_function(&wrapper, HarnessKind::Opencode)
+            prelude.push_str(&super::gate_js_function(&wrapper, HarnessKind::Opencode));
+            handlers.push_str("  \"tool.execute.before\": async (input, output) => {\n    const reason = keelGate(input.tool, output.args, input.callID, ctx?.directory);\n    if (reason !== null) throw new Error(reason);\n  },\n");
+        }
+        if let Some(hook) = &spec.post_tool_hook {
+            let wrapper = super::post_tool::install_post_wrapper(
+                session_dir,
+                hook,
+                HarnessKind::Opencode,
+                &mut files,
             );
+            prelude.push_str(&super::post_tool::post_js_function(
+                &wrapper,
+                HarnessKind::Opencode,
+            ));
+            handlers.push_str("  \"tool.execute.after\": async (input, output) => {\n    const mcp = typeof output?.output !== \"string\" && Array.isArray(output?.content);\n    const text = mcp ? output.content.filter((c) => c?.type === \"text\").map((c) => c.text).join(\"\\n\") : String(output?.output ?? \"\");\n    const a = keelPost(input.tool, input.args, input.callID, ctx?.directory, false, text);\n    if (!a.changed) return;\n    if (mcp) output.content = [{ type: \"text\", text: a.text }];\n    else output.output = a.text;\n  },\n");
+        }
+        if !handlers.is_empty() {
+            let plugin = session_dir.join("keel-gate.js");
             files.push(SessionFile {
                 path: plugin.clone(),
-                contents: js,
+                contents: format!(
+                    "{prelude}\nexport const KeelGate = async (ctx) => ({{\n{handlers}}});\n"
+                ),
                 executable: false,
             });
             config["plugin"] = serde_json::json!([format!("file://{}", plugin.display())]);

@@ -159,6 +159,10 @@ impl CliFlavor for Pi {
             args.push("--tools".into());
             args.push(tools.join(","));
         }
+        // One extension holds keel's hooks: `tool_call` runs the gate and returns `{block, reason}`;
+        // `tool_result` hands the result to keel and returns a changed one (`{content, isError}`).
+        let mut prelude = String::new();
+        let mut handlers = String::new();
         if let Some(gate) = &spec.pre_tool_gate {
             let wrapper = super::install_gate_wrapper(
                 session_dir,
@@ -166,14 +170,29 @@ impl CliFlavor for Pi {
                 super::GateAllow::ExitZero,
                 &mut files,
             );
-            let ext = session_dir.join("keel-gate.ts");
-            let ts = format!(
-                "{}\nexport default function (pi: any) {{\n  pi.on(\"tool_call\", async (event: any, ctx: any) => {{\n    const reason = keelGate(event.toolName, event.input, event.toolCallId, ctx?.cwd);\n    if (reason !== null) return {{ block: true, reason }};\n  }});\n}}\n",
-                super::gate_js_function(&wrapper, HarnessKind::Pi)
+            prelude.push_str(&super::gate_js_function(&wrapper, HarnessKind::Pi));
+            handlers.push_str("  pi.on(\"tool_call\", async (event: any, ctx: any) => {\n    const reason = keelGate(event.toolName, event.input, event.toolCallId, ctx?.cwd);\n    if (reason !== null) return { block: true, reason };\n  });\n");
+        }
+        if let Some(hook) = &spec.post_tool_hook {
+            let wrapper = super::post_tool::install_post_wrapper(
+                session_dir,
+                hook,
+                HarnessKind::Pi,
+                &mut files,
             );
+            prelude.push_str(&super::post_tool::post_js_function(
+                &wrapper,
+                HarnessKind::Pi,
+            ));
+            handlers.push_str("  pi.on(\"tool_result\", async (event: any, ctx: any) => {\n    const text = (event.content ?? []).filter((c: any) => c?.type === \"text\").map((c: any) => c.text).join(\"\\n\");\n    const a = keelPost(event.toolName, event.input, event.toolCallId, ctx?.cwd, event.isError, text);\n    if (a.changed) return { content: [{ type: \"text\", text: a.text }], isError: !!a.is_error };\n  });\n");
+        }
+        if !handlers.is_empty() {
+            let ext = session_dir.join("keel-gate.ts");
             files.push(SessionFile {
                 path: ext.clone(),
-                contents: ts,
+                contents: format!(
+                    "{prelude}\nexport default function (pi: any) {{\n{handlers}}}\n"
+                ),
                 executable: false,
             });
             args.push("-e".into());

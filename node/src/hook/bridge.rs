@@ -5,6 +5,12 @@
 //! chain, the gates, the audit rows made durable, and only then the answer. A CLI never decides
 //! policy on its own, and a call whose audit rows are not durable is denied.
 //!
+//! The same endpoint takes a CLI's `PostToolUse` calls (`keel hook --post-for HARNESS`): the result
+//! goes to [`PolicyHost::after_tool`], the same keel's own loop calls, so a success meets a
+//! prerequisite or issues a token and the `PostToolUse` hooks run, their rows durable before the
+//! answer, which carries the result the model is to see. Sessions get that hook only when the policy
+//! needs results (a `PostToolUse` hook, or a gate waiting for a success).
+//!
 //! Tokens are minted when a session starts ([`SessionService::session_starting`]) and revoked when it
 //! ends, so a token never reaches another session or outlives its own.
 
@@ -25,12 +31,13 @@ use keel_actors::runtime::{
     AUDIT_WAIT_MS, ApprovalDesk, AuditWriter, ESCALATION_WRITE_WAIT_MS, PolicyHost, SessionService,
     ToolScope,
 };
-use keel_harness::{GateCommand, SessionSpec};
-use keel_policy::{Decision, ToolCall};
+use keel_harness::cli::post_tool;
+use keel_harness::{GateCommand, SessionSpec, ToolOutput};
+use keel_policy::{Decision, GateCheck, HookEvent, ToolCall};
 use serde_json::Value;
 use tokio::sync::watch;
 
-use super::{HOOK_PATH, HOOK_TOKEN_ENV, HookAnswer, PAYLOAD_BYTES_MAX};
+use super::{HOOK_PATH, HOOK_TOKEN_ENV, HookAnswer, PAYLOAD_BYTES_MAX, POST_PAYLOAD_BYTES_MAX};
 
 /// Time the gate command gets beyond its hooks' own timeouts and the audit commit: process start
 /// and the round trip.
@@ -42,6 +49,8 @@ struct Inner {
     /// The live sessions by their token.
     sessions: Mutex<BTreeMap<String, ToolScope>>,
     gate: GateCommand,
+    /// The `PostToolUse` hook's command, when the policy needs results.
+    post: Option<GateCommand>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -95,13 +104,39 @@ impl PolicyBridge {
             ],
             timeout_ms: hooks_ms + ask_ms + AUDIT_WAIT_MS + GATE_MARGIN_MS,
         };
+        // A result matters to the policy only when a PostToolUse hook may change it or a gate
+        // waits for a success; otherwise no CLI pays for the hook.
+        let needs_results = policy
+            .hooks
+            .iter()
+            .any(|h| h.event == HookEvent::PostToolUse)
+            || policy.gates.iter().any(|g| {
+                matches!(
+                    g.check,
+                    GateCheck::Prerequisite { .. } | GateCheck::Token { .. }
+                )
+            });
+        let post_hook = needs_results.then(|| {
+            let post_hooks_ms: u64 = policy
+                .hooks
+                .iter()
+                .filter(|h| h.event == HookEvent::PostToolUse)
+                .map(|h| h.timeout_ms)
+                .sum();
+            GateCommand {
+                timeout_ms: post_hooks_ms + AUDIT_WAIT_MS + GATE_MARGIN_MS,
+                ..gate.clone()
+            }
+        });
         let inner = Arc::new(Inner {
             host,
             sessions: Mutex::new(BTreeMap::new()),
             gate,
+            post: post_hook,
         });
         let app = Router::new()
             .route(HOOK_PATH, post(decide))
+            .layer(axum::extract::DefaultBodyLimit::max(POST_PAYLOAD_BYTES_MAX))
             .with_state(Arc::clone(&inner));
         let (stop, mut stopped) = watch::channel(false);
         tokio::spawn(async move {
@@ -144,6 +179,7 @@ impl SessionService for BridgeService {
             lock(&self.0.sessions).insert(token.clone(), ToolScope::of(attempt, spec));
         }
         spec.pre_tool_gate = Some(self.0.gate.clone());
+        spec.post_tool_hook = self.0.post.clone();
         spec.env.insert(HOOK_TOKEN_ENV.into(), token);
     }
 
@@ -161,7 +197,18 @@ fn mint_token() -> Result<String, getrandom::Error> {
 
 /// The answer as JSON (axum's `json` feature is not built: one small body needs no extractor).
 fn answer(status: StatusCode, decision: Decision, reason: String) -> Response {
-    let body = serde_json::to_vec(&HookAnswer { decision, reason }).unwrap_or_else(|_| {
+    respond(
+        status,
+        &HookAnswer {
+            decision,
+            reason,
+            output: None,
+        },
+    )
+}
+
+fn respond(status: StatusCode, answer: &HookAnswer) -> Response {
+    let body = serde_json::to_vec(answer).unwrap_or_else(|_| {
         br#"{"decision":"deny","reason":"keel: the answer could not be encoded (denied)"}"#.to_vec()
     });
     let mut response = Response::new(Body::from(body));
@@ -173,7 +220,8 @@ fn answer(status: StatusCode, decision: Decision, reason: String) -> Response {
     response
 }
 
-/// `POST /v1/hook`: one pre-tool decision for the session the bearer token names.
+/// `POST /v1/hook`: one pre-tool decision, or one `PostToolUse` result, for the session the bearer
+/// token names.
 async fn decide(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Bytes) -> Response {
     let token = headers
         .get(header::AUTHORIZATION)
@@ -188,7 +236,7 @@ async fn decide(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Bytes
             "keel: no live session has this hook token (denied)".into(),
         );
     };
-    if body.len() > PAYLOAD_BYTES_MAX {
+    if body.len() > POST_PAYLOAD_BYTES_MAX {
         return answer(
             StatusCode::PAYLOAD_TOO_LARGE,
             Decision::Deny,
@@ -218,6 +266,18 @@ async fn decide(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Bytes
         tool.clone(),
         payload.get("tool_input").cloned().unwrap_or(Value::Null),
     );
+    if payload.get("hook_event_name").and_then(Value::as_str)
+        == Some(HookEvent::PostToolUse.as_str())
+    {
+        return after_tool(&inner, &scope, call, payload).await;
+    }
+    if body.len() > PAYLOAD_BYTES_MAX {
+        return answer(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            Decision::Deny,
+            format!("keel: a hook payload is at most {PAYLOAD_BYTES_MAX} bytes (denied)"),
+        );
+    }
     let decided = inner.host.before_tool(&scope, &call, payload).await;
     tracing::info!(
         tool = %tool,
@@ -233,4 +293,40 @@ async fn decide(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Bytes
         StatusCode::OK
     };
     answer(status, decided.decision, decided.reason)
+}
+
+/// A CLI's `PostToolUse`: the result goes through the policy (a success's gate marks, the
+/// `PostToolUse` hooks, their audit rows durable) and comes back as the model is to see it.
+async fn after_tool(inner: &Inner, scope: &ToolScope, call: ToolCall, payload: Value) -> Response {
+    let Some(output) = payload
+        .get(post_tool::TOOL_OUTPUT_KEY)
+        .cloned()
+        .and_then(|v| serde_json::from_value::<ToolOutput>(v).ok())
+    else {
+        return answer(
+            StatusCode::BAD_REQUEST,
+            Decision::Deny,
+            format!(
+                "keel: the PostToolUse payload has no {} (withheld)",
+                post_tool::TOOL_OUTPUT_KEY
+            ),
+        );
+    };
+    let started = std::time::Instant::now();
+    let tool = call.tool.clone();
+    let result = inner.host.after_tool(scope, &call, payload, output).await;
+    tracing::info!(
+        tool = %tool,
+        is_error = result.is_error,
+        elapsed_us = started.elapsed().as_micros() as u64,
+        "tool result handed to the policy"
+    );
+    respond(
+        StatusCode::OK,
+        &HookAnswer {
+            decision: Decision::Allow,
+            reason: String::new(),
+            output: Some(result),
+        },
+    )
 }

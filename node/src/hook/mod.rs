@@ -2,8 +2,12 @@
 //! (a Claude Code command hook, a Codex hook, the opencode plugin, the pi extension, keel's own loop),
 //! and the node's endpoint it asks ([`bridge`]). The command decides nothing: it forwards the CLI's
 //! payload with the session's token and turns the node's answer into the gate's exit code (0 allows,
-//! 2 denies with the reason on stderr). Anything that goes wrong denies. With `--report-for` it is a
-//! CLI's Stop hook instead ([`stop`]: the report check, run in the hook's own process).
+//! 2 denies with the reason on stderr). Anything that goes wrong denies. With `--post-for HARNESS` it
+//! is that CLI's `PostToolUse` hook: it hands the node the call's result (a success meets a
+//! prerequisite or issues a token; `PostToolUse` hooks may rewrite or withhold it) and prints the
+//! CLI's answer for a changed result (keel_harness::cli::post_tool); anything that goes wrong
+//! withholds the result. With `--report-for` it is a CLI's Stop hook instead ([`stop`]: the report
+//! check, run in the hook's own process).
 
 pub(crate) mod bridge;
 pub(crate) mod stop;
@@ -12,8 +16,11 @@ use std::io::{Read, Write};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use keel_harness::cli::post_tool;
+use keel_harness::{HarnessKind, ToolOutput};
 use keel_policy::Decision;
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 /// The environment variable holding a session's hook token (set by the bridge for each session; the
 /// token is never written to a spec that is persisted).
@@ -22,6 +29,9 @@ pub(crate) const HOOK_TOKEN_ENV: &str = "KEEL_HOOK_TOKEN";
 pub(crate) const HOOK_PATH: &str = "/v1/hook";
 /// The largest payload forwarded: a tool input is bounded by the model's output.
 pub(crate) const PAYLOAD_BYTES_MAX: usize = 1024 * 1024;
+/// The largest `PostToolUse` payload: it carries the tool's result twice (the CLI's own and as
+/// text). A larger one is withheld (fail closed).
+pub(crate) const POST_PAYLOAD_BYTES_MAX: usize = 16 * 1024 * 1024;
 /// How long `keel hook` waits for the node at most (an `ask` may wait a day for a human); the gate
 /// wrapper's own timeout, which counts the policy's ask timeout, is shorter and wins.
 const ANSWER_WAIT_MS_MAX: u64 = 25 * 60 * 60 * 1000;
@@ -36,6 +46,10 @@ pub(crate) struct HookAnswer {
     pub(crate) decision: Decision,
     /// Why; what the model is told on a denial.
     pub(crate) reason: String,
+    /// For a `PostToolUse` call: the result the model is to see (the policy's hooks may have
+    /// rewritten or withheld it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) output: Option<ToolOutput>,
 }
 
 /// `keel hook --url URL`: forward stdin to the node and exit 0 (allow) or 2 (deny, reason on
@@ -57,17 +71,65 @@ fn deny(reason: &str) -> ExitCode {
 }
 
 fn ask_node(url: &str) -> anyhow::Result<HookAnswer> {
-    let token = std::env::var(HOOK_TOKEN_ENV)
-        .map_err(|_| anyhow::anyhow!("{HOOK_TOKEN_ENV} is not set: not a keel session"))?;
+    let payload = read_stdin(PAYLOAD_BYTES_MAX)?;
+    post_to_node(url, &payload)
+}
+
+/// stdin, at most `max` bytes.
+fn read_stdin(max: usize) -> anyhow::Result<Vec<u8>> {
     let mut payload = Vec::new();
     std::io::stdin()
-        .take(PAYLOAD_BYTES_MAX as u64 + 1)
+        .take(max as u64 + 1)
         .read_to_end(&mut payload)?;
-    if payload.len() > PAYLOAD_BYTES_MAX {
-        anyhow::bail!("the hook payload is over {PAYLOAD_BYTES_MAX} bytes");
+    if payload.len() > max {
+        anyhow::bail!("the hook payload is over {max} bytes");
     }
+    Ok(payload)
+}
+
+/// `keel hook --url URL --post-for HARNESS`: hand the node the result in the CLI's `PostToolUse`
+/// payload on stdin and print the CLI's answer when the result the model sees changed. Always
+/// exits 0: the answer is on stdout, and anything that goes wrong prints the answer that withholds
+/// the result ([`post_tool::failed_closed_answer`]).
+pub(crate) fn run_post(url: &str, harness: HarnessKind) -> ExitCode {
+    match post_answer(url, harness) {
+        Ok(Some(answer)) => println!("{answer}"),
+        Ok(None) => {}
+        Err(e) => {
+            eprintln!("keel hook: {e:#}");
+            println!("{}", post_tool::failed_closed_answer(harness));
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+fn post_answer(url: &str, harness: HarnessKind) -> anyhow::Result<Option<String>> {
+    let bytes = read_stdin(POST_PAYLOAD_BYTES_MAX)?;
+    let mut payload: Value = serde_json::from_slice(&bytes)?;
+    let original = post_tool::tool_output_of(&payload)
+        .ok_or_else(|| anyhow::anyhow!("the PostToolUse payload holds no tool result"))?;
+    let obj = payload
+        .as_object_mut()
+        .ok_or_else(|| anyhow::anyhow!("the PostToolUse payload is not a JSON object"))?;
+    // The node reads the result as text; the CLI's own payload goes along for the hooks.
+    obj.insert(
+        post_tool::TOOL_OUTPUT_KEY.into(),
+        serde_json::to_value(&original)?,
+    );
+    obj.insert("hook_event_name".into(), "PostToolUse".into());
+    let answer = post_to_node(url, &serde_json::to_vec(&payload)?)?;
+    let output = answer.output.ok_or_else(|| {
+        anyhow::anyhow!("the node did not hand back the result: {}", answer.reason)
+    })?;
+    Ok(post_tool::answer_for(harness, &payload, &original, &output))
+}
+
+/// One request to the node's hook endpoint with the session's token; its answer.
+fn post_to_node(url: &str, payload: &[u8]) -> anyhow::Result<HookAnswer> {
+    let token = std::env::var(HOOK_TOKEN_ENV)
+        .map_err(|_| anyhow::anyhow!("{HOOK_TOKEN_ENV} is not set: not a keel session"))?;
     let endpoint = Endpoint::parse(url)?;
-    let request = request_bytes(&endpoint, &token, &payload)?;
+    let request = request_bytes(&endpoint, &token, payload)?;
     let mut stream = std::net::TcpStream::connect(endpoint.authority)?;
     stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(Duration::from_millis(ANSWER_WAIT_MS_MAX)))?;
@@ -84,8 +146,8 @@ fn ask_node(url: &str) -> anyhow::Result<HookAnswer> {
     Ok(serde_json::from_slice(body)?)
 }
 
-/// The largest answer read from the node: a decision and its reason.
-const RESPONSE_BYTES_MAX: usize = 64 * 1024;
+/// The largest answer read from the node: a decision and its reason, or a `PostToolUse` result.
+const RESPONSE_BYTES_MAX: usize = POST_PAYLOAD_BYTES_MAX + 64 * 1024;
 
 /// Where the node's hook endpoint is: `http://HOST:PORT/PATH` (the bridge hands out a 127.0.0.1
 /// address; TLS is never needed on loopback).
@@ -172,6 +234,17 @@ pub(crate) fn gate_url(args_after_hook: &[std::ffi::OsString]) -> Option<&str> {
     }
 }
 
+/// `Some((URL, HARNESS))` when the arguments after `hook` are exactly `--url URL --post-for
+/// HARNESS` (what every CLI's `PostToolUse` hook runs): the same fast path as [`gate_url`].
+pub(crate) fn post_args(args_after_hook: &[std::ffi::OsString]) -> Option<(&str, HarnessKind)> {
+    match args_after_hook {
+        [flag, url, post, harness] if flag == "--url" && post == post_tool::POST_FOR_ARG => {
+            Some((url.to_str()?, HarnessKind::parse(harness.to_str()?)?))
+        }
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -240,6 +313,24 @@ mod tests {
         assert_eq!(gate_url(&args(&[])), None);
     }
 
+    #[test]
+    fn only_the_exact_post_tool_use_arguments_take_the_post_fast_path() {
+        let args = |a: &[&str]| a.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+        assert_eq!(
+            post_args(&args(&["--url", "http://x/", "--post-for", "codex"])),
+            Some(("http://x/", HarnessKind::Codex))
+        );
+        assert_eq!(
+            post_args(&args(&["--url", "http://x/", "--post-for", "nope"])),
+            None
+        );
+        assert_eq!(post_args(&args(&["--url", "http://x/"])), None);
+        assert_eq!(
+            gate_url(&args(&["--url", "http://x/", "--post-for", "pi"])),
+            None
+        );
+    }
+
     /// The whole client against a real HTTP server (axum, as the node's bridge) on 127.0.0.1.
     #[test]
     fn the_client_gets_the_decision_from_a_real_server() {
@@ -264,6 +355,7 @@ mod tests {
                     serde_json::to_string(&HookAnswer {
                         decision: Decision::Deny,
                         reason,
+                        output: None,
                     })
                     .unwrap_or_default()
                 },

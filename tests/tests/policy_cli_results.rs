@@ -1,0 +1,145 @@
+//! The four real CLIs report their tool results to keel's policy (docs/HARNESSES.md, "Policy
+//! hooks"): each CLI's native `PostToolUse` hook runs `keel hook --post-for HARNESS`, the node
+//! records a success durably (a prerequisite met) and runs the configured `PostToolUse` hooks, and a
+//! rewrite replaces what the model sees.
+//!
+//! Real processes: `keel model-server` (the scripted model on 127.0.0.1, recording every request),
+//! `keel run` on a real CLI pointed at it (skipped only with `KEEL_SKIP_REAL_CLIS=1` when the CLIs
+//! are not installed), the CLI's hooks, `keel hook` and the node's bridge, `keel --json audit`.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests: a panic is the failure report.
+
+use keel_harness::HarnessKind;
+use keel_tests::policy::{PolicyHome, REDACT_HUNTER2, shell_step};
+use keel_tests::{audit_rows_by as rows_by, cli_installed, recorded_bodies};
+
+/// A prerequisite gate: `deploy-now` only after a `build-ok` call succeeded in the run.
+const BUILT_FIRST: &str = "\n[[gates]]\nname = \"built\"\nkind = \"prerequisite\"\nrule = \"*(*deploy-now*)\"\nafter = \"*(*build-ok*)\"\nper = \"run\"\n";
+
+/// In one run on `harness`: a deploy before the build is denied (its file never appears), the
+/// build succeeds and its result reaches keel through the CLI's `PostToolUse` hook, and the same
+/// deploy then runs (its file appears); the denial and the allowance are audit rows of the gate.
+fn prerequisite_met_through_post_tool_use(harness: HarnessKind) {
+    let home = PolicyHome::new(BUILT_FIRST).unwrap();
+    home.write_plan(vec![
+        shell_step("early", "Deploy.", "echo deploy-now > early.txt", &[]),
+        shell_step("build", "Build.", "echo build-ok", &["early"]),
+        shell_step(
+            "deploy",
+            "Deploy.",
+            "echo deploy-now > deployed.txt",
+            &["build"],
+        ),
+    ])
+    .unwrap();
+    let (code, out, err) = home
+        .run_to_end(&mut home.run_command(Some(harness)).unwrap())
+        .unwrap();
+    let rows = home.audit().unwrap();
+    let context = format!("{harness}: exit {code}\n{out}\n{err}\n{rows:#?}");
+    assert!(
+        !home.path().join("early.txt").exists(),
+        "the deploy ran before the build: {context}"
+    );
+    assert!(
+        home.path().join("deployed.txt").exists(),
+        "the deploy did not run after the build: {context}"
+    );
+    let denied = rows_by(&rows, "gate:built", "deny");
+    assert_eq!(denied.len(), 1, "{context}");
+    assert!(
+        denied[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("a call matching *(*build-ok*) must succeed in this run"),
+        "{context}"
+    );
+    assert_eq!(rows_by(&rows, "gate:built", "allow").len(), 1, "{context}");
+}
+
+#[test]
+fn claude_code_meets_a_prerequisite_through_post_tool_use() {
+    if cli_installed(HarnessKind::ClaudeCode) {
+        prerequisite_met_through_post_tool_use(HarnessKind::ClaudeCode);
+    }
+}
+
+#[test]
+fn pi_meets_a_prerequisite_through_post_tool_use() {
+    if cli_installed(HarnessKind::Pi) {
+        prerequisite_met_through_post_tool_use(HarnessKind::Pi);
+    }
+}
+
+/// On `harness`, a `PostToolUse` hook in keel.toml redacts a secret the tool printed: no request
+/// the model server received holds the secret, the model saw the redacted result, and the rewrite is
+/// an audit row marked rewritten.
+fn a_post_tool_use_hook_redacts_what_the_model_sees(harness: HarnessKind) {
+    let policy = format!(
+        "\n[[hooks]]\nname = \"redact\"\nevent = \"PostToolUse\"\ncommand = [\"/bin/sh\", \"-c\", {}]\n",
+        serde_json::to_string(REDACT_HUNTER2).unwrap()
+    );
+    let home = PolicyHome::new(&policy).unwrap();
+    std::fs::write(home.path().join("secret.txt"), "pw-hunter2\n").unwrap();
+    home.write_plan(vec![shell_step(
+        "read",
+        "Read the file.",
+        "cat secret.txt",
+        &[],
+    )])
+    .unwrap();
+    let (code, out, err) = home
+        .run_to_end(&mut home.run_command(Some(harness)).unwrap())
+        .unwrap();
+    let rows = home.audit().unwrap();
+    let bodies: Vec<String> = recorded_bodies(&home.record_dir())
+        .iter()
+        .map(|b| b.to_string())
+        .collect();
+    let context = format!("{harness}: exit {code}\n{out}\n{err}\n{rows:#?}");
+    assert!(
+        bodies.len() >= 2,
+        "no request after the tool ran: {context}"
+    );
+    assert!(
+        bodies.iter().all(|b| !b.contains("hunter2")),
+        "the secret reached the model: {context}\n{bodies:#?}"
+    );
+    assert!(
+        bodies.iter().any(|b| b.contains("pw-REDACTED")),
+        "the model never saw the redacted result: {context}\n{bodies:#?}"
+    );
+    let rewritten = rows_by(&rows, "hook:redact", "allow");
+    assert!(
+        rewritten.iter().any(|r| r["rewritten"] == true),
+        "{context}"
+    );
+    assert_eq!(code, 0, "{context}");
+}
+
+#[test]
+fn claude_code_post_tool_use_redacts_what_the_model_sees() {
+    if cli_installed(HarnessKind::ClaudeCode) {
+        a_post_tool_use_hook_redacts_what_the_model_sees(HarnessKind::ClaudeCode);
+    }
+}
+
+#[test]
+fn codex_post_tool_use_redacts_what_the_model_sees() {
+    if cli_installed(HarnessKind::Codex) {
+        a_post_tool_use_hook_redacts_what_the_model_sees(HarnessKind::Codex);
+    }
+}
+
+#[test]
+fn opencode_post_tool_use_redacts_what_the_model_sees() {
+    if cli_installed(HarnessKind::Opencode) {
+        a_post_tool_use_hook_redacts_what_the_model_sees(HarnessKind::Opencode);
+    }
+}
+
+#[test]
+fn pi_post_tool_use_redacts_what_the_model_sees() {
+    if cli_installed(HarnessKind::Pi) {
+        a_post_tool_use_hook_redacts_what_the_model_sees(HarnessKind::Pi);
+    }
+}
