@@ -9,37 +9,23 @@
 //! with `KEEL_SKIP_REAL_CLIS=1` when it is not installed).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests: a panic is the failure report.
 
-use std::path::PathBuf;
-use std::time::Duration;
-
-use keel_actors::{Plan, PlanStep};
+use keel_actors::PlanStep;
 use keel_harness::HarnessKind;
 use keel_harness::scripted::model::{MALFORMED_REPORTS, REPORT_AFTER_TOOL};
 use keel_store::{RunId, Store, StoreConfig, Task, TaskKind};
-use keel_tests::{Reaped, keel, run_to_end};
-
-const WAIT: Duration = Duration::from_secs(240);
+use keel_tests::policy::PolicyHome;
 /// What the log row of a re-ask starts with (the specialist's record of a `SentBack` event).
 const SENT_BACK: &str = "report check: sent back for one more turn";
 /// The exact error of the scripted model's unsourced report.
 const UNSOURCED: &str = "finding 0 has no source";
 
-struct Fixture {
-    _dir: tempfile::TempDir,
-    home: PathBuf,
-    url: String,
-    _server: Reaped,
-}
+struct Fixture(PolicyHome);
 
 impl Fixture {
     /// A keel home with a plan of one step whose session reports `malformed` unsourced reports
-    /// before a good one, and a scripted model server.
+    /// before a good one, and a scripted model server recording every request.
     fn new(malformed: u32) -> Fixture {
-        let dir = tempfile::tempdir().unwrap();
-        let home = dir.path().join("work");
-        std::fs::create_dir_all(&home).unwrap();
-        let (code, out, err) = run_to_end(keel(&home).unwrap().arg("init"), WAIT).unwrap();
-        assert_eq!(code, 0, "{out}{err}");
+        let home = PolicyHome::new("").unwrap();
         // The scripted model runs the command, then reports (unsourced `malformed` times) whatever
         // the tool answered: a CLI refusing the command still gets a tool result to report.
         let step = PlanStep {
@@ -54,45 +40,21 @@ impl Fixture {
             depends_on: Vec::new(),
             estimate_micros: 0,
         };
-        let plan = Plan {
-            steps: vec![step],
-            constraints: Vec::new(),
-        };
-        std::fs::write(
-            home.join(".keel").join("plan.json"),
-            serde_json::to_string(&plan).unwrap(),
-        )
-        .unwrap();
-        let (server, url) = keel_tests::model_server(&home, &dir.path().join("requests")).unwrap();
-        Fixture {
-            _dir: dir,
-            home,
-            url,
-            _server: server,
-        }
+        home.write_plan(vec![step]).unwrap();
+        Fixture(home)
     }
 
     /// `keel run` of the plan on keel's own loop (`None`) or a real CLI.
     fn run(&self, harness: Option<HarnessKind>) -> (i32, String, String) {
-        let mut cmd = keel(&self.home).unwrap();
-        cmd.args(["run", "say hello", "--quiet", "--plan", ".keel/plan.json"]);
-        match harness {
-            None => {
-                cmd.args(["--model-server", &self.url]);
-            }
-            Some(kind) => {
-                cmd.args(["--harness", kind.as_str(), "--model", "keel-scripted-1"])
-                    .env("ANTHROPIC_BASE_URL", &self.url)
-                    .env("ANTHROPIC_API_KEY", "sk-re-ask-test");
-            }
-        }
-        run_to_end(&mut cmd, WAIT).unwrap()
+        self.0
+            .run_to_end(&mut self.0.run_command(harness).unwrap())
+            .unwrap()
     }
 
     /// The run's subtasks (oldest first) with the summaries of their log rows.
     fn subtasks(&self) -> Vec<(Task, Vec<String>)> {
         let store = Store::open_read_only(
-            self.home.join(".keel").join("keel.redb"),
+            self.0.path().join(".keel").join("keel.redb"),
             StoreConfig::default(),
         )
         .unwrap();
