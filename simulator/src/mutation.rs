@@ -111,6 +111,12 @@ pub enum Mutation {
     /// Invariant 12 (issue 13): the host's hook bridge takes a mandatory hook's error or timeout
     /// for no opinion, so the chain lets the call run.
     MandatoryHookErrorAllows,
+    /// Invariant 12 (issue 13): the host's hook bridge takes an `ask` for an allow: the call runs
+    /// with no human's approval.
+    RunAskWithoutApproval,
+    /// Invariant 12 (issue 13): the host's hook bridge takes a human's refusal, or an ask nobody
+    /// answered, for an approval, and lets the call run.
+    RunRefusedAsk,
     /// Invariant 11: the host keeps state across worlds in one process (a process-wide counter that
     /// shifts a timer), so the same seed gives another trace the second time.
     LeakProcessState,

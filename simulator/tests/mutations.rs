@@ -604,6 +604,36 @@ fn invariant_12_a_mandatory_hooks_error_taken_as_allow_is_caught() {
 }
 
 #[test]
+fn invariant_12_an_asked_tool_that_runs_without_an_approval_is_caught() {
+    // Seed 128 draws three asks: one approved (its call runs after the durable approval), one
+    // refused and one that expires (neither runs). Clean, the checker passes all three.
+    let clean = run(gated_world(128));
+    let asks = &clean.observed.hook_outcomes;
+    for kind in ["ask_approved", "ask_refused", "ask_expired"] {
+        assert!(
+            asks.get(kind).copied().unwrap_or(0) >= 1,
+            "{kind}: {asks:?}"
+        );
+    }
+    caught(
+        gated_world(128),
+        Mutation::RunAskWithoutApproval,
+        Invariant::HookAudited,
+        "ran although it was asked about and no human was asked",
+    );
+}
+
+#[test]
+fn invariant_12_a_refused_or_expired_ask_that_runs_is_caught() {
+    caught(
+        gated_world(147),
+        Mutation::RunRefusedAsk,
+        Invariant::HookAudited,
+        "no durable approval answers its escalation",
+    );
+}
+
+#[test]
 fn invariant_19_a_placement_on_a_worker_without_the_harness_is_caught() {
     // Four Claude Code steps at once: worker 2 has no Claude Code. Its heartbeats in the mutant
     // claim every harness, so the membership, spreading by load, places one there.
