@@ -23,7 +23,7 @@ use std::sync::LazyLock;
 
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use keel_store::Redaction;
-use regex::bytes::{Regex, RegexBuilder};
+use regex::bytes::{Regex, RegexBuilder, RegexSet, RegexSetBuilder};
 
 /// What kind of secret a redaction removed: keel-store's type, because rows keep the counts.
 pub use keel_store::SecretKind;
@@ -523,6 +523,9 @@ struct Known {
 struct Patterns {
     shapes: &'static [Shape],
     known: Vec<Known>,
+    /// Every known shape in one automaton: one pass over a text says which shapes occur in it at
+    /// all, so only those are searched one by one (most texts hold none).
+    any_known: RegexSet,
     /// A secret-sounding word, the rest of the name, the operator, the value: found by the regex,
     /// the value read by [`assignment_value`].
     assignment: Regex,
@@ -570,16 +573,30 @@ impl Patterns {
                 reason: "it has no value group (?P<v>...)".into(),
             });
         }
+        let any_known = RegexSetBuilder::new(shapes.iter().map(|s| s.pattern))
+            .unicode(false)
+            .build()
+            .map_err(|e| PatternError {
+                pattern: "known shapes",
+                reason: e.to_string(),
+            })?;
         Ok(Patterns {
             shapes,
             known,
+            any_known,
             assignment: regex,
         })
     }
 
     fn find_known(&self, text: &str, spans: &mut Vec<Span>) {
-        for (index, (shape, known)) in self.shapes.iter().zip(&self.known).enumerate() {
-            find_shape(index, shape, known, text, spans);
+        let present = self.any_known.matches(text.as_bytes());
+        if !present.matched_any() {
+            return;
+        }
+        for index in present.iter() {
+            if let (Some(shape), Some(known)) = (self.shapes.get(index), self.known.get(index)) {
+                find_shape(index, shape, known, text, spans);
+            }
         }
     }
 
@@ -686,7 +703,8 @@ fn is_value_byte(b: u8) -> bool {
 /// Every match of one known shape that passes the shape's check.
 fn find_shape(index: usize, shape: &Shape, known: &Known, text: &str, spans: &mut Vec<Span>) {
     let bytes = text.as_bytes();
-    let mut locs = known.regex.capture_locations();
+    // Capture slots only once a match needs its group: most texts match no shape at all.
+    let mut locs = None;
     let mut at = 0usize;
     while at <= text.len() {
         // The match alone first (the prefilter and a lazy DFA); the groups are read inside it.
@@ -695,10 +713,13 @@ fn find_shape(index: usize, shape: &Shape, known: &Known, text: &str, spans: &mu
         };
         let (m_start, m_end) = (m.start(), m.end());
         let value = match known.value {
-            Some(group) => known
-                .regex
-                .captures_read_at(&mut locs, bytes, m_start)
-                .and_then(|_| locs.get(group)),
+            Some(group) => {
+                let locs = locs.get_or_insert_with(|| known.regex.capture_locations());
+                known
+                    .regex
+                    .captures_read_at(locs, bytes, m_start)
+                    .and_then(|_| locs.get(group))
+            }
             None => None,
         };
         let (start, end) = value.unwrap_or((m_start, m_end));

@@ -108,10 +108,15 @@ impl Ev {
                 label,
                 attempt,
                 bytes,
-            } => {
-                let attempt = attempt.as_ref().map(attempt_short).unwrap_or_default();
-                write!(s, "frame to {to} {label} {attempt} {}B", bytes.len())
-            }
+            } => match attempt {
+                Some(a) => write!(
+                    s,
+                    "frame to {to} {label} {} {}B",
+                    attempt_short(a),
+                    bytes.len()
+                ),
+                None => write!(s, "frame to {to} {label}  {}B", bytes.len()),
+            },
             Ev::HarnessNext { node, attempt, .. } => {
                 write!(s, "harness {node} {}", attempt_short(attempt))
             }
@@ -139,12 +144,30 @@ impl Ev {
     }
 }
 
-fn short(id: u128) -> String {
-    format!("{:08x}", (id & 0xffff_ffff) as u32)
+/// An id shortened to its last 32 bits, written without an allocation of its own.
+struct Short(u32);
+
+impl std::fmt::Display for Short {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:08x}", self.0)
+    }
 }
 
-fn attempt_short(a: &AttemptId) -> String {
-    format!("{}#{}", short(a.task.0), a.attempt)
+fn short(id: u128) -> Short {
+    Short((id & 0xffff_ffff) as u32)
+}
+
+/// An attempt as `task#n`, written without an allocation of its own.
+struct AttemptShort(u32, u32);
+
+impl std::fmt::Display for AttemptShort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:08x}#{}", self.0, self.1)
+    }
+}
+
+fn attempt_short(a: &AttemptId) -> AttemptShort {
+    AttemptShort((a.task.0 & 0xffff_ffff) as u32, a.attempt)
 }
 
 fn coord_input_name(i: &CoordinatorInput) -> String {
