@@ -605,7 +605,12 @@ impl Supervisor {
             }
         }
         if let Some(h) = harness {
-            self.record_harness_failure(h, now, None);
+            // A crash is the specialist's actor or its node dying (a cluster worker lost with all
+            // the attempts it hosted, a panic): not the harness failing, so it does not count
+            // toward the harness's cooldown, which would reroute the restarts to another agent.
+            if !matches!(failure.kind, FailureKind::Crashed) {
+                self.record_harness_failure(h, now, None);
+            }
             if !self.healthy(h, now)
                 && let Some(other) = self.alternative(h, now)
             {

@@ -590,6 +590,44 @@ fn repeated_failures_of_one_harness_reroute() {
 }
 
 #[test]
+fn a_lost_node_restarts_its_attempts_on_the_same_agent() {
+    // A worker node dies with several attempts of one harness: each goes down as a crash, and
+    // each restarts on its own agent (the harness did not fail; no cooldown, no reroute).
+    let cfg = SupervisorConfig {
+        restarts_max: 10,
+        harness_failures_max: 3,
+        ..config()
+    };
+    let mut inputs = vec![(0, open(None))];
+    for t in 1..=5u128 {
+        inputs.push((1, admit(t, 1, Some("alpha"), 0)));
+    }
+    let mut s = Supervisor::new(cfg);
+    let mut rng = SplitMix64(1);
+    let mut out = Vec::new();
+    for (now, input) in inputs {
+        s.handle(input, now, &mut rng, &mut out);
+    }
+    for t in 1..=5u128 {
+        out.clear();
+        let down = SupervisorMsg::SpecialistDown {
+            attempt: attempt(t, 1),
+            reason: "worker w1 missed its heartbeats: its lease expired".into(),
+        };
+        s.handle(SupervisorInput::Msg(down), 2, &mut rng, &mut out);
+        assert!(
+            matches!(verdict_of(&out), Some(Verdict::Restart { .. })),
+            "attempt {t}: {:?}",
+            verdict_of(&out)
+        );
+    }
+    // The harness stays healthy: a new request for alpha is served by alpha.
+    out.clear();
+    s.handle(admit(9, 1, Some("alpha"), 0), 3, &mut rng, &mut out);
+    assert_eq!(admission_of(&out).unwrap().unwrap().agent, "alpha");
+}
+
+#[test]
 fn policy_failures_escalate_and_business_rules_give_up() {
     let (_, out) = check(
         config(),
