@@ -14,7 +14,9 @@
 //!   worker's endpoint crosses to the coordinator, whose three subtasks run on the workers (one
 //!   calls `report_progress` on its own worker's endpoint), and the answer with their reports comes
 //!   back to the lead, which ends the run. The coordinator-only node listens on its cluster port
-//!   and its API only: no MCP endpoint where no session runs.
+//!   and its API only: no MCP endpoint where no session runs. Once on keel's own loop, once with
+//!   the lead on the real Claude Code (its MCP client calling `delegate` on its worker's endpoint;
+//!   the parts on keel's loop), skipped only with `KEEL_SKIP_REAL_CLIS=1` when it is not installed.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests: a panic is the failure report.
 
 use std::collections::BTreeSet;
@@ -320,7 +322,7 @@ fn port_of(addr: &str) -> u16 {
 
 /// A subtask the lead delegates, carried out by the scripted model on keel's loop: part 1 calls
 /// `report_progress`, the others run `echo part N done`; each reports what it got.
-fn lead_part(i: usize) -> Value {
+fn lead_part(i: usize, assignee: Option<&str>) -> Value {
     let brief = if i == 1 {
         format!(
             "Part {i}. REPORT_AFTER_TOOL\nCALL_TOOL: mcp__keel__report_progress {}",
@@ -329,11 +331,38 @@ fn lead_part(i: usize) -> Value {
     } else {
         format!("Part {i}. REPORT_AFTER_TOOL\nRUN_TOOL: echo part {i} done ;;")
     };
-    json!({"id": format!("part-{i}"), "brief": brief, "goal": format!("part {i}")})
+    let mut part = json!({"id": format!("part-{i}"), "brief": brief, "goal": format!("part {i}")});
+    if let Some(agent) = assignee {
+        part["assignee"] = json!(agent);
+    }
+    part
 }
+
+/// Where a lead runs in [`lead_on_a_worker_of_a_coordinator_daemon`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum LeadOn {
+    /// keel's own loop (`--harness messages-api` on every node), as are its parts.
+    Loop,
+    /// The real Claude Code (the `claude` profile of keel.toml); its parts on the `loop` profile.
+    ClaudeCode,
+}
+
+/// The variable holding the scripted model server's made-up key, for the profiles of keel.toml.
+const KEY_ENV: &str = "KEEL_CLUSTER_LEAD_TEST_KEY";
 
 #[test]
 fn a_brief_without_a_plan_runs_a_lead_on_a_worker_of_a_coordinator_daemon() {
+    lead_on_a_worker_of_a_coordinator_daemon(LeadOn::Loop);
+}
+
+#[test]
+fn a_lead_on_claude_code_delegates_through_its_workers_endpoint() {
+    if keel_tests::claude_code_installed() {
+        lead_on_a_worker_of_a_coordinator_daemon(LeadOn::ClaudeCode);
+    }
+}
+
+fn lead_on_a_worker_of_a_coordinator_daemon(lead_on: LeadOn) {
     let Home {
         _dir,
         work,
@@ -344,16 +373,34 @@ fn a_brief_without_a_plan_runs_a_lead_on_a_worker_of_a_coordinator_daemon() {
     } = home();
     // keel's own loop on the scripted model server, as an Anthropic endpoint: not the built-in
     // scripted profile, whose briefs get the scripted survey plan instead of a lead.
-    let harness = ["--harness", "messages-api", "--model", "keel-scripted-1"];
+    let mut harness: Vec<&str> = vec!["--harness", "messages-api", "--model", "keel-scripted-1"];
     let env = [
         ("ANTHROPIC_BASE_URL", model_url.as_str()),
         ("ANTHROPIC_API_KEY", "sk-cluster-lead-test"),
+        (KEY_ENV, "sk-cluster-lead-test"),
     ];
+    let (parts_on, lead_agent) = match lead_on {
+        LeadOn::Loop => (None, None),
+        LeadOn::ClaudeCode => {
+            // Two profiles of keel.toml on the scripted model server, read by every node.
+            harness.clear();
+            std::fs::write(
+                work.join(".keel/keel.toml"),
+                format!(
+                    "[[accounts]]\nname = \"scripted\"\nprovider = \"anthropic\"\nbase_url = \"{model_url}\"\nkey_env = \"{KEY_ENV}\"\n\
+                     \n[[agents]]\nname = \"claude\"\nharness = \"claude-code\"\nmodel = \"keel-scripted-1\"\naccount = \"scripted\"\n\
+                     \n[[agents]]\nname = \"loop\"\nharness = \"messages-api\"\nmodel = \"keel-scripted-1\"\naccount = \"scripted\"\n"
+                ),
+            )
+            .unwrap();
+            (Some("loop"), Some("claude"))
+        }
+    };
     let (mut server, cluster) = Server::start_coordinator_with(&work, &cookie, &harness, &env);
     let mut workers = Vec::new();
     for name in ["w1", "w2"] {
         let mut cmd = worker_command(&work, &cluster, name, &cookie);
-        cmd.env("KEEL_LOG", NODE_LOG).args(harness).envs(env);
+        cmd.env("KEEL_LOG", NODE_LOG).args(&harness).envs(env);
         let mut worker = Reaped::spawn(cmd).unwrap();
         let line = worker
             .stderr_line_containing("MCP endpoint for the sessions hosted here", WAIT)
@@ -378,14 +425,15 @@ fn a_brief_without_a_plan_runs_a_lead_on_a_worker_of_a_coordinator_daemon() {
 
     let brief = format!(
         "Lead the three parts. REPORT_AFTER_TOOL\nCALL_TOOL: mcp__keel__delegate {}",
-        json!({"subtasks": [lead_part(1), lead_part(2), lead_part(3)]})
+        json!({"subtasks": [lead_part(1, parts_on), lead_part(2, parts_on), lead_part(3, parts_on)]})
     );
     let client = tempfile::tempdir().unwrap();
-    let out = server
-        .keel(client.path())
-        .args(["run", "--quiet", &brief])
-        .output()
-        .unwrap();
+    let mut run = server.keel(client.path());
+    run.args(["run", "--quiet"]);
+    if let Some(agent) = lead_agent {
+        run.args(["--agent", agent]);
+    }
+    let out = run.arg(&brief).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -439,7 +487,8 @@ fn a_brief_without_a_plan_runs_a_lead_on_a_worker_of_a_coordinator_daemon() {
         bodies
             .iter()
             .any(|b| b.contains("You are the lead of a keel run")
-                && b.contains("Lead the three parts")),
+                && b.contains("Lead the three parts")
+                && (lead_on == LeadOn::Loop || b.contains("Claude Code"))),
         "no lead session: {bodies:#?}"
     );
     assert!(
