@@ -29,6 +29,47 @@ fn scripted_profile() -> AgentProfile {
     }
 }
 
+/// Runs a two-step plan (`first`, then `second`, each a shell command of the scripted model) on a
+/// runtime whose sessions get `policy` in process, to its end: the runtime (to shut down), the run
+/// and its outcome.
+async fn two_part_run(
+    store: &Arc<Store>,
+    work: &std::path::Path,
+    policy: Policy,
+    brief: &str,
+    first: &str,
+    second: &str,
+) -> (Runtime, keel_store::RunId, keel_actors::RunOutcome) {
+    let host = PolicyHost::new(policy);
+    let harnesses = HarnessSet::new()
+        .with(
+            HarnessKind::Scripted,
+            Arc::new(ScriptedHarness::new(Script::rules())),
+        )
+        .with_service(host.service());
+    let mut config = RuntimeConfig::default();
+    config.supervisor.agents = vec![scripted_profile()];
+    config.coordinator.attempts_per_step_max = 1;
+    config.specialist.working_dir = work.to_path_buf();
+    config.stop_grace_ms = 1_000;
+    let (rt, _events) = Runtime::start(store.clone(), harnesses, config)
+        .await
+        .unwrap();
+    host.attach(&rt);
+    let commands = [first.to_string(), second.to_string()];
+    let plan = scripted::fan_out_plan(2, |i| commands[i].clone()).unwrap();
+    let handle = rt
+        .submit(brief.into(), RunMode::Plan(plan), None, "test".into())
+        .await
+        .unwrap();
+    let run = handle.id();
+    let outcome = tokio::time::timeout(Duration::from_secs(120), handle.finished())
+        .await
+        .expect("the run finishes")
+        .unwrap();
+    (rt, run, outcome)
+}
+
 /// Denies any command that mentions `forbidden`.
 struct Guard;
 
@@ -90,39 +131,15 @@ async fn hooks_registered_in_code_decide_and_redact_in_keels_own_loop() {
             Arc::new(Redact),
         ))
         .unwrap();
-    let host = PolicyHost::new(policy);
-    let harnesses = HarnessSet::new()
-        .with(
-            HarnessKind::Scripted,
-            Arc::new(ScriptedHarness::new(Script::rules())),
-        )
-        .with_service(host.service());
-    let mut config = RuntimeConfig::default();
-    config.supervisor.agents = vec![scripted_profile()];
-    config.coordinator.attempts_per_step_max = 1;
-    config.specialist.working_dir = work.clone();
-    config.stop_grace_ms = 1_000;
-    let (rt, _events) = Runtime::start(store.clone(), harnesses, config)
-        .await
-        .unwrap();
-    host.attach(&rt);
-    let plan = scripted::fan_out_plan(2, |i| {
-        if i == 0 {
-            "echo forbidden > made.txt; echo made".into()
-        } else {
-            "echo pw-hunter2".into()
-        }
-    })
-    .unwrap();
-    let handle = rt
-        .submit("policy".into(), RunMode::Plan(plan), None, "test".into())
-        .await
-        .unwrap();
-    let run = handle.id();
-    let outcome = tokio::time::timeout(Duration::from_secs(120), handle.finished())
-        .await
-        .expect("the run finishes")
-        .unwrap();
+    let (rt, run, outcome) = two_part_run(
+        &store,
+        &work,
+        policy,
+        "policy",
+        "echo forbidden > made.txt; echo made",
+        "echo pw-hunter2",
+    )
+    .await;
     assert!(!work.join("made.txt").exists(), "the denied command ran");
     assert_ne!(outcome.status, RunStatus::Running);
     // The redacted part reported what the model saw.
@@ -346,39 +363,15 @@ async fn subagent_hooks_veto_a_start_and_annotate_a_report() {
             ))
             .unwrap();
     }
-    let host = PolicyHost::new(policy);
-    let harnesses = HarnessSet::new()
-        .with(
-            HarnessKind::Scripted,
-            Arc::new(ScriptedHarness::new(Script::rules())),
-        )
-        .with_service(host.service());
-    let mut config = RuntimeConfig::default();
-    config.supervisor.agents = vec![scripted_profile()];
-    config.coordinator.attempts_per_step_max = 1;
-    config.specialist.working_dir = work.clone();
-    config.stop_grace_ms = 1_000;
-    let (rt, _events) = Runtime::start(store.clone(), harnesses, config)
-        .await
-        .unwrap();
-    host.attach(&rt);
-    let plan = scripted::fan_out_plan(2, |i| {
-        if i == 0 {
-            "echo forbidden > vetoed.txt; echo vetoed".into()
-        } else {
-            "echo allowed".into()
-        }
-    })
-    .unwrap();
-    let handle = rt
-        .submit("subagents".into(), RunMode::Plan(plan), None, "test".into())
-        .await
-        .unwrap();
-    let run = handle.id();
-    let outcome = tokio::time::timeout(Duration::from_secs(120), handle.finished())
-        .await
-        .expect("the run finishes")
-        .unwrap();
+    let (rt, run, outcome) = two_part_run(
+        &store,
+        &work,
+        policy,
+        "subagents",
+        "echo forbidden > vetoed.txt; echo vetoed",
+        "echo allowed",
+    )
+    .await;
     assert!(!work.join("vetoed.txt").exists(), "the vetoed start ran");
     let tasks = store.run(run).tasks(None, 100).unwrap().items;
     let vetoed = tasks
