@@ -11,23 +11,9 @@ use keel_harness::{HarnessKind, ToolOutput};
 use keel_policy::{
     CodeHook, HookEvent, HookResult, HookSpec, Policy, PostHookResult, ToolCall, ToolMatcher,
 };
-use keel_store::{AgentProfile, HookDecision, RunStatus, Sharing, Store, StoreConfig};
+use keel_store::{HookDecision, RunStatus, Sharing, Store, StoreConfig};
 use std::sync::Arc;
 use std::time::Duration;
-
-/// The built-in scripted agent every run here is assigned to.
-fn scripted_profile() -> AgentProfile {
-    AgentProfile {
-        name: "scripted".into(),
-        description: "the built-in scripted model".into(),
-        harness: "scripted".into(),
-        model: "scripted-1".into(),
-        account: "local".into(),
-        tools: Vec::new(),
-        system_prompt: String::new(),
-        limits: Default::default(),
-    }
-}
 
 /// Runs a two-step plan (`first`, then `second`, each a shell command of the scripted model) on a
 /// runtime whose sessions get `policy` in process, to its end: the runtime (to shut down), the run
@@ -48,7 +34,7 @@ async fn two_part_run(
         )
         .with_service(host.service());
     let mut config = RuntimeConfig::default();
-    config.supervisor.agents = vec![scripted_profile()];
+    config.supervisor.agents = vec![scripted::scripted_agent()];
     config.coordinator.attempts_per_step_max = 1;
     config.specialist.working_dir = work.to_path_buf();
     config.stop_grace_ms = 1_000;

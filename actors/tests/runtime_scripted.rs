@@ -8,7 +8,7 @@ use keel_actors::runtime::{HarnessSet, RunHandle, Runtime, RuntimeConfig, Runtim
 use keel_actors::{Plan, RunMode, Synthesis};
 use keel_harness::HarnessKind;
 use keel_harness::scripted::{Script, ScriptedHarness};
-use keel_store::{AgentProfile, RunStatus, Sharing, Store, StoreConfig, TaskKind, TaskStatus};
+use keel_store::{RunStatus, Sharing, Store, StoreConfig, TaskKind, TaskStatus};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,16 +16,7 @@ use tokio::sync::mpsc;
 
 fn config(work: &std::path::Path) -> RuntimeConfig {
     let mut c = RuntimeConfig::default();
-    c.supervisor.agents = vec![AgentProfile {
-        name: "scripted".into(),
-        description: "the built-in scripted model".into(),
-        harness: "scripted".into(),
-        model: "scripted-1".into(),
-        account: "local".into(),
-        tools: Vec::new(),
-        system_prompt: String::new(),
-        limits: Default::default(),
-    }];
+    c.supervisor.agents = vec![scripted::scripted_agent()];
     c.supervisor.spawn_burst = 64;
     c.supervisor.spawn_interval_ms = 1;
     c.specialist.working_dir = work.to_path_buf();

@@ -8,25 +8,14 @@ use keel_actors::{Plan, RunMode};
 use keel_harness::HarnessKind;
 use keel_harness::scripted::{Script, ScriptToolCall, ScriptTurn, ScriptedHarness};
 use keel_mcp::{EndpointConfig, McpEndpoint};
-use keel_store::{
-    AgentProfile, LogKind, RunStatus, Sharing, Store, StoreConfig, TaskKind, TaskStatus,
-};
+use keel_store::{LogKind, RunStatus, Sharing, Store, StoreConfig, TaskKind, TaskStatus};
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
 
 fn config(work: &std::path::Path) -> RuntimeConfig {
     let mut c = RuntimeConfig::default();
-    c.supervisor.agents = vec![AgentProfile {
-        name: "scripted".into(),
-        description: "the built-in scripted model".into(),
-        harness: "scripted".into(),
-        model: "scripted-1".into(),
-        account: "local".into(),
-        tools: Vec::new(),
-        system_prompt: String::new(),
-        limits: Default::default(),
-    }];
+    c.supervisor.agents = vec![keel_actors::runtime::scripted::scripted_agent()];
     c.supervisor.spawn_burst = 64;
     c.supervisor.spawn_interval_ms = 1;
     c.specialist.working_dir = work.to_path_buf();

@@ -14,6 +14,23 @@
 
 use crate::plan::{Plan, PlanStep};
 use crate::runtime::SUBTASK_ID_ENV;
+use keel_store::AgentProfile;
+
+/// The agent that runs keel-harness's in-process scripted harness (`HarnessKind::Scripted`, no
+/// model, no keys): the runtime's tests and examples assign their steps to it, so its name, model
+/// and account are said once.
+pub fn scripted_agent() -> AgentProfile {
+    AgentProfile {
+        name: "scripted".into(),
+        description: "the built-in scripted model".into(),
+        harness: "scripted".into(),
+        model: "scripted-1".into(),
+        account: "local".into(),
+        tools: Vec::new(),
+        system_prompt: String::new(),
+        limits: Default::default(),
+    }
+}
 
 /// Most characters of a finding's claim (what the command printed, sanitised).
 pub const CLAIM_CHARS_MAX: usize = 60;

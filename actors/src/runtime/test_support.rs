@@ -5,7 +5,7 @@
 use super::{HarnessSet, Runtime, RuntimeConfig, SUBTASK_ID_ENV};
 use keel_harness::HarnessKind;
 use keel_harness::scripted::{Script, ScriptedHarness};
-use keel_store::{AgentProfile, RunId, Sharing, Store, StoreConfig, TaskId, TaskKind};
+use keel_store::{RunId, Sharing, Store, StoreConfig, TaskId, TaskKind};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,16 +26,7 @@ pub(crate) fn workspace() -> (tempfile::TempDir, PathBuf, Arc<Store>) {
 /// A runtime on `store` with one scripted agent working in `work`.
 pub(crate) async fn start(store: &Arc<Store>, work: &Path) -> Runtime {
     let mut c = RuntimeConfig::default();
-    c.supervisor.agents = vec![AgentProfile {
-        name: "scripted".into(),
-        description: "the built-in scripted model".into(),
-        harness: "scripted".into(),
-        model: "scripted-1".into(),
-        account: "local".into(),
-        tools: Vec::new(),
-        system_prompt: String::new(),
-        limits: Default::default(),
-    }];
+    c.supervisor.agents = vec![crate::runtime::scripted::scripted_agent()];
     c.supervisor.spawn_burst = 64;
     c.supervisor.spawn_interval_ms = 1;
     c.specialist.working_dir = work.to_path_buf();
