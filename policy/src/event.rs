@@ -143,14 +143,24 @@ pub fn interpret_event(code: Option<i32>, stdout: &str, stderr: &str) -> EventRe
             let Ok(v) = serde_json::from_str::<Value>(stdout.trim()) else {
                 return EventResult::NoOpinion;
             };
-            if v.get("decision").and_then(Value::as_str) == Some("block") {
-                let reason = v
-                    .get("reason")
-                    .and_then(Value::as_str)
-                    .unwrap_or("vetoed by a hook");
-                return EventResult::Veto {
-                    reason: reason.to_owned(),
-                };
+            match v.get("decision") {
+                None => {}
+                Some(Value::String(d)) if d == "block" => {
+                    let reason = v
+                        .get("reason")
+                        .and_then(Value::as_str)
+                        .unwrap_or("vetoed by a hook");
+                    return EventResult::Veto {
+                        reason: reason.to_owned(),
+                    };
+                }
+                // A decision keel does not know is not read as "go ahead": a mandatory hook's
+                // misspelt veto must still veto.
+                Some(other) => {
+                    return EventResult::Failed {
+                        error: format!("unknown decision {other}"),
+                    };
+                }
             }
             match v
                 .get("hookSpecificOutput")
@@ -254,6 +264,10 @@ mod tests {
     #[test]
     fn command_answers_are_read_like_claude_codes_hooks() {
         assert_eq!(interpret_event(Some(0), "", ""), EventResult::NoOpinion);
+        assert!(matches!(
+            interpret_event(Some(0), r#"{"decision":"deny"}"#, ""),
+            EventResult::Failed { .. }
+        ));
         assert_eq!(
             interpret_event(Some(0), r#"{"decision":"block","reason":"no"}"#, ""),
             EventResult::Veto {

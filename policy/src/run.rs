@@ -23,8 +23,14 @@ use crate::event::{EventOutcome, EventResult, interpret_event};
 use crate::hook::{BuiltinHook, HookAction, HookEvent, HookSpec};
 use crate::post::{PostHookOutcome, PostHookResult};
 
-/// Most bytes of a hook's stdout or stderr read; the rest is ignored.
-pub const HOOK_OUTPUT_BYTES_MAX: u64 = 16 * 1024;
+/// Most bytes of a hook's stdout, its answer: a hook that writes more failed (its answer is never
+/// read cut short: a rewrite or a denial cut in the middle must not pass for "keep" or "no
+/// opinion"). Large enough for a `PostToolUse` hook to hand back a rewritten result.
+pub const HOOK_OUTPUT_BYTES_MAX: u64 = 1024 * 1024;
+
+/// Most bytes of a hook's stderr read (a reason, shown to the model or a human); the rest is
+/// ignored.
+pub const HOOK_STDERR_BYTES_MAX: u64 = 16 * 1024;
 
 /// Runs the `PreToolUse` hooks for `call` in the policy's order (a command with `payload` on
 /// stdin, a hook in code with the call), until one ends the hooks. The outcomes go to
@@ -264,23 +270,40 @@ async fn run_command(
         // A hook that exits without reading its stdin is fine: its exit status decides.
         let _ = stdin.write_all(payload.to_string().as_bytes()).await;
     }
-    let (mut out, mut err) = (String::new(), String::new());
+    let (mut out, mut err) = (Vec::new(), Vec::new());
     let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
     let read_out = async {
         if let Some(s) = stdout {
-            let _ = s.take(HOOK_OUTPUT_BYTES_MAX).read_to_string(&mut out).await;
+            // One byte past the limit tells a full answer from a cut one.
+            let _ = s
+                .take(HOOK_OUTPUT_BYTES_MAX + 1)
+                .read_to_end(&mut out)
+                .await;
         }
     };
     let read_err = async {
         if let Some(s) = stderr {
-            let _ = s.take(HOOK_OUTPUT_BYTES_MAX).read_to_string(&mut err).await;
+            let _ = s.take(HOOK_STDERR_BYTES_MAX).read_to_end(&mut err).await;
         }
     };
     tokio::join!(read_out, read_err);
+    let out = answer_text(program, out)?;
+    let err = String::from_utf8_lossy(&err).into_owned();
     match child.wait().await {
         Ok(status) => Ok((status.code(), out, err)),
         Err(e) => Err(format!("waiting for {program}: {e}")),
     }
+}
+
+/// A hook's stdout as its answer, or why it cannot be one: over [`HOOK_OUTPUT_BYTES_MAX`] (read
+/// cut short, a JSON answer would not parse and pass for no answer at all) or not UTF-8.
+fn answer_text(program: &str, out: Vec<u8>) -> Result<String, String> {
+    if out.len() as u64 > HOOK_OUTPUT_BYTES_MAX {
+        return Err(format!(
+            "{program} wrote more than {HOOK_OUTPUT_BYTES_MAX} bytes on stdout: its answer is not read"
+        ));
+    }
+    String::from_utf8(out).map_err(|_| format!("{program} wrote stdout that is not UTF-8"))
 }
 
 /// A command hook's answer from its exit code, stdout and stderr (pure).
@@ -375,6 +398,33 @@ mod tests {
             timeout_ms,
             mandatory: true,
         }
+    }
+
+    /// A `PostToolUse` redaction that hands back a 20 KB result is read whole (it once passed for
+    /// "keep" when cut at 16 KiB, and the unredacted result reached the model); an answer over the
+    /// limit is a failure, never a cut answer.
+    #[tokio::test]
+    async fn a_large_rewrite_is_read_whole_and_an_answer_over_the_limit_fails() {
+        let big = "x".repeat(20_000);
+        let script =
+            format!(r#"printf '{{"hookSpecificOutput":{{"updatedToolOutput":"%s"}}}}' '{big}'"#);
+        let payload = json!({"hook_event_name": "PostToolUse", "tool_name": "Bash"});
+        let (code, out, _) = run_command("/bin/sh", &["-c".into(), script], &payload)
+            .await
+            .unwrap();
+        match interpret_post(code, &out, "") {
+            PostHookResult::Rewrite { text } => assert_eq!(text, big),
+            other => panic!("{other:?}"),
+        }
+        let over = format!(
+            "head -c {} /dev/zero | tr '\\0' x",
+            HOOK_OUTPUT_BYTES_MAX + 10
+        );
+        let err = run_command("/bin/sh", &["-c".into(), over], &payload)
+            .await
+            .unwrap_err();
+        assert!(err.contains("more than"), "{err}");
+        assert!(answer_text("h", vec![0xff, 0xfe]).is_err());
     }
 
     #[tokio::test]

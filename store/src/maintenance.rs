@@ -292,7 +292,13 @@ fn copy<K: redb::Key + 'static, V: redb::Value + 'static>(
     definition: TableDefinition<'static, K, V>,
 ) -> Result<u64, CopyFailed> {
     let read = |e: ReadError| CopyFailed::Read(e);
-    let from = source.open_table(definition).map_err(|e| read(e.into()))?;
+    let from = match source.open_table(definition) {
+        Ok(table) => table,
+        // A store of an older format has no table its format did not have (a read-only open
+        // does not upgrade): the backup is a faithful copy of that format, its `meta` says which.
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
+        Err(e) => return Err(read(e.into())),
+    };
     let mut to = target
         .open_table(definition)
         .map_err(|e| CopyFailed::Write(Box::new(e)))?;

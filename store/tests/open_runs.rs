@@ -194,6 +194,25 @@ fn a_format_1_store_is_read_as_it_is_by_a_read_only_open() {
     );
 }
 
+/// A backup before the upgrade (the moment one is wanted): a read-only open of a format-1 store
+/// backs it up as it is, and the copy upgrades on its own first writable open.
+#[test]
+fn a_format_1_store_backs_up_before_its_upgrade() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keel.redb");
+    let runs = format_1_runs();
+    format_1_store(&path, &runs);
+    let store = Store::open_read_only(&path, StoreConfig::default()).unwrap();
+    let copy = dir.path().join("backup.redb");
+    let backup = store.backup_to(&copy).unwrap();
+    assert!(backup.rows > 0, "{backup:?}");
+    drop(store);
+    let restored = Store::open(&copy).unwrap();
+    assert_eq!(restored.catalog().runs(10).unwrap().items, runs);
+    let (indexed, _) = open_both_ways(&restored);
+    assert_eq!(indexed, vec![RunId(2), RunId(3)]);
+}
+
 #[test]
 fn a_format_1_store_is_indexed_and_its_plans_moved_on_its_first_writable_open() {
     let dir = tempfile::tempdir().unwrap();
