@@ -10,6 +10,7 @@
 //! machines cannot tell a remote attempt from a local one. Acknowledgement stays the machines'
 //! protocol: a result is acknowledged only once durable, and the specialist resends it until then.
 
+use super::node::specialist_role::apply_stop_answer;
 use super::node::{Node, lock};
 use super::{Runtime, RuntimeEvent};
 use crate::context::RowSet;
@@ -20,6 +21,7 @@ use crate::message::{
     SpecialistStart, SupervisorMsg,
 };
 use crate::report::SubagentReport;
+use crate::runtime::harnesses::SubagentEvent;
 use keel_harness::TokenCounts;
 use keel_store::RunId;
 use std::collections::BTreeMap;
@@ -53,6 +55,8 @@ pub(crate) struct Remote {
 #[derive(Default)]
 struct RemoteAttempt {
     step: String,
+    /// The agent profile it runs as (what the SubagentStop hooks match).
+    agent: String,
     report: Option<SubagentReport>,
 }
 
@@ -60,6 +64,11 @@ struct RemoteAttempt {
 const REMEMBERED_MAX: usize = 65_536;
 
 impl Node {
+    /// Whether a cluster layer is attached (attempts may be hosted on other nodes).
+    pub(crate) fn has_remote(&self) -> bool {
+        self.remote.get().is_some()
+    }
+
     /// Hand an admitted specialist to the attached cluster layer; `Some` gives it back to be hosted
     /// here (no cluster layer, or no remote node took it).
     pub(crate) fn place_remote(&self, start: SpecialistStart) -> Option<SpecialistStart> {
@@ -68,6 +77,7 @@ impl Node {
         };
         let attempt = start.attempt;
         let step = start.brief.step.clone();
+        let agent = start.assignment.agent.clone();
         match remote.hosts.place(start) {
             Ok(()) => {
                 let mut attempts = lock(&remote.attempts);
@@ -76,7 +86,14 @@ impl Node {
                 {
                     attempts.remove(&oldest);
                 }
-                attempts.insert(attempt, RemoteAttempt { step, report: None });
+                attempts.insert(
+                    attempt,
+                    RemoteAttempt {
+                        step,
+                        agent,
+                        report: None,
+                    },
+                );
                 None
             }
             Err(start) => Some(*start),
@@ -153,10 +170,53 @@ impl std::fmt::Debug for RemoteInbox {
 
 impl RemoteInbox {
     /// A reply of a remote attempt, for its run's coordinator (as `CoordinatorMsg::Specialist`).
+    /// A report first passes the policy's SubagentStop hooks here, on the node that holds the
+    /// policy and the store (a worker has neither), as a local attempt's does in its host.
     pub fn reply(&self, from: AttemptId, reply: SpecialistReply) {
         let Some(node) = self.node.upgrade() else {
             return;
         };
+        match reply {
+            SpecialistReply::Finished(mut result) if result.outcome.is_ok() => {
+                let known = node
+                    .remote
+                    .get()
+                    .and_then(|remote| lock(&remote.attempts).get(&from).map(|a| a.agent.clone()));
+                super::node::spawn(async move {
+                    // An attempt placed before this node restarted is not remembered: its agent
+                    // is its task's assignee in the store.
+                    let agent = match known {
+                        Some(agent) => agent,
+                        None => node
+                            .read(move |store| Ok(store.run(from.run).task(from.task)?.assignee))
+                            .await
+                            .ok()
+                            .flatten()
+                            .unwrap_or_default(),
+                    };
+                    if let Ok(report) = &result.outcome {
+                        let answer = node
+                            .harnesses
+                            .subagent_event(
+                                from,
+                                SubagentEvent::Stop {
+                                    agent: &agent,
+                                    report,
+                                },
+                            )
+                            .await;
+                        apply_stop_answer(answer, &mut result);
+                    }
+                    Self::pass_on(&node, from, SpecialistReply::Finished(result));
+                });
+            }
+            reply => Self::pass_on(&node, from, reply),
+        }
+    }
+
+    /// [`RemoteInbox::reply`] once the policy has seen a report: observers hear of it, and it goes
+    /// to its run's coordinator (or is answered from the store when that run has ended).
+    fn pass_on(node: &Arc<Node>, from: AttemptId, reply: SpecialistReply) {
         match &reply {
             SpecialistReply::Finished(result) => {
                 if let Ok(report) = &result.outcome

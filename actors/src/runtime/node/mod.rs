@@ -16,7 +16,7 @@
 mod checkpoint_role;
 mod coordinator_role;
 mod routing;
-mod specialist_role;
+pub(crate) mod specialist_role;
 mod store_writer;
 mod supervisor_role;
 

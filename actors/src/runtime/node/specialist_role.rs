@@ -9,7 +9,7 @@ use crate::message::{
     CoordinatorMsg, SpecialistInput, SpecialistReply, SpecialistStart, SupervisorMsg,
 };
 use crate::report::{AttemptResult, FailureKind, SubtaskFailure};
-use crate::runtime::harnesses::SubagentEvent;
+use crate::runtime::harnesses::{SubagentAnswer, SubagentEvent};
 use crate::runtime::machine_actor::{Flow, MachineActor, MachineActorState, MachineRef, Role};
 use crate::runtime::{RuntimeEvent, spans};
 use crate::specialist::Specialist;
@@ -46,14 +46,43 @@ impl Node {
             harness: start.assignment.harness,
             model: start.assignment.model.clone(),
         });
-        let Some(start) = self.place_remote(start) else {
-            return;
+        // With a cluster layer the SubagentStart hooks run here, on the node that holds the policy
+        // and the store, before the attempt can leave for a worker (a worker has neither): a veto
+        // fails the attempt here, a note rides in the brief. Without one, at the session's start.
+        let mut start = start;
+        let start_decided = if self.has_remote() {
+            let answer = self
+                .harnesses
+                .subagent_event(
+                    attempt,
+                    SubagentEvent::Start {
+                        agent: &start.assignment.agent,
+                        brief: &start.brief.brief,
+                    },
+                )
+                .await;
+            if answer.veto.is_none() {
+                if let Some(note) = &answer.note {
+                    start.brief.brief.push_str(&policy_note(note));
+                }
+                let Some(back) = self.place_remote(start) else {
+                    return;
+                };
+                start = back;
+            }
+            Some(SubagentAnswer {
+                veto: answer.veto,
+                note: None,
+            })
+        } else {
+            None
         };
         let role = SpecialistRole {
             node: Arc::clone(self),
             attempt,
             harness: start.assignment.harness,
             span,
+            start_decided,
         };
         let mut config = self.config.specialist.clone();
         config.session_tools = self.harnesses.session_tool_path(start.assignment.harness);
@@ -103,6 +132,37 @@ pub(crate) struct SpecialistRole {
     harness: HarnessKind,
     /// The attempt's span (see [`spans`]), a child of its run's.
     span: Span,
+    /// The SubagentStart hooks' answer when they ran before placement (with a cluster layer; its
+    /// note is already in the brief): the session's start does not ask again.
+    start_decided: Option<SubagentAnswer>,
+}
+
+/// How a policy hook's note joins a brief or a report's summary.
+pub(crate) fn policy_note(note: &str) -> String {
+    format!("\n\nNote from keel's policy:\n{note}")
+}
+
+/// A SubagentStop answer applied to a finished attempt's result (here or from a worker): a veto
+/// refuses the report (a permission failure with the hook's reason, its findings kept as
+/// partial), a note joins the summary the lead sees.
+pub(crate) fn apply_stop_answer(answer: SubagentAnswer, result: &mut AttemptResult) {
+    let Ok(report) = &mut result.outcome else {
+        return;
+    };
+    if let Some(reason) = answer.veto {
+        result.outcome = Err(SubtaskFailure {
+            kind: FailureKind::Harness(ErrorCategory::Permission),
+            attempted: "the session reported; keel's policy refused the report".into(),
+            partial: report.findings.clone(),
+            retryable: false,
+            retry_after_ms: None,
+            detail: format!("the report was refused: {reason}"),
+        });
+        return;
+    }
+    if let Some(note) = answer.note {
+        report.summary.push_str(&policy_note(&note));
+    }
 }
 
 impl SpecialistRole {
@@ -147,6 +207,22 @@ impl SpecialistRole {
                 return;
             }
         }
+        let mut spec = spec;
+        local.agent = spec.agent.clone();
+        let decided = self.start_decided.clone();
+        if let Some(SubagentAnswer {
+            veto: Some(reason), ..
+        }) = &decided
+        {
+            Self::feed(
+                me,
+                SpecialistInput::Harness(HarnessEvent::Failed(HarnessError::new(
+                    ErrorCategory::Permission,
+                    format!("the session was not started: {reason}"),
+                ))),
+            );
+            return;
+        }
         let Some(harness) = self.node.harnesses.get(self.harness) else {
             Self::feed(
                 me,
@@ -159,19 +235,21 @@ impl SpecialistRole {
         };
         // The policy's SubagentStart hooks: a veto refuses the start (a permission failure with
         // the hook's reason), a note joins the brief; the decision is durable before either.
-        let mut spec = spec;
-        local.agent = spec.agent.clone();
-        let answer = self
-            .node
-            .harnesses
-            .subagent_event(
-                self.attempt,
-                SubagentEvent::Start {
-                    agent: &spec.agent,
-                    brief: &spec.prompt,
-                },
-            )
-            .await;
+        let answer = match decided {
+            Some(answer) => answer,
+            None => {
+                self.node
+                    .harnesses
+                    .subagent_event(
+                        self.attempt,
+                        SubagentEvent::Start {
+                            agent: &spec.agent,
+                            brief: &spec.prompt,
+                        },
+                    )
+                    .await
+            }
+        };
         if let Some(reason) = answer.veto {
             Self::feed(
                 me,
@@ -183,8 +261,7 @@ impl SpecialistRole {
             return;
         }
         if let Some(note) = answer.note {
-            spec.prompt
-                .push_str(&format!("\n\nNote from keel's policy:\n{note}"));
+            spec.prompt.push_str(&policy_note(&note));
         }
         let mut spec = self.node.harnesses.prepare(spec, self.attempt);
         let deliver = {
@@ -235,7 +312,7 @@ impl SpecialistRole {
     /// fails as a permission failure with the hook's reason, its findings kept as partial), a note
     /// joins the report's summary the lead sees. The decision is durable before either.
     async fn report_check(&self, local: &SpecialistLocal, result: &mut AttemptResult) {
-        let Ok(report) = &mut result.outcome else {
+        let Ok(report) = &result.outcome else {
             return;
         };
         let answer = self
@@ -249,22 +326,7 @@ impl SpecialistRole {
                 },
             )
             .await;
-        if let Some(reason) = answer.veto {
-            result.outcome = Err(SubtaskFailure {
-                kind: FailureKind::Harness(ErrorCategory::Permission),
-                attempted: "the session reported; keel's policy refused the report".into(),
-                partial: report.findings.clone(),
-                retryable: false,
-                retry_after_ms: None,
-                detail: format!("the report was refused: {reason}"),
-            });
-            return;
-        }
-        if let Some(note) = answer.note {
-            report
-                .summary
-                .push_str(&format!("\n\nNote from keel's policy:\n{note}"));
-        }
+        apply_stop_answer(answer, result);
     }
 }
 
