@@ -20,6 +20,11 @@ const HANDSHAKE_WAIT: Duration = Duration::from_secs(10);
 const READY_MAX: usize = 64;
 /// The pause after a failed accept (out of file descriptors, ...), so the loop does not spin.
 const ACCEPT_RETRY: Duration = Duration::from_millis(50);
+/// Most handshakes in progress at once: a client that opens connections and never finishes their
+/// handshakes holds at most this many descriptors and tasks (each for [`HANDSHAKE_WAIT`] at
+/// most); past it a new connection is closed at once, so the store, the harness processes and the
+/// cluster keep their descriptors.
+const HANDSHAKES_MAX: usize = 256;
 
 /// The API's TLS identity: the acceptor built from the certificate chain and the private key.
 ///
@@ -65,6 +70,7 @@ async fn accept_loop(
     acceptor: TlsAcceptor,
     ready: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
 ) {
+    let handshakes = std::sync::Arc::new(tokio::sync::Semaphore::new(HANDSHAKES_MAX));
     loop {
         let (tcp, peer) = match listener.accept().await {
             Ok(connection) => connection,
@@ -74,10 +80,16 @@ async fn accept_loop(
                 continue;
             }
         };
+        let Ok(permit) = std::sync::Arc::clone(&handshakes).try_acquire_owned() else {
+            tracing::warn!(%peer, "{HANDSHAKES_MAX} API handshakes in progress: connection closed");
+            drop(tcp);
+            continue;
+        };
         let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
         let ready = ready.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             match tokio::time::timeout(HANDSHAKE_WAIT, acceptor.accept(tcp)).await {
                 Ok(Ok(tls)) => {
                     let _ = ready.send((tls, peer)).await;
