@@ -77,6 +77,20 @@ pub fn tool_output_of(payload: &Value) -> Option<ToolOutput> {
     })
 }
 
+/// [`tool_output_of`] for `harness`'s payload, with what keel can tell of the call's success:
+/// Codex's `PostToolUse` payload holds a command's output and no exit status, so a Codex result is
+/// taken as failed (`is_error`) for the gates: a command that may have failed meets no
+/// prerequisite and issues no token (fails closed; prerequisite and token gates are not met
+/// through Codex). The hooks still see and may rewrite it, and the model's view is unchanged
+/// unless they do.
+pub fn tool_output_for(harness: HarnessKind, payload: &Value) -> Option<ToolOutput> {
+    let mut output = tool_output_of(payload)?;
+    if harness == HarnessKind::Codex && payload.get(TOOL_OUTPUT_KEY).is_none() {
+        output.is_error = true;
+    }
+    Some(output)
+}
+
 /// A tool response as the text the policy's hooks read: a string as is; a shell result's stdout
 /// (and its stderr after a newline, when there is one); MCP text blocks joined; anything else as
 /// its JSON, which a hook can edit and [`rebuilt_response`] reads back.
@@ -319,6 +333,17 @@ mod tests {
             })
         );
         assert_eq!(tool_output_of(&json!({"tool_name": "x"})), None);
+        // Codex says nothing of a command's exit status: its result meets no gate.
+        assert!(
+            tool_output_for(HarnessKind::Codex, &codex)
+                .unwrap()
+                .is_error
+        );
+        assert!(
+            !tool_output_for(HarnessKind::ClaudeCode, &claude_bash("ok"))
+                .unwrap()
+                .is_error
+        );
         let with_err = json!({"stdout": "a", "stderr": "b"});
         assert_eq!(response_text(&with_err), "a\nb");
         let mcp = json!([{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]);

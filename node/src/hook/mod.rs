@@ -106,7 +106,7 @@ pub(crate) fn run_post(url: &str, harness: HarnessKind) -> ExitCode {
 fn post_answer(url: &str, harness: HarnessKind) -> anyhow::Result<Option<String>> {
     let bytes = read_stdin(POST_PAYLOAD_BYTES_MAX)?;
     let mut payload: Value = serde_json::from_slice(&bytes)?;
-    let original = post_tool::tool_output_of(&payload)
+    let original = post_tool::tool_output_for(harness, &payload)
         .ok_or_else(|| anyhow::anyhow!("the PostToolUse payload holds no tool result"))?;
     let obj = payload
         .as_object_mut()
