@@ -10,7 +10,7 @@
 use crate::membership::{Action, Membership, MembershipConfig};
 use crate::name::{COORDINATOR_GROUP, NodeName, worker_group};
 use crate::wire::{self, ClusterMsg, Envelope, ToCoordinator, ToWorker};
-use keel_actors::runtime::{RemoteHosts, RemoteInbox, Runtime, wall_clock_ms};
+use keel_actors::runtime::{PolicyHost, RemoteHosts, RemoteInbox, Runtime, wall_clock_ms};
 use keel_actors::{AttemptId, SpecialistMsg, SpecialistStart};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use std::collections::BTreeMap;
@@ -53,6 +53,8 @@ struct Shared {
     observer: OnceLock<Arc<dyn EndpointObserver>>,
     frames_received: AtomicU64,
     frames_sent: AtomicU64,
+    /// The policy of keel.toml, when it has one: it decides the tool calls of sessions on workers.
+    policy: OnceLock<PolicyHost>,
 }
 
 /// What a coordinator endpoint tells as it works (a node exports it in `/metrics`; see
@@ -94,7 +96,15 @@ impl Shared {
                     start,
                 } => {
                     tracing::info!(attempt = %start.attempt, %worker, "specialist placed on a worker");
-                    self.send(&worker, &ToWorker::Spawn { incarnation, start });
+                    let policy = self.policy.get().map(crate::remote_policy::terms_of);
+                    self.send(
+                        &worker,
+                        &ToWorker::Spawn {
+                            incarnation,
+                            start,
+                            policy,
+                        },
+                    );
                 }
                 Action::Down { attempt, reason } => {
                     lock(&self.dispatched).remove(&attempt);
@@ -204,6 +214,7 @@ impl CoordinatorEndpoint {
             observer: OnceLock::new(),
             frames_received: AtomicU64::new(0),
             frames_sent: AtomicU64::new(0),
+            policy: OnceLock::new(),
         });
         let inbox = runtime.attach_remote(Arc::new(Hosts(Arc::clone(&shared))));
         let _ = shared.inbox.set(inbox);
@@ -211,6 +222,14 @@ impl CoordinatorEndpoint {
         let weak = Arc::downgrade(&shared);
         tokio::spawn(tick(weak));
         Ok(Self { shared, actor })
+    }
+
+    /// Decide the tool calls of sessions hosted on workers with `host` (keel.toml's policy, attached
+    /// to the runtime): spawns from now on carry its terms, so workers gate their sessions and ask
+    /// here. Call it before any run is submitted or resumed. Only the first host is kept: returns
+    /// false for a second.
+    pub fn serve_policy(&self, host: PolicyHost) -> bool {
+        self.shared.policy.set(host).is_ok()
     }
 
     /// The live workers' names.
@@ -351,6 +370,31 @@ impl Receiver {
                 tokio::spawn(async move {
                     let rows = inbox.load_context(attempt.run, request).await;
                     shared.send(&from, &ToWorker::ContextRows { attempt, rows });
+                });
+            }
+            ToCoordinator::Policy {
+                attempt,
+                question,
+                ask,
+            } => {
+                let host = shared.policy.get().cloned();
+                let placed_there = lock(&shared.membership).worker_of(attempt) == Some(&from);
+                if !placed_there {
+                    tracing::warn!(%attempt, worker = %from, "a policy question about an attempt not placed on that worker");
+                }
+                let shared = Arc::clone(shared);
+                // A decision may wait for a human: never on this actor.
+                tokio::spawn(async move {
+                    let answer =
+                        crate::remote_policy::answer(host, placed_there, attempt, ask).await;
+                    shared.send(
+                        &from,
+                        &ToWorker::PolicyAnswer {
+                            attempt,
+                            question,
+                            answer,
+                        },
+                    );
                 });
             }
             ToCoordinator::Lifecycle(event) => {

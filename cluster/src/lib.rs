@@ -11,10 +11,12 @@
 //!   session events in the log.
 //! - `coordinator.rs`: the coordinator node's endpoint, the runtime's [`keel_actors::runtime::RemoteHosts`].
 //! - `worker.rs`, `worker_role.rs`: a worker node's endpoint and how it hosts one specialist.
+//! - `remote_policy.rs`: the policy of sessions hosted on workers, decided by the coordinator node.
 
 pub mod cookie;
 pub mod coordinator;
 pub mod net;
+pub mod remote_policy;
 pub mod tls;
 pub mod wire;
 pub mod worker;
@@ -27,8 +29,10 @@ pub use coordinator::{CoordinatorEndpoint, DispatchStats, EndpointObserver, Fram
 pub use membership::{Membership, MembershipConfig};
 pub use name::{COORDINATOR_GROUP, NodeName, NodeNameError, WORKERS_GROUP, worker_group};
 pub use net::{NetError, NodeServerRef, join_with_backoff, start_node_server};
+pub use remote_policy::RemotePolicy;
 pub use tls::{NodeTls, TlsError, TlsFiles, server_identity};
 pub use wire::{
-    ClusterMsg, Envelope, PROTOCOL_VERSION, ToCoordinator, ToWorker, WireError, WorkerStatus,
+    ClusterMsg, Envelope, PROTOCOL_VERSION, PolicyAnswer, PolicyQuestion, PolicyScope, PolicyTerms,
+    ToCoordinator, ToWorker, WireError, WorkerStatus,
 };
 pub use worker::{WorkerConfig, WorkerEndpoint};

@@ -19,13 +19,14 @@ pub enum ClusterMsg {
 
 /// Send `body` to the first member of a process group (the coordinator's, or one worker's), as a
 /// frame of this protocol version. Dropped with a debug line when nobody is in the group (the node
-/// is unreachable): what must arrive is resent by the machines until it is acknowledged.
-pub fn cast_to_group<B: Serialize>(group: &str, from: &NodeName, body: &B) {
+/// is unreachable): what must arrive is resent by the machines until it is acknowledged. Returns
+/// whether the frame was handed to the transport (a policy question is denied at once when not).
+pub fn cast_to_group<B: Serialize>(group: &str, from: &NodeName, body: &B) -> bool {
     let bytes = match encode(from, body) {
         Ok(b) => b,
         Err(e) => {
             tracing::error!(%group, error = %e, "a cluster message could not be encoded");
-            return;
+            return false;
         }
     };
     match ractor::pg::get_members(&group.to_string())
@@ -34,11 +35,18 @@ pub fn cast_to_group<B: Serialize>(group: &str, from: &NodeName, body: &B) {
     {
         Some(cell) => {
             let to: ractor::ActorRef<ClusterMsg> = cell.into();
-            if let Err(e) = to.cast(ClusterMsg::Frame(bytes)) {
-                tracing::debug!(%group, error = %e, "a cluster message was not sent");
+            match to.cast(ClusterMsg::Frame(bytes)) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::debug!(%group, error = %e, "a cluster message was not sent");
+                    false
+                }
             }
         }
-        None => tracing::debug!(%group, "nobody in the group; cluster message dropped"),
+        None => {
+            tracing::debug!(%group, "nobody in the group; cluster message dropped");
+            false
+        }
     }
 }
 

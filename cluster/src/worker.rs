@@ -8,7 +8,8 @@
 //! as in one process: the resume preamble needs only the recent rows).
 
 use crate::name::{COORDINATOR_GROUP, NodeName, WORKERS_GROUP, worker_group};
-use crate::wire::{self, ClusterMsg, Envelope, ToCoordinator, ToWorker, WorkerStatus};
+use crate::remote_policy::RemotePolicy;
+use crate::wire::{self, ClusterMsg, Envelope, PolicyTerms, ToCoordinator, ToWorker, WorkerStatus};
 use crate::worker_role::WorkerSpecialistRole;
 use keel_actors::host::StartedKeys;
 use keel_actors::runtime::{
@@ -46,6 +47,10 @@ pub struct WorkerConfig {
     pub heartbeat: Duration,
     /// How long a specialist waits for the rows of its preamble from the coordinator node.
     pub context_wait: Duration,
+    /// Where the hosted sessions' policy questions go to the coordinator node (the sessions'
+    /// guards and bridge hold it too): this endpoint tells it each spawn's policy terms, each
+    /// answer, and each attempt's end.
+    pub policy: Arc<RemotePolicy>,
 }
 
 pub(crate) struct WorkerShared {
@@ -214,6 +219,7 @@ impl Actor for Endpoint {
             }
         }
         lock(&self.0.context_waiting).remove(&attempt);
+        self.0.config.policy.ended(attempt);
         self.0.send(&ToCoordinator::Exited {
             attempt,
             normal: reason == EXIT_REASON,
@@ -226,12 +232,21 @@ impl Actor for Endpoint {
 impl Endpoint {
     async fn receive(&self, myself: &ActorRef<ClusterMsg>, body: ToWorker) {
         match body {
-            ToWorker::Spawn { incarnation, start } => {
+            ToWorker::Spawn {
+                incarnation,
+                start,
+                policy,
+            } => {
                 // With its pair on the coordinator ("specialist placed on a worker"), the one-way
                 // time of a spawn at debug level (docs/PERFORMANCE.md, cluster).
                 tracing::debug!(attempt = %start.attempt, "spawn received");
-                self.spawn(myself, incarnation, *start).await;
+                self.spawn(myself, incarnation, *start, policy).await;
             }
+            ToWorker::PolicyAnswer {
+                attempt,
+                question,
+                answer,
+            } => self.0.config.policy.answered(attempt, question, answer),
             ToWorker::Specialist { attempt, msg } => {
                 let actor = lock(&self.0.hosted).get(&attempt).cloned();
                 match actor {
@@ -255,7 +270,13 @@ impl Endpoint {
         }
     }
 
-    async fn spawn(&self, myself: &ActorRef<ClusterMsg>, incarnation: u64, start: SpecialistStart) {
+    async fn spawn(
+        &self,
+        myself: &ActorRef<ClusterMsg>,
+        incarnation: u64,
+        start: SpecialistStart,
+        policy: Option<PolicyTerms>,
+    ) {
         let shared = &self.0;
         let attempt = start.attempt;
         let refuse = |reason: String| {
@@ -298,6 +319,8 @@ impl Endpoint {
         let machine = Specialist::new(start, config);
         let rng = lock(&shared.entropy).fork();
         let state = MachineActorState::new(machine, rng, Default::default());
+        // Before the session can start: whether the coordinator's policy gates it.
+        shared.config.policy.hosting(attempt, policy);
         match Actor::spawn_linked(None, MachineActor::new(role), state, myself.get_cell()).await {
             Ok((actor, _)) => {
                 lock(&shared.by_actor).insert(actor.get_id(), attempt);
@@ -306,7 +329,10 @@ impl Endpoint {
                 tracing::info!(%attempt, "specialist started");
                 shared.send(&ToCoordinator::Spawned { attempt });
             }
-            Err(e) => refuse(format!("the specialist's actor did not start: {e}")),
+            Err(e) => {
+                shared.config.policy.ended(attempt);
+                refuse(format!("the specialist's actor did not start: {e}"))
+            }
         }
     }
 }

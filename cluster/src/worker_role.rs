@@ -98,10 +98,19 @@ impl WorkerSpecialistRole {
             Self::feed(me, SpecialistInput::SessionSecret(token));
         }
         match harness.start(spec).await {
-            Err(e) => Self::fail(me, format!("the session could not start: {e}")),
+            Err(e) => {
+                harnesses.session_ended(self.attempt);
+                Self::fail(me, format!("the session could not start: {e}"));
+            }
             Ok(session) => {
                 local.cancel = Some(session.cancel_token());
                 let forward = keel_actors::runtime::feed_session(session, me.clone());
+                // Services (the hook bridge's session token) end with the session however it ends.
+                let (worker, attempt) = (Arc::clone(&self.worker), self.attempt);
+                let forward = async move {
+                    forward.await;
+                    worker.config.harnesses.session_ended(attempt);
+                };
                 tokio::spawn(forward.instrument(self.span.clone()));
             }
         }

@@ -14,4 +14,7 @@ pub mod wire;
 
 pub use membership::{Membership, MembershipConfig};
 pub use name::{COORDINATOR_GROUP, NodeName, NodeNameError, WORKERS_GROUP, worker_group};
-pub use wire::{Envelope, PROTOCOL_VERSION, ToCoordinator, ToWorker, WireError, WorkerStatus};
+pub use wire::{
+    Envelope, PROTOCOL_VERSION, PolicyAnswer, PolicyQuestion, PolicyScope, PolicyTerms,
+    ToCoordinator, ToWorker, WireError, WorkerStatus,
+};

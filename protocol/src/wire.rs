@@ -14,7 +14,8 @@ use keel_actors::context::RowSet;
 use keel_actors::{
     AttemptId, ContextRequest, LifecycleEvent, SpecialistMsg, SpecialistReply, SpecialistStart,
 };
-use keel_harness::{HarnessKind, TokenCounts};
+use keel_harness::{HarnessKind, PermissionMode, TokenCounts, ToolOutput};
+use keel_policy::{Decision, HookEvent};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -23,8 +24,10 @@ use serde::{Deserialize, Serialize};
 /// other's messages with a logged error (docs/OPERATIONS.md: rolling upgrades).
 ///
 /// History: 1, the first cluster; 2, a session log row carries its redactions and an assignment
-/// carries its agent profile's tools, system prompt and turn limit.
-pub const PROTOCOL_VERSION: u16 = 2;
+/// carries its agent profile's tools, system prompt and turn limit; 3, a spawn carries the
+/// coordinator's policy terms and a worker asks the coordinator's policy about its sessions' tool
+/// calls ([`ToCoordinator::Policy`], [`ToWorker::PolicyAnswer`]).
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// Most bytes of one frame (also below ractor_cluster's 16 MiB inbound frame limit).
 pub const FRAME_BYTES_MAX: usize = 8 * 1024 * 1024;
@@ -64,6 +67,10 @@ pub enum ToWorker {
         incarnation: u64,
         /// What the supervisor decided.
         start: Box<SpecialistStart>,
+        /// The coordinator's policy, when its keel.toml has one: the worker then gates every tool
+        /// call of the attempt's session and asks the coordinator ([`ToCoordinator::Policy`]).
+        /// `None`: no gate, as on a node without a policy.
+        policy: Option<PolicyTerms>,
     },
     /// A coordinator's or supervisor's message to a hosted attempt (`Ack`, `Cancel`, answers).
     Specialist {
@@ -79,6 +86,97 @@ pub enum ToWorker {
         /// The rows, or why they could not be read.
         rows: Result<RowSet, String>,
     },
+    /// The coordinator's policy answered a hosted attempt's question ([`ToCoordinator::Policy`]),
+    /// once its audit rows were durable.
+    PolicyAnswer {
+        /// The attempt that asked.
+        attempt: AttemptId,
+        /// The question's id, as the worker minted it.
+        question: u64,
+        /// The answer.
+        answer: PolicyAnswer,
+    },
+}
+
+/// How long the coordinator's policy may take to decide, so that a worker's gate waits long
+/// enough (and no longer): derived from the coordinator's keel.toml (hooks' timeouts, the ask
+/// timeout, the audit commit).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyTerms {
+    /// Most milliseconds a pre-tool decision (or a session event's) takes on the coordinator.
+    pub decide_ms: u64,
+    /// `Some` when the policy needs tool results (a `PostToolUse` hook, or a gate waiting for a
+    /// success): most milliseconds a post-tool decision takes.
+    pub post_ms: Option<u64>,
+}
+
+/// Who asks: the session's permission mode, tools and agent (the attempt travels beside it).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyScope {
+    /// The session's own permission mode.
+    pub mode: PermissionMode,
+    /// The tools the session may use; empty: any.
+    pub tools: Vec<String>,
+    /// The agent profile it runs as.
+    pub agent: String,
+}
+
+/// A question a worker asks the coordinator's policy about a session it hosts. JSON travels as
+/// text (bincode cannot carry a self-describing `serde_json::Value`); the coordinator denies a
+/// question whose JSON does not parse.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PolicyQuestion {
+    /// May this call run? (`PolicyHost::before_tool`.)
+    BeforeTool {
+        /// Who asks.
+        scope: PolicyScope,
+        /// The tool.
+        tool: String,
+        /// Its input, JSON text.
+        input: String,
+        /// The hook payload, JSON text.
+        payload: String,
+    },
+    /// The call ran: the result the model is to see (`PolicyHost::after_tool`).
+    AfterTool {
+        /// Who asks.
+        scope: PolicyScope,
+        /// The tool.
+        tool: String,
+        /// Its input, JSON text.
+        input: String,
+        /// The hook payload, JSON text.
+        payload: String,
+        /// What the tool produced.
+        output: ToolOutput,
+    },
+    /// A session event's hooks (`PolicyHost::on_session_event`).
+    SessionEvent {
+        /// Who asks.
+        scope: PolicyScope,
+        /// The event.
+        event: HookEvent,
+        /// The hook payload, JSON text.
+        payload: String,
+    },
+}
+
+/// The coordinator's answer to a [`PolicyQuestion`], of the question's kind.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PolicyAnswer {
+    /// For [`PolicyQuestion::BeforeTool`] and [`PolicyQuestion::SessionEvent`]: the decision.
+    Decided {
+        /// Allow or deny (an ask has been answered on the coordinator by then).
+        decision: Decision,
+        /// Why (the model is told on a denial).
+        reason: String,
+        /// The link that decided.
+        decided_by: String,
+        /// A session event's hooks' notes.
+        context: Option<String>,
+    },
+    /// For [`PolicyQuestion::AfterTool`]: the result the model is to see.
+    Output(ToolOutput),
 }
 
 /// Messages from a worker to the coordinator node.
@@ -111,6 +209,16 @@ pub enum ToCoordinator {
         attempt: AttemptId,
         /// What to load.
         request: ContextRequest,
+    },
+    /// A hosted attempt's session asks the coordinator's policy (answered with
+    /// [`ToWorker::PolicyAnswer`]; the worker denies when no answer comes in time).
+    Policy {
+        /// The attempt whose session asks.
+        attempt: AttemptId,
+        /// Minted by the worker; the answer carries it back.
+        question: u64,
+        /// The question.
+        ask: PolicyQuestion,
     },
     /// A lifecycle event a hosted attempt emitted.
     Lifecycle(LifecycleEvent),

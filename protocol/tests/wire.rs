@@ -8,7 +8,10 @@ use common::{attempt, start};
 use keel_actors::{AttemptResult, SpecialistMsg, SpecialistReply, SubtaskFailure};
 use keel_harness::HarnessKind;
 use keel_protocol::wire::{self, encode_as_version};
-use keel_protocol::{NodeName, PROTOCOL_VERSION, ToCoordinator, ToWorker, WireError, WorkerStatus};
+use keel_protocol::{
+    NodeName, PROTOCOL_VERSION, PolicyAnswer, PolicyQuestion, PolicyScope, PolicyTerms,
+    ToCoordinator, ToWorker, WireError, WorkerStatus,
+};
 use keel_store::{LogKind, SessionLogRow};
 use proptest::prelude::*;
 
@@ -61,7 +64,48 @@ fn samples_to_coordinator(text: &str, n: u32) -> Vec<ToCoordinator> {
             normal: n.is_multiple_of(2),
             reason: text.into(),
         },
+        ToCoordinator::Policy {
+            attempt: a,
+            question: u64::from(n) << 3,
+            ask: PolicyQuestion::BeforeTool {
+                scope: scope(text),
+                tool: "Bash".into(),
+                input: format!("{{\"command\":{:?}}}", text),
+                payload: text.into(),
+            },
+        },
+        ToCoordinator::Policy {
+            attempt: a,
+            question: u64::MAX - u64::from(n),
+            ask: PolicyQuestion::AfterTool {
+                scope: scope(text),
+                tool: text.into(),
+                input: "{}".into(),
+                payload: text.repeat(2),
+                output: keel_harness::ToolOutput {
+                    is_error: n.is_multiple_of(2),
+                    text: text.into(),
+                },
+            },
+        },
+        ToCoordinator::Policy {
+            attempt: a,
+            question: 0,
+            ask: PolicyQuestion::SessionEvent {
+                scope: scope(text),
+                event: keel_policy::HookEvent::SubagentStart,
+                payload: text.into(),
+            },
+        },
     ]
+}
+
+fn scope(text: &str) -> PolicyScope {
+    PolicyScope {
+        mode: keel_harness::PermissionMode::default(),
+        tools: vec![text.into(), "Bash".into()],
+        agent: text.into(),
+    }
 }
 
 fn samples_to_worker(text: &str, n: u32) -> Vec<ToWorker> {
@@ -70,6 +114,33 @@ fn samples_to_worker(text: &str, n: u32) -> Vec<ToWorker> {
         ToWorker::Spawn {
             incarnation: u64::from(n),
             start: Box::new(start(a, HarnessKind::MessagesApi, text)),
+            policy: None,
+        },
+        ToWorker::Spawn {
+            incarnation: u64::from(n),
+            start: Box::new(start(a, HarnessKind::ClaudeCode, text)),
+            policy: Some(PolicyTerms {
+                decide_ms: u64::from(n),
+                post_ms: n.is_multiple_of(2).then_some(u64::from(n) + 1),
+            }),
+        },
+        ToWorker::PolicyAnswer {
+            attempt: a,
+            question: u64::from(n),
+            answer: PolicyAnswer::Decided {
+                decision: keel_policy::Decision::Deny,
+                reason: text.into(),
+                decided_by: "deny-rule".into(),
+                context: Some(text.into()),
+            },
+        },
+        ToWorker::PolicyAnswer {
+            attempt: a,
+            question: 1,
+            answer: PolicyAnswer::Output(keel_harness::ToolOutput {
+                is_error: false,
+                text: text.into(),
+            }),
         },
         ToWorker::Specialist {
             attempt: a,

@@ -253,8 +253,8 @@ impl HarnessSet {
         }
     }
 
-    /// Tell every service that `attempt`'s session has ended.
-    pub(crate) fn session_ended(&self, attempt: AttemptId) {
+    /// Tell every service that `attempt`'s session has ended (the hook bridge revokes its token).
+    pub fn session_ended(&self, attempt: AttemptId) {
         for s in &self.services {
             s.session_ended(attempt);
         }

@@ -75,7 +75,10 @@ pub use machine_actor::{Deliver, Flow, MachineActor, MachineActorState, MachineR
 pub use node_store::{NodeStore, StoreOpener};
 pub use observe::{RuntimeObserver, refusal_reason};
 pub use pause::PauseSummary;
-pub use policy::{EventAnswer, PolicyHost, ToolAnswer, ToolScope};
+pub use policy::{
+    EventAnswer, GateTimes, PolicyDecider, PolicyFuture, PolicyHost, ToolAnswer, ToolScope,
+    guard_service,
+};
 pub use remote::{RemoteHosts, RemoteInbox};
 pub use session_feed::{UsageSeen, feed_session};
 pub use spans::SPAN_TARGET;

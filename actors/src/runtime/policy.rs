@@ -15,6 +15,10 @@
 //! An embedding host builds a [`Policy`] (registering its own hooks with
 //! [`Policy::register_hook`]), wraps it in a [`PolicyHost`], adds [`PolicyHost::service`] to its
 //! [`super::HarnessSet`] and calls [`PolicyHost::attach`] once its [`Runtime`] has started.
+//!
+//! The in-process guard and the node's bridge ask a [`PolicyDecider`]: the [`PolicyHost`] itself
+//! where the store is (a coordinator, `keel run`), or a cluster worker's remote policy, which
+//! forwards each question to the coordinator node's [`PolicyHost`] and denies when no answer comes.
 
 use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
@@ -28,9 +32,9 @@ use keel_store::{AuditEntry, GateMark, HookDecision, RunId};
 use serde_json::{Value, json};
 
 use super::Runtime;
-use super::audit::{AuditError, AuditWriter};
+use super::audit::{AUDIT_WAIT_MS, AuditError, AuditWriter};
 use super::clock::{OsEntropy, wall_clock_ms};
-use super::escalation::{ApprovalDesk, ApprovalEnd};
+use super::escalation::{ApprovalDesk, ApprovalEnd, ESCALATION_WRITE_WAIT_MS};
 use super::harnesses::{ServiceFuture, SessionService, SubagentAnswer, SubagentEvent};
 use crate::escalation::{
     ApprovalCase, approval as approval_escalation, approves, mint_escalation_id,
@@ -228,7 +232,7 @@ impl PolicyHost {
     /// The service that hands every session's spec a guard calling this host in process (keel's
     /// own loop uses it; a CLI ignores it and is given the bridge's gate instead).
     pub fn service(&self) -> Arc<dyn SessionService> {
-        Arc::new(GuardService(self.clone()))
+        guard_service(Arc::new(self.clone()))
     }
 
     /// Decides `call` for `scope` before it runs: hooks, chain, gates, durable audit rows and gate
@@ -544,6 +548,130 @@ impl PolicyHost {
     }
 }
 
+/// How long a policy may take to decide, which sets how long a session's gate waits: the sum of
+/// its hooks' timeouts, an ask's wait for a human and the audit commit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GateTimes {
+    /// Most milliseconds a pre-tool decision (or a session event's) takes.
+    pub decide_ms: u64,
+    /// `Some` when the policy needs tool results (a `PostToolUse` hook, or a gate waiting for a
+    /// success): most milliseconds a post-tool decision takes. `None`: no CLI pays for the hook.
+    pub post_ms: Option<u64>,
+}
+
+impl GateTimes {
+    /// The times of `policy`.
+    pub fn of(policy: &Policy) -> GateTimes {
+        let hooks_ms: u64 = policy.hooks.iter().map(|h| h.timeout_ms).sum();
+        // An `ask` (from a rule or a hook) waits for a human up to its timeout, then records its
+        // end: the gate waits that long too, so the decision is never cut off.
+        let ask_ms = policy.ask_timeout_ms + 2 * ESCALATION_WRITE_WAIT_MS + AUDIT_WAIT_MS;
+        let needs_results = policy
+            .hooks
+            .iter()
+            .any(|h| h.event == HookEvent::PostToolUse)
+            || policy.gates.iter().any(|g| {
+                matches!(
+                    g.check,
+                    keel_policy::GateCheck::Prerequisite { .. }
+                        | keel_policy::GateCheck::Token { .. }
+                )
+            });
+        let post_ms = needs_results.then(|| {
+            let post_hooks_ms: u64 = policy
+                .hooks
+                .iter()
+                .filter(|h| h.event == HookEvent::PostToolUse)
+                .map(|h| h.timeout_ms)
+                .sum();
+            post_hooks_ms + AUDIT_WAIT_MS
+        });
+        GateTimes {
+            decide_ms: hooks_ms + ask_ms + AUDIT_WAIT_MS,
+            post_ms,
+        }
+    }
+}
+
+/// A boxed future a [`PolicyDecider`] answers with.
+pub type PolicyFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+/// Whoever decides a session's tool calls, as the in-process guard ([`guard_service`]) and the
+/// node's `keel hook` bridge need it: the [`PolicyHost`] where the store is, or a cluster worker's
+/// remote policy that asks the coordinator node's [`PolicyHost`] (the one place decisions are
+/// made) and denies when it does not answer.
+pub trait PolicyDecider: Send + Sync {
+    /// Whether `attempt`'s session is gated, and how long its gate waits; `None`: no gate (a
+    /// worker whose coordinator has no policy).
+    fn gate_times(&self, attempt: AttemptId) -> Option<GateTimes>;
+
+    /// As [`PolicyHost::before_tool`].
+    fn before_tool<'a>(
+        &'a self,
+        scope: &'a ToolScope,
+        call: &'a ToolCall,
+        payload: Value,
+    ) -> PolicyFuture<'a, ToolAnswer>;
+
+    /// As [`PolicyHost::after_tool`].
+    fn after_tool<'a>(
+        &'a self,
+        scope: &'a ToolScope,
+        call: &'a ToolCall,
+        payload: Value,
+        output: ToolOutput,
+    ) -> PolicyFuture<'a, ToolOutput>;
+
+    /// As [`PolicyHost::on_session_event`].
+    fn on_session_event<'a>(
+        &'a self,
+        scope: &'a ToolScope,
+        event: HookEvent,
+        payload: Value,
+    ) -> PolicyFuture<'a, EventAnswer>;
+}
+
+impl PolicyDecider for PolicyHost {
+    fn gate_times(&self, _attempt: AttemptId) -> Option<GateTimes> {
+        Some(GateTimes::of(&self.inner.policy))
+    }
+
+    fn before_tool<'a>(
+        &'a self,
+        scope: &'a ToolScope,
+        call: &'a ToolCall,
+        payload: Value,
+    ) -> PolicyFuture<'a, ToolAnswer> {
+        Box::pin(PolicyHost::before_tool(self, scope, call, payload))
+    }
+
+    fn after_tool<'a>(
+        &'a self,
+        scope: &'a ToolScope,
+        call: &'a ToolCall,
+        payload: Value,
+        output: ToolOutput,
+    ) -> PolicyFuture<'a, ToolOutput> {
+        Box::pin(PolicyHost::after_tool(self, scope, call, payload, output))
+    }
+
+    fn on_session_event<'a>(
+        &'a self,
+        scope: &'a ToolScope,
+        event: HookEvent,
+        payload: Value,
+    ) -> PolicyFuture<'a, EventAnswer> {
+        Box::pin(PolicyHost::on_session_event(self, scope, event, payload))
+    }
+}
+
+/// The service that hands every gated session's spec a guard asking `decider` in process (keel's
+/// own loop uses it; a CLI ignores it and is given the bridge's gate instead). A session
+/// `decider` does not gate ([`PolicyDecider::gate_times`] `None`) gets no guard.
+pub fn guard_service(decider: Arc<dyn PolicyDecider>) -> Arc<dyn SessionService> {
+    Arc::new(GuardService(decider))
+}
+
 /// keel's identity of the call in a hook's payload: the run, task and attempt.
 fn add_identity(payload: &mut Value, scope: &ToolScope) {
     if let Some(obj) = payload.as_object_mut() {
@@ -562,13 +690,16 @@ fn amount_micros(input: &Value) -> Option<u64> {
     keel_policy::gate::amount_micros(input, "amount").ok()
 }
 
-/// Gives each session a guard that calls the host in process.
-struct GuardService(PolicyHost);
+/// Gives each gated session a guard that asks the decider in process.
+struct GuardService(Arc<dyn PolicyDecider>);
 
 impl SessionService for GuardService {
     fn session_starting(&self, attempt: AttemptId, spec: &mut SessionSpec) {
+        if self.0.gate_times(attempt).is_none() {
+            return;
+        }
         spec.in_process.tool = Some(Arc::new(SessionGuard {
-            host: self.0.clone(),
+            host: Arc::clone(&self.0),
             scope: ToolScope::of(attempt, spec),
         }));
     }
@@ -581,6 +712,10 @@ impl SessionService for GuardService {
         event: SubagentEvent<'a>,
     ) -> ServiceFuture<'a, SubagentAnswer> {
         Box::pin(async move {
+            // A session the policy does not gate has no hooks to ask either.
+            if self.0.gate_times(attempt).is_none() {
+                return SubagentAnswer::default();
+            }
             let (kind, agent, payload) = match event {
                 SubagentEvent::Start { agent, brief } => {
                     (HookEvent::SubagentStart, agent, json!({ "brief": brief }))
@@ -604,9 +739,9 @@ impl SessionService for GuardService {
     }
 }
 
-/// One session's guard: the host and who the session is.
+/// One session's guard: the decider and who the session is.
 struct SessionGuard {
-    host: PolicyHost,
+    host: Arc<dyn PolicyDecider>,
     scope: ToolScope,
 }
 

@@ -13,6 +13,10 @@
 //!
 //! Tokens are minted when a session starts ([`SessionService::session_starting`]) and revoked when it
 //! ends, so a token never reaches another session or outlives its own.
+//!
+//! On a cluster worker the bridge asks the worker's remote policy instead ([`PolicyBridge::start`]
+//! with a [`PolicyDecider`] that forwards to the coordinator node's [`PolicyHost`]): a session is
+//! gated when the coordinator's policy gates it, and its gate waits as long as that policy needs.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -28,12 +32,11 @@ use axum::response::Response;
 use axum::routing::post;
 use keel_actors::AttemptId;
 use keel_actors::runtime::{
-    AUDIT_WAIT_MS, ApprovalDesk, AuditWriter, ESCALATION_WRITE_WAIT_MS, PolicyHost, SessionService,
-    ToolScope,
+    ApprovalDesk, AuditWriter, PolicyDecider, PolicyHost, SessionService, ToolScope,
 };
 use keel_harness::cli::post_tool;
 use keel_harness::{GateCommand, SessionSpec, ToolOutput};
-use keel_policy::{Decision, GateCheck, HookEvent, ToolCall};
+use keel_policy::{Decision, HookEvent, ToolCall};
 use serde_json::Value;
 use tokio::sync::watch;
 
@@ -45,12 +48,11 @@ const GATE_MARGIN_MS: u64 = 5_000;
 
 struct Inner {
     /// Where every decision is made (shared with keel's own loop in process).
-    host: PolicyHost,
+    host: Arc<dyn PolicyDecider>,
     /// The live sessions by their token.
     sessions: Mutex<BTreeMap<String, ToolScope>>,
+    /// The gate command, its timeout set per session from the decider's times.
     gate: GateCommand,
-    /// The `PostToolUse` hook's command, when the policy needs results.
-    post: Option<GateCommand>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -61,6 +63,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// server.
 pub(crate) struct PolicyBridge {
     inner: Arc<Inner>,
+    /// The policy this node decides with, when it decides here (not on a cluster worker).
+    local: Option<PolicyHost>,
     addr: SocketAddr,
     stop: watch::Sender<bool>,
 }
@@ -86,15 +90,24 @@ impl PolicyBridge {
     /// # Errors
     /// The port cannot be bound.
     pub(crate) async fn start(host: PolicyHost, keel_exe: &Path) -> anyhow::Result<PolicyBridge> {
+        let mut bridge = Self::start_for(Arc::new(host.clone()), keel_exe).await?;
+        bridge.local = Some(host);
+        Ok(bridge)
+    }
+
+    /// Starts the endpoint for `decider` (a cluster worker's remote policy): its sessions are gated
+    /// as it says.
+    ///
+    /// # Errors
+    /// The port cannot be bound.
+    pub(crate) async fn start_for(
+        decider: Arc<dyn PolicyDecider>,
+        keel_exe: &Path,
+    ) -> anyhow::Result<PolicyBridge> {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
             .await
             .context("binding the hook bridge's endpoint on 127.0.0.1")?;
         let addr = listener.local_addr()?;
-        let policy = host.policy();
-        let hooks_ms: u64 = policy.hooks.iter().map(|h| h.timeout_ms).sum();
-        // An `ask` (from a rule or a hook) waits for a human up to its timeout, then records its
-        // end: the gate waits that long too, so the node's decision is never cut off.
-        let ask_ms = policy.ask_timeout_ms + 2 * ESCALATION_WRITE_WAIT_MS + AUDIT_WAIT_MS;
         let gate = GateCommand {
             program: keel_exe.display().to_string(),
             args: vec![
@@ -102,37 +115,12 @@ impl PolicyBridge {
                 "--url".into(),
                 format!("http://{addr}{HOOK_PATH}"),
             ],
-            timeout_ms: hooks_ms + ask_ms + AUDIT_WAIT_MS + GATE_MARGIN_MS,
+            timeout_ms: GATE_MARGIN_MS,
         };
-        // A result matters to the policy only when a PostToolUse hook may change it or a gate
-        // waits for a success; otherwise no CLI pays for the hook.
-        let needs_results = policy
-            .hooks
-            .iter()
-            .any(|h| h.event == HookEvent::PostToolUse)
-            || policy.gates.iter().any(|g| {
-                matches!(
-                    g.check,
-                    GateCheck::Prerequisite { .. } | GateCheck::Token { .. }
-                )
-            });
-        let post_hook = needs_results.then(|| {
-            let post_hooks_ms: u64 = policy
-                .hooks
-                .iter()
-                .filter(|h| h.event == HookEvent::PostToolUse)
-                .map(|h| h.timeout_ms)
-                .sum();
-            GateCommand {
-                timeout_ms: post_hooks_ms + AUDIT_WAIT_MS + GATE_MARGIN_MS,
-                ..gate.clone()
-            }
-        });
         let inner = Arc::new(Inner {
-            host,
+            host: decider,
             sessions: Mutex::new(BTreeMap::new()),
             gate,
-            post: post_hook,
         });
         let app = Router::new()
             .route(HOOK_PATH, post(decide))
@@ -149,12 +137,25 @@ impl PolicyBridge {
                 tracing::warn!(error = %e, "the hook bridge's endpoint stopped");
             }
         });
-        Ok(PolicyBridge { inner, addr, stop })
+        Ok(PolicyBridge {
+            inner,
+            local: None,
+            addr,
+            stop,
+        })
     }
 
     /// Where decisions are made durable and approvals wait; until it is set every call is denied.
+    /// Nothing to attach on a cluster worker: the coordinator node decides.
     pub(crate) fn attach(&self, audit: AuditWriter, desk: ApprovalDesk) {
-        self.inner.host.attach_parts(audit, desk);
+        if let Some(host) = &self.local {
+            host.attach_parts(audit, desk);
+        }
+    }
+
+    /// The policy this node decides with (`None` on a cluster worker).
+    pub(crate) fn local_host(&self) -> Option<&PolicyHost> {
+        self.local.as_ref()
     }
 
     /// The service that gives each session its gate and token.
@@ -167,6 +168,10 @@ struct BridgeService(Arc<Inner>);
 
 impl SessionService for BridgeService {
     fn session_starting(&self, attempt: AttemptId, spec: &mut SessionSpec) {
+        // A session the policy does not gate (a worker whose coordinator has none) gets no gate.
+        let Some(times) = self.0.host.gate_times(attempt) else {
+            return;
+        };
         let token = match mint_token() {
             Ok(t) => t,
             Err(e) => {
@@ -178,8 +183,16 @@ impl SessionService for BridgeService {
         if !token.is_empty() {
             lock(&self.0.sessions).insert(token.clone(), ToolScope::of(attempt, spec));
         }
-        spec.pre_tool_gate = Some(self.0.gate.clone());
-        spec.post_tool_hook = self.0.post.clone();
+        // The gate waits as long as the decision may take, then the process start and round trip.
+        spec.pre_tool_gate = Some(GateCommand {
+            timeout_ms: times.decide_ms + GATE_MARGIN_MS,
+            ..self.0.gate.clone()
+        });
+        // A result matters to the policy only when it says so; otherwise no CLI pays for the hook.
+        spec.post_tool_hook = times.post_ms.map(|ms| GateCommand {
+            timeout_ms: ms + GATE_MARGIN_MS,
+            ..self.0.gate.clone()
+        });
         spec.env.insert(HOOK_TOKEN_ENV.into(), token);
     }
 

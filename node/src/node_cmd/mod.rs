@@ -34,7 +34,9 @@ use keel_store::RunStatus;
 
 use crate::config::LogFormat;
 use crate::home::Home;
-use crate::run::setup::{HarnessChoice, SessionsHost, attach_policy, node_setup_for, work_dir};
+use crate::run::setup::{
+    HarnessChoice, PolicySource, SessionsHost, attach_policy, node_setup_for, work_dir,
+};
 use crate::run::{self, Ended};
 use crate::serve::ApiMetrics;
 use crate::stdout::outln;
@@ -169,7 +171,15 @@ pub(crate) fn node(home: &Home, args: NodeArgs, json: bool) -> anyhow::Result<En
         } else {
             SessionsHost::Workers
         };
-        let setup = node_setup_for(&config, &args.choice, &work, None, sessions).await?;
+        // A worker-only node has no store: the coordinator node's policy decides its sessions'
+        // tool calls (an `all` node decides with its own, which is the coordinator's).
+        let remote_policy = Arc::new(keel_cluster::RemotePolicy::new(r.name.clone()));
+        let policy = if r.role.coordinates() {
+            PolicySource::KeelToml
+        } else {
+            PolicySource::Coordinator(Arc::clone(&remote_policy))
+        };
+        let setup = node_setup_for(&config, &args.choice, &work, None, sessions, policy).await?;
         let (server, bound) = start_node_server(&r.name, r.cookie.clone(), r.listen, r.tls.as_ref()).await?;
         let mut coordinator = None;
         if r.role.coordinates() {
@@ -185,6 +195,7 @@ pub(crate) fn node(home: &Home, args: NodeArgs, json: bool) -> anyhow::Result<En
             let (rt, events) =
                 Runtime::start(store, setup.harnesses.clone(), runtime_config.clone()).await?;
             attach_policy(&setup.policy, &rt);
+            let local_policy = setup.policy.as_ref().and_then(|b| b.local_host()).cloned();
             let membership = MembershipConfig {
                 lease_ms: u64::from(r.lease_ms),
                 ..MembershipConfig::default()
@@ -194,6 +205,10 @@ pub(crate) fn node(home: &Home, args: NodeArgs, json: bool) -> anyhow::Result<En
                 .map_err(|e| anyhow!("the coordinator endpoint did not start: {e}"))?;
             if let Some(m) = &metrics {
                 endpoint.observe(m.endpoint_observer());
+            }
+            // Sessions on workers are gated by this node's policy and ask it.
+            if let Some(host) = local_policy {
+                endpoint.serve_policy(host);
             }
             let api = metrics.map(|metrics| daemon::Api {
                 metrics,
@@ -216,6 +231,7 @@ pub(crate) fn node(home: &Home, args: NodeArgs, json: bool) -> anyhow::Result<En
                     specialist: setup.config.specialist.clone(),
                     heartbeat: Duration::from_millis(u64::from(r.lease_ms / HEARTBEATS_PER_LEASE)),
                     context_wait: CONTEXT_WAIT,
+                    policy: remote_policy,
                 })
                 .await?,
             )

@@ -57,6 +57,16 @@ pub(crate) struct NodeSetup {
     sessions_elsewhere: bool,
 }
 
+/// Who decides the tool calls of the sessions a node hosts.
+#[derive(Debug, Clone)]
+pub(crate) enum PolicySource {
+    /// This node's keel.toml, with this node's store (`keel run`, `keel serve`, a coordinator).
+    KeelToml,
+    /// The coordinator node's policy, asked over the cluster (a worker-only node, which has no
+    /// store): the worker's own keel.toml policy is not used.
+    Coordinator(Arc<keel_cluster::RemotePolicy>),
+}
+
 /// Where the sessions of a node's runs run, which decides whether it serves keel's session tools.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SessionsHost {
@@ -180,19 +190,29 @@ pub(crate) async fn node_setup(
     work_dir: &Path,
     kept: Option<AgentProfile>,
 ) -> anyhow::Result<NodeSetup> {
-    node_setup_for(config, choice, work_dir, kept, SessionsHost::ThisNode).await
+    node_setup_for(
+        config,
+        choice,
+        work_dir,
+        kept,
+        SessionsHost::ThisNode,
+        PolicySource::KeelToml,
+    )
+    .await
 }
 
 /// Build the node: agents from keel.toml (narrowed by `--agent`), or one profile on `--harness`, or
 /// the built-in scripted model over the native agent loop on a local model server; then `kept`, a
 /// profile a run was hosted with ([`kept_profile`]), in place of any profile of the same name, with
-/// its harness and account. keel's MCP endpoint starts only when `sessions` run on this node.
+/// its harness and account. keel's MCP endpoint starts only when `sessions` run on this node; the
+/// sessions' tool calls are decided by `policy`.
 pub(crate) async fn node_setup_for(
     config: &Config,
     choice: &HarnessChoice,
     work_dir: &Path,
     kept: Option<AgentProfile>,
     sessions: SessionsHost,
+    policy: PolicySource,
 ) -> anyhow::Result<NodeSetup> {
     let mut rc = RuntimeConfig::default();
     let sup = &config.supervisor;
@@ -354,15 +374,31 @@ pub(crate) async fn node_setup_for(
     // A policy in keel.toml turns the gate on for every session of this node: keel's own loop asks
     // the runtime's policy in process before and after every tool call, and each CLI's native hook
     // asks this node through `keel hook`, which calls the same policy.
-    let policy = config.policy().context("the policy in keel.toml")?;
-    let policy = if policy.is_empty() {
-        None
-    } else {
-        let host = keel_actors::runtime::PolicyHost::new(policy);
-        harnesses = harnesses.with_service(host.service());
-        let bridge = PolicyBridge::start(host, &exe).await?;
-        harnesses = harnesses.with_service(bridge.service());
-        Some(bridge)
+    let local = config.policy().context("the policy in keel.toml")?;
+    let policy = match policy {
+        PolicySource::KeelToml if local.is_empty() => None,
+        PolicySource::KeelToml => {
+            let host = keel_actors::runtime::PolicyHost::new(local);
+            harnesses = harnesses.with_service(host.service());
+            let bridge = PolicyBridge::start(host, &exe).await?;
+            harnesses = harnesses.with_service(bridge.service());
+            Some(bridge)
+        }
+        // A worker: every session the coordinator's policy gates asks it, in process for keel's
+        // own loop and through this node's bridge for a CLI.
+        PolicySource::Coordinator(remote) => {
+            if !local.is_empty() {
+                tracing::warn!(
+                    "this worker's keel.toml has a policy: it is not used, the coordinator node's policy decides the tool calls of the sessions hosted here"
+                );
+            }
+            let decider: Arc<dyn keel_actors::runtime::PolicyDecider> = remote;
+            harnesses =
+                harnesses.with_service(keel_actors::runtime::guard_service(Arc::clone(&decider)));
+            let bridge = PolicyBridge::start_for(decider, &exe).await?;
+            harnesses = harnesses.with_service(bridge.service());
+            Some(bridge)
+        }
     };
     Ok(NodeSetup {
         harnesses,

@@ -100,7 +100,13 @@ impl World {
                     self.send_frame(
                         NodeId::COORDINATOR,
                         node,
-                        Frame::ToWorker(ToWorker::Spawn { incarnation, start }),
+                        // The simulated sessions make no tool calls, so no policy is in force (see
+                        // docs/DESIGN.md §10: the policy questions are not modelled).
+                        Frame::ToWorker(ToWorker::Spawn {
+                            incarnation,
+                            start,
+                            policy: None,
+                        }),
                     );
                 }
                 Action::Down { attempt, reason } => {
@@ -223,8 +229,10 @@ impl World {
                 }
                 // Handled by the coordinator node's machines (`frames.rs`); not sent by the
                 // simulated workers (usage and lifecycle events are the machines' emits).
+                // A policy question: not sent, the simulated sessions make no gated tool calls.
                 ToCoordinator::Reply { .. }
                 | ToCoordinator::LoadContext { .. }
+                | ToCoordinator::Policy { .. }
                 | ToCoordinator::Lifecycle(_)
                 | ToCoordinator::Usage { .. } => {}
             }

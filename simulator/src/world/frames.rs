@@ -37,6 +37,8 @@ impl Frame {
             Self::ToWorker(ToWorker::Spawn { .. }) => "spawn",
             Self::ToWorker(ToWorker::Specialist { .. }) => "specialist",
             Self::ToWorker(ToWorker::ContextRows { .. }) => "context-rows",
+            Self::ToWorker(ToWorker::PolicyAnswer { .. }) => "policy-answer",
+            Self::ToCoordinator(ToCoordinator::Policy { .. }) => "policy",
             Self::ToCoordinator(ToCoordinator::Reply { .. }) => "reply",
             Self::ToCoordinator(ToCoordinator::LoadContext { .. }) => "load-context",
             Self::ToCoordinator(ToCoordinator::Heartbeat(_)) => "heartbeat",
@@ -52,10 +54,13 @@ impl Frame {
         match self {
             Self::ToWorker(ToWorker::Spawn { start, .. }) => Some(start.attempt),
             Self::ToWorker(
-                ToWorker::Specialist { attempt, .. } | ToWorker::ContextRows { attempt, .. },
+                ToWorker::Specialist { attempt, .. }
+                | ToWorker::ContextRows { attempt, .. }
+                | ToWorker::PolicyAnswer { attempt, .. },
             )
             | Self::ToCoordinator(
                 ToCoordinator::LoadContext { attempt, .. }
+                | ToCoordinator::Policy { attempt, .. }
                 | ToCoordinator::Spawned { attempt }
                 | ToCoordinator::SpawnRefused { attempt, .. }
                 | ToCoordinator::Exited { attempt, .. },
@@ -263,13 +268,17 @@ impl World {
             return;
         }
         match msg {
-            ToWorker::Spawn { incarnation, start } => self.spawn_arrives(node, *start, incarnation),
+            ToWorker::Spawn {
+                incarnation, start, ..
+            } => self.spawn_arrives(node, *start, incarnation),
             ToWorker::Specialist { attempt, msg } => {
                 self.deliver_spec(node, attempt, SpecialistInput::Msg(msg));
             }
             ToWorker::ContextRows { attempt, rows } => {
                 self.deliver_spec(node, attempt, SpecialistInput::ContextLoaded(rows));
             }
+            // Never sent: the simulated coordinator has no policy (its spawns carry none).
+            ToWorker::PolicyAnswer { .. } => {}
         }
     }
 }
