@@ -99,7 +99,7 @@ fn main() {
             };
             out.clear();
             s.handle(
-                SupervisorInput::Msg(SupervisorMsg::Admit(SpawnRequest {
+                SupervisorInput::Msg(SupervisorMsg::Admit(Box::new(SpawnRequest {
                     attempt,
                     depth: 1,
                     kind: TaskKind::Subtask,
@@ -119,7 +119,7 @@ fn main() {
                         aliases: Vec::new(),
                     },
                     continuity: Continuity::Fresh,
-                })),
+                }))),
                 t as u64,
                 &mut rng,
                 &mut out,

@@ -21,7 +21,8 @@ use std::collections::VecDeque;
 /// Bounds of the checkpoint writer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CheckpointConfig {
-    /// Most ops in one commit (keep it at or below the store's `batch_items_max`).
+    /// Most ops in one commit (keep it at or below the store's `batch_items_max`). The stages of
+    /// one message are never split, so a message over it gets a commit of its own.
     pub batch_ops_max: u32,
     /// Most stages waiting for a commit; past it a stage is refused with `PersistFailed`.
     pub queued_stages_max: u32,
@@ -45,6 +46,19 @@ impl Default for CheckpointConfig {
     }
 }
 
+/// A stage waiting for a commit.
+#[derive(Debug)]
+struct Queued {
+    stage: Stage,
+    /// Whether it needs a commit (false: it may ride).
+    urgent: bool,
+    /// Whether it must go into the same commit as the stage after it: the stages of one message
+    /// ([`CheckpointMsg::Stages`], [`CheckpointMsg::Riding`]) are one coordinator input's writes,
+    /// and only the last of them that needs the run's checkpoint carries it, so they are never
+    /// split across commits.
+    joined: bool,
+}
+
 #[derive(Debug)]
 struct InFlight {
     id: CommitId,
@@ -59,8 +73,8 @@ struct InFlight {
 #[derive(Debug)]
 pub struct CheckpointWriter {
     config: CheckpointConfig,
-    /// Stages waiting for a commit, each with whether it needs one (false: it may ride).
-    queue: VecDeque<(Stage, bool)>,
+    /// Stages waiting for a commit, in order.
+    queue: VecDeque<Queued>,
     /// Of `queue`, the stages that need a commit.
     urgent_queued: usize,
     /// The ops of the stages in `queue`.
@@ -139,22 +153,45 @@ impl CheckpointWriter {
         }
     }
 
-    /// Queue one stage for the next commit (`urgent`: it needs one; else it may ride), or refuse it
-    /// (too many ops, queue full) with `PersistFailed`.
-    fn enqueue(&mut self, stage: Stage, urgent: bool, out: &mut Vec<Effect>) {
+    /// Why a stage cannot be queued (too many ops, queue full), if it cannot.
+    fn refusal(&self, stage: &Stage, queued: usize) -> Option<String> {
         if stage.ops.len() > STAGE_OPS_MAX || stage.ops.len() > self.config.batch_ops_max as usize {
-            let error = format!("a stage of {} ops exceeds the limit", stage.ops.len());
-            Self::answer(&stage, Err(error), out);
+            return Some(format!(
+                "a stage of {} ops exceeds the limit",
+                stage.ops.len()
+            ));
+        }
+        if queued >= self.config.queued_stages_max as usize {
+            return Some("the checkpoint queue is full; stage again later".to_string());
+        }
+        None
+    }
+
+    /// Queue the stages of one message for the next commit, together (`urgent`: they need one;
+    /// else they may ride), or refuse them all with `PersistFailed` when one of them cannot be
+    /// queued (too many ops, queue full): they are one input's writes and commit whole or not at
+    /// all, so a run's writes still commit as a prefix of its decisions.
+    fn enqueue(&mut self, stages: Vec<Stage>, urgent: bool, out: &mut Vec<Effect>) {
+        let refused = stages
+            .iter()
+            .enumerate()
+            .find_map(|(i, stage)| self.refusal(stage, self.queue.len() + i));
+        if let Some(error) = refused {
+            for stage in &stages {
+                Self::answer(stage, Err(error.clone()), out);
+            }
             return;
         }
-        if self.queue.len() >= self.config.queued_stages_max as usize {
-            let error = "the checkpoint queue is full; stage again later".to_string();
-            Self::answer(&stage, Err(error), out);
-            return;
+        let last = stages.len().saturating_sub(1);
+        for (i, stage) in stages.into_iter().enumerate() {
+            self.urgent_queued += usize::from(urgent);
+            self.queued_ops += stage.ops.len();
+            self.queue.push_back(Queued {
+                stage,
+                urgent,
+                joined: i < last,
+            });
         }
-        self.urgent_queued += usize::from(urgent);
-        self.queued_ops += stage.ops.len();
-        self.queue.push_back((stage, urgent));
     }
 
     /// Arm the linger timer for riding stages that wait with no commit coming for them.
@@ -185,16 +222,25 @@ impl CheckpointWriter {
         }
         let mut ops = 0usize;
         let mut stages = Vec::new();
-        while let Some((front, _)) = self.queue.front() {
-            let n = front.ops.len();
+        while !self.queue.is_empty() {
+            // The stages of one message go whole (see `Queued::joined`).
+            let mut group = 0;
+            let mut n = 0;
+            for q in &self.queue {
+                group += 1;
+                n += q.stage.ops.len();
+                if !q.joined {
+                    break;
+                }
+            }
             if !stages.is_empty() && ops + n > self.config.batch_ops_max as usize {
                 break;
             }
             ops += n;
-            if let Some((stage, urgent)) = self.queue.pop_front() {
-                self.urgent_queued -= usize::from(urgent);
-                self.queued_ops -= stage.ops.len();
-                stages.push(stage);
+            for q in self.queue.drain(..group) {
+                self.urgent_queued -= usize::from(q.urgent);
+                self.queued_ops -= q.stage.ops.len();
+                stages.push(q.stage);
             }
         }
         if self.queue.is_empty() {
@@ -234,19 +280,15 @@ impl Machine for CheckpointWriter {
         }
         match input {
             CheckpointInput::Msg(CheckpointMsg::Stage(stage)) => {
-                self.enqueue(stage, true, out);
+                self.enqueue(vec![stage], true, out);
                 self.flush(now, out);
             }
             CheckpointInput::Msg(CheckpointMsg::Stages(stages)) => {
-                for stage in stages {
-                    self.enqueue(stage, true, out);
-                }
+                self.enqueue(stages, true, out);
                 self.flush(now, out);
             }
             CheckpointInput::Msg(CheckpointMsg::Riding(stages)) => {
-                for stage in stages {
-                    self.enqueue(stage, false, out);
-                }
+                self.enqueue(stages, false, out);
                 self.flush(now, out);
             }
             CheckpointInput::Timer(CheckpointTimer::Linger(n)) => {
@@ -296,13 +338,13 @@ impl Machine for CheckpointWriter {
                     let (dependent, rest): (VecDeque<_>, VecDeque<_>) =
                         std::mem::take(&mut self.queue)
                             .into_iter()
-                            .partition(|(s, _)| runs.contains(&s.run));
+                            .partition(|q| runs.contains(&q.stage.run));
                     self.queue = rest;
-                    self.urgent_queued = self.queue.iter().filter(|(_, u)| *u).count();
-                    self.queued_ops = self.queue.iter().map(|(s, _)| s.ops.len()).sum();
-                    for (stage, _) in &dependent {
+                    self.urgent_queued = self.queue.iter().filter(|q| q.urgent).count();
+                    self.queued_ops = self.queue.iter().map(|q| q.stage.ops.len()).sum();
+                    for q in &dependent {
                         let error = format!("an earlier write of this run failed: {error}");
-                        Self::answer(stage, Err(error), out);
+                        Self::answer(&q.stage, Err(error), out);
                     }
                 }
                 self.flush(now, out);
@@ -313,8 +355,8 @@ impl Machine for CheckpointWriter {
                         Self::answer(stage, Err(reason.clone()), out);
                     }
                 }
-                for (stage, _) in std::mem::take(&mut self.queue) {
-                    Self::answer(&stage, Err(reason.clone()), out);
+                for q in std::mem::take(&mut self.queue) {
+                    Self::answer(&q.stage, Err(reason.clone()), out);
                 }
                 self.urgent_queued = 0;
                 self.queued_ops = 0;

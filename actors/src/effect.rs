@@ -73,7 +73,9 @@ pub enum Effect {
     /// creates at most one specialist per `AttemptId` (it remembers the attempts it has spawned and
     /// drops a duplicate), because every specialist starts a session with the attempt's idempotency key
     /// and a key must never start two sessions. A lost spawn is healed by the supervisor's deadline.
-    SpawnSpecialist(SpecialistStart),
+    /// Boxed: the largest effect by far, and one in many; inline it made every effect (and every
+    /// `Vec` of them a machine fills) its size.
+    SpawnSpecialist(Box<SpecialistStart>),
     /// Stop a specialist and its harness session (the host delivers `SpecialistMsg::Cancel` and, if the
     /// attempt does not end by itself, kills it).
     StopSpecialist {

@@ -442,7 +442,7 @@ pub enum SupervisorMsg {
     ///
     /// # Delivery
     /// Local call; answered with exactly one [`CoordinatorMsg::Admission`]. Idempotent per attempt.
-    Admit(SpawnRequest),
+    Admit(Box<SpawnRequest>),
     /// Cumulative spend of a live attempt.
     ///
     /// # Delivery
@@ -578,6 +578,13 @@ pub struct RecoveredRun {
 pub enum CoordinatorInput {
     /// A message.
     Msg(CoordinatorMsg),
+    /// Several messages of one sender from one of its steps (a specialist's log rows and its
+    /// result), handled in order exactly as if each came alone, in one input: one mailbox message
+    /// and one message of stages to the checkpoint writer instead of one each.
+    ///
+    /// # Delivery
+    /// Local only (a host batches what one specialist it hosts sent at once); never on the wire.
+    Msgs(Vec<CoordinatorMsg>),
     /// A timer it set fired.
     Timer(CoordinatorTimer),
     /// The node restarted: rebuild from these rows and continue without re-running acknowledged work.

@@ -63,13 +63,15 @@ impl PersistOp {
     ///
     /// # Errors
     /// [`StageError`] when the op's row belongs to another run or is over a limit.
-    pub fn stage(&self, scope: &RunScope<'_>) -> Result<StagedWrite, StageError> {
-        match self.clone() {
+    pub fn stage(&self, scope: &RunScope<'_>) -> Result<StagedWrite<'_>, StageError> {
+        // By reference: the checkpoint writer keeps a commit's ops for a retry, so the commit
+        // encodes them from here rather than from a copy.
+        match self {
             PersistOp::CreateRun(run) => scope.stage_create_run(run),
             PersistOp::UpdateRun(run) => scope.stage_update_run(run),
             PersistOp::CreateTask(task) => scope.stage_create_task(task),
             PersistOp::UpdateTask(task) => scope.stage_update_task(task),
-            PersistOp::AppendLog { task, row } => scope.stage_append_log(task, row),
+            PersistOp::AppendLog { task, row } => scope.stage_append_log(*task, row),
             PersistOp::PutCheckpoint(c) => scope.stage_put_checkpoint(c),
             PersistOp::AppendManifest(m) => scope.stage_append_manifest(m),
             PersistOp::AppendDeadLetter(d) => scope.stage_append_dead_letter(d),
@@ -78,7 +80,7 @@ impl PersistOp {
             PersistOp::AppendGateMark(m) => scope.stage_append_gate_mark(m),
             PersistOp::AppendEscalation(e) => scope.stage_append_escalation(e),
             PersistOp::ResolveEscalation { id, resolution } => {
-                scope.stage_resolve_escalation(id, resolution)
+                scope.stage_resolve_escalation(*id, resolution)
             }
         }
     }
@@ -128,8 +130,10 @@ pub struct Stage {
     pub owner: StageOwner,
     /// The owner's sequence number for this stage; acks carry it back.
     pub ticket: u64,
-    /// The writes, in order.
-    pub ops: Vec<PersistOp>,
+    /// The writes, in order. Shared, not copied: the coordinator keeps the same ops for a re-send
+    /// after a failed commit, and the checkpoint writer and its host only read them (a host that
+    /// must change one, such as the simulator's mutations, copies it on write with `Arc::make_mut`).
+    pub ops: std::sync::Arc<Vec<PersistOp>>,
 }
 
 /// Identifies one group commit of the checkpoint machine; its completion input carries it back.

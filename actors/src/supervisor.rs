@@ -323,7 +323,7 @@ impl Supervisor {
                     key: TimerKey::Supervisor(SupervisorTimer::Deadline(attempt)),
                     at: deadline_at,
                 });
-                out.push(Effect::SpawnSpecialist(SpecialistStart {
+                out.push(Effect::SpawnSpecialist(Box::new(SpecialistStart {
                     attempt,
                     reply_to: ReplyTo::new(attempt),
                     task: attempt.task,
@@ -332,7 +332,7 @@ impl Supervisor {
                     continuity: req.continuity,
                     kind: req.kind,
                     deadline_at,
-                }));
+                })));
             }
             Err(refusal) => {
                 if let Refusal::Budget { .. } = refusal {
@@ -741,7 +741,7 @@ impl Machine for Supervisor {
             SupervisorInput::Msg(SupervisorMsg::OpenRun { run, budget }) => {
                 self.open_run(run, budget);
             }
-            SupervisorInput::Msg(SupervisorMsg::Admit(req)) => self.admit(req, now, out),
+            SupervisorInput::Msg(SupervisorMsg::Admit(req)) => self.admit(*req, now, out),
             SupervisorInput::Msg(SupervisorMsg::Spend {
                 attempt,
                 spent_micros,

@@ -18,7 +18,8 @@ fn stage_of(run: u128, ticket: u64, ops: usize) -> Stage {
                     outcome: ManifestOutcome::Processed,
                 })
             })
-            .collect(),
+            .collect::<Vec<_>>()
+            .into(),
     }
 }
 
@@ -345,19 +346,19 @@ fn a_row_replaced_again_later_in_a_commit_is_written_once() {
                 run,
                 owner: StageOwner::Coordinator,
                 ticket: 1,
-                ops: vec![update(1), manifest.clone(), checkpoint(1)],
+                ops: vec![update(1), manifest.clone(), checkpoint(1)].into(),
             },
             Stage {
                 run: other,
                 owner: StageOwner::Coordinator,
                 ticket: 1,
-                ops: vec![other_checkpoint.clone()],
+                ops: vec![other_checkpoint.clone()].into(),
             },
             Stage {
                 run,
                 owner: StageOwner::Coordinator,
                 ticket: 2,
-                ops: vec![manifest.clone(), checkpoint(2), update(2)],
+                ops: vec![manifest.clone(), checkpoint(2), update(2)].into(),
             },
         ]
         .into(),
@@ -392,7 +393,8 @@ fn a_host_stage_is_answered_to_the_host_and_a_coordinator_stage_to_its_coordinat
             item: "host".into(),
             task_id: None,
             outcome: ManifestOutcome::Processed,
-        })],
+        })]
+        .into(),
     };
     let coordinator = Stage {
         owner: StageOwner::Coordinator,
@@ -526,6 +528,70 @@ fn riding_ops_beyond_one_commit_do_not_wait_for_the_bound() {
                 },
             ),
             (riding(1, 2, 2), commit(1, &[1, 2])),
+        ],
+    );
+}
+
+fn stages_msg(urgent: bool, stages: &[(u64, usize)]) -> CheckpointInput {
+    let stages = stages.iter().map(|&(t, n)| stage_of(1, t, n)).collect();
+    CheckpointInput::Msg(if urgent {
+        CheckpointMsg::Stages(stages)
+    } else {
+        CheckpointMsg::Riding(stages)
+    })
+}
+
+#[test]
+fn the_stages_of_one_message_are_never_split_across_commits() {
+    let config = CheckpointConfig {
+        batch_ops_max: 5,
+        ..CheckpointConfig::default()
+    };
+    check(
+        config,
+        vec![
+            // Six ops in one message: over the bound, committed together all the same.
+            (stages_msg(true, &[(1, 3), (2, 3)]), commit(1, &[1, 2])),
+            (stage(1, 3, 2), Seen::default()),
+            (stages_msg(true, &[(4, 2), (5, 2)]), Seen::default()),
+            // 3 and the message of 4 and 5 do not fit one commit: 3 goes alone, 4 and 5 next.
+            (
+                CheckpointInput::Committed(CommitId(base() + 1)),
+                Seen {
+                    durable: vec![2],
+                    commits: vec![(2, vec![3])],
+                    ..Seen::default()
+                },
+            ),
+            (
+                CheckpointInput::Committed(CommitId(base() + 2)),
+                Seen {
+                    durable: vec![3],
+                    commits: vec![(3, vec![4, 5])],
+                    ..Seen::default()
+                },
+            ),
+        ],
+    );
+}
+
+#[test]
+fn one_refused_stage_refuses_its_whole_message() {
+    let config = CheckpointConfig {
+        batch_ops_max: 5,
+        ..CheckpointConfig::default()
+    };
+    check(
+        config,
+        vec![
+            (
+                stages_msg(false, &[(1, 1), (2, 6)]),
+                Seen {
+                    failed: vec![1, 2],
+                    ..Seen::default()
+                },
+            ),
+            (stage(1, 3, 1), commit(1, &[3])),
         ],
     );
 }

@@ -1083,7 +1083,7 @@ fn a_run_ending_with_more_tasks_in_flight_than_one_stage_holds_cancels_every_one
     }
     let cancelled: std::collections::BTreeSet<TaskId> = stages
         .iter()
-        .flat_map(|s| &s.ops)
+        .flat_map(|s| s.ops.iter())
         .filter_map(|op| match op {
             PersistOp::UpdateTask(t) if t.status == TaskStatus::Cancelled => Some(t.id),
             _ => None,
@@ -1178,24 +1178,30 @@ fn urgent_stages(effects: &[Effect]) -> Option<bool> {
     seen
 }
 
-#[test]
-fn a_batchs_results_ride_together_and_the_runs_end_rides_with_the_last() {
+/// A coordinator that accepted run `run`, a plan of `parts` independent steps, and what it did.
+fn accept_parts(run: u128, parts: usize, rng: &mut SplitMix64) -> (Coordinator, Vec<Effect>) {
     let mut c = Coordinator::new(CoordinatorConfig::default());
-    let mut rng = SplitMix64(5);
-    let keys: Vec<String> = (0..4).map(|i| format!("s{i}")).collect();
+    let keys: Vec<String> = (0..parts).map(|i| format!("s{i}")).collect();
     let mut out = Vec::new();
     c.handle(
         CoordinatorInput::Msg(CoordinatorMsg::Accept(RunSpec {
-            run: keel_store::RunId(43),
-            brief: "four parts".into(),
+            run: keel_store::RunId(run),
+            brief: format!("{parts} parts"),
             mode: RunMode::Plan(plan(keys.iter().map(|k| step(k, &[])).collect())),
             budget_limit_micros: None,
             config_snapshot: String::new(),
         })),
         1,
-        &mut rng,
+        rng,
         &mut out,
     );
+    (c, out)
+}
+
+#[test]
+fn a_batchs_results_ride_together_and_the_runs_end_rides_with_the_last() {
+    let mut rng = SplitMix64(5);
+    let (mut c, out) = accept_parts(43, 4, &mut rng);
     assert_eq!(
         urgent_stages(&out),
         Some(true),
@@ -1294,4 +1300,59 @@ fn a_batchs_results_ride_together_and_the_runs_end_rides_with_the_last() {
         "acknowledgements precede the run's end"
     );
     assert_eq!(c.status(), Some(RunStatus::Completed));
+}
+
+/// The run's checkpoints among `stages`, in order.
+fn checkpoints_in(stages: &[Stage]) -> Vec<keel_store::Checkpoint> {
+    stages
+        .iter()
+        .flat_map(|s| s.ops.iter())
+        .filter_map(|op| match op {
+            PersistOp::PutCheckpoint(c) => Some(c.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_dispatch_of_many_steps_writes_one_checkpoint_of_them_all_in_one_message() {
+    let mut rng = SplitMix64(7);
+    let (_, out) = accept_parts(44, 5, &mut rng);
+    // The run's creation and its five attempts' records: one message to the checkpoint writer,
+    // whose stages it commits together.
+    let messages = out
+        .iter()
+        .filter(|e| matches!(e, Effect::Send(Envelope::Checkpoint(_))))
+        .count();
+    assert_eq!(messages, 1, "{out:#?}");
+    let stages = stages_in(&out);
+    assert!(stages.len() >= 6, "creation and five attempts: {stages:#?}");
+    // One checkpoint, in the last stage that wanted one, naming every step's attempt.
+    let checkpoints = checkpoints_in(&stages);
+    assert_eq!(checkpoints.len(), 1);
+    let snapshot: keel_actors::coordinator::Snapshot =
+        serde_json::from_str(&checkpoints[0].state).unwrap();
+    assert_eq!(snapshot.steps.len(), 5);
+    assert!(
+        snapshot
+            .steps
+            .iter()
+            .all(|s| s.tasks.len() == 1 && s.attempt == 1)
+    );
+    assert_eq!(checkpoints[0].pending_work.len(), 5);
+    let with = stages
+        .iter()
+        .rposition(|s| {
+            s.ops
+                .iter()
+                .any(|op| matches!(op, PersistOp::PutCheckpoint(_)))
+        })
+        .unwrap();
+    assert!(
+        stages[with]
+            .ops
+            .iter()
+            .any(|op| matches!(op, PersistOp::RecordIdempotency(_))),
+        "it rides in the last attempt's stage"
+    );
 }

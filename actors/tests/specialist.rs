@@ -35,7 +35,7 @@ fn start(continuity: Continuity) -> SpecialistStart {
         &mut out,
     );
     sup.handle(
-        SupervisorInput::Msg(SupervisorMsg::Admit(SpawnRequest {
+        SupervisorInput::Msg(SupervisorMsg::Admit(Box::new(SpawnRequest {
             attempt: AttemptId {
                 run: RunId(1),
                 task: TASK,
@@ -59,14 +59,14 @@ fn start(continuity: Continuity) -> SpecialistStart {
                 aliases: vec![TaskId(42)],
             },
             continuity,
-        })),
+        }))),
         0,
         &mut rng,
         &mut out,
     );
     out.into_iter()
         .find_map(|e| match e {
-            Effect::SpawnSpecialist(s) => Some(s),
+            Effect::SpawnSpecialist(s) => Some(*s),
             _ => None,
         })
         .unwrap()

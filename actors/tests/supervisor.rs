@@ -42,7 +42,7 @@ fn attempt(task: u128, n: u32) -> AttemptId {
 }
 
 fn admit(task: u128, depth: u8, agent: Option<&str>, estimate: u64) -> SupervisorInput {
-    SupervisorInput::Msg(SupervisorMsg::Admit(SpawnRequest {
+    SupervisorInput::Msg(SupervisorMsg::Admit(Box::new(SpawnRequest {
         attempt: attempt(task, 1),
         depth,
         kind: TaskKind::Subtask,
@@ -62,7 +62,7 @@ fn admit(task: u128, depth: u8, agent: Option<&str>, estimate: u64) -> Superviso
             aliases: Vec::new(),
         },
         continuity: Continuity::Fresh,
-    }))
+    })))
 }
 
 fn open(limit: Option<u64>) -> SupervisorInput {

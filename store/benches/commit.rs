@@ -79,7 +79,7 @@ fn record(n: u64) -> SessionLogRow {
     }
 }
 
-fn stage(store: &Store, n: u64) -> StagedWrite {
+fn stage(store: &Store, n: u64) -> StagedWrite<'static> {
     let r = u128::from(n) % RUNS + 1;
     store
         .run(RunId(r))
@@ -113,7 +113,7 @@ fn group_durable_commits(c: &mut Criterion) {
         group.throughput(Throughput::Elements(size));
         group.bench_with_input(BenchmarkId::from_parameter(size), &size, |b, &size| {
             b.iter(|| {
-                let batch: WriteBatch = (0..size)
+                let batch: WriteBatch<'_> = (0..size)
                     .map(|_| {
                         n += 1;
                         stage(&store, n)
@@ -130,7 +130,7 @@ fn group_durable_commits(c: &mut Criterion) {
 fn read_last_log_rows(c: &mut Criterion) {
     let (_dir, store) = setup();
     for chunk in 0..20u64 {
-        let batch: WriteBatch = (0..250u64)
+        let batch: WriteBatch<'_> = (0..250u64)
             .map(|i| {
                 store
                     .run(RunId(1))

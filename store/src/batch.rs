@@ -10,6 +10,42 @@ use crate::model::{
     EscalationResolution, GateMark, IdempotencyRecord, ManifestEntry, Run, RunId, SessionLogRow,
     Task, TaskId,
 };
+use std::borrow::Cow;
+
+/// A record a staged write takes either owned or borrowed (`Cow`): a caller that keeps its records
+/// (the checkpoint writer keeps a commit's ops for a retry) stages them by reference, and the
+/// commit encodes them from there, without a copy of each row.
+macro_rules! owned_or_borrowed {
+    ($($t:ty),+) => {
+        $(
+            impl From<$t> for Cow<'_, $t> {
+                fn from(value: $t) -> Self {
+                    Cow::Owned(value)
+                }
+            }
+
+            impl<'a> From<&'a $t> for Cow<'a, $t> {
+                fn from(value: &'a $t) -> Self {
+                    Cow::Borrowed(value)
+                }
+            }
+        )+
+    };
+}
+
+owned_or_borrowed!(
+    Run,
+    Task,
+    SessionLogRow,
+    Checkpoint,
+    ManifestEntry,
+    DeadLetter,
+    IdempotencyRecord,
+    AuditEntry,
+    GateMark,
+    Escalation,
+    EscalationResolution
+);
 
 /// A write that passed its limits and run checks and waits to be committed by
 /// [`crate::Store::commit_group`] or [`crate::Store::commit_one`].
@@ -49,11 +85,11 @@ use crate::model::{
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[must_use = "a staged write does nothing until it is committed"]
-pub struct StagedWrite {
-    pub(crate) staged: Staged,
+pub struct StagedWrite<'a> {
+    pub(crate) staged: Staged<'a>,
 }
 
-impl StagedWrite {
+impl<'a> StagedWrite<'a> {
     /// The run whose rows this write touches (`None` for a store-wide agent profile). Lets the
     /// checkpoint actor route results back to the run that asked.
     pub fn run(&self) -> Option<RunId> {
@@ -63,7 +99,7 @@ impl StagedWrite {
         }
     }
 
-    pub(crate) fn for_run(run: RunId, op: RunOp) -> Self {
+    pub(crate) fn for_run(run: RunId, op: RunOp<'a>) -> Self {
         Self {
             staged: Staged::Run { run, op },
         }
@@ -72,32 +108,32 @@ impl StagedWrite {
 
 /// What a staged write touches: one run's rows (keys built from `run` only), or a store-wide profile.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Staged {
-    Run { run: RunId, op: RunOp },
+pub(crate) enum Staged<'a> {
+    Run { run: RunId, op: RunOp<'a> },
     Agent(AgentProfile),
 }
 
 /// A write to one run's rows; the run comes from the scope that staged it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum RunOp {
-    CreateRun(Run),
-    UpdateRun(Run),
-    CreateTask(Task),
-    UpdateTask(Task),
+pub(crate) enum RunOp<'a> {
+    CreateRun(Cow<'a, Run>),
+    UpdateRun(Cow<'a, Run>),
+    CreateTask(Cow<'a, Task>),
+    UpdateTask(Cow<'a, Task>),
     AppendLog {
         task: TaskId,
-        row: SessionLogRow,
+        row: Cow<'a, SessionLogRow>,
     },
-    PutCheckpoint(Checkpoint),
-    AppendManifest(ManifestEntry),
-    AppendDeadLetter(DeadLetter),
-    RecordIdempotency(IdempotencyRecord),
-    AppendAudit(AuditEntry),
-    AppendGateMark(GateMark),
-    AppendEscalation(Escalation),
+    PutCheckpoint(Cow<'a, Checkpoint>),
+    AppendManifest(Cow<'a, ManifestEntry>),
+    AppendDeadLetter(Cow<'a, DeadLetter>),
+    RecordIdempotency(Cow<'a, IdempotencyRecord>),
+    AppendAudit(Cow<'a, AuditEntry>),
+    AppendGateMark(Cow<'a, GateMark>),
+    AppendEscalation(Cow<'a, Escalation>),
     ResolveEscalation {
         id: EscalationId,
-        resolution: EscalationResolution,
+        resolution: Cow<'a, EscalationResolution>,
     },
     PutBlob(Vec<u8>),
     PutAgent(AgentProfile),
@@ -107,18 +143,18 @@ pub(crate) enum RunOp {
 /// transaction with one fsync. The checkpoint actor collects results into a batch and commits it
 /// when the batch is full or its timer fires.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct WriteBatch {
-    pub(crate) items: Vec<StagedWrite>,
+pub struct WriteBatch<'a> {
+    pub(crate) items: Vec<StagedWrite<'a>>,
 }
 
-impl WriteBatch {
+impl<'a> WriteBatch<'a> {
     /// An empty batch.
     pub fn new() -> Self {
         Self::default()
     }
 
     /// Adds a staged write; its result will be at the same index in the commit's results.
-    pub fn push(&mut self, write: StagedWrite) -> &mut Self {
+    pub fn push(&mut self, write: StagedWrite<'a>) -> &mut Self {
         self.items.push(write);
         self
     }
@@ -130,7 +166,7 @@ impl WriteBatch {
 
     /// Takes out the write at `index` (for example the one a [`crate::CommitError::Item`] named), so
     /// the rest can be committed again with [`crate::Store::commit_batch`]. `None` if out of range.
-    pub fn remove(&mut self, index: usize) -> Option<StagedWrite> {
+    pub fn remove(&mut self, index: usize) -> Option<StagedWrite<'a>> {
         (index < self.items.len()).then(|| self.items.remove(index))
     }
 
@@ -140,16 +176,16 @@ impl WriteBatch {
     }
 }
 
-impl FromIterator<StagedWrite> for WriteBatch {
-    fn from_iter<I: IntoIterator<Item = StagedWrite>>(iter: I) -> Self {
+impl<'a> FromIterator<StagedWrite<'a>> for WriteBatch<'a> {
+    fn from_iter<I: IntoIterator<Item = StagedWrite<'a>>>(iter: I) -> Self {
         Self {
             items: iter.into_iter().collect(),
         }
     }
 }
 
-impl Extend<StagedWrite> for WriteBatch {
-    fn extend<I: IntoIterator<Item = StagedWrite>>(&mut self, iter: I) {
+impl<'a> Extend<StagedWrite<'a>> for WriteBatch<'a> {
+    fn extend<I: IntoIterator<Item = StagedWrite<'a>>>(&mut self, iter: I) {
         self.items.extend(iter);
     }
 }

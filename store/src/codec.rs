@@ -226,20 +226,7 @@ pub fn decode<T: Record>(
         key: key.to_string(),
         reason,
     };
-    let Some((&version, body)) = bytes.split_first() else {
-        return Err(corrupt("empty row (no schema version byte)".to_string()));
-    };
-    if version > SCHEMA_VERSION {
-        return Err(DecodeError::SchemaFromFuture {
-            table,
-            key: key.to_string(),
-            version,
-            supported: SCHEMA_VERSION,
-        });
-    }
-    if version < SCHEMA_VERSION_MIN {
-        return Err(corrupt(format!("unknown schema version {version}")));
-    }
+    let (version, body) = versioned(table, key, bytes)?;
     let (value, read) = if version == SCHEMA_VERSION {
         decode_body::<T>(body)
     } else {
@@ -253,4 +240,58 @@ pub fn decode<T: Record>(
         )));
     }
     Ok(value)
+}
+
+/// A row's schema version and body, the version checked: one this build writes or still reads.
+fn versioned<'b>(
+    table: &'static str,
+    key: &dyn fmt::Display,
+    bytes: &'b [u8],
+) -> Result<(u8, &'b [u8]), DecodeError> {
+    let Some((&version, body)) = bytes.split_first() else {
+        return Err(DecodeError::Corrupt {
+            table,
+            key: key.to_string(),
+            reason: "empty row (no schema version byte)".to_string(),
+        });
+    };
+    if version > SCHEMA_VERSION {
+        return Err(DecodeError::SchemaFromFuture {
+            table,
+            key: key.to_string(),
+            version,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    if version < SCHEMA_VERSION_MIN {
+        return Err(DecodeError::Corrupt {
+            table,
+            key: key.to_string(),
+            reason: format!("unknown schema version {version}"),
+        });
+    }
+    Ok((version, body))
+}
+
+/// Decodes the leading fields of a row as `T` (a struct of the first fields of the row's type, in
+/// order) and ignores the rest: what a write checks in a stored row without decoding all of it
+/// (a task's parent before its update). Only for a prefix whose layout every schema version from
+/// [`SCHEMA_VERSION_MIN`] shares; the row's version is checked as [`decode`] checks it.
+///
+/// # Errors
+/// [`DecodeError`] as [`decode`], except that trailing bytes are expected.
+pub(crate) fn decode_prefix<T: DeserializeOwned>(
+    table: &'static str,
+    key: &dyn fmt::Display,
+    bytes: &[u8],
+) -> Result<T, DecodeError> {
+    let (_, body) = versioned(table, key, bytes)?;
+    let corrupt = |reason: String| DecodeError::Corrupt {
+        table,
+        key: key.to_string(),
+        reason,
+    };
+    decode_body::<T>(body)
+        .map(|(value, _)| value)
+        .map_err(corrupt)
 }

@@ -438,7 +438,7 @@ pub(crate) fn log_rows_after(
 
 pub(crate) fn seq_rows<T: crate::codec::Record>(
     txn: &ReadTransaction,
-    def: TableDefinition<'_, (u128, u64), Row>,
+    def: TableDefinition<'_, tables::RunSeq, Row>,
     table_name: &'static str,
     run: RunId,
     after: u64,

@@ -11,6 +11,7 @@ use crate::model::{
 use crate::read::{self, Listing, Sequenced};
 use crate::store::Store;
 use crate::tables::{self, name};
+use std::borrow::Cow;
 
 /// One run's view of the store (docs/DESIGN.md §12, invariant 9: one run never reads or writes another
 /// run's state).
@@ -359,7 +360,11 @@ impl<'s> RunScope<'s> {
     ///
     /// # Errors
     /// [`StageError::RunMismatch`] if `run.id` is not this scope's run; [`StageError::Limit`].
-    pub fn stage_create_run(&self, run: Run) -> Result<StagedWrite, StageError> {
+    pub fn stage_create_run<'a>(
+        &self,
+        run: impl Into<Cow<'a, Run>>,
+    ) -> Result<StagedWrite<'a>, StageError> {
+        let run: Cow<'a, Run> = run.into();
         self.same_run(run.id)?;
         self.store.limits().check_run(&run)?;
         Ok(StagedWrite::for_run(self.run, RunOp::CreateRun(run)))
@@ -369,7 +374,11 @@ impl<'s> RunScope<'s> {
     ///
     /// # Errors
     /// [`StageError::RunMismatch`], [`StageError::Limit`].
-    pub fn stage_update_run(&self, run: Run) -> Result<StagedWrite, StageError> {
+    pub fn stage_update_run<'a>(
+        &self,
+        run: impl Into<Cow<'a, Run>>,
+    ) -> Result<StagedWrite<'a>, StageError> {
+        let run: Cow<'a, Run> = run.into();
         self.same_run(run.id)?;
         self.store.limits().check_run(&run)?;
         Ok(StagedWrite::for_run(self.run, RunOp::UpdateRun(run)))
@@ -381,7 +390,11 @@ impl<'s> RunScope<'s> {
     /// # Errors
     /// [`StageError::RunMismatch`], [`StageError::Limit`], [`StageError::Invalid`] for a task that is
     /// its own parent.
-    pub fn stage_create_task(&self, task: Task) -> Result<StagedWrite, StageError> {
+    pub fn stage_create_task<'a>(
+        &self,
+        task: impl Into<Cow<'a, Task>>,
+    ) -> Result<StagedWrite<'a>, StageError> {
+        let task: Cow<'a, Task> = task.into();
         self.same_run(task.run_id)?;
         if task.parent == Some(task.id) {
             return Err(StageError::Invalid {
@@ -398,7 +411,11 @@ impl<'s> RunScope<'s> {
     ///
     /// # Errors
     /// [`StageError::RunMismatch`], [`StageError::Limit`].
-    pub fn stage_update_task(&self, task: Task) -> Result<StagedWrite, StageError> {
+    pub fn stage_update_task<'a>(
+        &self,
+        task: impl Into<Cow<'a, Task>>,
+    ) -> Result<StagedWrite<'a>, StageError> {
+        let task: Cow<'a, Task> = task.into();
         self.same_run(task.run_id)?;
         self.store.limits().check_task(&task)?;
         Ok(StagedWrite::for_run(self.run, RunOp::UpdateTask(task)))
@@ -409,11 +426,12 @@ impl<'s> RunScope<'s> {
     ///
     /// # Errors
     /// [`StageError::Limit`] for a summary or detail over its limit.
-    pub fn stage_append_log(
+    pub fn stage_append_log<'a>(
         &self,
         task: TaskId,
-        row: SessionLogRow,
-    ) -> Result<StagedWrite, StageError> {
+        row: impl Into<Cow<'a, SessionLogRow>>,
+    ) -> Result<StagedWrite<'a>, StageError> {
+        let row: Cow<'a, SessionLogRow> = row.into();
         self.store.limits().check_log_row(&row)?;
         Ok(StagedWrite::for_run(
             self.run,
@@ -425,7 +443,11 @@ impl<'s> RunScope<'s> {
     ///
     /// # Errors
     /// [`StageError::RunMismatch`], [`StageError::Limit`].
-    pub fn stage_put_checkpoint(&self, checkpoint: Checkpoint) -> Result<StagedWrite, StageError> {
+    pub fn stage_put_checkpoint<'a>(
+        &self,
+        checkpoint: impl Into<Cow<'a, Checkpoint>>,
+    ) -> Result<StagedWrite<'a>, StageError> {
+        let checkpoint: Cow<'a, Checkpoint> = checkpoint.into();
         self.same_run(checkpoint.run_id)?;
         self.store.limits().check_checkpoint(&checkpoint)?;
         Ok(StagedWrite::for_run(
@@ -451,7 +473,11 @@ impl<'s> RunScope<'s> {
     ///
     /// # Errors
     /// [`StageError::Limit`].
-    pub fn stage_append_manifest(&self, entry: ManifestEntry) -> Result<StagedWrite, StageError> {
+    pub fn stage_append_manifest<'a>(
+        &self,
+        entry: impl Into<Cow<'a, ManifestEntry>>,
+    ) -> Result<StagedWrite<'a>, StageError> {
+        let entry: Cow<'a, ManifestEntry> = entry.into();
         self.store.limits().check_manifest(&entry)?;
         Ok(StagedWrite::for_run(self.run, RunOp::AppendManifest(entry)))
     }
@@ -460,7 +486,11 @@ impl<'s> RunScope<'s> {
     ///
     /// # Errors
     /// [`StageError::Limit`].
-    pub fn stage_append_dead_letter(&self, letter: DeadLetter) -> Result<StagedWrite, StageError> {
+    pub fn stage_append_dead_letter<'a>(
+        &self,
+        letter: impl Into<Cow<'a, DeadLetter>>,
+    ) -> Result<StagedWrite<'a>, StageError> {
+        let letter: Cow<'a, DeadLetter> = letter.into();
         self.store.limits().check_dead_letter(&letter)?;
         Ok(StagedWrite::for_run(
             self.run,
@@ -474,10 +504,11 @@ impl<'s> RunScope<'s> {
     ///
     /// # Errors
     /// [`StageError::Limit`], [`StageError::Invalid`] for an empty key.
-    pub fn stage_record_idempotency(
+    pub fn stage_record_idempotency<'a>(
         &self,
-        record: IdempotencyRecord,
-    ) -> Result<StagedWrite, StageError> {
+        record: impl Into<Cow<'a, IdempotencyRecord>>,
+    ) -> Result<StagedWrite<'a>, StageError> {
+        let record: Cow<'a, IdempotencyRecord> = record.into();
         if record.key.is_empty() {
             return Err(StageError::Invalid {
                 field: "idempotency.key",
@@ -495,7 +526,11 @@ impl<'s> RunScope<'s> {
     ///
     /// # Errors
     /// [`StageError::Limit`].
-    pub fn stage_append_audit(&self, entry: AuditEntry) -> Result<StagedWrite, StageError> {
+    pub fn stage_append_audit<'a>(
+        &self,
+        entry: impl Into<Cow<'a, AuditEntry>>,
+    ) -> Result<StagedWrite<'a>, StageError> {
+        let entry: Cow<'a, AuditEntry> = entry.into();
         self.store.limits().check_audit(&entry)?;
         Ok(StagedWrite::for_run(self.run, RunOp::AppendAudit(entry)))
     }
@@ -505,7 +540,11 @@ impl<'s> RunScope<'s> {
     ///
     /// # Errors
     /// [`StageError::Limit`].
-    pub fn stage_append_gate_mark(&self, mark: GateMark) -> Result<StagedWrite, StageError> {
+    pub fn stage_append_gate_mark<'a>(
+        &self,
+        mark: impl Into<Cow<'a, GateMark>>,
+    ) -> Result<StagedWrite<'a>, StageError> {
+        let mark: Cow<'a, GateMark> = mark.into();
         self.store.limits().check_gate_mark(&mark)?;
         Ok(StagedWrite::for_run(self.run, RunOp::AppendGateMark(mark)))
     }
@@ -514,10 +553,11 @@ impl<'s> RunScope<'s> {
     ///
     /// # Errors
     /// [`StageError::Limit`].
-    pub fn stage_append_escalation(
+    pub fn stage_append_escalation<'a>(
         &self,
-        escalation: Escalation,
-    ) -> Result<StagedWrite, StageError> {
+        escalation: impl Into<Cow<'a, Escalation>>,
+    ) -> Result<StagedWrite<'a>, StageError> {
+        let escalation: Cow<'a, Escalation> = escalation.into();
         self.store.limits().check_escalation(&escalation)?;
         Ok(StagedWrite::for_run(
             self.run,
@@ -530,11 +570,12 @@ impl<'s> RunScope<'s> {
     ///
     /// # Errors
     /// [`StageError::Limit`] for an answer over the text limit.
-    pub fn stage_resolve_escalation(
+    pub fn stage_resolve_escalation<'a>(
         &self,
         id: EscalationId,
-        resolution: EscalationResolution,
-    ) -> Result<StagedWrite, StageError> {
+        resolution: impl Into<Cow<'a, EscalationResolution>>,
+    ) -> Result<StagedWrite<'a>, StageError> {
+        let resolution: Cow<'a, EscalationResolution> = resolution.into();
         self.store.limits().check_resolution(&resolution)?;
         Ok(StagedWrite::for_run(
             self.run,
@@ -547,7 +588,7 @@ impl<'s> RunScope<'s> {
     ///
     /// # Errors
     /// [`StageError::Limit`] above the attachment maximum.
-    pub fn stage_put_blob(&self, bytes: Vec<u8>) -> Result<StagedWrite, StageError> {
+    pub fn stage_put_blob(&self, bytes: Vec<u8>) -> Result<StagedWrite<'static>, StageError> {
         self.store
             .limits()
             .check_blob_len(u64::try_from(bytes.len()).unwrap_or(u64::MAX))?;
@@ -561,7 +602,10 @@ impl<'s> RunScope<'s> {
     ///
     /// # Errors
     /// [`StageError::Limit`] if a field is over its limit; [`StageError::Invalid`] for an empty name.
-    pub fn stage_put_agent(&self, profile: AgentProfile) -> Result<StagedWrite, StageError> {
+    pub fn stage_put_agent(
+        &self,
+        profile: AgentProfile,
+    ) -> Result<StagedWrite<'static>, StageError> {
         self.store.check_agent(&profile)?;
         Ok(StagedWrite::for_run(self.run, RunOp::PutAgent(profile)))
     }

@@ -245,7 +245,10 @@ impl Store {
     ///
     /// # Errors
     /// [`StageError::Limit`] if a field is over its limit.
-    pub fn stage_put_agent(&self, profile: AgentProfile) -> Result<StagedWrite, StageError> {
+    pub fn stage_put_agent(
+        &self,
+        profile: AgentProfile,
+    ) -> Result<StagedWrite<'static>, StageError> {
         self.check_agent(&profile)?;
         Ok(StagedWrite {
             staged: Staged::Agent(profile),
@@ -271,7 +274,7 @@ impl Store {
     /// As [`Store::commit_group`].
     pub fn commit_one(
         &self,
-        write: StagedWrite,
+        write: StagedWrite<'_>,
         durability: Durability,
     ) -> Result<Applied, CommitError> {
         self.in_write_txn(durability, |writer| {
@@ -292,7 +295,7 @@ impl Store {
     /// commits intact; reopen the store before writing again).
     pub fn commit_group(
         &self,
-        batch: WriteBatch,
+        batch: WriteBatch<'_>,
         durability: Durability,
     ) -> Result<Vec<Applied>, CommitError> {
         self.commit_batch(&batch, durability)
@@ -306,7 +309,7 @@ impl Store {
     /// As [`Store::commit_group`].
     pub fn commit_batch(
         &self,
-        batch: &WriteBatch,
+        batch: &WriteBatch<'_>,
         durability: Durability,
     ) -> Result<Vec<Applied>, CommitError> {
         let count = u64::try_from(batch.items.len()).unwrap_or(u64::MAX);
@@ -447,7 +450,7 @@ impl From<codec::EncodeError> for Failure {
 }
 
 /// The next sequence number under `prefix` in a `(prefix, seq)` table: 1 for an empty range.
-fn next_seq<T: ReadableTable<(u128, u64), Row>>(
+fn next_seq<T: ReadableTable<tables::RunSeq, Row>>(
     table: &T,
     run: u128,
     name: &'static str,
@@ -503,19 +506,19 @@ struct Writer<'t> {
     runs: Lazy<'t, u128, Row>,
     open_runs: Lazy<'t, u128, ()>,
     plans: Lazy<'t, u128, &'static [u8]>,
-    tasks: Lazy<'t, (u128, u128), Row>,
+    tasks: Lazy<'t, tables::RunPair, Row>,
     task_run: Lazy<'t, u128, u128>,
-    children: Lazy<'t, (u128, u128, u128), ()>,
-    logs: Lazy<'t, (u128, u128, u64), Row>,
+    children: Lazy<'t, tables::RunTriple, ()>,
+    logs: Lazy<'t, tables::RunTaskSeq, Row>,
     checkpoints: Lazy<'t, u128, Row>,
-    manifest: Lazy<'t, (u128, u64), Row>,
-    dead_letters: Lazy<'t, (u128, u64), Row>,
+    manifest: Lazy<'t, tables::RunSeq, Row>,
+    dead_letters: Lazy<'t, tables::RunSeq, Row>,
     idempotency: Lazy<'t, (u128, &'static str), Row>,
-    audit: Lazy<'t, (u128, u64), Row>,
-    gate_marks: Lazy<'t, (u128, u64), Row>,
-    escalations: Lazy<'t, (u128, u64), Row>,
-    escalation_ids: Lazy<'t, u128, (u128, u64)>,
-    blobs: Lazy<'t, (u128, u128), &'static [u8]>,
+    audit: Lazy<'t, tables::RunSeq, Row>,
+    gate_marks: Lazy<'t, tables::RunSeq, Row>,
+    escalations: Lazy<'t, tables::RunSeq, Row>,
+    escalation_ids: Lazy<'t, u128, tables::RunSeq>,
+    blobs: Lazy<'t, tables::RunPair, &'static [u8]>,
     agents: Lazy<'t, &'static str, Row>,
     run_agents: Lazy<'t, (u128, &'static str), Row>,
     /// Runs known to exist in this transaction, so a batch of N rows for one run checks it once.
@@ -559,14 +562,28 @@ impl<'t> Writer<'t> {
         Ok(())
     }
 
-    fn stored_task(&mut self, run: RunId, task: TaskId) -> Result<Option<Task>, Failure> {
+    /// The parent of a stored task of `run`, `None` when the task is not stored: read from the
+    /// row's leading fields only, which every schema version lays out alike (`Task`'s id, run and
+    /// parent come first), instead of decoding the whole row for one field.
+    fn stored_parent(
+        &mut self,
+        run: RunId,
+        task: TaskId,
+    ) -> Result<Option<Option<TaskId>>, Failure> {
+        /// The first fields of a [`Task`], in its order.
+        #[derive(serde::Deserialize)]
+        struct TaskHead {
+            _id: TaskId,
+            _run_id: RunId,
+            parent: Option<TaskId>,
+        }
         match self.tasks.open()?.get((run.0, task.0))? {
             None => Ok(None),
-            Some(g) => Ok(Some(codec::decode(
-                name::TASKS,
-                &format_args!("{run}/{task}"),
-                g.value(),
-            )?)),
+            Some(g) => {
+                let head: TaskHead =
+                    codec::decode_prefix(name::TASKS, &format_args!("{run}/{task}"), g.value())?;
+                Ok(Some(head.parent))
+            }
         }
     }
 
@@ -623,7 +640,7 @@ impl<'t> Writer<'t> {
         Ok((task, moved))
     }
 
-    fn apply(&mut self, write: &StagedWrite) -> Result<Applied, Failure> {
+    fn apply(&mut self, write: &StagedWrite<'_>) -> Result<Applied, Failure> {
         let (run, op) = match &write.staged {
             Staged::Agent(profile) => {
                 let bytes = codec::encode(name::AGENTS, profile)?;
@@ -689,10 +706,10 @@ impl<'t> Writer<'t> {
                 Ok(Applied::TaskCreated { blobbed })
             }
             RunOp::UpdateTask(task) => {
-                let Some(stored) = self.stored_task(run, task.id)? else {
+                let Some(stored_parent) = self.stored_parent(run, task.id)? else {
                     return Err(ItemError::TaskNotFound { run, task: task.id }.into());
                 };
-                if stored.parent != task.parent {
+                if stored_parent != task.parent {
                     return Err(ItemError::ParentChanged { task: task.id }.into());
                 }
                 let (task, blobbed) = self.externalize(run, task)?;
@@ -804,7 +821,7 @@ impl<'t> Writer<'t> {
                 if let Some(first) = row.resolution {
                     return Ok(Applied::EscalationAlreadyResolved(first));
                 }
-                row.resolution = Some(resolution.clone());
+                row.resolution = Some(resolution.clone().into_owned());
                 let bytes = codec::encode(name::ESCALATIONS, &row)?;
                 self.escalations
                     .open()?

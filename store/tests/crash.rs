@@ -193,7 +193,7 @@ fn a_write_budget_runs_out_mid_commit_and_the_crash_image_is_consistent() {
     append(&store, 1, "before", Durability::Immediate);
     disk.set_write_budget(Some(10_000));
     let scope = store.run(RunId(1));
-    let batch: WriteBatch = (0..500)
+    let batch: WriteBatch<'_> = (0..500)
         .map(|i| {
             let mut m = manifest(&format!("big {i}"));
             m.item.push_str(&"x".repeat(200));

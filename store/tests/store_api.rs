@@ -13,8 +13,8 @@ use proptest::prelude::*;
 fn the_store_can_be_shared_across_threads() {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<Store>();
-    assert_send_sync::<StagedWrite>();
-    assert_send_sync::<WriteBatch>();
+    assert_send_sync::<StagedWrite<'static>>();
+    assert_send_sync::<WriteBatch<'static>>();
     assert_send_sync::<SimDisk>();
     // Concurrent committers queue on redb's single writer; every write lands exactly once.
     let (_dir, store) = open_temp();
@@ -387,7 +387,7 @@ fn batch_size_is_bounded() {
     .unwrap();
     create_run(&store, 1);
     let scope = store.run(RunId(1));
-    let batch: WriteBatch = (0..3)
+    let batch: WriteBatch<'_> = (0..3)
         .map(|i| {
             scope
                 .stage_append_manifest(manifest(&i.to_string()))
@@ -574,7 +574,7 @@ fn an_escalation_is_found_by_id_resolved_once_and_listed_while_open() {
         waiting: EscalationWait::Task,
         resolution: None,
     };
-    let commit = |w: StagedWrite| store.commit_one(w, Durability::Immediate);
+    let commit = |w: StagedWrite<'_>| store.commit_one(w, Durability::Immediate);
     commit(scope.stage_append_escalation(esc(5)).unwrap()).unwrap();
     commit(scope.stage_append_escalation(esc(6)).unwrap()).unwrap();
     // Appending an id again changes nothing; another run cannot take it.

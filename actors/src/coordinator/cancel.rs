@@ -33,7 +33,7 @@ impl RunState {
         if own_work_done && !open_follow_ups.is_empty() {
             self.decide(
                 now,
-                format!(
+                format_args!(
                     "cancel: the run's own work is done, so only its {} open follow-ups end; the run ends again with a synthesis ({})",
                     open_follow_ups.len(),
                     super::one_line(&reason)
@@ -84,7 +84,7 @@ impl RunState {
             }
             _ => self.decide(
                 now,
-                format!("cancel of task {task} ignored: not an open step of this running run"),
+                format_args!("cancel of task {task} ignored: not an open step of this running run"),
             ),
         }
     }
@@ -154,7 +154,7 @@ impl RunState {
         }));
         self.decide(
             now,
-            format!("step {key} cancelled: {}", super::one_line(reason)),
+            format_args!("step {key} cancelled: {}", super::one_line(reason)),
         );
         self.steps[index].status = StepStatus::Committing;
         self.stage(

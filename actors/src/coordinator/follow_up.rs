@@ -33,7 +33,7 @@ impl RunState {
         if !known || taken || self.phase != Phase::Running || self.steps.len() >= PLAN_STEPS_MAX {
             self.decide(
                 now,
-                format!("follow-up on {parent} refused: not a task of this run, its task id is taken, the run is not running, or the step bound is reached"),
+                format_args!("follow-up on {parent} refused: not a task of this run, its task id is taken, the run is not running, or the step bound is reached"),
             );
             return false;
         }
@@ -41,7 +41,7 @@ impl RunState {
         let key = format!("f{n}");
         self.decide(
             now,
-            format!("follow-up {key} queued on the thread of {parent}"),
+            format_args!("follow-up {key} queued on the thread of {parent}"),
         );
         let mut step = Step::new(
             PlanStep {

@@ -107,7 +107,7 @@ impl RunState {
             if !waiting.is_empty() {
                 self.decide(
                     now,
-                    format!(
+                    format_args!(
                         "dispatch delegation turn {}: {} calls in parallel",
                         next.turn,
                         waiting.len()
@@ -222,7 +222,7 @@ impl RunState {
         if new > 0 && (turns_taken >= turns_max || self.steps.len() + new > PLAN_STEPS_MAX) {
             self.decide(
                 now,
-                format!("delegation turn {turn} refused: over the delegation limits"),
+                format_args!("delegation turn {turn} refused: over the delegation limits"),
             );
             let results = calls
                 .iter()
@@ -250,7 +250,7 @@ impl RunState {
         if new < calls.len() {
             self.decide(
                 now,
-                format!(
+                format_args!(
                     "delegation turn {turn}: {} of {} calls were delegated by an earlier session of the lead; not delegated again",
                     calls.len() - new,
                     calls.len()

@@ -90,18 +90,17 @@ impl RunState {
                                 .join(",")
                         })
                         .collect();
+                    let (steps, batches) = (state.steps.len(), state.batches.len());
                     state.decide(
                         now,
-                        format!(
-                            "plan accepted: {} steps in {} batches [{}]",
-                            state.steps.len(),
-                            state.batches.len(),
+                        format_args!(
+                            "plan accepted: {steps} steps in {batches} batches [{}]",
                             shape.join("] [")
                         ),
                     );
                 }
                 Err(e) => {
-                    state.decide(now, format!("plan rejected: {e}"));
+                    state.decide(now, format_args!("plan rejected: {e}"));
                     let outcome = format!("plan rejected: {e}");
                     state.row.status = RunStatus::Failed;
                     state.row.outcome = Some(outcome.clone());
@@ -146,7 +145,7 @@ impl RunState {
                 state.by_task.insert(root.id, 0);
                 state.batches = vec![vec![0]];
                 state.lead = Some(Lead::default());
-                state.decide(now, "lead mode: the lead agent decomposes the brief".into());
+                state.decide(now, "lead mode: the lead agent decomposes the brief");
             }
         }
         state.tasks.insert(root.id, root.clone());
@@ -255,7 +254,7 @@ impl RunState {
             return;
         }
         self.phase = Phase::Finishing;
-        self.decide(now, format!("run ends: {status:?}: {outcome}"));
+        self.decide(now, format_args!("run ends: {status:?}: {outcome}"));
         // The tasks still in flight are cancelled first, in stages of their own when they do not fit
         // beside the run's end: each cancelled row stands alone, and the run ends only with the last
         // stage (its row, its root, its checkpoint). A crash in between leaves a running run whose
@@ -290,7 +289,7 @@ impl RunState {
             stopped.extend(end);
             stopped
         } else {
-            self.stage_independent(stopped, now, out);
+            self.stage_independent(stopped, out);
             end
         };
         self.stage(ops, Then::Finished { status, outcome }, true, now, out);
@@ -371,7 +370,7 @@ impl RunState {
         };
         self.decide(
             now,
-            format!("synthesis: {:?}; {}", status, synthesis.summary),
+            format_args!("synthesis: {:?}; {}", status, synthesis.summary),
         );
         self.row.status = status;
         self.row.outcome = Some(outcome.clone());

@@ -143,6 +143,8 @@ struct RunState {
     by_task: BTreeMap<TaskId, usize>,
     next_ticket: u64,
     pending: BTreeMap<u64, Pending>,
+    /// The newest stage sent in this input that wants the run's checkpoint (`staging.rs`).
+    checkpoint_due: Option<u64>,
     decisions: Vec<SessionLogRow>,
     stale_logged: BTreeSet<AttemptId>,
     phase: Phase,
@@ -212,10 +214,11 @@ impl Coordinator {
     }
 }
 
-fn decision_row(now: Millis, summary: String) -> SessionLogRow {
+fn decision_row(now: Millis, summary: impl std::fmt::Display) -> SessionLogRow {
     SessionLogRow {
         ts_ms: now,
         kind: LogKind::Lifecycle,
+        // Written once, prefix and all (callers pass `format_args!`, not a `String` of their own).
         summary: bounded(format!("decision: {summary}"), 512),
         detail: String::new(),
         redactions: Vec::new(),
@@ -243,6 +246,7 @@ impl RunState {
             by_task: BTreeMap::new(),
             next_ticket: 1,
             pending: BTreeMap::new(),
+            checkpoint_due: None,
             decisions: Vec::new(),
             stale_logged: BTreeSet::new(),
             phase: Phase::Running,
@@ -250,7 +254,7 @@ impl RunState {
         }
     }
 
-    fn decide(&mut self, now: Millis, summary: String) {
+    fn decide(&mut self, now: Millis, summary: impl std::fmt::Display) {
         self.decisions.push(decision_row(now, summary));
     }
 
@@ -304,6 +308,7 @@ impl Machine for Coordinator {
         }
         if let Some(run) = self.run.as_mut() {
             run.flush_decisions(now, out);
+            run.attach_checkpoint(now, &mut out[first..]);
         }
         coalesce_stages(out, first);
     }
@@ -335,7 +340,9 @@ impl RunState {
                 rng,
                 out,
             )),
-            CoordinatorInput::Msg(_) | CoordinatorInput::Timer(_) => None,
+            CoordinatorInput::Msg(_) | CoordinatorInput::Msgs(_) | CoordinatorInput::Timer(_) => {
+                None
+            }
         }
     }
 
@@ -348,8 +355,16 @@ impl RunState {
         out: &mut Vec<Effect>,
     ) {
         match input {
+            CoordinatorInput::Msgs(msgs) => {
+                for msg in msgs {
+                    self.handle(CoordinatorInput::Msg(msg), now, rng, out);
+                }
+            }
             CoordinatorInput::Msg(CoordinatorMsg::Accept(spec)) => {
-                self.decide(now, format!("ignored a second Accept of run {}", spec.run));
+                self.decide(
+                    now,
+                    format_args!("ignored a second Accept of run {}", spec.run),
+                );
             }
             // A coordinator holds one run: rows for it once it has one are stale.
             CoordinatorInput::Recovered(_) | CoordinatorInput::Reopened { .. } => {}
@@ -360,7 +375,7 @@ impl RunState {
                 self.on_persist_failed(ticket, error, now, out);
             }
             CoordinatorInput::Timer(CoordinatorTimer::Restage { .. }) => {
-                self.restage_held(now, out);
+                self.restage_held(out);
             }
             CoordinatorInput::Timer(CoordinatorTimer::Redispatch { step, generation }) => {
                 self.on_redispatch_timer(step as usize, generation, now, rng, out);

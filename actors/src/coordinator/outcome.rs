@@ -23,7 +23,7 @@ impl RunState {
         out: &mut Vec<Effect>,
     ) {
         let key = self.steps[index].spec.key.clone();
-        self.decide(now, format!("step {key} skipped: {reason}"));
+        self.decide(now, format_args!("step {key} skipped: {reason}"));
         let outcome = StepOutcome::Skipped {
             reason: reason.clone(),
         };
@@ -117,7 +117,7 @@ impl RunState {
         };
         self.decide(
             now,
-            format!("step {key} {verb} and parked in the dead-letter table: {reason}"),
+            format_args!("step {key} {verb} and parked in the dead-letter table: {reason}"),
         );
         self.steps[index].status = StepStatus::Committing;
         // The task row carries the parked outcome; recovery reads it there.
@@ -179,7 +179,7 @@ impl RunState {
                 let key = self.steps[index].spec.key.clone();
                 self.decide(
                     now,
-                    format!("step {key}: result of attempt {from} refused as stale (not the current attempt)"),
+                    format_args!("step {key}: result of attempt {from} refused as stale (not the current attempt)"),
                 );
             }
             self.to_specialist(
@@ -212,7 +212,9 @@ impl RunState {
         match result.outcome {
             Ok(report) => match report.verify(from.task) {
                 Ok(()) => {
-                    let outcome = StepOutcome::Report(report.clone());
+                    let (status, findings, gaps) =
+                        (report.status, report.findings.len(), report.gaps.len());
+                    let outcome = StepOutcome::Report(report);
                     let mut ops = Vec::new();
                     if let Some(t) = self.tasks.get_mut(&from.task) {
                         t.status = outcome_status(&outcome);
@@ -230,11 +232,8 @@ impl RunState {
                     ops.push(PersistOp::UpdateRun(self.row.clone()));
                     self.decide(
                         now,
-                        format!(
-                            "step {key}: accepted a {:?} report of attempt {from} ({} findings, {} gaps)",
-                            report.status,
-                            report.findings.len(),
-                            report.gaps.len()
+                        format_args!(
+                            "step {key}: accepted a {status:?} report of attempt {from} ({findings} findings, {gaps} gaps)"
                         ),
                     );
                     self.steps[index].status = StepStatus::Committing;
@@ -287,7 +286,7 @@ impl RunState {
         }
         self.decide(
             now,
-            format!(
+            format_args!(
                 "step {key}: attempt {from} failed ({}, retryable: {}): {}",
                 failure.kind.name(),
                 failure.retryable,
@@ -387,7 +386,7 @@ impl RunState {
         let key = s.spec.key.clone();
         self.decide(
             now,
-            format!(
+            format_args!(
                 "step {key}: attempt {attempt} lost ({}): {}",
                 failure.kind.name(),
                 one_line(&failure.detail)
@@ -429,7 +428,7 @@ impl RunState {
             Verdict::Restart { after_ms } => {
                 self.decide(
                     now,
-                    format!("step {key}: restart after {after_ms} ms (supervisor)"),
+                    format_args!("step {key}: restart after {after_ms} ms (supervisor)"),
                 );
                 self.backoff(
                     index,
@@ -443,7 +442,7 @@ impl RunState {
             Verdict::Reroute { agent, after_ms } => {
                 self.decide(
                     now,
-                    format!(
+                    format_args!(
                         "step {key}: reroute to agent {agent} after {after_ms} ms (supervisor)"
                     ),
                 );
@@ -465,7 +464,7 @@ impl RunState {
                 );
                 self.decide(
                     now,
-                    format!(
+                    format_args!(
                         "step {key}: rate-limited on {from}; the next attempt bills to account {account} after {after_ms} ms (supervisor)"
                     ),
                 );
@@ -539,7 +538,7 @@ impl RunState {
                 }
                 // Each log row stands alone, so rows beyond one stage's bound go in more stages.
                 if ops.len() > self.stage_ops_max() {
-                    self.stage_independent(ops, now, out);
+                    self.stage_independent(ops, out);
                 } else if !ops.is_empty() {
                     self.stage_riding(ops, Then::Nothing, now, out);
                 }

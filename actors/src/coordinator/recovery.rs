@@ -89,11 +89,11 @@ impl RunState {
             state.restore_lead(&row, root.id);
         }
         state.batch = state.first_open_batch();
+        let resume_at = state.batch + 1;
         state.decide(
             now,
-            format!(
-                "recovered from checkpoint: {done} steps durable, {redispatch} to run again, resuming at batch {}",
-                state.batch + 1
+            format_args!(
+                "recovered from checkpoint: {done} steps durable, {redispatch} to run again, resuming at batch {resume_at}"
             ),
         );
         state.send(
@@ -149,7 +149,7 @@ impl RunState {
         row.updated_ms = now;
         let mut state = RunState::empty(config, row.clone(), now);
         state.phase = Phase::Finishing;
-        state.decide(now, "recovery: no root task; the run fails".into());
+        state.decide(now, "recovery: no root task; the run fails");
         state.stage(
             vec![PersistOp::UpdateRun(row)],
             Then::Finished {

@@ -218,7 +218,7 @@ impl RunState {
                 self.tasks.insert(row.id, row.clone());
                 self.decide(
                     now,
-                    format!(
+                    format_args!(
                         "step {step}: its session escalated to a human (escalation {id}); task {} is paused until `keel answer {id}`",
                         from.task
                     ),
@@ -319,7 +319,7 @@ impl RunState {
                 self.row.updated_ms = now;
                 self.decide(
                     now,
-                    format!(
+                    format_args!(
                         "step {key}: attempt {from} stopped; waiting for the answer to escalation {id}"
                     ),
                 );
@@ -377,7 +377,7 @@ impl RunState {
         let Some(index) = waiting.filter(|_| self.phase == Phase::Running) else {
             self.decide(
                 now,
-                format!(
+                format_args!(
                     "escalation {id} of task {task} answered; nothing of this run waits for it"
                 ),
             );
@@ -387,7 +387,9 @@ impl RunState {
         self.steps[index].awaiting = None;
         self.decide(
             now,
-            format!("step {key}: escalation {id} answered; task {task} resumes with the answer"),
+            format_args!(
+                "step {key}: escalation {id} answered; task {task} resumes with the answer"
+            ),
         );
         self.begin_attempt(index, None, now, rng, out);
     }

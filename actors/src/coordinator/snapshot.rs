@@ -100,8 +100,9 @@ impl RunState {
     }
 
     pub(super) fn checkpoint_row(&self, now: Millis) -> Checkpoint {
-        // A step whose outcome is being committed counts as done: its stage has an earlier ticket,
-        // so it is durable whenever this checkpoint is (the run's end rides with the last result).
+        // A step whose outcome is being committed counts as done: its stage was sent in an earlier
+        // input or in this one (whose stages commit together), so it is durable whenever this
+        // checkpoint is (the run's end rides with the last result).
         let done =
             |s: &&super::step::Step| matches!(s.status, StepStatus::Done | StepStatus::Committing);
         let verified = self

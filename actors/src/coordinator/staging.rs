@@ -11,6 +11,7 @@ use crate::message::{
 use crate::persist::{PersistOp, STAGE_OPS_MAX, Stage, StageOwner};
 use crate::report::StepOutcome;
 use keel_store::{RunStatus, SessionLogRow};
+use std::sync::Arc;
 
 /// What to do when a stage is durable.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,7 +69,9 @@ pub(super) enum Urgency {
 
 #[derive(Clone, Debug)]
 pub(super) struct Pending {
-    pub(super) ops: Vec<PersistOp>,
+    /// The decision's writes, shared with the [`Stage`] that carries them (no copy per send).
+    pub(super) ops: Arc<Vec<PersistOp>>,
+    /// Whether the run's checkpoint is written with it (see [`RunState::attach_checkpoint`]).
     pub(super) checkpoint: bool,
     pub(super) urgency: Urgency,
     pub(super) then: Then,
@@ -158,7 +161,7 @@ impl RunState {
             let rows: Vec<SessionLogRow> = self.decisions.drain(..early).collect();
             for chunk in rows.chunks(max) {
                 let logs = chunk.iter().cloned().map(|row| self.log_op(row)).collect();
-                self.enqueue(logs, Then::Nothing, false, Urgency::Ride, now, out);
+                self.enqueue(logs, Then::Nothing, false, Urgency::Ride, out);
             }
         }
         let root = self.root.id;
@@ -167,18 +170,13 @@ impl RunState {
                 .drain(..)
                 .map(|row| PersistOp::AppendLog { task: root, row }),
         );
-        self.enqueue(ops, then, checkpoint, urgency, now, out);
+        self.enqueue(ops, then, checkpoint, urgency, out);
     }
 
     /// Writes that are independent of each other (each row stands alone when durable), staged in as
     /// many stages as the bound needs, before the decision they belong to. They ride: the decision
     /// staged after them (or the writer's linger bound) commits them.
-    pub(super) fn stage_independent(
-        &mut self,
-        ops: Vec<PersistOp>,
-        now: Millis,
-        out: &mut Vec<Effect>,
-    ) {
+    pub(super) fn stage_independent(&mut self, ops: Vec<PersistOp>, out: &mut Vec<Effect>) {
         let max = self.stage_ops_max();
         let mut ops = ops.into_iter();
         loop {
@@ -186,7 +184,7 @@ impl RunState {
             if chunk.is_empty() {
                 break;
             }
-            self.enqueue(chunk, Then::Nothing, false, Urgency::Ride, now, out);
+            self.enqueue(chunk, Then::Nothing, false, Urgency::Ride, out);
         }
     }
 
@@ -197,7 +195,7 @@ impl RunState {
             return;
         }
         let outcome = format!("stage refused: {refusal}");
-        self.decide(now, format!("run ends: Failed: {outcome}"));
+        self.decide(now, format_args!("run ends: Failed: {outcome}"));
         self.phase = Phase::Finishing;
         self.row.status = RunStatus::Failed;
         self.row.outcome = Some(outcome.clone());
@@ -224,29 +222,28 @@ impl RunState {
         then: Then,
         checkpoint: bool,
         urgency: Urgency,
-        now: Millis,
         out: &mut Vec<Effect>,
     ) {
         let ticket = self.next_ticket;
         self.next_ticket += 1;
         let held = self.pending.values().any(|p| !p.sent);
         let pending = Pending {
-            ops,
+            ops: Arc::new(ops),
             checkpoint,
             urgency,
             then,
             restages: 0,
             sent: !held,
         };
-        if !held {
-            self.send_stage(ticket, &pending, now, out);
-        }
         self.pending.insert(ticket, pending);
+        if !held {
+            self.send_stage(ticket, out);
+        }
     }
 
     /// The restage timer fired: send every held stage again, in ticket order (a failed stage and every
     /// stage after it are held together, so the run's writes still commit as a prefix).
-    pub(super) fn restage_held(&mut self, now: Millis, out: &mut Vec<Effect>) {
+    pub(super) fn restage_held(&mut self, out: &mut Vec<Effect>) {
         let held: Vec<u64> = self
             .pending
             .iter()
@@ -254,38 +251,63 @@ impl RunState {
             .map(|(t, _)| *t)
             .collect();
         for t in held {
-            if let Some(p) = self.pending.get(&t) {
-                self.send_stage(t, p, now, out);
-            }
+            self.send_stage(t, out);
             if let Some(p) = self.pending.get_mut(&t) {
                 p.sent = true;
             }
         }
     }
 
-    pub(super) fn send_stage(
-        &self,
-        ticket: u64,
-        pending: &Pending,
-        now: Millis,
-        out: &mut Vec<Effect>,
-    ) {
-        let mut ops = pending.ops.clone();
-        if pending.checkpoint {
-            // Built when sent (and again when re-sent), so a later stage never carries an older snapshot.
-            ops.push(PersistOp::PutCheckpoint(self.checkpoint_row(now)));
-        }
+    /// Send the stage of `ticket` to the checkpoint writer; its ops are shared with the pending
+    /// entry, not copied. A stage that wants the run's checkpoint gets it once the input is
+    /// handled ([`RunState::attach_checkpoint`]).
+    pub(super) fn send_stage(&mut self, ticket: u64, out: &mut Vec<Effect>) {
+        let Some(pending) = self.pending.get(&ticket) else {
+            return;
+        };
         let stage = Stage {
             run: self.id,
             owner: StageOwner::Coordinator,
             ticket,
-            ops,
+            ops: Arc::clone(&pending.ops),
         };
         let msg = match pending.urgency {
             Urgency::Now => CheckpointMsg::Stage(stage),
             Urgency::Ride => CheckpointMsg::Riding(vec![stage]),
         };
+        if pending.checkpoint {
+            self.checkpoint_due = Some(ticket);
+        }
         out.push(Effect::Send(Envelope::Checkpoint(msg)));
+    }
+
+    /// After an input: the newest stage it sent that wants the run's checkpoint gets it, built
+    /// now, once, from the state the whole input left (one snapshot per input, not one per stage:
+    /// a dispatch of N steps built and serialised N snapshots of which the commit kept the last).
+    /// The stages of one input go to the checkpoint writer as one message, which it never splits
+    /// across commits, so the checkpoint is durable exactly when every stage of the input is, as
+    /// when each stage carried its own. Runs before [`coalesce_stages`].
+    pub(super) fn attach_checkpoint(&mut self, now: Millis, out: &mut [Effect]) {
+        let Some(ticket) = self.checkpoint_due.take() else {
+            return;
+        };
+        let row = self.checkpoint_row(now);
+        for effect in out.iter_mut().rev() {
+            let stage = match effect {
+                Effect::Send(Envelope::Checkpoint(CheckpointMsg::Stage(stage))) => Some(stage),
+                Effect::Send(Envelope::Checkpoint(CheckpointMsg::Riding(riding))) => {
+                    riding.iter_mut().find(|s| s.ticket == ticket)
+                }
+                _ => None,
+            };
+            if let Some(stage) = stage.filter(|s| s.ticket == ticket && s.run == self.id) {
+                let mut ops = Vec::with_capacity(stage.ops.len() + 1);
+                ops.extend(stage.ops.iter().cloned());
+                ops.push(PersistOp::PutCheckpoint(row));
+                stage.ops = Arc::new(ops);
+                return;
+            }
+        }
     }
 }
 

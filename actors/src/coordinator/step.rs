@@ -92,6 +92,9 @@ pub(super) struct Step {
     /// The escalation its task waits for (with [`StepStatus::AwaitingHuman`]), and where the
     /// escalated attempt's end is.
     pub(super) awaiting: Option<(keel_store::EscalationId, super::session_tools::EscalatedEnd)>,
+    /// The brief its current attempt was recorded with, kept for that attempt's admission (built
+    /// once per attempt; a later admission of the same attempt builds it again).
+    pub(super) brief: Option<SubtaskBrief>,
 }
 
 impl Step {
@@ -124,6 +127,7 @@ impl Step {
             requested_task: None,
             last_refusal: None,
             awaiting: None,
+            brief: None,
         }
     }
 
@@ -375,6 +379,7 @@ impl RunState {
         step.spent_micros = 0;
         step.charged_micros = 0;
         step.assignment = None;
+        step.brief = Some(brief);
         let generation = step.attempt_epoch;
         if step.attempts_total > 1 {
             ops.push(PersistOp::AppendManifest(ManifestEntry {
@@ -396,7 +401,7 @@ impl RunState {
         };
         self.decide(
             now,
-            format!("step {step_key}: attempt {attempt} of task {task_id} ({how})"),
+            format_args!("step {step_key}: attempt {attempt} of task {task_id} ({how})"),
         );
         self.stage(
             ops,
@@ -467,7 +472,12 @@ impl RunState {
         let Some(attempt) = self.steps[index].current(self.id) else {
             return;
         };
-        let brief = self.brief_for(index, attempt.task);
+        // The brief its attempt was recorded with (nothing it reads changes between the two: its
+        // dependencies are done before it is dispatched), else built again (a re-admission).
+        let brief = match self.steps[index].brief.take() {
+            Some(brief) if brief.task == attempt.task => brief,
+            _ => self.brief_for(index, attempt.task),
+        };
         let step = &mut self.steps[index];
         step.status = StepStatus::Admitting;
         let kind = self
@@ -484,7 +494,7 @@ impl RunState {
             brief,
             continuity: self.steps[index].continuity,
         };
-        self.send(SupervisorMsg::Admit(req), out);
+        self.send(SupervisorMsg::Admit(Box::new(req)), out);
     }
 
     pub(super) fn backoff(
@@ -561,7 +571,7 @@ impl RunState {
             Ok(assignment) => {
                 self.decide(
                     now,
-                    format!(
+                    format_args!(
                         "step {key}: attempt {attempt} admitted as agent {} on {} with model {} (from the agent's profile), account {}",
                         assignment.agent, assignment.harness, assignment.model, assignment.account
                     ),
@@ -589,7 +599,7 @@ impl RunState {
                     self.steps[index].last_refusal = Some(kind);
                     self.decide(
                         now,
-                        format!("step {key}: admission of {attempt} refused: {refusal:?}"),
+                        format_args!("step {key}: admission of {attempt} refused: {refusal:?}"),
                     );
                 }
                 if let Some(after) = refusal.retry_after_ms() {

@@ -152,6 +152,7 @@ impl Runtime {
             sessions_started: AtomicU64::new(0),
             writer: Mutex::new(None),
             remote: OnceLock::new(),
+            timers: super::node::Timers::start(),
         });
         let (writes, batches) = std::sync::mpsc::channel();
         let weak = Arc::downgrade(&node);

@@ -160,7 +160,7 @@ mod tests {
                 run: RunId(id),
                 owner: StageOwner::Host,
                 ticket: 0,
-                ops: vec![PersistOp::CreateRun(run_row(id))],
+                ops: vec![PersistOp::CreateRun(run_row(id))].into(),
             }]
             .into(),
         }

@@ -305,7 +305,7 @@ impl World {
                 }
                 Effect::SpawnSpecialist(start) => {
                     let attempt = start.attempt;
-                    let s = Specialist::new(start, self.spec_config.clone());
+                    let s = Specialist::new(*start, self.spec_config.clone());
                     self.specialists.insert(attempt, s);
                     self.max_live = self.max_live.max(self.supervisor.live_count());
                     self.queue

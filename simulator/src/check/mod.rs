@@ -349,7 +349,7 @@ impl Checker {
             }
             Effect::Persist(batch) => {
                 for stage in batch.stages.iter() {
-                    for op in &stage.ops {
+                    for op in stage.ops.iter() {
                         if let keel_actors::PersistOp::CreateTask(t) = op {
                             self.observed.tasks_created.insert(t.id, (t.kind, t.parent));
                         }

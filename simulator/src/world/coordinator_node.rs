@@ -235,7 +235,7 @@ impl World {
                     },
                 );
             }
-            Effect::SpawnSpecialist(start) => self.place(start),
+            Effect::SpawnSpecialist(start) => self.place(*start),
             Effect::StopSpecialist { attempt, reason } => {
                 self.send_to_specialist(attempt, SpecialistMsg::Cancel { reason });
             }

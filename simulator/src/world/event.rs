@@ -226,6 +226,7 @@ fn coord_input_name(i: &CoordinatorInput) -> String {
             CoordinatorMsg::CancelTask { task, .. } => format!("cancel-task {}", short(task.0)),
             CoordinatorMsg::FollowUp(f) => format!("follow-up on {}", short(f.parent.0)),
         },
+        CoordinatorInput::Msgs(msgs) => format!("{} messages", msgs.len()),
         CoordinatorInput::Timer(t) => format!("timer {t:?}"),
         CoordinatorInput::Recovered(_) => "recovered".into(),
         CoordinatorInput::Reopened { follow_up, .. } => {

@@ -328,7 +328,7 @@ impl World {
                 run,
                 owner: StageOwner::Host,
                 ticket: n,
-                ops,
+                ops: ops.into(),
             }]
             .into(),
         });

@@ -38,7 +38,7 @@ impl World {
                 let mut stages = batch.stages.to_vec();
                 if let Some(PersistOp::UpdateTask(task)) = stages
                     .iter_mut()
-                    .flat_map(|s| s.ops.iter_mut())
+                    .flat_map(|s| std::sync::Arc::make_mut(&mut s.ops).iter_mut())
                     .find(|op| matches!(op, PersistOp::UpdateTask(_)))
                 {
                     task.run_id = RunId(task.run_id.0 ^ 1);
@@ -55,7 +55,10 @@ impl World {
             }
             (Mutation::LoseReportedFindings, Effect::Persist(mut batch)) => {
                 let mut stages = batch.stages.to_vec();
-                for op in stages.iter_mut().flat_map(|s| s.ops.iter_mut()) {
+                for op in stages
+                    .iter_mut()
+                    .flat_map(|s| std::sync::Arc::make_mut(&mut s.ops).iter_mut())
+                {
                     if let PersistOp::UpdateTask(task) = op {
                         task.attachments.retain(|a| {
                             !a.name
@@ -69,7 +72,7 @@ impl World {
             (Mutation::LoseTaskEnd, Effect::Persist(mut batch)) => {
                 let mut stages = batch.stages.to_vec();
                 for stage in &mut stages {
-                    stage.ops.retain(|op| {
+                    std::sync::Arc::make_mut(&mut stage.ops).retain(|op| {
                         !matches!(op, PersistOp::UpdateTask(t)
                             if matches!(t.status, TaskStatus::Failed | TaskStatus::Cancelled | TaskStatus::Escalated))
                     });

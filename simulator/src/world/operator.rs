@@ -64,7 +64,7 @@ impl World {
                 run,
                 owner: StageOwner::Host,
                 ticket: n,
-                ops: marks.ops,
+                ops: marks.ops.into(),
             }]
             .into(),
         };

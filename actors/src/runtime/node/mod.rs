@@ -2,7 +2,7 @@
 //! the machines (coordinator per run, one supervisor, one checkpoint writer, one specialist per attempt).
 //!
 //! Files: `routing.rs` (delivering envelopes, host stages, lifecycle events), `store_writer.rs`
-//! (the thread that commits), one file per role (`coordinator_role.rs`, `supervisor_role.rs`,
+//! (the thread that commits), `timers.rs` (the machines' timers), one file per role (`coordinator_role.rs`, `supervisor_role.rs`,
 //! `checkpoint_role.rs`, `specialist_role.rs`).
 //!
 //! Rules these files keep:
@@ -10,8 +10,9 @@
 //!   machine emitted. Specialists read their context rows; nothing else touches redb.
 //! - Specialists never address anyone but their coordinator: their replies are routed by the
 //!   [`crate::ReplyTo`] the machine holds.
-//! - Every spawned task ends by itself: timers fire once, forwarders end at the session's terminal
-//!   event or when the specialist is gone, commits end with their transaction.
+//! - Every spawned task ends by itself: timers fire once (from the node's one timer task, which
+//!   ends with the node, `timers.rs`), forwarders end at the session's terminal event or when the
+//!   specialist is gone, commits end with their transaction.
 
 mod checkpoint_role;
 mod coordinator_role;
@@ -19,11 +20,13 @@ mod routing;
 pub(crate) mod specialist_role;
 mod store_writer;
 mod supervisor_role;
+mod timers;
 
 pub(crate) use checkpoint_role::CheckpointRole;
 pub(crate) use coordinator_role::CoordinatorRole;
 pub(crate) use store_writer::store_writer;
 pub(crate) use supervisor_role::SupervisorRole;
+pub(crate) use timers::Timers;
 
 use crate::checkpoint::CheckpointWriter;
 use crate::coordinator::Coordinator;
@@ -151,6 +154,8 @@ pub(crate) struct Node {
     pub(crate) writer: Mutex<Option<std::sync::mpsc::Sender<(CommitBatch, tracing::Span)>>>,
     /// The cluster layer that hosts specialists on other nodes, once attached.
     pub(crate) remote: OnceLock<crate::runtime::remote::Remote>,
+    /// The machines' timers (see [`Timers`]).
+    pub(crate) timers: Timers,
 }
 
 impl Node {
@@ -188,6 +193,12 @@ impl Node {
 
     pub(crate) fn fork_rng(&self) -> OsEntropy {
         lock(&self.entropy).fork()
+    }
+
+    /// Whether anyone listens to the runtime's events: an event that must be built (copies of a
+    /// report, of names) is built only then.
+    pub(crate) fn observed(&self) -> bool {
+        self.events.as_ref().is_some_and(|tx| !tx.is_closed())
     }
 
     /// Tell observers; never blocks a machine (a full channel drops the event and counts it: the
@@ -246,12 +257,8 @@ impl Node {
     }
 
     /// Fire `deliver` at host time `at` (timers are never cancelled; machines ignore stale ones).
-    pub(crate) fn timer(at: Millis, deliver: impl FnOnce() + Send + 'static) {
-        let wait = Duration::from_millis(at.saturating_sub(wall_clock_ms()));
-        spawn(async move {
-            tokio::time::sleep(wait).await;
-            deliver();
-        });
+    pub(crate) fn timer(&self, at: Millis, deliver: impl FnOnce() + Send + 'static) {
+        self.timers.set(at, deliver);
     }
 
     /// Execute the effects of a coordinator-node machine (coordinator, supervisor, checkpoint);
@@ -261,7 +268,10 @@ impl Node {
             match effect {
                 Effect::Send(envelope) => self.route(envelope),
                 Effect::Persist(batch) => self.persist(batch),
-                Effect::SpawnSpecialist(start) => self.spawn_specialist(start).await,
+                // Boxed: the spawn's future is large and most effects never await it, so inline it
+                // would make every coordinator and checkpoint step's future (moved on each poll
+                // set-up) as large as a spawn.
+                Effect::SpawnSpecialist(start) => Box::pin(self.spawn_specialist(*start)).await,
                 Effect::StopSpecialist { attempt, reason } => {
                     self.route(Envelope::Specialist {
                         attempt,
@@ -271,7 +281,7 @@ impl Node {
                     // killed (its session's process tree goes with the dropped session).
                     let node = Arc::clone(self);
                     let at = wall_clock_ms().saturating_add(self.config.stop_grace_ms);
-                    Self::timer(at, move || {
+                    self.timer(at, move || {
                         let live = lock(&node.specialists)
                             .get(&attempt)
                             .map(|s| s.actor.clone());
@@ -282,7 +292,7 @@ impl Node {
                 }
                 Effect::SetTimer { key, at } => {
                     let node = Arc::clone(self);
-                    Self::timer(at, move || match key {
+                    self.timer(at, move || match key {
                         TimerKey::Coordinator(run, t) => {
                             if node.frozen.load(Ordering::Acquire) {
                                 return; // a frozen coordinator gets nothing more

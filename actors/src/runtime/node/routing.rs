@@ -4,8 +4,8 @@
 use super::{Node, Waiter, lock};
 use crate::effect::Envelope;
 use crate::message::{
-    CheckpointInput, CheckpointMsg, CoordinatorInput, LifecycleEvent, SpecialistInput,
-    SpecialistMsg, SupervisorInput,
+    CheckpointInput, CheckpointMsg, CoordinatorInput, CoordinatorMsg, LifecycleEvent,
+    SpecialistInput, SpecialistMsg, SupervisorInput,
 };
 use crate::persist::{PersistOp, Stage, StageOwner};
 use crate::runtime::RuntimeEvent;
@@ -85,6 +85,28 @@ impl Node {
         }
     }
 
+    /// Deliver one sender's messages from one of its steps to `run`'s coordinator: one as
+    /// [`Node::route`] does, several as one input ([`CoordinatorInput::Msgs`]), in order.
+    pub(crate) fn route_to_coordinator(&self, run: RunId, mut msgs: Vec<CoordinatorMsg>) {
+        if msgs.len() <= 1 {
+            if let Some(msg) = msgs.pop() {
+                self.route(Envelope::Coordinator { run, msg });
+            }
+            return;
+        }
+        if self.frozen.load(Ordering::Acquire) {
+            return;
+        }
+        match self.coordinator(run) {
+            Some(c) => {
+                let _ = c.send_message(crate::runtime::Deliver(CoordinatorInput::Msgs(msgs)));
+            }
+            None => {
+                tracing::debug!(%run, "messages for a coordinator that is not running, dropped")
+            }
+        }
+    }
+
     /// Freeze the node's coordinators: they get no more messages or timers, and their stages are
     /// no longer sent to the checkpoint actor (a stage already sent is written first, see
     /// [`Node::settle_stages`]). A pause, and the pause the node starts by itself, freeze before
@@ -136,7 +158,7 @@ impl Node {
             run,
             owner: StageOwner::Host,
             ticket,
-            ops,
+            ops: ops.into(),
         })));
         match tokio::time::timeout(wait, rx).await {
             Ok(Ok(result)) => result,

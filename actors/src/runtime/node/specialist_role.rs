@@ -39,13 +39,15 @@ impl Node {
         span.in_scope(
             || tracing::info!(%step, model = %start.assignment.model, "specialist started"),
         );
-        self.emit(RuntimeEvent::TaskStarted {
-            attempt,
-            step: step.clone(),
-            agent: start.assignment.agent.clone(),
-            harness: start.assignment.harness,
-            model: start.assignment.model.clone(),
-        });
+        if self.observed() {
+            self.emit(RuntimeEvent::TaskStarted {
+                attempt,
+                step: step.clone(),
+                agent: start.assignment.agent.clone(),
+                harness: start.assignment.harness,
+                model: start.assignment.model.clone(),
+            });
+        }
         // With a cluster layer the SubagentStart hooks run here, on the node that holds the policy
         // and the store, before the attempt can leave for a worker (a worker has neither): a veto
         // fails the attempt here, a note rides in the brief. Without one, at the session's start.
@@ -118,7 +120,6 @@ impl Node {
 #[derive(Default)]
 pub(crate) struct SpecialistLocal {
     cancel: Option<CancelToken>,
-    result: Option<AttemptResult>,
     /// What the progress view was last told of the session's usage.
     usage: crate::runtime::UsageSeen,
     /// The agent profile the session runs as (what the `SubagentStop` hooks match).
@@ -365,6 +366,10 @@ impl Role for SpecialistRole {
         effects: Vec<SpecialistEffect>,
     ) -> Flow {
         let mut flow = Flow::Continue;
+        // The replies of this step, delivered together once its effects are done: one input of
+        // the coordinator (its log rows and its result, most often) instead of one each.
+        let mut replies = Vec::new();
+        let mut reply_run = self.attempt.run;
         for effect in effects {
             match effect {
                 SpecialistEffect::LoadContext(request) => {
@@ -387,7 +392,9 @@ impl Role for SpecialistRole {
                     spawn(load.instrument(self.span.clone()));
                 }
                 SpecialistEffect::StartHarness { key, spec } => {
-                    self.start_harness(me, local, key, *spec).await;
+                    // Boxed: a large future awaited once per attempt; inline it would enlarge
+                    // the future of every step of the specialist.
+                    Box::pin(self.start_harness(me, local, key, *spec)).await;
                 }
                 SpecialistEffect::AnswerTool { call_id, answer } => {
                     if let Some(endpoint) = self.node.harnesses.session_endpoint() {
@@ -406,12 +413,14 @@ impl Role for SpecialistRole {
                 }
                 SpecialistEffect::Reply(to, mut reply) => {
                     if let SpecialistReply::Finished(result) = &mut reply {
-                        self.report_check(local, result).await;
+                        Box::pin(self.report_check(local, result)).await;
                     }
                     match &reply {
                         SpecialistReply::Finished(result) => {
-                            local.result = Some(result.clone());
+                            // Kept for observers only (`RuntimeEvent::Report` when the `Ack` is
+                            // routed): no observer, no copy.
                             if let Ok(report) = &result.outcome
+                                && self.node.observed()
                                 && let Some(live) =
                                     lock(&self.node.specialists).get_mut(&self.attempt)
                             {
@@ -425,7 +434,9 @@ impl Role for SpecialistRole {
                             }
                         }
                         SpecialistReply::Logs { rows } => {
-                            if let Some((_, row)) = rows.last() {
+                            if let Some((_, row)) = rows.last()
+                                && self.node.observed()
+                            {
                                 self.node.emit(RuntimeEvent::Progress {
                                     attempt: self.attempt,
                                     summary: row.summary.clone(),
@@ -449,22 +460,23 @@ impl Role for SpecialistRole {
                         }
                         SpecialistReply::Delegate { .. } | SpecialistReply::Tool { .. } => {}
                     }
-                    self.node.route(Envelope::Coordinator {
-                        run: to.run(),
-                        msg: CoordinatorMsg::Specialist {
-                            from: to.attempt(),
-                            reply,
-                        },
+                    reply_run = to.run();
+                    replies.push(CoordinatorMsg::Specialist {
+                        from: to.attempt(),
+                        reply,
                     });
                 }
                 SpecialistEffect::SetTimer { timer, at } => {
                     let me = me.clone();
-                    Node::timer(at, move || Self::feed(&me, SpecialistInput::Timer(timer)));
+                    self.node
+                        .timer(at, move || Self::feed(&me, SpecialistInput::Timer(timer)));
                 }
                 SpecialistEffect::Emit(event) => self.node.lifecycle(event, None),
                 SpecialistEffect::Exit => flow = Flow::Stop(EXIT_REASON.into()),
             }
         }
+        // A specialist's only address is its own run's coordinator (its `ReplyTo`).
+        self.node.route_to_coordinator(reply_run, replies);
         flow
     }
 

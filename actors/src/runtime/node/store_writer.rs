@@ -59,8 +59,10 @@ impl Node {
     /// Execute one group commit on the calling thread (the store writer's) and answer the
     /// checkpoint actor.
     fn commit_now(self: &Arc<Self>, batch: CommitBatch) {
+        // Every op, superseded or not: an escalation is never superseded, and `all_ops` is a plain
+        // walk where `ops` first indexes the replaced rows.
         let escalations: Vec<RuntimeEvent> = batch
-            .ops()
+            .all_ops()
             .filter_map(|(run, op)| match op {
                 PersistOp::AppendEscalation(e) => Some(RuntimeEvent::Escalation {
                     run,
