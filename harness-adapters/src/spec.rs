@@ -240,6 +240,14 @@ pub struct SessionSpec {
     /// host; harnesses without a Stop hook ignore it.
     #[serde(default)]
     pub stop_gate: Option<GateCommand>,
+    /// The command a CLI's native session-event hooks run (docs/HARNESSES.md, "Policy hooks"):
+    /// today `PreCompact`, a CLI about to compact its own context. The adapter appends
+    /// `--event-for <harness>` (`cli::session_event::event_command`), so the command reads that
+    /// CLI's payload and answers the CLI's way: a veto blocks the compaction, a note goes into its
+    /// instructions. Set by the host only when the policy has hooks for such an event; harnesses
+    /// without the event (and keel's own loop, which never compacts) ignore it.
+    #[serde(default)]
+    pub session_event_hook: Option<GateCommand>,
     /// The agent profile the session runs as (empty when none): whose rules the policy applies
     /// to its tool calls (docs/DESIGN.md §9). Harnesses ignore it.
     #[serde(default)]
@@ -273,6 +281,7 @@ impl SessionSpec {
             account: Account::default(),
             stop_check: None,
             stop_gate: None,
+            session_event_hook: None,
             agent: String::new(),
             in_process: InProcessHooks::default(),
         }
@@ -311,6 +320,11 @@ impl SessionSpec {
             && (hook.program.trim().is_empty() || hook.timeout_ms == 0)
         {
             return invalid("post_tool_hook needs a program and a positive timeout");
+        }
+        if let Some(hook) = &self.session_event_hook
+            && (hook.program.trim().is_empty() || hook.timeout_ms == 0)
+        {
+            return invalid("session_event_hook needs a program and a positive timeout");
         }
         Ok(())
     }

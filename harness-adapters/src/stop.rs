@@ -6,7 +6,7 @@
 //! [`StopCheck`] is plain data in the spec (it crosses to worker nodes with it); the check itself is
 //! keel-actors' report reader, reached by keel's own loop in process through a [`StopJudge`] the host
 //! puts in the spec's [`InProcessHooks`], and by a CLI through its native Stop hook running the
-//! spec's `stop_gate` command (Claude Code; docs/HARNESSES.md says which CLIs can).
+//! spec's `stop_gate` command (Claude Code and Codex; docs/HARNESSES.md says which CLIs can).
 
 use std::fmt;
 use std::sync::Arc;

@@ -599,3 +599,73 @@ mod fuzz {
         }
     }
 }
+
+/// Codex's Stop hook sent an unsourced report back once (captured on Codex 0.171.0 with a probe
+/// Stop hook answering `block`, against the scripted model server): its output shows only two
+/// messages in one turn, and a parser for a spec with the Stop hook installed recognises the re-ask.
+#[test]
+fn codex_recognises_the_report_checks_re_ask_in_its_output() {
+    use std::sync::Arc;
+
+    use keel_harness::{GateCommand, SessionSpec, StopCheck, StopJudge};
+
+    /// Refuses a report that names no task, as keel's judge does.
+    struct NamesItsTask;
+    impl StopJudge for NamesItsTask {
+        fn judge(&self, _check: &StopCheck, text: &str) -> Result<(), String> {
+            if text.contains("\"subtask_id\"") {
+                Ok(())
+            } else {
+                Err("[keel] Your final answer is not a valid keel report: no task".into())
+            }
+        }
+    }
+
+    let mut spec = SessionSpec::new("p", "m", "/tmp");
+    spec.stop_check = Some(StopCheck {
+        report_for: vec!["01ABCDEF".into()],
+        re_asks_max: 1,
+    });
+    spec.stop_gate = Some(GateCommand {
+        program: "keel".into(),
+        args: vec!["hook".into(), "--report-for".into(), "01ABCDEF".into()],
+        timeout_ms: 10_000,
+    });
+    spec.in_process.stop = Some(Arc::new(NamesItsTask));
+    let mut parser = CodexParser::for_spec(&spec);
+    let mut events = Vec::new();
+    for line in fixture("codex", "stop-hook-block.exec-json.jsonl").lines() {
+        parser
+            .parse_line(line.as_bytes(), NOW, &mut events)
+            .unwrap();
+    }
+    let lines = summary(&events);
+    let sent: Vec<usize> = (0..lines.len())
+        .filter(|&i| lines[i].starts_with("sent back "))
+        .collect();
+    assert_eq!(sent.len(), 1, "{lines:#?}");
+    assert!(lines[sent[0]].contains("no task"), "{lines:#?}");
+    assert!(
+        lines[sent[0] - 1].starts_with("text {\"findings\""),
+        "{lines:#?}"
+    );
+    match &events[sent[0] + 1] {
+        HarnessEvent::Text { text } => assert!(text.contains("\"subtask_id\""), "{text}"),
+        other => panic!("{other:?} after the re-ask"),
+    }
+    assert!(
+        lines.last().unwrap().starts_with("finished end_turn"),
+        "{lines:#?}"
+    );
+    // The same output without the Stop hook: nothing is recognised.
+    let (plain, _) = run(
+        "codex",
+        &fixture("codex", "stop-hook-block.exec-json.jsonl"),
+        "",
+        Some(0),
+    );
+    assert!(
+        !summary(&plain).iter().any(|l| l.starts_with("sent back")),
+        "{plain:?}"
+    );
+}

@@ -123,6 +123,15 @@ pub(crate) enum Command {
         /// node the call's result and print the CLI's answer when the model is to see another.
         #[arg(long = "post-for", value_name = "HARNESS", requires = "url")]
         post_for: Option<String>,
+        /// Run as this CLI's session-event hook (`PreCompact`; `claude-code`, `codex`): the node
+        /// runs the event's hooks; a veto blocks the event, a note is carried into it.
+        #[arg(
+            long = "event-for",
+            value_name = "HARNESS",
+            requires = "url",
+            conflicts_with = "post_for"
+        )]
+        event_for: Option<String>,
         /// Run as a CLI's Stop hook instead: the task ids the session's report may name (its own
         /// first); a last message that is not a valid report is sent back once with the error.
         #[arg(long = "report-for", value_name = "TASK")]

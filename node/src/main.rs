@@ -69,19 +69,29 @@ fn main() -> ExitCode {
     if let cli::Command::Hook {
         url,
         post_for,
+        event_for,
         report_for,
     } = &cli.command
     {
-        return match (url, post_for) {
-            (Some(url), Some(harness)) => match keel_harness::HarnessKind::parse(harness) {
+        let kind_of = |harness: &String| {
+            let kind = keel_harness::HarnessKind::parse(harness);
+            if kind.is_none() {
+                eprintln!("keel hook: unknown harness {harness}");
+            }
+            kind
+        };
+        return match (url, post_for, event_for) {
+            (Some(url), Some(harness), _) => match kind_of(harness) {
                 Some(kind) => hook::run_post(url, kind),
-                None => {
-                    eprintln!("keel hook: unknown harness {harness}");
-                    ExitCode::from(Exit::Usage as u8)
-                }
+                None => ExitCode::from(Exit::Usage as u8),
             },
-            (Some(url), None) => hook::run(url),
-            (None, _) => hook::stop::run(report_for),
+            // A session event's failure is a veto (exit 2), which Usage (2) is too.
+            (Some(url), None, Some(harness)) => match kind_of(harness) {
+                Some(kind) => hook::run_event(url, kind),
+                None => ExitCode::from(Exit::Usage as u8),
+            },
+            (Some(url), None, None) => hook::run(url),
+            (None, _, _) => hook::stop::run(report_for),
         };
     }
     match dispatch::run(cli) {

@@ -308,8 +308,8 @@ impl Policy {
     pub fn register_hook(&mut self, hook: HookSpec) -> Result<(), crate::PolicyConfigError> {
         let problem = if !hook.event.runs_in_keel() {
             Some(format!(
-                "{} hooks are not run by keel; register PreToolUse, PostToolUse, SubagentStart \
-                 or SubagentStop hooks",
+                "{} hooks are not run by keel; register PreToolUse, PostToolUse, PreCompact, \
+                 SubagentStart or SubagentStop hooks",
                 hook.event.as_str()
             ))
         } else if self.hooks.iter().any(|h| h.name == hook.name) {

@@ -436,8 +436,9 @@ impl HookConfig {
             return Err(err(
                 field("event"),
                 format!(
-                    "{} hooks are not run by keel yet (PreToolUse, PostToolUse, SubagentStart \
-                     and SubagentStop are); a hook that never runs would be a silent gap",
+                    "{} hooks are not run by keel (PreToolUse, PostToolUse, PreCompact, \
+                     SubagentStart and SubagentStop are); a hook that never runs would be a \
+                     silent gap",
                     self.event.as_str()
                 ),
             ));
@@ -574,6 +575,20 @@ mod tests {
     }
 
     #[test]
+    fn a_pre_compact_hook_builds_and_matches_every_compaction() {
+        let policy = parse(
+            "[[hooks]]\nname = \"keep-context\"\nevent = \"PreCompact\"\n\
+             command = [\"check-compaction\"]\nmandatory = true\n",
+        )
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(policy.hooks[0].event, HookEvent::PreCompact);
+        assert_eq!(policy.hooks[0].matcher, ToolMatcher::Any);
+        assert_eq!(policy.hooks_for(HookEvent::PreCompact, None).count(), 1);
+        assert_eq!(policy.hooks_for(HookEvent::PreToolUse, None).count(), 0);
+    }
+
+    #[test]
     fn a_full_configuration_builds() {
         let policy = parse(
             r#"
@@ -663,12 +678,17 @@ ask_timeout_s = 60
         check_err(
             "[[hooks]]\nevent = \"Stop\"\ncommand = [\"a\"]\n",
             "hooks[0].event",
-            "not run by keel yet",
+            "not run by keel",
         );
         check_err(
-            "[[hooks]]\nevent = \"PreCompact\"\ncommand = [\"a\"]\n",
-            "hooks[0].event",
-            "not run by keel yet",
+            "[[hooks]]\nevent = \"PreCompact\"\ncommand = [\"a\"]\nmatcher = \"auto\"\n",
+            "hooks[0].matcher",
+            "leave matcher out",
+        );
+        check_err(
+            "[[hooks]]\nevent = \"PreCompact\"\nbuiltin = \"deny\"\n",
+            "hooks[0].builtin",
+            "PreCompact hooks are commands",
         );
         check_err(
             "[[hooks]]\nevent = \"SubagentStart\"\nbuiltin = \"deny\"\n",

@@ -24,7 +24,9 @@ pub enum HookEvent {
     PostToolUse,
     /// When the session would end; the hook can refuse completion.
     Stop,
-    /// Before a harness compacts its context.
+    /// Before a harness compacts its context (a CLI's own compaction, through the hook bridge;
+    /// keel's own loop never compacts): a veto blocks it, an annotation goes into its
+    /// instructions.
     PreCompact,
     /// When a specialist's session (a task's attempt, a delegated subtask included) is about to
     /// start on its brief: a veto refuses the start, an annotation is added to the brief.
@@ -59,15 +61,17 @@ impl HookEvent {
         )
     }
 
-    /// Whether keel runs hooks configured for this event (docs/DESIGN.md §9): the tool events, and
-    /// a specialist's start and report. `Stop` is keel's own report check, not configurable;
-    /// `PreCompact` runs only where a CLI's compaction is bridged to keel, so it is refused in
-    /// `[[hooks]]` until one is (a hook that never runs would be a silent gap).
+    /// Whether keel runs hooks configured for this event (docs/DESIGN.md §9): the tool events, a
+    /// specialist's start and report, and a CLI's compaction (`PreCompact`, on the harnesses whose
+    /// compaction is bridged to keel: Claude Code and Codex; docs/HARNESSES.md). `Stop` is keel's
+    /// own report check, not configurable, so it is refused in `[[hooks]]` (a hook that never runs
+    /// would be a silent gap).
     pub fn runs_in_keel(self) -> bool {
         matches!(
             self,
             HookEvent::PreToolUse
                 | HookEvent::PostToolUse
+                | HookEvent::PreCompact
                 | HookEvent::SubagentStart
                 | HookEvent::SubagentStop
         )
@@ -119,8 +123,8 @@ pub enum BuiltinHook {
 
 /// A hook written in Rust by an embedding host and registered in code
 /// ([`crate::Policy::register_hook`]): it runs in process, in the policy's order with the
-/// configured hooks (keel.toml's first), on `PreToolUse`, `PostToolUse`, `SubagentStart` and
-/// `SubagentStop`. It runs on the caller's
+/// configured hooks (keel.toml's first), on `PreToolUse`, `PostToolUse`, `PreCompact`,
+/// `SubagentStart` and `SubagentStop`. It runs on the caller's
 /// task, so it must answer quickly and never block; a panic is a failure (denying, or withholding
 /// the result, when the hook is mandatory).
 pub trait CodeHook: Send + Sync {
@@ -136,9 +140,10 @@ pub trait CodeHook: Send + Sync {
         PostHookResult::Keep
     }
 
-    /// A session event (`SubagentStart`, `SubagentStop`): veto it, annotate it, or no opinion.
-    /// `payload` is what a command hook gets on stdin (`hook_event_name`, `run_id`, `task_id`,
-    /// `attempt`, `agent`, and `brief` or `report`).
+    /// A session event (`SubagentStart`, `SubagentStop`, `PreCompact`): veto it, annotate it, or
+    /// no opinion. `payload` is what a command hook gets on stdin (`hook_event_name`, `run_id`,
+    /// `task_id`, `attempt`, `agent`, and `brief`, `report`, or for `PreCompact` the CLI's own
+    /// fields: `harness`, `trigger`, `custom_instructions`).
     fn on_event(&self, event: HookEvent, payload: &Value) -> EventResult {
         let _ = (event, payload);
         EventResult::NoOpinion

@@ -11,7 +11,7 @@ use keel_harness::HarnessKind;
 use keel_harness::scripted::model::REPORT_AFTER_TOOL;
 use serde_json::Value;
 
-use crate::{HelperError, Reaped, init_home_with, keel, keel_json_list, model_server};
+use crate::{HelperError, Reaped, init_home_with, keel, keel_json_list, model_server_with};
 
 /// How long one `keel` command of a policy test may take.
 pub const POLICY_WAIT: Duration = Duration::from_secs(240);
@@ -37,9 +37,30 @@ impl PolicyHome {
     /// # Errors
     /// A `keel` command failed or the files could not be written.
     pub fn new(policy: &str) -> Result<PolicyHome, HelperError> {
+        PolicyHome::with_script(policy, None)
+    }
+
+    /// [`PolicyHome::new`] whose model server follows `script` (the JSON of a `keel model-server
+    /// --script` file: its turns, its usage) before its prompt rules.
+    ///
+    /// # Errors
+    /// As [`PolicyHome::new`].
+    pub fn with_script(policy: &str, script: Option<&str>) -> Result<PolicyHome, HelperError> {
         let dir = tempfile::tempdir()?;
         init_home_with(dir.path(), policy, POLICY_WAIT)?;
-        let (server, url) = model_server(dir.path(), &dir.path().join("record"))?;
+        let script_file = match script {
+            Some(text) => {
+                let file = dir.path().join(".keel").join("model-script.json");
+                std::fs::write(&file, text)?;
+                Some(file)
+            }
+            None => None,
+        };
+        let (server, url) = model_server_with(
+            dir.path(),
+            &dir.path().join("record"),
+            script_file.as_deref(),
+        )?;
         Ok(PolicyHome {
             dir,
             url,

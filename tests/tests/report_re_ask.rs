@@ -5,8 +5,9 @@
 //!
 //! Real processes: `keel model-server` (the scripted model on 127.0.0.1, whose `MALFORMED_REPORTS:
 //! n` rule answers with an unsourced report until it was re-asked `n` times), `keel run` on a plan
-//! of one step, on keel's own loop and on the real Claude Code (its Stop command hook; skipped only
-//! with `KEEL_SKIP_REAL_CLIS=1` when it is not installed).
+//! of one step, on keel's own loop, on the real Claude Code (its Stop command hook) and on the real
+//! Codex (its `-c hooks.Stop` hook); the CLIs are skipped only with `KEEL_SKIP_REAL_CLIS=1` when they
+//! are not installed.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests: a panic is the failure report.
 
 use keel_actors::PlanStep;
@@ -133,5 +134,19 @@ fn keels_own_loop_fails_the_attempt_after_a_second_malformed_report() {
 fn claude_code_fixes_a_malformed_report_in_one_more_turn_through_its_stop_hook() {
     if keel_tests::claude_code_installed() {
         fixed_in_one_more_turn(Some(HarnessKind::ClaudeCode));
+    }
+}
+
+#[test]
+fn codex_fixes_a_malformed_report_in_one_more_turn_through_its_stop_hook() {
+    if keel_tests::cli_installed(HarnessKind::Codex) {
+        fixed_in_one_more_turn(Some(HarnessKind::Codex));
+    }
+}
+
+#[test]
+fn codex_fails_the_attempt_after_a_second_malformed_report() {
+    if keel_tests::cli_installed(HarnessKind::Codex) {
+        fails_after_one_re_ask(Some(HarnessKind::Codex));
     }
 }

@@ -121,6 +121,20 @@ impl CliFlavor for ClaudeCode {
                 {"type": "command", "command": command, "timeout": secs}
             ]}]);
         }
+        if let Some(hook) = &spec.session_event_hook {
+            // Before Claude Code compacts its context (by hand or automatically): keel's policy
+            // may veto it (exit 2 blocks the compaction) or add a note to its instructions.
+            let wrapper = super::session_event::install_event_wrapper(
+                session_dir,
+                hook,
+                HarnessKind::ClaudeCode,
+                &mut files,
+            );
+            let secs = hook.timeout_ms.div_ceil(1000).max(1) + 5;
+            settings["hooks"]["PreCompact"] = serde_json::json!([{"hooks": [
+                {"type": "command", "command": super::shell_quote(&wrapper.display().to_string()), "timeout": secs}
+            ]}]);
+        }
         let mut args: Vec<String> = vec![
             "-p".into(),
             "--output-format".into(),

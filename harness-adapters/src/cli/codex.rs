@@ -11,6 +11,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::path::Path;
+use std::sync::Arc;
 
 use serde::Deserialize;
 
@@ -19,6 +20,7 @@ use super::{CliBinary, CliFlavor, EventParser, Invocation, ProcessOutcome, limit
 use crate::error::StartError;
 use crate::event::{HarnessEvent, StopReason};
 use crate::spec::{HarnessKind, PermissionMode, SessionSpec};
+use crate::stop::{StopCheck, StopJudge};
 use crate::usage::{TokenCounts, UsageReport, UsageScope};
 
 /// The endpoint used when the account names none.
@@ -47,6 +49,16 @@ impl CodexHarness {
 /// A TOML basic string (JSON string escapes are valid TOML escapes).
 fn toml_str(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"\"".to_owned())
+}
+
+/// `-c hooks.EVENT=[...]`: one command hook for `event` (with `matcher = "*"` for a tool event),
+/// running the shell command line `command` with a timeout of `secs` seconds.
+fn hook_arg(event: &str, tool_event: bool, command: &str, secs: u64) -> String {
+    let matcher = if tool_event { "matcher=\"*\"," } else { "" };
+    format!(
+        "hooks.{event}=[{{{matcher}hooks=[{{type=\"command\",command={},timeout={secs}}}]}}]",
+        toml_str(command)
+    )
 }
 
 /// The account's base URL in the form OpenAI-style clients want (`.../v1`).
@@ -143,11 +155,9 @@ impl CliFlavor for Codex {
                 &mut files,
             );
             let secs = gate.timeout_ms.div_ceil(1000).max(1) + 5;
+            let command = super::shell_quote(&wrapper.display().to_string());
             args.push("-c".into());
-            args.push(format!(
-                "hooks.PreToolUse=[{{matcher=\"*\",hooks=[{{type=\"command\",command={},timeout={secs}}}]}}]",
-                toml_str(&super::shell_quote(&wrapper.display().to_string()))
-            ));
+            args.push(hook_arg("PreToolUse", true, &command, secs));
         }
         if let Some(hook) = &spec.post_tool_hook {
             // After every call: keel records a success and runs the PostToolUse hooks; a changed
@@ -160,13 +170,46 @@ impl CliFlavor for Codex {
                 &mut files,
             );
             let secs = hook.timeout_ms.div_ceil(1000).max(1) + 5;
+            let command = super::shell_quote(&wrapper.display().to_string());
             args.push("-c".into());
-            args.push(format!(
-                "hooks.PostToolUse=[{{matcher=\"*\",hooks=[{{type=\"command\",command={},timeout={secs}}}]}}]",
-                toml_str(&super::shell_quote(&wrapper.display().to_string()))
+            args.push(hook_arg("PostToolUse", true, &command, secs));
+        }
+        let stop = match (&spec.stop_gate, &spec.stop_check) {
+            (Some(stop), Some(_)) => Some(stop),
+            _ => None,
+        };
+        if let Some(stop) = stop {
+            // The report check when the session would end: the command judges
+            // `last_assistant_message` and answers `{"decision": "block", "reason": ...}`, which
+            // Codex sends the model as one more turn of the same session.
+            let secs = stop.timeout_ms.div_ceil(1000).max(1);
+            args.push("-c".into());
+            args.push(hook_arg(
+                "Stop",
+                false,
+                &super::gate::command_line(stop),
+                secs,
             ));
         }
-        if spec.pre_tool_gate.is_some() || spec.post_tool_hook.is_some() {
+        if let Some(hook) = &spec.session_event_hook {
+            // Before Codex compacts its context: keel's policy may veto it (`continue: false`,
+            // which ends the turn: the attempt fails and is retried fresh). Codex takes no note.
+            let wrapper = super::session_event::install_event_wrapper(
+                session_dir,
+                hook,
+                HarnessKind::Codex,
+                &mut files,
+            );
+            let secs = hook.timeout_ms.div_ceil(1000).max(1) + 5;
+            let command = super::shell_quote(&wrapper.display().to_string());
+            args.push("-c".into());
+            args.push(hook_arg("PreCompact", false, &command, secs));
+        }
+        if spec.pre_tool_gate.is_some()
+            || spec.post_tool_hook.is_some()
+            || stop.is_some()
+            || spec.session_event_hook.is_some()
+        {
             // Hooks that are not trusted are skipped silently.
             args.push("--dangerously-bypass-hook-trust".into());
         }
@@ -204,8 +247,8 @@ impl CliFlavor for Codex {
         })
     }
 
-    fn parser(&self, _spec: &SessionSpec) -> Box<dyn EventParser> {
-        Box::new(CodexParser::default())
+    fn parser(&self, spec: &SessionSpec) -> Box<dyn EventParser> {
+        Box::new(CodexParser::for_spec(spec))
     }
 }
 
@@ -273,6 +316,43 @@ struct Usage {
     output_tokens: u64,
 }
 
+/// Recognises the report check's re-ask in Codex's output, which does not show its Stop hook's
+/// decision: the hook runs the same judge on the same text (`last_assistant_message`), and Codex
+/// runs it only when a model response has no tool call, so a final message the judge refuses,
+/// followed in the same turn by another message, was sent back (docs/HARNESSES.md). A re-ask
+/// whose answer starts with a tool call is not recognised (the log then lacks its row; the
+/// attempt's outcome does not depend on it).
+struct StopWatch {
+    judge: Arc<dyn StopJudge>,
+    check: StopCheck,
+    /// The refusal of the turn's latest message, while nothing followed it.
+    refused: Option<String>,
+    sent_back: u32,
+}
+
+impl std::fmt::Debug for StopWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StopWatch")
+            .field("refused", &self.refused.is_some())
+            .field("sent_back", &self.sent_back)
+            .finish_non_exhaustive()
+    }
+}
+
+impl StopWatch {
+    /// A message completed: the earlier refused one was sent back, if there is one; this one is
+    /// judged while re-asks are left.
+    fn message(&mut self, text: &str, out: &mut Vec<HarnessEvent>) {
+        if let Some(reason) = self.refused.take() {
+            self.sent_back += 1;
+            out.push(HarnessEvent::SentBack { reason });
+        }
+        if self.sent_back < self.check.re_asks_max {
+            self.refused = self.judge.judge(&self.check, text).err();
+        }
+    }
+}
+
 /// Parses `codex exec --json` output.
 #[derive(Debug, Default)]
 pub struct CodexParser {
@@ -281,12 +361,36 @@ pub struct CodexParser {
     turns_completed: u32,
     last_text: String,
     last_error: Option<String>,
+    stop: Option<StopWatch>,
 }
 
 impl CodexParser {
+    /// The parser for a session of `spec`: it recognises the report check's re-ask when the spec
+    /// installs Codex's Stop hook (`stop_gate` and `stop_check`) and the host gave the judge.
+    pub fn for_spec(spec: &SessionSpec) -> CodexParser {
+        let stop = match (&spec.stop_gate, &spec.stop_check, &spec.in_process.stop) {
+            (Some(_), Some(check), Some(judge)) => Some(StopWatch {
+                judge: Arc::clone(judge),
+                check: check.clone(),
+                refused: None,
+                sent_back: 0,
+            }),
+            _ => None,
+        };
+        CodexParser {
+            stop,
+            ..CodexParser::default()
+        }
+    }
+
     fn tool_use(&mut self, item: &Item<'_>, out: &mut Vec<HarnessEvent>) {
         if self.open_items.contains(item.id.as_ref()) {
             return;
+        }
+        if let Some(watch) = &mut self.stop {
+            // A message followed by a tool call was not a final answer (or its re-ask began with
+            // a tool call, which cannot be told apart).
+            watch.refused = None;
         }
         let (name, input) = match item.kind.as_ref() {
             "command_execution" => {
@@ -411,6 +515,9 @@ impl EventParser for CodexParser {
                 match item.kind.as_ref() {
                     "agent_message" => {
                         let text = item.text.map(Cow::into_owned).unwrap_or_default();
+                        if let Some(watch) = &mut self.stop {
+                            watch.message(&text, out);
+                        }
                         self.last_text.clone_from(&text);
                         out.push(HarnessEvent::Text { text });
                     }
@@ -421,6 +528,9 @@ impl EventParser for CodexParser {
             }
             "turn.completed" => {
                 self.turns_completed += 1;
+                if let Some(watch) = &mut self.stop {
+                    watch.refused = None; // the session ends on it
+                }
                 if let Some(u) = l.usage {
                     // OpenAI counts cached tokens inside input_tokens; keel counts them apart.
                     out.push(HarnessEvent::Usage(UsageReport {
@@ -473,5 +583,109 @@ impl EventParser for CodexParser {
             None => super::died_message("codex", outcome),
         };
         HarnessEvent::Failed(limits::classify(&message, None, None, outcome.now_unix_ms))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::GateCommand;
+
+    /// Refuses any text that is not exactly `GOOD`.
+    struct OnlyGood;
+
+    impl StopJudge for OnlyGood {
+        fn judge(&self, _check: &StopCheck, text: &str) -> Result<(), String> {
+            if text == "GOOD" {
+                Ok(())
+            } else {
+                Err(format!("refused: {text}"))
+            }
+        }
+    }
+
+    fn parser_with_stop_hook() -> CodexParser {
+        let mut spec = SessionSpec::new("p", "m", "/tmp");
+        spec.stop_check = Some(StopCheck {
+            report_for: vec!["t".into()],
+            re_asks_max: 1,
+        });
+        spec.stop_gate = Some(GateCommand {
+            program: "keel".into(),
+            args: vec!["hook".into()],
+            timeout_ms: 1_000,
+        });
+        spec.in_process.stop = Some(Arc::new(OnlyGood));
+        CodexParser::for_spec(&spec)
+    }
+
+    fn events(parser: &mut CodexParser, lines: &[&str]) -> Vec<HarnessEvent> {
+        let mut out = Vec::new();
+        for line in lines {
+            parser
+                .parse_line(line.as_bytes(), 0, &mut out)
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        out
+    }
+
+    const MESSAGE_BAD: &str =
+        r#"{"type":"item.completed","item":{"id":"item_1","type":"agent_message","text":"BAD"}}"#;
+    const MESSAGE_GOOD: &str =
+        r#"{"type":"item.completed","item":{"id":"item_2","type":"agent_message","text":"GOOD"}}"#;
+    const COMMAND: &str = r#"{"type":"item.started","item":{"id":"item_3","type":"command_execution","command":"ls","aggregated_output":"","status":"in_progress"}}"#;
+    const TURN_DONE: &str =
+        r#"{"type":"turn.completed","usage":{"input_tokens":1,"output_tokens":1}}"#;
+
+    fn sent_back(events: &[HarnessEvent]) -> Vec<&str> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                HarnessEvent::SentBack { reason } => Some(reason.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn hook_arguments_are_codexs_toml() {
+        assert_eq!(
+            hook_arg("PreToolUse", true, "/s/keel-gate.sh", 15),
+            r#"hooks.PreToolUse=[{matcher="*",hooks=[{type="command",command="/s/keel-gate.sh",timeout=15}]}]"#
+        );
+        assert_eq!(
+            hook_arg("Stop", false, "keel hook --report-for 'a b'", 10),
+            r#"hooks.Stop=[{hooks=[{type="command",command="keel hook --report-for 'a b'",timeout=10}]}]"#
+        );
+    }
+
+    #[test]
+    fn a_refused_message_followed_by_another_in_the_same_turn_was_sent_back_once() {
+        let mut p = parser_with_stop_hook();
+        let out = events(&mut p, &[MESSAGE_BAD, MESSAGE_GOOD, TURN_DONE]);
+        assert_eq!(sent_back(&out), vec!["refused: BAD"]);
+        // The re-ask comes between the refused message's text and the new one's.
+        assert!(matches!(&out[1], HarnessEvent::SentBack { .. }), "{out:?}");
+        assert!(
+            matches!(&out[2], HarnessEvent::Text { text } if text == "GOOD"),
+            "{out:?}"
+        );
+        // A second refusal is not judged again: the session was sent back once already.
+        let mut p = parser_with_stop_hook();
+        let out = events(&mut p, &[MESSAGE_BAD, MESSAGE_BAD, MESSAGE_BAD, TURN_DONE]);
+        assert_eq!(sent_back(&out).len(), 1, "{out:?}");
+    }
+
+    #[test]
+    fn a_message_before_a_tool_call_or_at_the_turns_end_was_not_sent_back() {
+        let mut p = parser_with_stop_hook();
+        let out = events(&mut p, &[MESSAGE_BAD, COMMAND, MESSAGE_GOOD, TURN_DONE]);
+        assert_eq!(sent_back(&out), Vec::<&str>::new());
+        let out = events(&mut p, &[MESSAGE_BAD, TURN_DONE]);
+        assert_eq!(sent_back(&out), Vec::<&str>::new());
+        // Without the Stop hook nothing is recognised.
+        let mut plain = CodexParser::default();
+        let out = events(&mut plain, &[MESSAGE_BAD, MESSAGE_GOOD, TURN_DONE]);
+        assert_eq!(sent_back(&out), Vec::<&str>::new());
     }
 }

@@ -16,7 +16,8 @@
 //! Files: this one holds what every adapter implements ([`CliFlavor`], [`EventParser`]) and the
 //! parsers' shared helpers; `resume` the no-resume check, `binary` the executable lookup, `env` the
 //! session's environment and credential, `gate` the fail-closed gate scripts, `post_tool` the
-//! `PostToolUse` hook's payloads and answers, `runner` the runner; one file per CLI; `jsonl` the
+//! `PostToolUse` hook's payloads and answers, `session_event` the session-event hook's (`PreCompact`)
+//! command and answers, `runner` the runner; one file per CLI; `jsonl` the
 //! bounded line reader; `limits` rate-limit classification.
 
 pub mod claude;
@@ -26,6 +27,7 @@ pub mod limits;
 pub mod opencode;
 pub mod pi;
 pub mod post_tool;
+pub mod session_event;
 
 mod binary;
 mod env;

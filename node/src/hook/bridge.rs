@@ -11,6 +11,11 @@
 //! answer, which carries the result the model is to see. Sessions get that hook only when the policy
 //! needs results (a `PostToolUse` hook, or a gate waiting for a success).
 //!
+//! A CLI's own session events come the same way (`keel hook --event-for HARNESS`; `PreCompact`, a
+//! CLI about to compact its context): they go to [`PolicyHost::on_session_event`], whose hooks'
+//! audit rows are durable before the answer (a veto, or the notes to carry). Sessions get that
+//! hook only when this node's policy has hooks for such an event (not on a cluster worker yet).
+//!
 //! Tokens are minted when a session starts ([`SessionService::session_starting`]) and revoked when it
 //! ends, so a token never reaches another session or outlives its own.
 //!
@@ -53,6 +58,8 @@ struct Inner {
     sessions: Mutex<BTreeMap<String, ToolScope>>,
     /// The gate command, its timeout set per session from the decider's times.
     gate: GateCommand,
+    /// Whether sessions get the session-event hook (`PreCompact`): the policy has hooks for it.
+    session_events: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -90,7 +97,13 @@ impl PolicyBridge {
     /// # Errors
     /// The port cannot be bound.
     pub(crate) async fn start(host: PolicyHost, keel_exe: &Path) -> anyhow::Result<PolicyBridge> {
-        let mut bridge = Self::start_for(Arc::new(host.clone()), keel_exe).await?;
+        // A CLI's own session events reach the policy only when it has hooks for one.
+        let session_events = host
+            .policy()
+            .hooks
+            .iter()
+            .any(|h| h.event == HookEvent::PreCompact);
+        let mut bridge = Self::start_with(Arc::new(host.clone()), keel_exe, session_events).await?;
         bridge.local = Some(host);
         Ok(bridge)
     }
@@ -103,6 +116,14 @@ impl PolicyBridge {
     pub(crate) async fn start_for(
         decider: Arc<dyn PolicyDecider>,
         keel_exe: &Path,
+    ) -> anyhow::Result<PolicyBridge> {
+        Self::start_with(decider, keel_exe, false).await
+    }
+
+    async fn start_with(
+        decider: Arc<dyn PolicyDecider>,
+        keel_exe: &Path,
+        session_events: bool,
     ) -> anyhow::Result<PolicyBridge> {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
             .await
@@ -121,6 +142,7 @@ impl PolicyBridge {
             host: decider,
             sessions: Mutex::new(BTreeMap::new()),
             gate,
+            session_events,
         });
         let app = Router::new()
             .route(HOOK_PATH, post(decide))
@@ -193,6 +215,11 @@ impl SessionService for BridgeService {
             timeout_ms: ms + GATE_MARGIN_MS,
             ..self.0.gate.clone()
         });
+        // A CLI's compaction asks the policy only when it has hooks for it.
+        spec.session_event_hook = self.0.session_events.then(|| GateCommand {
+            timeout_ms: times.decide_ms + GATE_MARGIN_MS,
+            ..self.0.gate.clone()
+        });
         spec.env.insert(HOOK_TOKEN_ENV.into(), token);
     }
 
@@ -216,6 +243,7 @@ fn answer(status: StatusCode, decision: Decision, reason: String) -> Response {
             decision,
             reason,
             output: None,
+            context: None,
         },
     )
 }
@@ -263,6 +291,11 @@ async fn decide(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Bytes
             "keel: the hook payload is not JSON (denied)".into(),
         );
     };
+    if payload.get("hook_event_name").and_then(Value::as_str)
+        == Some(HookEvent::PreCompact.as_str())
+    {
+        return session_event(&inner, &scope, HookEvent::PreCompact, payload).await;
+    }
     let Some(tool) = payload
         .get("tool_name")
         .and_then(Value::as_str)
@@ -340,6 +373,36 @@ async fn after_tool(inner: &Inner, scope: &ToolScope, call: ToolCall, payload: V
             decision: Decision::Allow,
             reason: String::new(),
             output: Some(result),
+            context: None,
+        },
+    )
+}
+
+/// A CLI's own session event (`PreCompact`): the event's hooks run, their audit rows are made
+/// durable, and the answer is the veto or the notes to carry (rows that could not be recorded
+/// veto).
+async fn session_event(
+    inner: &Inner,
+    scope: &ToolScope,
+    event: HookEvent,
+    payload: Value,
+) -> Response {
+    let started = std::time::Instant::now();
+    let answer = inner.host.on_session_event(scope, event, payload).await;
+    tracing::info!(
+        event = event.as_str(),
+        decision = ?answer.decision,
+        by = %answer.decided_by,
+        elapsed_us = started.elapsed().as_micros() as u64,
+        "session event decided and audited"
+    );
+    respond(
+        StatusCode::OK,
+        &HookAnswer {
+            decision: answer.decision,
+            reason: answer.reason,
+            output: None,
+            context: answer.context,
         },
     )
 }

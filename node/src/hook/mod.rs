@@ -6,8 +6,11 @@
 //! is that CLI's `PostToolUse` hook: it hands the node the call's result (a success meets a
 //! prerequisite or issues a token; `PostToolUse` hooks may rewrite or withhold it) and prints the
 //! CLI's answer for a changed result (keel_harness::cli::post_tool); anything that goes wrong
-//! withholds the result. With `--report-for` it is a CLI's Stop hook instead ([`stop`]: the report
-//! check, run in the hook's own process).
+//! withholds the result. With `--event-for HARNESS` it is that CLI's session-event hook
+//! (`PreCompact`): the node runs the event's hooks and the command answers the CLI's way (a veto
+//! blocks the compaction, a note goes into its instructions; keel_harness::cli::session_event);
+//! anything that goes wrong vetoes. With `--report-for` it is a CLI's Stop hook instead ([`stop`]:
+//! the report check, run in the hook's own process).
 
 pub(crate) mod bridge;
 pub(crate) mod stop;
@@ -16,9 +19,9 @@ use std::io::{Read, Write};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use keel_harness::cli::post_tool;
+use keel_harness::cli::{post_tool, session_event};
 use keel_harness::{HarnessKind, ToolOutput};
-use keel_policy::Decision;
+use keel_policy::{Decision, HookEvent};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -50,6 +53,9 @@ pub(crate) struct HookAnswer {
     /// rewritten or withheld it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) output: Option<ToolOutput>,
+    /// For a session event that goes on: the hooks' notes, to carry into it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) context: Option<String>,
 }
 
 /// `keel hook --url URL`: forward stdin to the node and exit 0 (allow) or 2 (deny, reason on
@@ -122,6 +128,51 @@ fn post_answer(url: &str, harness: HarnessKind) -> anyhow::Result<Option<String>
         anyhow::anyhow!("the node did not hand back the result: {}", answer.reason)
     })?;
     Ok(post_tool::answer_for(harness, &payload, &original, &output))
+}
+
+/// `keel hook --url URL --event-for HARNESS`: hand the node the session event in the CLI's payload
+/// on stdin (`PreCompact`) and answer the CLI's way ([`session_event::reply_for`]). Anything that
+/// goes wrong vetoes the event (fail closed: keel could not record a decision).
+pub(crate) fn run_event(url: &str, harness: HarnessKind) -> ExitCode {
+    let (veto, note) = match event_answer(url, harness) {
+        Ok(HookAnswer {
+            decision: Decision::Allow,
+            context,
+            ..
+        }) => (None, context),
+        Ok(HookAnswer { reason, .. }) => (Some(reason), None),
+        Err(e) => (
+            Some(format!(
+                "keel hook failed, so the session event is refused: {e:#}"
+            )),
+            None,
+        ),
+    };
+    let reply = session_event::reply_for(harness, veto.as_deref(), note.as_deref());
+    if let Some(out) = &reply.stdout {
+        println!("{out}");
+    }
+    if let Some(err) = &reply.stderr {
+        eprintln!("{err}");
+    }
+    ExitCode::from(reply.exit_code)
+}
+
+fn event_answer(url: &str, harness: HarnessKind) -> anyhow::Result<HookAnswer> {
+    let bytes = read_stdin(PAYLOAD_BYTES_MAX)?;
+    let mut payload: Value = serde_json::from_slice(&bytes)?;
+    let event = payload
+        .get("hook_event_name")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    if event != HookEvent::PreCompact.as_str() {
+        anyhow::bail!("keel bridges no session event {event:?} (only PreCompact)");
+    }
+    let obj = payload
+        .as_object_mut()
+        .ok_or_else(|| anyhow::anyhow!("the hook payload is not a JSON object"))?;
+    obj.insert("harness".into(), harness.as_str().into());
+    post_to_node(url, &serde_json::to_vec(&payload)?)
 }
 
 /// One request to the node's hook endpoint with the session's token; its answer.
@@ -356,6 +407,7 @@ mod tests {
                         decision: Decision::Deny,
                         reason,
                         output: None,
+                        context: None,
                     })
                     .unwrap_or_default()
                 },

@@ -1,15 +1,16 @@
 //! The Stop hook's report check for a CLI (docs/DESIGN.md §9): `keel hook --report-for ID...`, the
-//! command a CLI's native Stop hook runs (Claude Code's), and the session service that gives every
-//! session with a report check that command. The check is keel-actors' own
+//! command a CLI's native Stop hook runs (Claude Code's and Codex's), and the session service that
+//! gives every session with a report check that command. The check is keel-actors' own
 //! ([`keel_actors::report::judge_final_text`], the same the specialist and keel's own loop use), run
 //! in the hook's process: it needs nothing from the node.
 //!
-//! Contract (Claude Code's Stop command hook): the event on stdin as JSON with
-//! `last_assistant_message` and `stop_hook_active`; exit 0 with nothing lets the session end; exit 0
-//! with `{"decision": "block", "reason": ...}` sends it back for one more turn with the reason. A
-//! session already sent back once (`stop_hook_active`) may end: its attempt then fails with the
-//! exact error, as it would without the hook. Anything that goes wrong lets the session end, since
-//! the specialist's own verdict on its final text still runs (this hook only adds a chance).
+//! Contract (Claude Code's Stop command hook, which Codex 0.171.0 follows): the event on stdin as
+//! JSON with `last_assistant_message` and `stop_hook_active`; exit 0 with nothing lets the session
+//! end; exit 0 with `{"decision": "block", "reason": ...}` sends it back for one more turn with the
+//! reason. A session already sent back once (`stop_hook_active`) may end: its attempt then fails
+//! with the exact error, as it would without the hook. Anything that goes wrong lets the session
+//! end, since the specialist's own verdict on its final text still runs (this hook only adds a
+//! chance).
 
 use std::io::Read;
 use std::path::PathBuf;
