@@ -399,3 +399,106 @@ async fn subagent_hooks_veto_a_start_and_annotate_a_report() {
     );
     rt.shutdown().await;
 }
+
+/// Review finding: a CLI's result reaches the node through a hook command holding the session's
+/// token, which the session's own tools can read. Only the result of a call the policy allowed
+/// earns gate marks, once: a made-up result for a call never asked about, or one posted twice,
+/// meets no prerequisite.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_call_the_policy_allowed_earns_gate_marks_and_only_once() {
+    use keel_actors::runtime::ToolScope;
+    use keel_harness::PermissionMode;
+    use keel_policy::{Decision, Gate, GateCheck, GateScope};
+
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let store = Arc::new(Store::open(dir.path().join("keel.redb")).unwrap());
+    let rule = |t: &str| -> keel_policy::Rule { t.parse().unwrap() };
+    let policy = Policy {
+        gates: vec![Gate {
+            name: "tested".into(),
+            rule: rule("Bash(deploy*)"),
+            per: GateScope::Task,
+            check: GateCheck::Prerequisite {
+                after: rule("Bash(make test*)"),
+            },
+        }],
+        ..Policy::default()
+    };
+    let host = PolicyHost::new(policy);
+    let (rt, run, _) = two_part_run(
+        &store,
+        &work,
+        Policy::default(),
+        "gates",
+        "echo one",
+        "echo two",
+    )
+    .await;
+    host.attach(&rt);
+    let task = store.run(run).tasks(None, 10).unwrap().items[0].id;
+    let scope = ToolScope {
+        attempt: keel_actors::AttemptId {
+            run,
+            task,
+            attempt: 1,
+        },
+        mode: PermissionMode::AcceptEdits,
+        tools: Vec::new(),
+        agent: "scripted".into(),
+    };
+    let call = |command: &str| ToolCall::new("Bash", serde_json::json!({ "command": command }));
+    let payload =
+        |event: &str, id: &str| serde_json::json!({"hook_event_name": event, "tool_use_id": id});
+    let ok = || ToolOutput {
+        is_error: false,
+        text: "passed".into(),
+    };
+    let deploy = || async {
+        host.before_tool(&scope, &call("deploy now"), payload("PreToolUse", "d"))
+            .await
+            .decision
+    };
+    assert_eq!(deploy().await, Decision::Deny, "no test has run");
+    // A made-up success of a call never asked about earns nothing.
+    host.after_tool(
+        &scope,
+        &call("make test"),
+        payload("PostToolUse", "forged"),
+        ok(),
+    )
+    .await;
+    assert_eq!(
+        deploy().await,
+        Decision::Deny,
+        "a made-up result met the gate"
+    );
+    // The real call: allowed, then its success meets the prerequisite.
+    let asked = host
+        .before_tool(&scope, &call("make test"), payload("PreToolUse", "t1"))
+        .await;
+    assert_eq!(asked.decision, Decision::Allow);
+    host.after_tool(
+        &scope,
+        &call("make test"),
+        payload("PostToolUse", "t1"),
+        ok(),
+    )
+    .await;
+    assert_eq!(deploy().await, Decision::Allow);
+    let marks = store.run(run).gate_marks(0, 100).unwrap().items.len();
+    // The same result posted again earns nothing more.
+    host.after_tool(
+        &scope,
+        &call("make test"),
+        payload("PostToolUse", "t1"),
+        ok(),
+    )
+    .await;
+    assert_eq!(
+        store.run(run).gate_marks(0, 100).unwrap().items.len(),
+        marks
+    );
+    rt.shutdown().await;
+}

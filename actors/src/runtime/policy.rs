@@ -181,6 +181,65 @@ struct Inner {
     /// with each mark once it is durable. The lock is held from the look-up to the commit of the
     /// marks a gated call writes, so two calls cannot both take the last place.
     ledgers: tokio::sync::Mutex<BTreeMap<RunId, GateLedger>>,
+    /// The calls `before_tool` allowed and whose result has not come back yet, by attempt and the
+    /// harness's call id: only such a call's success earns gate marks in `after_tool`. A CLI's
+    /// result reaches the node through a hook command holding the session's token, which the
+    /// session's own tools can read; a result for a call nobody allowed (made up by the session,
+    /// or posted twice) earns nothing.
+    allowed: std::sync::Mutex<AllowedCalls>,
+}
+
+/// [`Inner::allowed`]: bounded, the oldest attempts forgotten first (a forgotten call's success
+/// earns no marks: fails closed).
+#[derive(Default)]
+struct AllowedCalls {
+    by_attempt: BTreeMap<AttemptId, std::collections::VecDeque<String>>,
+}
+
+/// Most attempts whose allowed calls are remembered.
+const ALLOWED_ATTEMPTS_MAX: usize = 4_096;
+/// Most allowed calls remembered per attempt awaiting their results.
+const ALLOWED_CALLS_MAX: usize = 1_024;
+
+impl AllowedCalls {
+    fn allow(&mut self, attempt: AttemptId, id: String) {
+        if !self.by_attempt.contains_key(&attempt)
+            && self.by_attempt.len() >= ALLOWED_ATTEMPTS_MAX
+            && let Some(oldest) = self.by_attempt.keys().next().copied()
+        {
+            self.by_attempt.remove(&oldest);
+        }
+        let calls = self.by_attempt.entry(attempt).or_default();
+        if calls.len() >= ALLOWED_CALLS_MAX {
+            calls.pop_front();
+        }
+        calls.push_back(id);
+    }
+
+    /// Whether `id` was allowed for `attempt` and not yet taken; takes it.
+    fn take(&mut self, attempt: AttemptId, id: &str) -> bool {
+        let Some(calls) = self.by_attempt.get_mut(&attempt) else {
+            return false;
+        };
+        let Some(at) = calls.iter().position(|c| c == id) else {
+            return false;
+        };
+        calls.remove(at);
+        if calls.is_empty() {
+            self.by_attempt.remove(&attempt);
+        }
+        true
+    }
+}
+
+/// The harness's id of a call in a hook payload (`tool_use_id`; the opencode plugin and the pi
+/// extension put their call ids there).
+fn call_id(payload: &Value) -> Option<String> {
+    payload
+        .get("tool_use_id")
+        .and_then(Value::as_str)
+        .filter(|id| !id.is_empty())
+        .map(str::to_owned)
 }
 
 /// The runtime's policy: cheap to clone, shared by the in-process guards and the `keel hook`
@@ -209,6 +268,7 @@ impl PolicyHost {
                 audit: OnceLock::new(),
                 desk: OnceLock::new(),
                 ledgers: tokio::sync::Mutex::new(BTreeMap::new()),
+                allowed: std::sync::Mutex::new(AllowedCalls::default()),
             }),
         }
     }
@@ -237,8 +297,24 @@ impl PolicyHost {
 
     /// Decides `call` for `scope` before it runs: hooks, chain, gates, durable audit rows and gate
     /// marks, an approval for an ask. `payload` is the hook payload commands get (keel adds the
-    /// run, task and attempt).
+    /// run, task and attempt). An allowed call's id is remembered: only its result earns marks.
     pub async fn before_tool(
+        &self,
+        scope: &ToolScope,
+        call: &ToolCall,
+        payload: Value,
+    ) -> ToolAnswer {
+        let id = call_id(&payload);
+        let answer = self.decide_before(scope, call, payload).await;
+        if answer.decision == Decision::Allow
+            && let Some(id) = id
+        {
+            lock_allowed(&self.inner.allowed).allow(scope.attempt, id);
+        }
+        answer
+    }
+
+    async fn decide_before(
         &self,
         scope: &ToolScope,
         call: &ToolCall,
@@ -424,7 +500,10 @@ impl PolicyHost {
         let policy = &self.inner.policy;
         let task = Some(scope.attempt.task);
         let now = wall_clock_ms();
-        let marks = if output.is_error {
+        // Only the result of a call this host allowed, once, earns marks (see `Inner::allowed`).
+        let allowed = call_id(&payload)
+            .is_some_and(|id| lock_allowed(&self.inner.allowed).take(scope.attempt, &id));
+        let marks = if output.is_error || !allowed {
             Vec::new()
         } else {
             keel_policy::marks_on_success(&policy.gates, call, task, now)
@@ -781,4 +860,10 @@ impl ToolGuard for SessionGuard {
                 .await
         })
     }
+}
+
+/// The allowed calls, even if a holder panicked (the set stays consistent: each change is one
+/// push or remove).
+fn lock_allowed(m: &std::sync::Mutex<AllowedCalls>) -> std::sync::MutexGuard<'_, AllowedCalls> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
