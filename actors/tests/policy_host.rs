@@ -155,6 +155,24 @@ async fn hooks_registered_in_code_decide_and_redact_in_keels_own_loop() {
     rt.shutdown().await;
 }
 
+/// The scope of a session of the first attempt of `task` (run `run`) as the scripted agent, for
+/// asking the host directly as a harness's session would.
+fn first_attempt_scope(
+    run: keel_store::RunId,
+    task: keel_store::TaskId,
+) -> keel_actors::runtime::ToolScope {
+    keel_actors::runtime::ToolScope {
+        attempt: keel_actors::AttemptId {
+            run,
+            task,
+            attempt: 1,
+        },
+        mode: keel_harness::PermissionMode::AcceptEdits,
+        tools: Vec::new(),
+        agent: "scripted".into(),
+    }
+}
+
 /// The tool call every case below makes: a payment the ask rule and the counting gate both cover.
 fn pay() -> ToolCall {
     ToolCall::new(
@@ -169,8 +187,6 @@ fn pay() -> ToolCall {
 /// without anyone being asked; a refused ask writes no mark.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approved_ask_still_passes_every_gate() {
-    use keel_actors::runtime::ToolScope;
-    use keel_harness::PermissionMode;
     use keel_policy::{Decision, Gate, GateCheck, GateScope};
 
     let dir = tempfile::tempdir().unwrap();
@@ -213,16 +229,7 @@ async fn an_approved_ask_still_passes_every_gate() {
         .expect("the run finishes")
         .unwrap();
     let task = store.run(run).tasks(None, 10).unwrap().items[0].id;
-    let scope = ToolScope {
-        attempt: keel_actors::AttemptId {
-            run,
-            task,
-            attempt: 1,
-        },
-        mode: PermissionMode::AcceptEdits,
-        tools: Vec::new(),
-        agent: "scripted".into(),
-    };
+    let scope = first_attempt_scope(run, task);
     let payload = || serde_json::json!({"hook_event_name": "PreToolUse"});
 
     // Two payments wait for a human at once: both pass the gate before anyone is asked.
@@ -406,8 +413,6 @@ async fn subagent_hooks_veto_a_start_and_annotate_a_report() {
 /// meets no prerequisite.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_a_call_the_policy_allowed_earns_gate_marks_and_only_once() {
-    use keel_actors::runtime::ToolScope;
-    use keel_harness::PermissionMode;
     use keel_policy::{Decision, Gate, GateCheck, GateScope};
 
     let dir = tempfile::tempdir().unwrap();
@@ -438,16 +443,7 @@ async fn only_a_call_the_policy_allowed_earns_gate_marks_and_only_once() {
     .await;
     host.attach(&rt);
     let task = store.run(run).tasks(None, 10).unwrap().items[0].id;
-    let scope = ToolScope {
-        attempt: keel_actors::AttemptId {
-            run,
-            task,
-            attempt: 1,
-        },
-        mode: PermissionMode::AcceptEdits,
-        tools: Vec::new(),
-        agent: "scripted".into(),
-    };
+    let scope = first_attempt_scope(run, task);
     let call = |command: &str| ToolCall::new("Bash", serde_json::json!({ "command": command }));
     let payload =
         |event: &str, id: &str| serde_json::json!({"hook_event_name": event, "tool_use_id": id});

@@ -50,13 +50,29 @@ pub fn install_gate_wrapper(
     allow: GateAllow,
     files: &mut Vec<SessionFile>,
 ) -> PathBuf {
-    let wrapper = session_dir.join("keel-gate.sh");
+    add_script(
+        session_dir,
+        "keel-gate.sh",
+        gate_wrapper_script(gate, allow),
+        files,
+    )
+}
+
+/// Adds the executable script `name` with `contents` to a session's files and returns its path
+/// (each of keel's fail-closed hook wrappers is one).
+pub(crate) fn add_script(
+    session_dir: &Path,
+    name: &str,
+    contents: String,
+    files: &mut Vec<SessionFile>,
+) -> PathBuf {
+    let path = session_dir.join(name);
     files.push(SessionFile {
-        path: wrapper.clone(),
-        contents: gate_wrapper_script(gate, allow),
+        path: path.clone(),
+        contents,
         executable: true,
     });
-    wrapper
+    path
 }
 
 /// A shell script that runs the spec's gate with a timeout and fails closed: exit 0 allows, exit 2

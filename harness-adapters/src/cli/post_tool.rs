@@ -249,13 +249,12 @@ pub fn install_post_wrapper(
     harness: HarnessKind,
     files: &mut Vec<SessionFile>,
 ) -> PathBuf {
-    let wrapper = session_dir.join("keel-post-tool.sh");
-    files.push(SessionFile {
-        path: wrapper.clone(),
-        contents: post_wrapper_script(&post_command(hook, harness), harness),
-        executable: true,
-    });
-    wrapper
+    super::gate::add_script(
+        session_dir,
+        "keel-post-tool.sh",
+        post_wrapper_script(&post_command(hook, harness), harness),
+        files,
+    )
 }
 
 /// The script of [`install_post_wrapper`].

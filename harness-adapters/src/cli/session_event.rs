@@ -103,13 +103,12 @@ pub fn install_event_wrapper(
     harness: HarnessKind,
     files: &mut Vec<SessionFile>,
 ) -> PathBuf {
-    let wrapper = session_dir.join("keel-session-event.sh");
-    files.push(SessionFile {
-        path: wrapper.clone(),
-        contents: event_wrapper_script(&event_command(hook, harness), harness),
-        executable: true,
-    });
-    wrapper
+    super::gate::add_script(
+        session_dir,
+        "keel-session-event.sh",
+        event_wrapper_script(&event_command(hook, harness), harness),
+        files,
+    )
 }
 
 /// The script of [`install_event_wrapper`].
