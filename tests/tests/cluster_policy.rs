@@ -22,7 +22,7 @@ use keel_store::RunId;
 use keel_tests::cluster::{COOKIE, NODE_LOG, free_port, wait_joined, write_cookie};
 use keel_tests::fan_out::{reader, subtasks};
 use keel_tests::policy::{PolicyHome, shell_step};
-use keel_tests::serve::worker_command;
+use keel_tests::serve::{Server, worker_command};
 use keel_tests::{
     Reaped, audit_rows_by, cli_installed, init_home_with, keel, keel_json_list, run_to_end,
     wait_for,
@@ -266,4 +266,100 @@ fn pi_on_a_worker_is_gated_by_the_coordinators_policy() {
     if cli_installed(HarnessKind::Pi) {
         case(Some(HarnessKind::Pi));
     }
+}
+
+/// An `ask` of a session on a worker, answered through the coordinator daemon's HTTP API (`POST
+/// /v1/escalations/{id}/answer`) rather than `keel answer` on its home: the answer is durable on the
+/// coordinator, delivered to the call that waits (`delivered: tool_call`), and the worker's call runs.
+/// The run is submitted by a local `keel run` on the home, which goes to the daemon (`server.json`).
+#[test]
+fn an_ask_on_a_worker_is_answered_through_the_coordinators_http_api() {
+    let home = PolicyHome::new(COORDINATOR_POLICY).unwrap();
+    home.write_plan(vec![
+        shell_step("asked", "Create the approved file.", ASKED, &[]),
+        shell_step("forbidden", "Create the marker file.", FORBIDDEN, &[]),
+    ])
+    .unwrap();
+    let worker_dir = tempfile::tempdir().unwrap();
+    init_home_with(worker_dir.path(), WORKER_POLICY, WAIT).unwrap();
+    let cookie = home.path().join("cookie");
+    write_cookie(&cookie, COOKIE, 0o600);
+    let (mut server, cluster) = Server::start_coordinator_with(
+        home.path(),
+        &cookie,
+        &["--lease-ms", "1500", "--model-server", &home.url],
+        &[],
+    );
+    let mut cmd = worker_command(worker_dir.path(), &cluster, "w1", &cookie);
+    cmd.env("KEEL_LOG", NODE_LOG)
+        .args(["--capacity", "4", "--lease-ms", "1500"]);
+    harness_args(&mut cmd, None, &home.url);
+    let worker = Reaped::spawn(cmd).unwrap();
+    server
+        .process
+        .stderr_line_containing("worker joined", JOIN_WAIT)
+        .unwrap();
+
+    // A local run on the home the daemon holds goes to the daemon.
+    let mut cmd = keel(home.path()).unwrap();
+    cmd.args(["run", "policy", "--quiet", "--plan", ".keel/plan.json"]);
+    let run = Reaped::spawn(cmd).unwrap();
+    let token = server.token();
+    let id = wait_for(JOIN_WAIT, "an approval escalation over HTTP", || {
+        let (status, body) = server.request("GET", "/v1/escalations", Some(&token), None);
+        assert_eq!(status, 200, "{body}");
+        let list: Value = serde_json::from_str(&body).unwrap();
+        let open = list["escalations"].as_array().cloned().unwrap_or_default();
+        open.first()
+            .and_then(|e| e["id"].as_str())
+            .map(str::to_string)
+    })
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}\nrun:\n{}\ncoordinator:\n{}\nworker:\n{}",
+            run.stderr_so_far(),
+            server.process.stderr_so_far(),
+            worker.stderr_so_far()
+        )
+    });
+    assert!(
+        !worker_dir.path().join("approved.txt").exists(),
+        "the asked call ran before its approval"
+    );
+    let (status, body) = server.request(
+        "POST",
+        &format!("/v1/escalations/{id}/answer"),
+        Some(&token),
+        Some(br#"{"answer":"allow"}"#),
+    );
+    assert_eq!(status, 200, "{body}");
+    let answered: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answered["delivered"], "tool_call", "{answered:#}");
+
+    let (code, out, err) = run.wait_output(WAIT).unwrap();
+    let context = format!(
+        "{out}\n{err}\ncoordinator:\n{}\nworker:\n{}",
+        server.process.stderr_so_far(),
+        worker.stderr_so_far()
+    );
+    assert!(code.success(), "{context}");
+    assert!(
+        worker_dir.path().join("approved.txt").exists(),
+        "the call approved over HTTP did not run: {context}"
+    );
+    assert!(
+        !worker_dir.path().join("blocked.txt").exists(),
+        "the denied command ran: {context}"
+    );
+    let rows = home.audit().unwrap();
+    let approved = audit_rows_by(&rows, "approval", "allow");
+    assert_eq!(approved.len(), 1, "{rows:#?}\n{context}");
+    assert!(
+        approved[0]["reason"].as_str().unwrap().contains(&id),
+        "{rows:#?}"
+    );
+    assert!(
+        !audit_rows_by(&rows, "deny-rule", "deny").is_empty(),
+        "{rows:#?}\n{context}"
+    );
 }
