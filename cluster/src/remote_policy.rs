@@ -46,6 +46,7 @@ pub fn terms_of(host: &PolicyHost) -> PolicyTerms {
     PolicyTerms {
         decide_ms: times.decide_ms,
         post_ms: times.post_ms,
+        session_events: times.session_events,
     }
 }
 
@@ -213,6 +214,7 @@ impl PolicyDecider for RemotePolicy {
         Some(GateTimes {
             decide_ms: terms.decide_ms + WIRE_MARGIN_MS,
             post_ms: terms.post_ms.map(|ms| ms + WIRE_MARGIN_MS),
+            session_events: terms.session_events,
         })
     }
 
@@ -552,13 +554,15 @@ mod tests {
         let terms = PolicyTerms {
             decide_ms: 0,
             post_ms: None,
+            session_events: true,
         };
         policy.hosting(a, Some(terms));
         assert_eq!(
             policy.gate_times(a),
             Some(GateTimes {
                 decide_ms: WIRE_MARGIN_MS,
-                post_ms: None
+                post_ms: None,
+                session_events: true,
             })
         );
         assert_eq!(policy.gate_times(attempt(2)), None, "not hosted: no gate");

@@ -54,3 +54,32 @@ pub trait ToolGuard: Send + Sync {
         output: ToolOutput,
     ) -> GuardFuture<'a, ToolOutput>;
 }
+
+/// What keel's policy did with a CLI's result, as the session's log needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HandedBack {
+    /// The model sees the result as the tool produced it: the CLI's stream shows it right.
+    Unchanged,
+    /// The policy rewrote or withheld it: the model sees this text, whatever the CLI's stream
+    /// shows (`is_error` when the policy made the result an error).
+    Changed(ToolOutput),
+}
+
+/// The results a session's CLI handed keel's policy through its after-call hook (the `keel hook`
+/// bridge) and what the policy handed back, so the session's log records what the model saw: a
+/// CLI's own event stream may still show the original output of a call whose result a
+/// `PostToolUse` hook redacted (Codex's `--json` stream does; docs/HARNESSES.md). The host puts one
+/// in the spec's [`crate::InProcessHooks`] for a session that gets a `post_tool_hook`; the CLI runner
+/// asks it before a tool result becomes an event.
+pub trait ResultRecords: Send + Sync {
+    /// What the policy handed back for the call the stream names `id` (the harness's call id), or
+    /// else for the oldest call not yet asked about whose result the hook saw as exactly
+    /// `original` (Codex's stream names calls by its own item ids, not the model's). Waits up to
+    /// `wait_ms` for the hook's record; `None` when none came.
+    fn result_for<'a>(
+        &'a self,
+        id: &'a str,
+        original: &'a str,
+        wait_ms: u64,
+    ) -> GuardFuture<'a, Option<HandedBack>>;
+}

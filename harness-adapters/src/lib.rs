@@ -42,7 +42,7 @@ pub mod usage;
 pub use credential::CredentialError;
 pub use error::{ErrorCategory, HarnessError, StartError};
 pub use event::{BoundedText, BudgetKind, HarnessEvent, StopReason};
-pub use guard::{GuardFuture, GuardedCall, ToolGuard, ToolOutput};
+pub use guard::{GuardFuture, GuardedCall, HandedBack, ResultRecords, ToolGuard, ToolOutput};
 #[cfg(feature = "io")]
 pub use session::{CancelToken, EventSink, Harness, RunningSession, session_channel};
 pub use spec::{

@@ -49,6 +49,10 @@ pub struct InProcessHooks {
     /// The policy's guard for every tool call (`PreToolUse` and `PostToolUse`), in place of the
     /// spec's `pre_tool_gate` command.
     pub tool: Option<Arc<dyn crate::guard::ToolGuard>>,
+    /// What the policy handed back for each result the session's CLI handed it, which the CLI
+    /// runner logs in place of the CLI's own account of the result (see
+    /// [`crate::guard::ResultRecords`]).
+    pub results: Option<Arc<dyn crate::guard::ResultRecords>>,
 }
 
 impl fmt::Debug for InProcessHooks {
@@ -56,6 +60,7 @@ impl fmt::Debug for InProcessHooks {
         f.debug_struct("InProcessHooks")
             .field("stop", &self.stop.is_some())
             .field("tool", &self.tool.is_some())
+            .field("results", &self.results.is_some())
             .finish()
     }
 }
@@ -74,7 +79,12 @@ impl PartialEq for InProcessHooks {
             (Some(a), Some(b)) => Arc::ptr_eq(a, b),
             _ => false,
         };
-        stop && tool
+        let results = match (&self.results, &other.results) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        stop && tool && results
     }
 }
 

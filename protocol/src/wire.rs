@@ -26,8 +26,9 @@ use serde::{Deserialize, Serialize};
 /// History: 1, the first cluster; 2, a session log row carries its redactions and an assignment
 /// carries its agent profile's tools, system prompt and turn limit; 3, a spawn carries the
 /// coordinator's policy terms and a worker asks the coordinator's policy about its sessions' tool
-/// calls ([`ToCoordinator::Policy`], [`ToWorker::PolicyAnswer`]).
-pub const PROTOCOL_VERSION: u16 = 3;
+/// calls ([`ToCoordinator::Policy`], [`ToWorker::PolicyAnswer`]); 4, the policy terms say whether
+/// the coordinator's policy has `PreCompact` hooks ([`PolicyTerms::session_events`]).
+pub const PROTOCOL_VERSION: u16 = 4;
 
 /// Most bytes of one frame (also below ractor_cluster's 16 MiB inbound frame limit).
 pub const FRAME_BYTES_MAX: usize = 8 * 1024 * 1024;
@@ -108,6 +109,10 @@ pub struct PolicyTerms {
     /// `Some` when the policy needs tool results (a `PostToolUse` hook, or a gate waiting for a
     /// success): most milliseconds a post-tool decision takes.
     pub post_ms: Option<u64>,
+    /// Whether the coordinator's policy has hooks for a CLI's own session events (`PreCompact`):
+    /// the worker then installs the CLI's pre-compaction hook, which asks the coordinator
+    /// ([`PolicyQuestion::SessionEvent`]) before the CLI compacts its context.
+    pub session_events: bool,
 }
 
 /// Who asks: the session's permission mode, tools and agent (the attempt travels beside it).

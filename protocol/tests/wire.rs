@@ -122,6 +122,7 @@ fn samples_to_worker(text: &str, n: u32) -> Vec<ToWorker> {
             policy: Some(PolicyTerms {
                 decide_ms: u64::from(n),
                 post_ms: n.is_multiple_of(2).then_some(u64::from(n) + 1),
+                session_events: n.is_multiple_of(3),
             }),
         },
         ToWorker::PolicyAnswer {

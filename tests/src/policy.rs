@@ -100,18 +100,61 @@ impl PolicyHome {
     pub fn run_command(&self, harness: Option<HarnessKind>) -> Result<Command, HelperError> {
         let mut cmd = keel(self.path())?;
         cmd.args(["run", "policy", "--quiet", "--plan", ".keel/plan.json"]);
-        match harness {
-            None => {
-                cmd.args(["--model-server", &self.url]);
-            }
-            Some(kind) => {
-                cmd.args(["--harness", kind.as_str(), "--model", "keel-scripted-1"])
-                    .env("ANTHROPIC_BASE_URL", &self.url)
-                    .env("ANTHROPIC_API_KEY", "sk-policy-test")
-                    .env("OPENAI_BASE_URL", format!("{}/v1", self.url))
-                    .env("OPENAI_API_KEY", "sk-policy-test");
-            }
-        }
+        harness_args(&mut cmd, harness, &self.url);
+        Ok(cmd)
+    }
+
+    /// A cluster on 127.0.0.1 running `.keel/plan.json` on `harness` (as
+    /// [`PolicyHome::run_command`]): `keel node --role coordinator --run` in this home (its
+    /// policy), and one `keel node --role worker` in `worker_dir` (a keel home), joined. Returns the
+    /// coordinator, then the worker.
+    ///
+    /// # Errors
+    /// As [`keel`], or a node did not start or join within [`POLICY_WAIT`].
+    pub fn start_cluster(
+        &self,
+        harness: Option<HarnessKind>,
+        worker_dir: &Path,
+    ) -> Result<(Reaped, Reaped), HelperError> {
+        use crate::cluster::{COOKIE, NODE_LOG, free_port, wait_joined, write_cookie};
+        let cookie = self.path().join("cookie");
+        write_cookie(&cookie, COOKIE, 0o600);
+        let addr = format!("127.0.0.1:{}", free_port());
+        let mut coordinator = Reaped::spawn(self.coordinator_command(harness, &addr, &cookie)?)?;
+        coordinator.line_containing("listening on", POLICY_WAIT)?;
+        let mut cmd = crate::serve::worker_command(worker_dir, &addr, "w1", &cookie);
+        cmd.env("KEEL_LOG", NODE_LOG)
+            .args(["--capacity", "4", "--lease-ms", "1500"]);
+        harness_args(&mut cmd, harness, &self.url);
+        let worker = Reaped::spawn(cmd)?;
+        wait_joined(&coordinator, 1, POLICY_WAIT);
+        Ok((coordinator, worker))
+    }
+
+    fn coordinator_command(
+        &self,
+        harness: Option<HarnessKind>,
+        addr: &str,
+        cookie: &Path,
+    ) -> Result<Command, HelperError> {
+        let mut cmd = keel(self.path())?;
+        cmd.env("KEEL_LOG", crate::cluster::NODE_LOG).args([
+            "node",
+            "--role",
+            "coordinator",
+            "--listen",
+            addr,
+            "--lease-ms",
+            "1500",
+            "--run",
+            "policy",
+            "--plan",
+            ".keel/plan.json",
+            "--wait-workers",
+            "1",
+        ]);
+        cmd.arg("--cookie-file").arg(cookie);
+        harness_args(&mut cmd, harness, &self.url);
         Ok(cmd)
     }
 
@@ -123,12 +166,138 @@ impl PolicyHome {
         keel_json_list(self.path(), &["audit"], "rows", POLICY_WAIT)
     }
 
+    /// What keel kept of each task of the latest run that a person or a later session reads: `keel
+    /// --json logs TASK` (its session log rows) and `keel context TASK --resume` (the preamble a
+    /// restarted attempt would get), each named by its command.
+    ///
+    /// # Errors
+    /// A `keel` command failed.
+    pub fn logs_and_preambles(&self) -> Result<Vec<(String, String)>, HelperError> {
+        let tasks = keel_json_list(self.path(), &["tasks"], "tasks", POLICY_WAIT)?;
+        let mut outputs = Vec::new();
+        for task in &tasks {
+            let Some(id) = task["id"].as_str() else {
+                continue;
+            };
+            for args in [
+                vec!["--json", "logs", id, "--tail", "1000"],
+                vec!["context", id, "--resume"],
+            ] {
+                let (code, out, err) =
+                    crate::run_to_end(keel(self.path())?.args(&args), POLICY_WAIT)?;
+                if code != 0 {
+                    return Err(HelperError::Output(format!(
+                        "keel {args:?}: {code}\n{out}{err}"
+                    )));
+                }
+                outputs.push((format!("keel {}", args.join(" ")), out));
+            }
+        }
+        Ok(outputs)
+    }
+
     /// Runs `cmd` (a `keel` command of this home) to its end, at most [`POLICY_WAIT`].
     ///
     /// # Errors
     /// As [`crate::run_to_end`].
     pub fn run_to_end(&self, cmd: &mut Command) -> Result<(i32, String, String), HelperError> {
         crate::run_to_end(cmd, POLICY_WAIT)
+    }
+}
+
+/// `--harness KIND --model keel-scripted-1` and the variables that point a real CLI at the scripted
+/// model server at `url` (Anthropic and OpenAI endpoints and keys), or `--model-server URL` for
+/// keel's own loop (`None`).
+pub fn harness_args(cmd: &mut Command, harness: Option<HarnessKind>, url: &str) {
+    match harness {
+        None => {
+            cmd.args(["--model-server", url]);
+        }
+        Some(kind) => {
+            cmd.args(["--harness", kind.as_str(), "--model", "keel-scripted-1"])
+                .env("ANTHROPIC_BASE_URL", url)
+                .env("ANTHROPIC_API_KEY", "sk-policy-test")
+                .env("OPENAI_BASE_URL", format!("{url}/v1"))
+                .env("OPENAI_API_KEY", "sk-policy-test");
+        }
+    }
+}
+
+/// keel.toml's `[[hooks]]` entry `redact`: a `PostToolUse` hook running [`REDACT_HUNTER2`].
+pub fn redact_hunter2_policy() -> String {
+    format!(
+        "\n[[hooks]]\nname = \"redact\"\nevent = \"PostToolUse\"\ncommand = [\"/bin/sh\", \"-c\", {}]\n",
+        serde_json::to_string(REDACT_HUNTER2).unwrap_or_default()
+    )
+}
+
+/// The checks of a run whose tool printed `pw-hunter2` and whose `PostToolUse` hook redacted it:
+/// the model saw `pw-REDACTED` and never the secret (`bodies`, the requests the model server
+/// received), and what keel kept (`kept`, [`PolicyHome::logs_and_preambles`]) holds the redacted
+/// result and never the secret.
+///
+/// # Panics
+/// When one fails (`context` is printed).
+pub fn assert_redacted_everywhere(bodies: &[String], kept: &[(String, String)], context: &str) {
+    assert!(
+        bodies.iter().any(|b| b.contains("pw-REDACTED")),
+        "the model never saw the redacted result: {context}\n{bodies:#?}"
+    );
+    assert!(
+        bodies.iter().all(|b| !b.contains("hunter2")),
+        "the secret reached the model: {context}\n{bodies:#?}"
+    );
+    assert!(
+        kept.iter().any(|(_, text)| text.contains("pw-REDACTED")),
+        "no log row holds the redacted result: {context}\n{kept:#?}"
+    );
+    for (what, text) in kept {
+        assert!(
+            !text.contains("hunter2"),
+            "the secret is in {what}: {context}\n{text}"
+        );
+    }
+}
+
+/// A model script that makes `harness` compact its context automatically: a few shell calls, the
+/// last answer reporting a nearly full context (Claude Code also needs
+/// [`compact_claude_code_early`] in its working folder; Codex compacts at its default threshold).
+pub fn compaction_script(harness: HarnessKind) -> String {
+    // Claude Code compacts only when the conversation has a few exchanges to fold.
+    let (calls, usage) = match harness {
+        HarnessKind::Codex => (3, 260_000),
+        _ => (5, 90_000),
+    };
+    let mut turns: Vec<Value> = (1..=calls)
+        .map(|i| serde_json::json!({"tool_calls": [{"shell": format!("echo step-{i}")}]}))
+        .collect();
+    if let Some(last) = turns.last_mut() {
+        last["usage"] = serde_json::json!({"input_tokens": usage, "output_tokens": 5});
+    }
+    serde_json::json!({ "turns": turns }).to_string()
+}
+
+/// A project setting Claude Code reads in `dir` (`--setting-sources project`): compact past
+/// 100,000 tokens less its reserve, under the 90,000 [`compaction_script`] reports. Codex ignores
+/// the folder.
+///
+/// # Errors
+/// The file cannot be written.
+pub fn compact_claude_code_early(dir: &Path) -> Result<(), HelperError> {
+    let claude_dir = dir.join(".claude");
+    std::fs::create_dir_all(&claude_dir)?;
+    std::fs::write(
+        claude_dir.join("settings.json"),
+        r#"{"autoCompactWindow": 100000}"#,
+    )?;
+    Ok(())
+}
+
+/// Words only `harness`'s compaction request carries (its summary prompt).
+pub fn compaction_prompt(harness: HarnessKind) -> &'static str {
+    match harness {
+        HarnessKind::Codex => "You are performing a CONTEXT CHECKPOINT COMPACTION",
+        _ => "Your task is to create a detailed summary of the conversation so far",
     }
 }
 

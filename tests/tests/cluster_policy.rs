@@ -19,9 +19,9 @@ use std::time::Duration;
 
 use keel_harness::HarnessKind;
 use keel_store::RunId;
-use keel_tests::cluster::{COOKIE, NODE_LOG, free_port, wait_joined, write_cookie};
+use keel_tests::cluster::{COOKIE, NODE_LOG, write_cookie};
 use keel_tests::fan_out::{reader, subtasks};
-use keel_tests::policy::{PolicyHome, shell_step};
+use keel_tests::policy::{PolicyHome, harness_args, shell_step};
 use keel_tests::serve::{Server, worker_command};
 use keel_tests::{
     Reaped, audit_rows_by, cli_installed, init_home_with, keel, keel_json_list, run_to_end,
@@ -51,27 +51,6 @@ const COORDINATOR_POLICY: &str = concat!(
 /// The worker's own policy: not used, the coordinator's decides.
 const WORKER_POLICY: &str = "\n[permissions]\ndeny = [\"*(*allowed-run*)\"]\n";
 
-/// The variables that point a CLI at the scripted model server (as `PolicyHome::run_command`).
-fn cli_env(cmd: &mut std::process::Command, url: &str) {
-    cmd.env("ANTHROPIC_BASE_URL", url)
-        .env("ANTHROPIC_API_KEY", "sk-policy-test")
-        .env("OPENAI_BASE_URL", format!("{url}/v1"))
-        .env("OPENAI_API_KEY", "sk-policy-test");
-}
-
-/// `--harness KIND --model keel-scripted-1` for a CLI, `--model-server URL` for keel's own loop.
-fn harness_args(cmd: &mut std::process::Command, harness: Option<HarnessKind>, url: &str) {
-    match harness {
-        None => {
-            cmd.args(["--model-server", url]);
-        }
-        Some(kind) => {
-            cmd.args(["--harness", kind.as_str(), "--model", "keel-scripted-1"]);
-            cli_env(cmd, url);
-        }
-    }
-}
-
 /// `keel --json escalations` of the coordinator's home.
 fn escalations(dir: &Path, all: bool) -> Vec<Value> {
     let args: &[&str] = if all {
@@ -94,39 +73,7 @@ fn case(harness: Option<HarnessKind>) {
     .unwrap();
     let worker_dir = tempfile::tempdir().unwrap();
     init_home_with(worker_dir.path(), WORKER_POLICY, WAIT).unwrap();
-    let cookie = home.path().join("cookie");
-    write_cookie(&cookie, COOKIE, 0o600);
-    let addr = format!("127.0.0.1:{}", free_port());
-
-    let mut cmd = keel(home.path()).unwrap();
-    cmd.env("KEEL_LOG", NODE_LOG).args([
-        "node",
-        "--role",
-        "coordinator",
-        "--listen",
-        &addr,
-        "--lease-ms",
-        "1500",
-        "--run",
-        "policy",
-        "--plan",
-        ".keel/plan.json",
-        "--wait-workers",
-        "1",
-    ]);
-    cmd.arg("--cookie-file").arg(&cookie);
-    harness_args(&mut cmd, harness, &home.url);
-    let mut coordinator = Reaped::spawn(cmd).unwrap();
-    coordinator
-        .line_containing("listening on", JOIN_WAIT)
-        .unwrap();
-
-    let mut cmd = worker_command(worker_dir.path(), &addr, "w1", &cookie);
-    cmd.env("KEEL_LOG", NODE_LOG)
-        .args(["--capacity", "4", "--lease-ms", "1500"]);
-    harness_args(&mut cmd, harness, &home.url);
-    let worker = Reaped::spawn(cmd).unwrap();
-    wait_joined(&coordinator, 1, JOIN_WAIT);
+    let (coordinator, worker) = home.start_cluster(harness, worker_dir.path()).unwrap();
 
     // The asked call waits for a human on the coordinator: an approval escalation of its run.
     let open = wait_for(WAIT, "an approval escalation", || {

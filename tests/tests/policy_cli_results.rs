@@ -9,7 +9,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests: a panic is the failure report.
 
 use keel_harness::HarnessKind;
-use keel_tests::policy::{PolicyHome, REDACT_HUNTER2, shell_step};
+use keel_tests::policy::{
+    PolicyHome, assert_redacted_everywhere, redact_hunter2_policy, shell_step,
+};
 use keel_tests::{audit_rows_by as rows_by, cli_installed, recorded_bodies};
 
 /// A prerequisite gate: `deploy-now` only after a `build-ok` call succeeded in the run.
@@ -74,11 +76,7 @@ fn pi_meets_a_prerequisite_through_post_tool_use() {
 /// the model server received holds the secret, the model saw the redacted result, and the rewrite is
 /// an audit row marked rewritten.
 fn a_post_tool_use_hook_redacts_what_the_model_sees(harness: HarnessKind) {
-    let policy = format!(
-        "\n[[hooks]]\nname = \"redact\"\nevent = \"PostToolUse\"\ncommand = [\"/bin/sh\", \"-c\", {}]\n",
-        serde_json::to_string(REDACT_HUNTER2).unwrap()
-    );
-    let home = PolicyHome::new(&policy).unwrap();
+    let home = PolicyHome::new(&redact_hunter2_policy()).unwrap();
     std::fs::write(home.path().join("secret.txt"), "pw-hunter2\n").unwrap();
     home.write_plan(vec![shell_step(
         "read",
@@ -100,14 +98,9 @@ fn a_post_tool_use_hook_redacts_what_the_model_sees(harness: HarnessKind) {
         bodies.len() >= 2,
         "no request after the tool ran: {context}"
     );
-    assert!(
-        bodies.iter().all(|b| !b.contains("hunter2")),
-        "the secret reached the model: {context}\n{bodies:#?}"
-    );
-    assert!(
-        bodies.iter().any(|b| b.contains("pw-REDACTED")),
-        "the model never saw the redacted result: {context}\n{bodies:#?}"
-    );
+    // What keel logged is what the policy handed back, not what the CLI's own stream said: no
+    // log row and no resume preamble of a later attempt holds the secret.
+    assert_redacted_everywhere(&bodies, &home.logs_and_preambles().unwrap(), &context);
     let rewritten = rows_by(&rows, "hook:redact", "allow");
     assert!(
         rewritten.iter().any(|r| r["rewritten"] == true),

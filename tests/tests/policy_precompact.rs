@@ -16,9 +16,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests: a panic is the failure report.
 
 use keel_harness::HarnessKind;
-use keel_tests::policy::{PolicyHome, shell_step};
+use keel_tests::policy::{
+    PolicyHome, compact_claude_code_early, compaction_prompt, compaction_script, shell_step,
+};
 use keel_tests::{audit_rows_by as rows_by, cli_installed, recorded_bodies};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 /// What the run found: the audit rows, the requests the model server received, and the context a
 /// failed assertion prints.
@@ -31,10 +33,7 @@ struct Ran {
 impl Ran {
     /// The requests that were compactions (they carry `harness`'s summary prompt).
     fn compactions(&self, harness: HarnessKind) -> Vec<&String> {
-        let prompt = match harness {
-            HarnessKind::Codex => "You are performing a CONTEXT CHECKPOINT COMPACTION",
-            _ => "Your task is to create a detailed summary of the conversation so far",
-        };
+        let prompt = compaction_prompt(harness);
         self.bodies.iter().filter(|b| b.contains(prompt)).collect()
     }
 
@@ -56,28 +55,8 @@ fn run_with_pre_compact_hook(harness: HarnessKind, name: &str, script: &str) -> 
         "\n[[hooks]]\nname = \"{name}\"\nevent = \"PreCompact\"\ncommand = [\"/bin/sh\", \"-c\", {}]\n",
         serde_json::to_string(script).unwrap()
     );
-    // Claude Code compacts only when the conversation has a few exchanges to fold.
-    let (calls, usage) = match harness {
-        HarnessKind::Codex => (3, 260_000),
-        _ => (5, 90_000),
-    };
-    let mut turns: Vec<Value> = (1..=calls)
-        .map(|i| json!({"tool_calls": [{"shell": format!("echo step-{i}")}]}))
-        .collect();
-    if let Some(last) = turns.last_mut() {
-        last["usage"] = json!({"input_tokens": usage, "output_tokens": 5});
-    }
-    let model_script = json!({ "turns": turns }).to_string();
-    let home = PolicyHome::with_script(&policy, Some(&model_script)).unwrap();
-    // A project setting Claude Code reads (`--setting-sources project`): compact past 100,000 tokens
-    // less its reserve, under the 90,000 the model reports. Codex ignores the folder.
-    let claude_dir = home.path().join(".claude");
-    std::fs::create_dir_all(&claude_dir).unwrap();
-    std::fs::write(
-        claude_dir.join("settings.json"),
-        r#"{"autoCompactWindow": 100000}"#,
-    )
-    .unwrap();
+    let home = PolicyHome::with_script(&policy, Some(&compaction_script(harness))).unwrap();
+    compact_claude_code_early(home.path()).unwrap();
     home.write_plan(vec![shell_step("hello", "Say hello.", "echo hello", &[])])
         .unwrap();
     let (code, out, err) = home

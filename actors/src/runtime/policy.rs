@@ -636,6 +636,9 @@ pub struct GateTimes {
     /// `Some` when the policy needs tool results (a `PostToolUse` hook, or a gate waiting for a
     /// success): most milliseconds a post-tool decision takes. `None`: no CLI pays for the hook.
     pub post_ms: Option<u64>,
+    /// Whether the policy has hooks for a CLI's own session events (`PreCompact`): only then does
+    /// a session get the CLI's pre-compaction hook (no CLI pays for a hook nobody listens to).
+    pub session_events: bool,
 }
 
 impl GateTimes {
@@ -668,6 +671,10 @@ impl GateTimes {
         GateTimes {
             decide_ms: hooks_ms + ask_ms + AUDIT_WAIT_MS,
             post_ms,
+            session_events: policy
+                .hooks
+                .iter()
+                .any(|h| h.event == HookEvent::PreCompact),
         }
     }
 }

@@ -250,6 +250,12 @@ impl CliFlavor for Codex {
     fn parser(&self, spec: &SessionSpec) -> Box<dyn EventParser> {
         Box::new(CodexParser::for_spec(spec))
     }
+
+    /// Codex prints a command's `item.completed` (with its original output) and then runs its
+    /// `PostToolUse` hook. Its other items (file changes, MCP calls) are not waited for.
+    fn result_before_hook(&self, tool: &str) -> bool {
+        tool == "shell"
+    }
 }
 
 #[derive(Deserialize)]

@@ -22,6 +22,7 @@
 
 pub mod claude;
 pub mod codex;
+pub mod handed_back;
 pub mod jsonl;
 pub mod limits;
 pub mod opencode;
@@ -141,6 +142,13 @@ pub trait CliFlavor: Send + Sync + 'static {
     ) -> Result<Invocation, StartError>;
     /// A fresh parser for one session.
     fn parser(&self, spec: &SessionSpec) -> Box<dyn EventParser>;
+    /// Whether the CLI prints the result of a call of `tool` (the name its stream gave the call)
+    /// before its after-call hook has run, so the runner must wait for the policy's record of it
+    /// before logging it (Codex prints a command's completion first). The others print a result
+    /// after their hook: a record, if any, is there already.
+    fn result_before_hook(&self, _tool: &str) -> bool {
+        false
+    }
 }
 
 /// Collapses a tool result's content (a string, or a list of `{type:"text", text}` blocks) to text.

@@ -15,6 +15,7 @@ use super::{
 };
 use crate::error::{HarnessError, StartError};
 use crate::event::{BudgetKind, HarnessEvent, StopReason};
+use crate::guard::ToolOutput;
 use crate::process::{ProcessSpec, SessionProcess};
 use crate::session::{BoxFuture, CancelToken, EventSink, Harness, RunningSession, session_channel};
 use crate::spec::{HarnessKind, SessionSpec};
@@ -153,12 +154,14 @@ impl<F: CliFlavor> Harness for CliHarness<F> {
             let (process, stdout, stderr) = SessionProcess::spawn(&process_spec)?;
             let (sink, cancel, running) = session_channel(self.flavor.kind());
             let parser = self.flavor.parser(&spec);
+            let results = ResultLog::of(&spec, Arc::clone(&self.flavor) as Arc<dyn CliFlavor>);
             let run = CliRun {
                 spec,
                 parser,
                 sink,
                 cancel,
                 grace: self.config.cancel_grace,
+                results,
             };
             // The session runs in the caller's span, so its log lines name the caller's task.
             let drive = async move {
@@ -209,7 +212,84 @@ struct CliRun {
     sink: EventSink,
     cancel: CancelToken,
     grace: Duration,
+    /// Where the policy's results are found, when the session hands its results to keel.
+    results: Option<ResultLog>,
 }
+
+/// What the text of a result the runner could not match to the policy's record says in the log,
+/// for a CLI whose stream shows a result before its hook ran (the hook failed, timed out, or its
+/// record was not found): the stream's original output is not logged (fail closed).
+pub const RESULT_NOT_RECORDED: &str = "keel: the result keel's policy handed back for this call did \
+not reach the log, so the CLI's own output of it is not recorded";
+
+/// Most calls whose names the runner remembers while their results are due.
+const CALL_NAMES_MAX: usize = 1024;
+
+/// The session log's side of a session that hands its results to keel's policy (a
+/// `post_tool_hook`): each tool result becomes an event holding what the policy handed back
+/// ([`crate::ResultRecords`]), not what the CLI's stream says (docs/HARNESSES.md).
+struct ResultLog {
+    records: Arc<dyn crate::guard::ResultRecords>,
+    flavor: Arc<dyn CliFlavor>,
+    /// How long to wait for a record the CLI's hook has not written yet: its own timeout and a
+    /// margin.
+    wait_ms: u64,
+    /// The stream's name of each call whose result is due, by its id.
+    names: std::collections::BTreeMap<String, String>,
+}
+
+impl ResultLog {
+    fn of(spec: &SessionSpec, flavor: Arc<dyn CliFlavor>) -> Option<ResultLog> {
+        let hook = spec.post_tool_hook.as_ref()?;
+        let records = Arc::clone(spec.in_process.results.as_ref()?);
+        Some(ResultLog {
+            records,
+            flavor,
+            wait_ms: hook.timeout_ms.saturating_add(RESULT_WAIT_MARGIN_MS),
+            names: std::collections::BTreeMap::new(),
+        })
+    }
+
+    /// `event` as the log is to hold it: a tool result replaced by what the policy handed back.
+    async fn rewrite(&mut self, event: &mut HarnessEvent, cancel: &CancelToken) {
+        match event {
+            HarnessEvent::ToolUse { id, name, .. } if self.names.len() < CALL_NAMES_MAX => {
+                self.names.insert(id.clone(), name.clone());
+            }
+            HarnessEvent::ToolResult {
+                id,
+                is_error,
+                content,
+            } => {
+                let name = self.names.remove(id.as_str()).unwrap_or_default();
+                let waits = self.flavor.result_before_hook(&name);
+                let wait_ms = if waits { self.wait_ms } else { 0 };
+                let found = tokio::select! {
+                    found = self.records.result_for(id, &content.text, wait_ms) => found,
+                    () = cancel.cancelled() => None,
+                };
+                let replaced = match found {
+                    Some(crate::guard::HandedBack::Changed(output)) => output,
+                    Some(crate::guard::HandedBack::Unchanged) => return,
+                    None if waits => ToolOutput {
+                        is_error: true,
+                        text: RESULT_NOT_RECORDED.to_owned(),
+                    },
+                    None => return,
+                };
+                *event = HarnessEvent::tool_result(
+                    std::mem::take(id),
+                    *is_error || replaced.is_error,
+                    replaced.text,
+                );
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Time a runner waits for a result's record beyond the hook's own timeout.
+const RESULT_WAIT_MARGIN_MS: u64 = 2_000;
 
 /// Why the runner stopped the CLI itself.
 enum Stop {
@@ -414,9 +494,12 @@ impl CliRun {
         usage: &mut UsageAccumulator,
         terminal: &mut Option<HarnessEvent>,
     ) -> Option<Stop> {
-        for event in events.drain(..) {
+        for mut event in events.drain(..) {
             if terminal.is_some() {
                 continue;
+            }
+            if let Some(results) = &mut self.results {
+                results.rewrite(&mut event, &self.cancel).await;
             }
             if event.is_terminal() {
                 *terminal = Some(event);

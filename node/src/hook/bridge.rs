@@ -14,7 +14,8 @@
 //! A CLI's own session events come the same way (`keel hook --event-for HARNESS`; `PreCompact`, a
 //! CLI about to compact its context): they go to [`PolicyHost::on_session_event`], whose hooks'
 //! audit rows are durable before the answer (a veto, or the notes to carry). Sessions get that
-//! hook only when this node's policy has hooks for such an event (not on a cluster worker yet).
+//! hook only when the deciding policy has hooks for such an event (on a cluster worker, the
+//! coordinator node's: the question crosses to it, and no answer vetoes).
 //!
 //! Tokens are minted when a session starts ([`SessionService::session_starting`]) and revoked when it
 //! ends, so a token never reaches another session or outlives its own.
@@ -39,6 +40,7 @@ use keel_actors::AttemptId;
 use keel_actors::runtime::{
     ApprovalDesk, AuditWriter, PolicyDecider, PolicyHost, SessionService, ToolScope,
 };
+use keel_harness::cli::handed_back::SessionResults;
 use keel_harness::cli::post_tool;
 use keel_harness::{GateCommand, SessionSpec, ToolOutput};
 use keel_policy::{Decision, HookEvent, ToolCall};
@@ -55,11 +57,17 @@ struct Inner {
     /// Where every decision is made (shared with keel's own loop in process).
     host: Arc<dyn PolicyDecider>,
     /// The live sessions by their token.
-    sessions: Mutex<BTreeMap<String, ToolScope>>,
+    sessions: Mutex<BTreeMap<String, Session>>,
     /// The gate command, its timeout set per session from the decider's times.
     gate: GateCommand,
-    /// Whether sessions get the session-event hook (`PreCompact`): the policy has hooks for it.
-    session_events: bool,
+}
+
+/// A live session: who it is, and what the policy handed back for the results its CLI handed it
+/// (read by the CLI runner, which logs them in place of the CLI's own account).
+#[derive(Clone)]
+struct Session {
+    scope: ToolScope,
+    results: Arc<SessionResults>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -97,13 +105,7 @@ impl PolicyBridge {
     /// # Errors
     /// The port cannot be bound.
     pub(crate) async fn start(host: PolicyHost, keel_exe: &Path) -> anyhow::Result<PolicyBridge> {
-        // A CLI's own session events reach the policy only when it has hooks for one.
-        let session_events = host
-            .policy()
-            .hooks
-            .iter()
-            .any(|h| h.event == HookEvent::PreCompact);
-        let mut bridge = Self::start_with(Arc::new(host.clone()), keel_exe, session_events).await?;
+        let mut bridge = Self::start_with(Arc::new(host.clone()), keel_exe).await?;
         bridge.local = Some(host);
         Ok(bridge)
     }
@@ -117,13 +119,12 @@ impl PolicyBridge {
         decider: Arc<dyn PolicyDecider>,
         keel_exe: &Path,
     ) -> anyhow::Result<PolicyBridge> {
-        Self::start_with(decider, keel_exe, false).await
+        Self::start_with(decider, keel_exe).await
     }
 
     async fn start_with(
         decider: Arc<dyn PolicyDecider>,
         keel_exe: &Path,
-        session_events: bool,
     ) -> anyhow::Result<PolicyBridge> {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
             .await
@@ -142,7 +143,6 @@ impl PolicyBridge {
             host: decider,
             sessions: Mutex::new(BTreeMap::new()),
             gate,
-            session_events,
         });
         let app = Router::new()
             .route(HOOK_PATH, post(decide))
@@ -202,8 +202,13 @@ impl SessionService for BridgeService {
                 String::new()
             }
         };
+        let results = Arc::new(SessionResults::new());
         if !token.is_empty() {
-            lock(&self.0.sessions).insert(token.clone(), ToolScope::of(attempt, spec));
+            let session = Session {
+                scope: ToolScope::of(attempt, spec),
+                results: Arc::clone(&results),
+            };
+            lock(&self.0.sessions).insert(token.clone(), session);
         }
         // The gate waits as long as the decision may take, then the process start and round trip.
         spec.pre_tool_gate = Some(GateCommand {
@@ -215,8 +220,13 @@ impl SessionService for BridgeService {
             timeout_ms: ms + GATE_MARGIN_MS,
             ..self.0.gate.clone()
         });
-        // A CLI's compaction asks the policy only when it has hooks for it.
-        spec.session_event_hook = self.0.session_events.then(|| GateCommand {
+        if spec.post_tool_hook.is_some() {
+            // The session's log records what the policy hands back, not what the CLI prints.
+            spec.in_process.results = Some(results);
+        }
+        // A CLI's compaction asks the policy only when it has hooks for it (on a cluster worker:
+        // the coordinator's policy, which the question goes to).
+        spec.session_event_hook = times.session_events.then(|| GateCommand {
             timeout_ms: times.decide_ms + GATE_MARGIN_MS,
             ..self.0.gate.clone()
         });
@@ -224,7 +234,7 @@ impl SessionService for BridgeService {
     }
 
     fn session_ended(&self, attempt: AttemptId) {
-        lock(&self.0.sessions).retain(|_, s| s.attempt != attempt);
+        lock(&self.0.sessions).retain(|_, s| s.scope.attempt != attempt);
     }
 }
 
@@ -269,8 +279,8 @@ async fn decide(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Bytes
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or_default();
-    let scope = lock(&inner.sessions).get(token).cloned();
-    let Some(scope) = scope else {
+    let session = lock(&inner.sessions).get(token).cloned();
+    let Some(Session { scope, results }) = session else {
         return answer(
             StatusCode::UNAUTHORIZED,
             Decision::Deny,
@@ -315,7 +325,7 @@ async fn decide(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Bytes
     if payload.get("hook_event_name").and_then(Value::as_str)
         == Some(HookEvent::PostToolUse.as_str())
     {
-        return after_tool(&inner, &scope, call, payload).await;
+        return after_tool(&inner, &scope, &results, call, payload).await;
     }
     if body.len() > PAYLOAD_BYTES_MAX {
         return answer(
@@ -342,8 +352,15 @@ async fn decide(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Bytes
 }
 
 /// A CLI's `PostToolUse`: the result goes through the policy (a success's gate marks, the
-/// `PostToolUse` hooks, their audit rows durable) and comes back as the model is to see it.
-async fn after_tool(inner: &Inner, scope: &ToolScope, call: ToolCall, payload: Value) -> Response {
+/// `PostToolUse` hooks, their audit rows durable) and comes back as the model is to see it, which
+/// the session's record keeps for its log.
+async fn after_tool(
+    inner: &Inner,
+    scope: &ToolScope,
+    results: &SessionResults,
+    call: ToolCall,
+    payload: Value,
+) -> Response {
     let Some(output) = payload
         .get(post_tool::TOOL_OUTPUT_KEY)
         .cloned()
@@ -360,7 +377,13 @@ async fn after_tool(inner: &Inner, scope: &ToolScope, call: ToolCall, payload: V
     };
     let started = std::time::Instant::now();
     let tool = call.tool.clone();
+    let id = payload
+        .get("tool_use_id")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let original = output.clone();
     let result = inner.host.after_tool(scope, &call, payload, output).await;
+    results.record(id.as_deref(), &original, &result);
     tracing::info!(
         tool = %tool,
         is_error = result.is_error,
