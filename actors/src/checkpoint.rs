@@ -5,7 +5,9 @@
 //! stages), asks its host to commit, and acknowledges each stage to its coordinator only after the host
 //! says the commit is durable. A stage is never split across transactions. A failed commit wrote
 //! nothing; it is retried with backoff a bounded number of times, then its stages are answered with
-//! `PersistFailed` so no coordinator waits forever.
+//! `PersistFailed` so no coordinator waits forever. A write the store refuses (a limit it passed, a
+//! row it cannot apply) is one run's permanent failure: that run's stages are answered with it, and
+//! the other runs' stages of the commit go again at once, so one run cannot fail another's writes.
 //!
 //! Riding stages ([`CheckpointMsg::Riding`]: writes no consequence waits on soon) start no commit of
 //! their own: they wait in the queue, in order with the others, until a stage that needs a commit
@@ -16,7 +18,8 @@ use crate::effect::{Effect, Envelope, TimerKey};
 use crate::machine::{Entropy, Machine, Millis};
 use crate::message::{CheckpointInput, CheckpointMsg, CheckpointTimer, CoordinatorMsg};
 use crate::persist::{CommitBatch, CommitId, STAGE_OPS_MAX, Stage, StageOwner};
-use std::collections::VecDeque;
+use keel_store::RunId;
+use std::collections::{BTreeSet, VecDeque};
 
 /// Bounds of the checkpoint writer.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -194,6 +197,21 @@ impl CheckpointWriter {
         }
     }
 
+    /// Fail every queued stage of `runs` after an earlier write of theirs failed: a run's writes
+    /// only ever commit as a prefix of what its coordinator decided.
+    fn fail_queued(&mut self, runs: &BTreeSet<RunId>, error: &str, out: &mut Vec<Effect>) {
+        let (dependent, rest): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut self.queue)
+            .into_iter()
+            .partition(|q| runs.contains(&q.stage.run));
+        self.queue = rest;
+        self.urgent_queued = self.queue.iter().filter(|q| q.urgent).count();
+        self.queued_ops = self.queue.iter().map(|q| q.stage.ops.len()).sum();
+        for q in &dependent {
+            let error = format!("an earlier write of this run failed: {error}");
+            Self::answer(&q.stage, Err(error), out);
+        }
+    }
+
     /// Arm the linger timer for riding stages that wait with no commit coming for them.
     fn arm_linger(&mut self, now: Millis, out: &mut Vec<Effect>) {
         if self.linger.is_some() || self.lingered || self.queue.is_empty() {
@@ -331,21 +349,38 @@ impl Machine for CheckpointWriter {
                         let error = error.clone();
                         Self::answer(stage, Err(error), out);
                     }
-                    // Later stages of the same runs depend on the failed ones: fail them too, so a
-                    // run's writes only ever commit as a prefix of what its coordinator decided.
-                    let runs: std::collections::BTreeSet<_> =
-                        flight.stages.iter().map(|s| s.run).collect();
-                    let (dependent, rest): (VecDeque<_>, VecDeque<_>) =
-                        std::mem::take(&mut self.queue)
-                            .into_iter()
-                            .partition(|q| runs.contains(&q.stage.run));
-                    self.queue = rest;
-                    self.urgent_queued = self.queue.iter().filter(|q| q.urgent).count();
-                    self.queued_ops = self.queue.iter().map(|q| q.stage.ops.len()).sum();
-                    for q in &dependent {
-                        let error = format!("an earlier write of this run failed: {error}");
-                        Self::answer(&q.stage, Err(error), out);
+                    let runs: BTreeSet<_> = flight.stages.iter().map(|s| s.run).collect();
+                    self.fail_queued(&runs, &error, out);
+                }
+                self.flush(now, out);
+            }
+            CheckpointInput::Refused { id, run, error } => {
+                let Some(flight) = self.in_flight.take_if(|f| f.id == id && !f.waiting_retry)
+                else {
+                    return;
+                };
+                // The refusal is the run's and permanent: its stages fail (a retry would fail the
+                // same way), and so do its later ones.
+                let mut others = Vec::with_capacity(flight.stages.len());
+                for stage in flight.stages.iter() {
+                    if stage.run == run {
+                        Self::answer(stage, Err(error.clone()), out);
+                    } else {
+                        others.push(stage.clone());
                     }
+                }
+                self.fail_queued(&BTreeSet::from([run]), &error, out);
+                // The other runs' stages commit again at once, ahead of what queued since and
+                // together (they fitted one commit, and a message of theirs is never split).
+                let last = others.len().saturating_sub(1);
+                for (i, stage) in others.into_iter().enumerate().rev() {
+                    self.urgent_queued += 1;
+                    self.queued_ops += stage.ops.len();
+                    self.queue.push_front(Queued {
+                        stage,
+                        urgent: true,
+                        joined: i < last,
+                    });
                 }
                 self.flush(now, out);
             }

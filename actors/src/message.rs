@@ -645,6 +645,18 @@ pub enum CheckpointInput {
         /// Why, one line.
         error: String,
     },
+    /// Completion of [`crate::Effect::Persist`]: the store refused a write of `run` (a limit it
+    /// passed, a row it cannot apply) and nothing of the batch was written. The failure is
+    /// permanent and `run`'s alone: its stages are answered with the failure, and the other runs'
+    /// stages of the batch are committed again at once, without a retry's backoff.
+    Refused {
+        /// The batch.
+        id: CommitId,
+        /// The run whose write was refused.
+        run: keel_store::RunId,
+        /// Why, one line.
+        error: String,
+    },
     /// A timer it set fired.
     Timer(CheckpointTimer),
     /// The host stopped every run (the node paused by itself: a full disk): answer every stage

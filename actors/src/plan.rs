@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 /// Most steps one plan may have: a run of 1,024 specialists (issue 14). The plan's text is stored
 /// once in its own row (the store's `run_plans`, up to its `plan_bytes_max`), never in the run's row,
 /// and a step's key and dependencies are bounded below, so the bound is on memory and on one
-/// checkpoint's size (a step's snapshot is about 160 bytes: 1,024 of them stay well inside the
-/// store's 256 KiB `output_bytes_max`).
+/// checkpoint's size (a step's snapshot is about 160 bytes, more with its newest failure or a
+/// lead's delegated brief: the store's `checkpoint_bytes_max` of 4 MiB leaves room for 1,024).
 pub const PLAN_STEPS_MAX: usize = 1024;
 /// Most dependencies one step may declare.
 pub const STEP_DEPENDENCIES_MAX: usize = 32;

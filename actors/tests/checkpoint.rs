@@ -595,3 +595,113 @@ fn one_refused_stage_refuses_its_whole_message() {
         ],
     );
 }
+
+#[test]
+fn a_write_the_store_refuses_fails_its_run_alone_and_the_others_commit_at_once() {
+    let refused = CheckpointInput::Refused {
+        id: CommitId(base() + 2),
+        run: RunId(1),
+        error: "checkpoint.state is over its limit".into(),
+    };
+    check(
+        CheckpointConfig::default(),
+        vec![
+            (stage(1, 1, 1), commit(1, &[1])),
+            (stage(1, 2, 1), Seen::default()),
+            (stage(2, 9, 1), Seen::default()),
+            (stage(3, 5, 1), Seen::default()),
+            (
+                CheckpointInput::Committed(CommitId(base() + 1)),
+                Seen {
+                    durable: vec![1],
+                    commits: vec![(2, vec![2, 9, 5])],
+                    ..Seen::default()
+                },
+            ),
+            (stage(1, 3, 1), Seen::default()),
+            (stage(2, 10, 1), Seen::default()),
+            // Run 1's stages fail, in the refused commit and queued; no retry timer, no backoff:
+            // runs 2 and 3 commit again at once, ahead of what queued since.
+            (
+                refused,
+                Seen {
+                    failed: vec![2, 3],
+                    commits: vec![(3, vec![9, 5, 10])],
+                    ..Seen::default()
+                },
+            ),
+            (
+                CheckpointInput::Committed(CommitId(base() + 3)),
+                Seen {
+                    durable: vec![5, 10],
+                    ..Seen::default()
+                },
+            ),
+        ],
+    );
+}
+
+/// On a real store: a group commit holding one run's oversize checkpoint is refused as that run's
+/// ([`keel_actors::host::HostError::refused_run`]) and writes nothing; without it the others commit.
+#[test]
+fn the_host_lays_a_refused_write_at_its_runs_door() {
+    use keel_store::{Checkpoint, Run, RunStatus, Store};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("keel.redb")).unwrap();
+    let create = |id: u128| {
+        PersistOp::CreateRun(Run {
+            id: RunId(id),
+            brief: "b".into(),
+            plan: None,
+            status: RunStatus::Running,
+            budget: Default::default(),
+            created_ms: 0,
+            updated_ms: 0,
+            config_snapshot: String::new(),
+            outcome: None,
+        })
+    };
+    let checkpoint = |id: u128, state: String| {
+        PersistOp::PutCheckpoint(Checkpoint {
+            run_id: RunId(id),
+            last_completed_step: None,
+            verified_outputs: Vec::new(),
+            pending_work: Vec::new(),
+            correlation_id: "c".into(),
+            state,
+            written_ms: 0,
+        })
+    };
+    let batch = |id: u64, ops: Vec<(u128, PersistOp)>| CommitBatch {
+        id: CommitId(id),
+        stages: ops
+            .into_iter()
+            .enumerate()
+            .map(|(i, (run, op))| Stage {
+                run: RunId(run),
+                owner: StageOwner::Coordinator,
+                ticket: i as u64,
+                ops: vec![op].into(),
+            })
+            .collect::<Vec<_>>()
+            .into(),
+    };
+    host::store::commit(&store, &batch(1, vec![(1, create(1)), (2, create(2))])).unwrap();
+    let oversize = "x".repeat(keel_store::Limits::default().checkpoint_bytes_max as usize + 1);
+    let err = host::store::commit(
+        &store,
+        &batch(
+            2,
+            vec![
+                (2, checkpoint(2, "two".into())),
+                (1, checkpoint(1, oversize)),
+            ],
+        ),
+    )
+    .unwrap_err();
+    assert_eq!(err.refused_run(), Some(RunId(1)), "{err}");
+    assert!(store.run(RunId(2)).checkpoint().unwrap().is_none());
+    host::store::commit(&store, &batch(3, vec![(2, checkpoint(2, "two".into()))])).unwrap();
+    let kept = store.run(RunId(2)).checkpoint().unwrap().unwrap();
+    assert_eq!(kept.state, "two");
+}

@@ -17,9 +17,13 @@ use crate::model::{
 pub struct Limits {
     /// Most bytes in a brief (a run's or a task's), so one prompt cannot fill the database.
     pub brief_bytes_max: u64,
-    /// Most bytes in an output kept in a row: a task's outcome, a checkpoint's state, a dead letter's
-    /// payload. Larger outputs belong in an attachment, which can live in the blob table.
+    /// Most bytes in an output kept in a row: a task's outcome, a dead letter's payload. Larger
+    /// outputs belong in an attachment, which can live in the blob table.
     pub output_bytes_max: u64,
+    /// Most bytes in a checkpoint's state (the coordinator's snapshot of its steps): a run of
+    /// 1,024 steps (`PLAN_STEPS_MAX`) whose steps each carry their newest failure and a lead's
+    /// delegated brief passes the 256 KiB of an output, and refusing its checkpoint fails the run.
+    pub checkpoint_bytes_max: u64,
     /// Most bytes in a session log row's one-line summary (what a resume preamble shows).
     pub log_summary_bytes_max: u64,
     /// Most bytes in a session log row's detail.
@@ -49,6 +53,7 @@ impl Default for Limits {
         Self {
             brief_bytes_max: 64 * 1024,
             output_bytes_max: 256 * 1024,
+            checkpoint_bytes_max: 4 * 1024 * 1024,
             log_summary_bytes_max: 512,
             log_detail_bytes_max: 16 * 1024,
             attachment_bytes_max: 16 * 1024 * 1024,
@@ -212,7 +217,7 @@ impl Limits {
         self.items("checkpoint.verified_outputs", c.verified_outputs.len())?;
         self.items("checkpoint.pending_work", c.pending_work.len())?;
         self.key("checkpoint.correlation_id", &c.correlation_id)?;
-        self.bytes("checkpoint.state", &c.state, self.output_bytes_max)
+        self.bytes("checkpoint.state", &c.state, self.checkpoint_bytes_max)
     }
 
     /// Checks a manifest entry.

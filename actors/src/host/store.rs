@@ -9,7 +9,8 @@ use crate::message::{ContextRequest, RecoveredRun};
 use crate::persist::CommitBatch;
 use crate::specialist::context_rows;
 use keel_store::{
-    Durability, IdempotencyRecord, ReadError, RunId, RunScope, StageError, Store, Task, WriteBatch,
+    CommitError, Durability, IdempotencyRecord, ReadError, RunId, RunScope, StageError, Store,
+    Task, WriteBatch,
 };
 
 /// Rows read per page when listing a run's tasks or idempotency records on recovery.
@@ -40,6 +41,15 @@ pub enum HostError {
     /// The commit failed: nothing of the batch was written.
     #[error("commit failed: {0}")]
     Commit(#[from] keel_store::CommitError),
+    /// The store could not apply one run's write in a group commit (a row it names is missing, a
+    /// parent does not match): nothing of the batch was written, and the fault is that run's.
+    #[error("commit refused a write of run {run}: {source}")]
+    Refused {
+        /// The run whose write was refused.
+        run: RunId,
+        /// What the store said ([`keel_store::CommitError::Item`]).
+        source: keel_store::CommitError,
+    },
     /// Opening (or reopening) the store failed.
     #[error("open failed: {0}")]
     Open(#[from] keel_store::OpenError),
@@ -55,6 +65,19 @@ pub enum HostError {
     TooManyTasks(RunId),
 }
 
+impl HostError {
+    /// The run whose own write made a group commit fail (a limit it passed, a row the store cannot
+    /// apply), when the failure is that run's and not the disk's: such a failure is permanent
+    /// (retrying the same writes fails the same way), and the other runs' writes of the batch
+    /// commit without it (docs/DESIGN.md §4).
+    pub fn refused_run(&self) -> Option<RunId> {
+        match self {
+            HostError::Stage { run, .. } | HostError::Refused { run, .. } => Some(*run),
+            _ => None,
+        }
+    }
+}
+
 /// Commits one group commit of the checkpoint machine in one write transaction with
 /// `Durability::Immediate`: the machine's durability point.
 ///
@@ -62,6 +85,8 @@ pub enum HostError {
 /// [`HostError::Stage`] or [`HostError::Commit`]; nothing of the batch is written then.
 pub fn commit(store: &Store, batch: &CommitBatch) -> Result<(), HostError> {
     let mut writes = WriteBatch::new();
+    // The run of each write, so a write the store refuses is laid at its run's door.
+    let mut runs = Vec::new();
     for (run, op) in batch.ops() {
         let scope = store.run(run);
         let staged = op.stage(&scope).map_err(|source| HostError::Stage {
@@ -70,8 +95,17 @@ pub fn commit(store: &Store, batch: &CommitBatch) -> Result<(), HostError> {
             source,
         })?;
         writes.push(staged);
+        runs.push(run);
     }
-    store.commit_group(writes, Durability::Immediate)?;
+    store
+        .commit_group(writes, Durability::Immediate)
+        .map_err(|e| match e {
+            CommitError::Item { index, .. } => match runs.get(index as usize) {
+                Some(&run) => HostError::Refused { run, source: e },
+                None => HostError::Commit(e),
+            },
+            e => HostError::Commit(e),
+        })?;
     Ok(())
 }
 

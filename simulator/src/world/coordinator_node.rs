@@ -221,7 +221,12 @@ impl World {
                 };
                 let input = match outcome {
                     Ok(()) => CheckpointInput::Committed(batch.id),
-                    Err(error) => CheckpointInput::CommitFailed {
+                    Err((error, Some(run))) => CheckpointInput::Refused {
+                        id: batch.id,
+                        run,
+                        error,
+                    },
+                    Err((error, None)) => CheckpointInput::CommitFailed {
                         id: batch.id,
                         error,
                     },
@@ -270,7 +275,12 @@ impl World {
         }
     }
 
-    pub(super) fn commit(&mut self, batch: &keel_actors::CommitBatch) -> Result<(), String> {
+    /// Commits `batch` on the world's store; a failure's text and, when it is one run's write
+    /// that the store refused, that run ([`HostError::refused_run`]).
+    pub(super) fn commit(
+        &mut self,
+        batch: &keel_actors::CommitBatch,
+    ) -> Result<(), (String, Option<keel_store::RunId>)> {
         self.commits += 1;
         let fault = self.disk_fault_armed.take();
         match fault {
@@ -300,7 +310,7 @@ impl World {
                     self.checker
                         .world_bound(self.event_no, format!("the store did not reopen: {reopen}"));
                 }
-                Err(e.to_string())
+                Err((e.to_string(), e.refused_run()))
             }
         }
     }

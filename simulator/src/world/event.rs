@@ -281,6 +281,7 @@ fn ckpt_input_name(i: &CheckpointInput) -> String {
         }
         CheckpointInput::Committed(id) => format!("committed {}", id.0),
         CheckpointInput::CommitFailed { id, .. } => format!("commit-failed {}", id.0),
+        CheckpointInput::Refused { id, run, .. } => format!("commit-refused {} {run}", id.0),
         CheckpointInput::Timer(t) => format!("timer {t:?}"),
         CheckpointInput::Abandon { .. } => "abandon".into(),
     }

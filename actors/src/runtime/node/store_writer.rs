@@ -50,7 +50,7 @@ impl Node {
         if !sent {
             self.committed(
                 id,
-                Err("the store writer thread is gone".into()),
+                Err(("the store writer thread is gone".into(), None)),
                 Vec::new(),
             );
         }
@@ -89,7 +89,7 @@ impl Node {
                     detail: detail.to_string(),
                 });
             }
-            e.to_string()
+            (e.to_string(), e.refused_run())
         });
         if let Some(observer) = &self.config.observer {
             observer.commit_ended(began.elapsed(), result.is_ok());
@@ -100,7 +100,7 @@ impl Node {
     fn committed(
         &self,
         id: crate::persist::CommitId,
-        result: Result<(), String>,
+        result: Result<(), (String, Option<keel_store::RunId>)>,
         escalations: Vec<RuntimeEvent>,
     ) {
         let input = match result {
@@ -110,7 +110,11 @@ impl Node {
                 }
                 CheckpointInput::Committed(id)
             }
-            Err(error) => {
+            Err((error, Some(run))) => {
+                tracing::warn!(%error, %run, "group commit refused a run's write");
+                CheckpointInput::Refused { id, run, error }
+            }
+            Err((error, None)) => {
                 tracing::warn!(%error, "group commit failed");
                 CheckpointInput::CommitFailed { id, error }
             }
@@ -131,7 +135,7 @@ fn poisons(e: &HostError) -> bool {
             c,
             CommitError::BatchTooLarge(_) | CommitError::Item { .. } | CommitError::ReadOnly
         ),
-        HostError::Stage { .. } | HostError::TooManyTasks(_) => false,
+        HostError::Stage { .. } | HostError::Refused { .. } | HostError::TooManyTasks(_) => false,
         _ => true,
     }
 }
