@@ -475,6 +475,10 @@ pub enum SupervisorMsg {
         attempt: AttemptId,
         /// What the host saw.
         reason: String,
+        /// Whether its actor panicked (keel's adapter or the harness broke): counted as its harness
+        /// failing, so repeated panics cool the harness down and reroute its work. A lost node, a
+        /// stop or a spawn that could not happen is not the harness's failure.
+        panicked: bool,
     },
     /// Stop every live attempt of a run (cancel, budget outcome, synthesis done) and drop its ledger.
     ///

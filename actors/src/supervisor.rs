@@ -790,8 +790,17 @@ impl Machine for Supervisor {
                     self.trip(attempt.run, out);
                 }
             }
-            SupervisorInput::Msg(SupervisorMsg::SpecialistDown { attempt, reason }) => {
-                self.lose(attempt, FailureKind::Crashed, reason, now, rng, out);
+            SupervisorInput::Msg(SupervisorMsg::SpecialistDown {
+                attempt,
+                reason,
+                panicked,
+            }) => {
+                let kind = if panicked {
+                    FailureKind::Harness(ErrorCategory::System)
+                } else {
+                    FailureKind::Crashed
+                };
+                self.lose(attempt, kind, reason, now, rng, out);
             }
             SupervisorInput::Msg(SupervisorMsg::CloseRun { run }) => {
                 let doomed: Vec<AttemptId> =

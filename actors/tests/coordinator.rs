@@ -710,6 +710,7 @@ fn follow_ups_chain_on_their_thread_with_a_preamble_even_across_a_worker_restart
                 SupervisorMsg::SpecialistDown {
                     attempt,
                     reason: "worker restarted".into(),
+                    panicked: false,
                 },
             )));
             restarted = true;

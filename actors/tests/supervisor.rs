@@ -613,6 +613,7 @@ fn a_lost_node_restarts_its_attempts_on_the_same_agent() {
         let down = SupervisorMsg::SpecialistDown {
             attempt: attempt(t, 1),
             reason: "worker w1 missed its heartbeats: its lease expired".into(),
+            panicked: false,
         };
         s.handle(SupervisorInput::Msg(down), 2, &mut rng, &mut out);
         assert!(
@@ -625,6 +626,45 @@ fn a_lost_node_restarts_its_attempts_on_the_same_agent() {
     out.clear();
     s.handle(admit(9, 1, Some("alpha"), 0), 3, &mut rng, &mut out);
     assert_eq!(admission_of(&out).unwrap().unwrap().agent, "alpha");
+}
+
+#[test]
+fn repeated_panics_of_one_harness_reroute() {
+    // A specialist actor that panics is keel's adapter or the harness breaking: unlike a lost node,
+    // it counts toward the harness's cooldown, so the third panic in the window reroutes.
+    let cfg = SupervisorConfig {
+        restarts_max: 10,
+        harness_failures_max: 3,
+        ..config()
+    };
+    let mut s = Supervisor::new(cfg);
+    let mut rng = SplitMix64(1);
+    let mut out = Vec::new();
+    s.handle(open(None), 0, &mut rng, &mut out);
+    let mut verdicts = Vec::new();
+    for t in 1..=3u128 {
+        s.handle(admit(t, 1, Some("alpha"), 0), t as u64, &mut rng, &mut out);
+        out.clear();
+        let down = SupervisorMsg::SpecialistDown {
+            attempt: attempt(t, 1),
+            reason: "failed: the adapter panicked".into(),
+            panicked: true,
+        };
+        s.handle(SupervisorInput::Msg(down), t as u64, &mut rng, &mut out);
+        verdicts.push(verdict_of(&out));
+    }
+    assert!(
+        matches!(verdicts[0], Some(Verdict::Restart { .. })),
+        "{verdicts:?}"
+    );
+    assert_eq!(
+        verdicts[2],
+        Some(Verdict::Reroute {
+            agent: "beta".into(),
+            after_ms: 0
+        }),
+        "{verdicts:?}"
+    );
 }
 
 #[test]
@@ -703,7 +743,7 @@ proptest! {
                 Op::SettleOk { task, spent } => SupervisorInput::Msg(SupervisorMsg::Settle { attempt: attempt(task.into(), 1), spent_micros: spent.into(), outcome: Ok(()) }),
                 Op::SettleErr { task } => fail(task.into(), FailureKind::Crashed, true),
                 Op::Spend { task, spent } => SupervisorInput::Msg(SupervisorMsg::Spend { attempt: attempt(task.into(), 1), spent_micros: spent.into() }),
-                Op::Down { task } => SupervisorInput::Msg(SupervisorMsg::SpecialistDown { attempt: attempt(task.into(), 1), reason: "gone".into() }),
+                Op::Down { task } => SupervisorInput::Msg(SupervisorMsg::SpecialistDown { attempt: attempt(task.into(), 1), reason: "gone".into(), panicked: task % 2 == 0 }),
                 Op::Deadline { task } => SupervisorInput::Timer(SupervisorTimer::Deadline(attempt(task.into(), 1))),
                 Op::Tick { ms } => { now += u64::from(ms); continue; }
             };

@@ -260,6 +260,7 @@ impl RemoteInbox {
             node.route(Envelope::Supervisor(SupervisorMsg::SpecialistDown {
                 attempt,
                 reason,
+                panicked: false,
             }));
         }
     }

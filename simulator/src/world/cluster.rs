@@ -117,6 +117,7 @@ impl World {
                             input: SupervisorInput::Msg(SupervisorMsg::SpecialistDown {
                                 attempt,
                                 reason,
+                                panicked: false,
                             }),
                             inc: Some(self.coord_inc),
                         },

@@ -110,6 +110,7 @@ impl Node {
                 self.route(Envelope::Supervisor(SupervisorMsg::SpecialistDown {
                     attempt,
                     reason: format!("spawn failed: {e}"),
+                    panicked: false,
                 }));
             }
         }

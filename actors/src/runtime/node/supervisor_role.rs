@@ -45,13 +45,14 @@ impl Role for SupervisorRole {
     }
 
     fn supervision(&self, event: &SupervisionEvent, _local: &mut ()) -> Option<SupervisorInput> {
-        let (id, reason) = match event {
+        let (id, reason, panicked) = match event {
             SupervisionEvent::ActorTerminated(cell, _, reason) => (
                 cell.get_id(),
                 reason.clone().unwrap_or_else(|| "stopped".into()),
+                false,
             ),
             SupervisionEvent::ActorFailed(cell, error) => {
-                (cell.get_id(), format!("failed: {error}"))
+                (cell.get_id(), format!("failed: {error}"), true)
             }
             _ => return None,
         };
@@ -72,6 +73,7 @@ impl Role for SupervisorRole {
         Some(SupervisorInput::Msg(SupervisorMsg::SpecialistDown {
             attempt,
             reason,
+            panicked,
         }))
     }
 }
