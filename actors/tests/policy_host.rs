@@ -470,6 +470,26 @@ async fn only_a_call_the_policy_allowed_earns_gate_marks_and_only_once() {
         Decision::Deny,
         "a made-up result met the gate"
     );
+    // An allowed call that failed (Claude Code's PostToolUseFailure reaches `after_tool` as an
+    // error) earns nothing, and a success posted for it afterwards earns nothing either.
+    let asked = host
+        .before_tool(&scope, &call("make test"), payload("PreToolUse", "t0"))
+        .await;
+    assert_eq!(asked.decision, Decision::Allow);
+    let failed = ToolOutput {
+        is_error: true,
+        text: "Exit code 2".into(),
+    };
+    for output in [failed, ok()] {
+        host.after_tool(
+            &scope,
+            &call("make test"),
+            payload("PostToolUse", "t0"),
+            output,
+        )
+        .await;
+        assert_eq!(deploy().await, Decision::Deny, "a failed call met the gate");
+    }
     // The real call: allowed, then its success meets the prerequisite.
     let asked = host
         .before_tool(&scope, &call("make test"), payload("PreToolUse", "t1"))

@@ -10,7 +10,7 @@
 
 use keel_harness::HarnessKind;
 use keel_tests::policy::{
-    PolicyHome, assert_redacted_everywhere, redact_hunter2_policy, shell_step,
+    PolicyHome, assert_kept_redacted, assert_redacted_everywhere, redact_hunter2_policy, shell_step,
 };
 use keel_tests::{audit_rows_by as rows_by, cli_installed, recorded_bodies};
 
@@ -72,19 +72,22 @@ fn pi_meets_a_prerequisite_through_post_tool_use() {
     }
 }
 
-/// On `harness`, a `PostToolUse` hook in keel.toml redacts a secret the tool printed: no request
-/// the model server received holds the secret, the model saw the redacted result, and the rewrite is
-/// an audit row marked rewritten.
-fn a_post_tool_use_hook_redacts_what_the_model_sees(harness: HarnessKind) {
+/// A run on `harness` whose one step runs `command` (reading `secret.txt`, which holds
+/// `pw-hunter2`) under a `PostToolUse` hook that redacts it: the home, the exit code, the audit
+/// rows, the model requests and the context a failed assertion prints.
+struct SecretRun {
+    home: PolicyHome,
+    code: i32,
+    rows: Vec<serde_json::Value>,
+    bodies: Vec<String>,
+    context: String,
+}
+
+fn run_reading_the_secret(harness: HarnessKind, command: &str) -> SecretRun {
     let home = PolicyHome::new(&redact_hunter2_policy()).unwrap();
     std::fs::write(home.path().join("secret.txt"), "pw-hunter2\n").unwrap();
-    home.write_plan(vec![shell_step(
-        "read",
-        "Read the file.",
-        "cat secret.txt",
-        &[],
-    )])
-    .unwrap();
+    home.write_plan(vec![shell_step("read", "Read the file.", command, &[])])
+        .unwrap();
     let (code, out, err) = home
         .run_to_end(&mut home.run_command(Some(harness)).unwrap())
         .unwrap();
@@ -94,6 +97,26 @@ fn a_post_tool_use_hook_redacts_what_the_model_sees(harness: HarnessKind) {
         .map(|b| b.to_string())
         .collect();
     let context = format!("{harness}: exit {code}\n{out}\n{err}\n{rows:#?}");
+    SecretRun {
+        home,
+        code,
+        rows,
+        bodies,
+        context,
+    }
+}
+
+/// On `harness`, a `PostToolUse` hook in keel.toml redacts a secret the tool printed: no request
+/// the model server received holds the secret, the model saw the redacted result, and the rewrite is
+/// an audit row marked rewritten.
+fn a_post_tool_use_hook_redacts_what_the_model_sees(harness: HarnessKind) {
+    let SecretRun {
+        home,
+        code,
+        rows,
+        bodies,
+        context,
+    } = run_reading_the_secret(harness, "cat secret.txt");
     assert!(
         bodies.len() >= 2,
         "no request after the tool ran: {context}"
@@ -134,5 +157,46 @@ fn opencode_post_tool_use_redacts_what_the_model_sees() {
 fn pi_post_tool_use_redacts_what_the_model_sees() {
     if cli_installed(HarnessKind::Pi) {
         a_post_tool_use_hook_redacts_what_the_model_sees(HarnessKind::Pi);
+    }
+}
+
+/// On `harness`, a call that fails (a shell command exiting 3) printed a secret a `PostToolUse`
+/// hook redacts: the failed result goes through keel's policy too (its rewrite is an audit row),
+/// and the secret reaches neither the model (Claude Code, which cannot replace a failure's output,
+/// is stopped before its next model request; opencode's shell tool reports a non-zero exit as its
+/// result, which its plugin replaces) nor keel's log and resume preamble.
+fn a_failed_calls_secret_never_reaches_the_model(harness: HarnessKind) {
+    let SecretRun {
+        home,
+        rows,
+        bodies,
+        context,
+        ..
+    } = run_reading_the_secret(harness, "cat secret.txt; exit 3");
+    assert!(!bodies.is_empty(), "no model request: {context}");
+    assert!(
+        bodies.iter().all(|b| !b.contains("hunter2")),
+        "the failed call's secret reached the model: {context}\n{bodies:#?}"
+    );
+    assert!(
+        rows_by(&rows, "hook:redact", "allow")
+            .iter()
+            .any(|r| r["rewritten"] == true),
+        "the failed result was not rewritten by the policy: {context}"
+    );
+    assert_kept_redacted(&home.logs_and_preambles().unwrap(), &context);
+}
+
+#[test]
+fn claude_code_stops_before_the_model_sees_a_failed_calls_withheld_result() {
+    if cli_installed(HarnessKind::ClaudeCode) {
+        a_failed_calls_secret_never_reaches_the_model(HarnessKind::ClaudeCode);
+    }
+}
+
+#[test]
+fn opencode_redacts_a_failed_shell_commands_result() {
+    if cli_installed(HarnessKind::Opencode) {
+        a_failed_calls_secret_never_reaches_the_model(HarnessKind::Opencode);
     }
 }

@@ -111,6 +111,17 @@ impl CliFlavor for ClaudeCode {
             settings["hooks"]["PostToolUse"] = serde_json::json!([{"matcher": "*", "hooks": [
                 {"type": "command", "command": super::shell_quote(&wrapper.display().to_string()), "timeout": secs}
             ]}]);
+            // After every failed call: keel sees the failure too (it earns no gate mark), and a
+            // result the policy changes, which Claude Code cannot replace for a failure, stops the
+            // session at the batch's end, before the model sees it.
+            let (failure, batch) =
+                super::post_tool::install_failure_wrappers(session_dir, hook, &mut files);
+            settings["hooks"][super::post_tool::FAILURE_EVENT] = serde_json::json!([{"matcher": "*", "hooks": [
+                {"type": "command", "command": super::shell_quote(&failure.display().to_string()), "timeout": secs}
+            ]}]);
+            settings["hooks"]["PostToolBatch"] = serde_json::json!([{"hooks": [
+                {"type": "command", "command": super::shell_quote(&batch.display().to_string()), "timeout": 10}
+            ]}]);
         }
         if let (Some(stop), Some(_)) = (&spec.stop_gate, &spec.stop_check) {
             // The report check at the session's end: the command judges `last_assistant_message`

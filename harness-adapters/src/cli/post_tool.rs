@@ -39,6 +39,15 @@ pub const POST_FOR_ARG: &str = "--post-for";
 /// the CLI's own payload.
 pub const TOOL_OUTPUT_KEY: &str = "tool_output";
 
+/// The `hook_event_name` of Claude Code's after-call hook for a call that failed: its payload has
+/// the failure's text in `error` and no `tool_response`, and its answer cannot replace the output
+/// (only add context), nor does it honour `{"continue": false}` (probed on 2.1.197).
+pub const FAILURE_EVENT: &str = "PostToolUseFailure";
+
+/// Where a session's `PostToolUseFailure` wrapper leaves the answer that stops the session, which
+/// its `PostToolBatch` wrapper prints at the end of the batch (in the session's own folder).
+pub const FAILURE_STOP_FILE: &str = "keel-failure-stop.json";
+
 /// What the model is told when keel could not check a result.
 pub const WITHHELD_TEXT: &str =
     "keel: the PostToolUse check could not run, so this result is withheld (failed closed)";
@@ -59,6 +68,13 @@ pub struct PostAnswer {
 /// `tool_response`, or the `tool_output` the opencode plugin and the pi extension put in. `None`
 /// when the payload holds neither.
 pub fn tool_output_of(payload: &Value) -> Option<ToolOutput> {
+    if is_failure(payload) {
+        // Claude Code's PostToolUseFailure: the failure's text (a shell's exit code and output).
+        return Some(ToolOutput {
+            is_error: true,
+            text: payload.get("error").map(response_text)?,
+        });
+    }
     if let Some(out) = payload.get(TOOL_OUTPUT_KEY) {
         return Some(ToolOutput {
             is_error: out
@@ -74,6 +90,25 @@ pub fn tool_output_of(payload: &Value) -> Option<ToolOutput> {
         // Codex reports a failed command's output as its result too, not as an error.
         is_error: false,
         text: response_text(response),
+    })
+}
+
+/// Whether `payload` is Claude Code's `PostToolUseFailure` (a call that failed).
+pub fn is_failure(payload: &Value) -> bool {
+    payload.get("hook_event_name").and_then(Value::as_str) == Some(FAILURE_EVENT)
+}
+
+/// What Claude Code's `PostToolUseFailure` hook prints once keel decided on a failed call's
+/// result: nothing when it stands; when the policy changed it (a rewrite, or withheld), which
+/// Claude Code cannot take for a failure, the answer that stops the session, which the
+/// failure wrapper keeps for the batch's `PostToolBatch` hook ([`install_failure_wrappers`]).
+pub fn failure_answer(original: &ToolOutput, final_output: &ToolOutput) -> Option<String> {
+    (original != final_output).then(|| {
+        stop_claude_code(&format!(
+            "keel: a PostToolUse hook changed the result of a failed call, which Claude Code \
+             cannot replace, so the session stops before the model sees it: {}",
+            first_line(&final_output.text)
+        ))
     })
 }
 
@@ -269,6 +304,57 @@ pub fn post_wrapper_script(command: &GateCommand, harness: HarnessKind) -> Strin
     )
 }
 
+/// Adds Claude Code's two wrappers for failed calls to a session's files and returns their paths:
+/// the `PostToolUseFailure` wrapper runs `keel hook ... --post-for claude-code` on the failure and,
+/// when keel's policy changed its result (or the check could not run: failing closed), keeps the
+/// answer that stops the session in [`FAILURE_STOP_FILE`]; the `PostToolBatch` wrapper, which
+/// Claude Code runs once the batch's results are in and before its next model request, prints that
+/// answer (`{"continue": false, "stopReason": ...}` there ends the session before the request;
+/// from `PostToolUseFailure` it is ignored). Both always exit 0.
+pub fn install_failure_wrappers(
+    session_dir: &Path,
+    hook: &GateCommand,
+    files: &mut Vec<SessionFile>,
+) -> (PathBuf, PathBuf) {
+    let stop_file = session_dir.join(FAILURE_STOP_FILE);
+    let failure = super::gate::add_script(
+        session_dir,
+        "keel-post-failure.sh",
+        failure_wrapper_script(&post_command(hook, HarnessKind::ClaudeCode), &stop_file),
+        files,
+    );
+    let batch = super::gate::add_script(
+        session_dir,
+        "keel-post-batch.sh",
+        batch_wrapper_script(&stop_file),
+        files,
+    );
+    (failure, batch)
+}
+
+/// The `PostToolUseFailure` script of [`install_failure_wrappers`].
+pub fn failure_wrapper_script(command: &GateCommand, stop_file: &Path) -> String {
+    let cmd = command_line(command);
+    let secs = command.timeout_ms.div_ceil(1000).max(1);
+    let stop_file = shell_quote(&stop_file.display().to_string());
+    format!(
+        "#!/bin/sh\n# keel PostToolUseFailure wrapper: a failed call's result keel's policy changed, or \
+         could not check, stops the session at the batch's end.\nout=$(timeout -k 1 {secs} {cmd})\n\
+         st=$?\nif [ \"$st\" -eq 0 ] && [ -z \"$out\" ]; then\n  exit 0\nfi\n\
+         if [ \"$st\" -ne 0 ]; then\n  out={}\nfi\nprintf '%s\\n' \"$out\" > {stop_file}\nexit 0\n",
+        shell_quote(&failed_closed_answer(HarnessKind::ClaudeCode))
+    )
+}
+
+/// The `PostToolBatch` script of [`install_failure_wrappers`].
+pub fn batch_wrapper_script(stop_file: &Path) -> String {
+    let stop_file = shell_quote(&stop_file.display().to_string());
+    format!(
+        "#!/bin/sh\n# keel PostToolBatch wrapper: stops the session when a failed call's result was \
+         withheld.\ncat > /dev/null\nif [ -s {stop_file} ]; then\n  cat {stop_file}\nfi\nexit 0\n"
+    )
+}
+
 /// The JavaScript the opencode plugin and the pi extension call after a tool ran:
 /// `keelPost(toolName, toolInput, toolUseId, cwd, isError, text)` returns keel's [`PostAnswer`]
 /// (`{is_error, text, changed}`), or a withheld error when the check could not run.
@@ -415,6 +501,57 @@ mod tests {
         )
         .unwrap_or_else(|e| panic!("{e}"));
         assert!(!plain.changed);
+    }
+
+    /// Claude Code's failure payload (as 2.1.197 sent it) is read as an error result; a changed one
+    /// stops the session; the failure wrapper keeps that answer (or the fail-closed one) for the
+    /// batch wrapper, run for real, and a result that stands leaves nothing.
+    #[test]
+    fn a_failed_call_whose_result_changed_stops_the_session_at_the_batch() {
+        let payload = json!({"hook_event_name": FAILURE_EVENT, "tool_name": "Bash",
+                             "tool_input": {"command": "cat secret.txt; exit 3"},
+                             "tool_use_id": "toolu_scripted_001",
+                             "error": "Exit code 3\npw-hunter2", "is_interrupt": false});
+        let original = tool_output_of(&payload).expect("a result");
+        assert!(original.is_error && original.text == "Exit code 3\npw-hunter2");
+        assert_eq!(failure_answer(&original, &original), None);
+        let stop: Value = serde_json::from_str(
+            &failure_answer(&original, &out("Exit code 3\npw-REDACTED")).unwrap_or_default(),
+        )
+        .unwrap_or_default();
+        assert_eq!(stop["continue"], false, "{stop}");
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let stop_file = dir.path().join(FAILURE_STOP_FILE);
+        let batch = dir.path().join("batch.sh");
+        std::fs::write(&batch, batch_wrapper_script(&stop_file)).expect("writes");
+        let run = |script: &str| {
+            let command = GateCommand {
+                program: "/bin/sh".into(),
+                args: vec!["-c".into(), script.into()],
+                timeout_ms: 1_000,
+            };
+            let path = dir.path().join("failure.sh");
+            std::fs::write(&path, failure_wrapper_script(&command, &stop_file)).expect("writes");
+            let status = std::process::Command::new("/bin/sh")
+                .arg(&path)
+                .status()
+                .expect("runs");
+            assert_eq!(status.code(), Some(0));
+            let out = std::process::Command::new("/bin/sh")
+                .arg(&batch)
+                .stdin(std::process::Stdio::null())
+                .output()
+                .expect("runs");
+            String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        };
+        assert_eq!(run("true"), "", "a result that stands stops nothing");
+        assert_eq!(run("echo '{\"continue\":false}'"), "{\"continue\":false}");
+        let _ = std::fs::remove_file(&stop_file);
+        let closed: Value = serde_json::from_str(&run("exit 3")).expect("JSON");
+        assert_eq!(
+            closed["continue"], false,
+            "a failed check stops the session"
+        );
     }
 
     /// The wrapper, run for real: a command's answer passes through; a crash, a non-zero exit or a

@@ -114,6 +114,8 @@ fn post_answer(url: &str, harness: HarnessKind) -> anyhow::Result<Option<String>
     let mut payload: Value = serde_json::from_slice(&bytes)?;
     let original = post_tool::tool_output_for(harness, &payload)
         .ok_or_else(|| anyhow::anyhow!("the PostToolUse payload holds no tool result"))?;
+    // Claude Code's PostToolUseFailure: the same policy, whose changed result stops the session.
+    let failure = post_tool::is_failure(&payload);
     let obj = payload
         .as_object_mut()
         .ok_or_else(|| anyhow::anyhow!("the PostToolUse payload is not a JSON object"))?;
@@ -127,6 +129,9 @@ fn post_answer(url: &str, harness: HarnessKind) -> anyhow::Result<Option<String>
     let output = answer.output.ok_or_else(|| {
         anyhow::anyhow!("the node did not hand back the result: {}", answer.reason)
     })?;
+    if failure {
+        return Ok(post_tool::failure_answer(&original, &output));
+    }
     Ok(post_tool::answer_for(harness, &payload, &original, &output))
 }
 
