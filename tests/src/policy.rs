@@ -225,9 +225,16 @@ pub fn harness_args(cmd: &mut Command, harness: Option<HarnessKind>, url: &str) 
 
 /// keel.toml's `[[hooks]]` entry `redact`: a `PostToolUse` hook running [`REDACT_HUNTER2`].
 pub fn redact_hunter2_policy() -> String {
+    rewrite_policy("hunter2", "REDACTED")
+}
+
+/// keel.toml's `[[hooks]]` entry `redact`: [`REDACT_HUNTER2`] replacing the word `from` (plain
+/// letters) with `to` instead.
+pub fn rewrite_policy(from: &str, to: &str) -> String {
+    let script = REDACT_HUNTER2.replace("s/hunter2/REDACTED/g", &format!("s/{from}/{to}/g"));
     format!(
         "\n[[hooks]]\nname = \"redact\"\nevent = \"PostToolUse\"\ncommand = [\"/bin/sh\", \"-c\", {}]\n",
-        serde_json::to_string(REDACT_HUNTER2).unwrap_or_default()
+        serde_json::to_string(&script).unwrap_or_default()
     )
 }
 

@@ -10,7 +10,8 @@
 
 use keel_harness::HarnessKind;
 use keel_tests::policy::{
-    PolicyHome, assert_kept_redacted, assert_redacted_everywhere, redact_hunter2_policy, shell_step,
+    PolicyHome, assert_kept_redacted, assert_redacted_everywhere, redact_hunter2_policy,
+    rewrite_policy, shell_step,
 };
 use keel_tests::{audit_rows_by as rows_by, cli_installed, recorded_bodies};
 
@@ -198,5 +199,48 @@ fn claude_code_stops_before_the_model_sees_a_failed_calls_withheld_result() {
 fn opencode_redacts_a_failed_shell_commands_result() {
     if cli_installed(HarnessKind::Opencode) {
         a_failed_calls_secret_never_reaches_the_model(HarnessKind::Opencode);
+    }
+}
+
+/// Codex's MCP calls: a `PostToolUse` hook rewrites the answer of keel's own `report_progress`
+/// tool; the model gets the rewrite, and keel's log holds it too, not the original Codex's stream
+/// printed (its MCP result is matched by its text, as a command's output).
+#[test]
+fn codex_logs_a_rewritten_mcp_result_as_the_model_saw_it() {
+    if !cli_installed(HarnessKind::Codex) {
+        return;
+    }
+    let home = PolicyHome::new(&rewrite_policy("recorded", "REWRITTEN")).unwrap();
+    let mut step = shell_step("progress", "Say how far you are.", "true", &[]);
+    step.brief = format!(
+        "Say how far you are. {}\nCALL_TOOL: mcp__keel__report_progress {{\"note\": \"halfway\"}}",
+        keel_harness::scripted::model::REPORT_AFTER_TOOL
+    );
+    home.write_plan(vec![step]).unwrap();
+    let (code, out, err) = home
+        .run_to_end(&mut home.run_command(Some(HarnessKind::Codex)).unwrap())
+        .unwrap();
+    let bodies: Vec<String> = recorded_bodies(&home.record_dir())
+        .iter()
+        .map(|b| b.to_string())
+        .collect();
+    let context = format!("exit {code}\n{out}\n{err}");
+    assert!(
+        bodies
+            .iter()
+            .any(|b| b.contains("REWRITTEN: progress note")),
+        "the model never saw the rewritten result: {context}\n{bodies:#?}"
+    );
+    let logs = home.logs_and_preambles().unwrap();
+    assert!(
+        logs.iter()
+            .any(|(_, t)| t.contains("REWRITTEN: progress note")),
+        "{context}\n{logs:#?}"
+    );
+    for (what, text) in &logs {
+        assert!(
+            !text.contains("recorded: progress note"),
+            "the original is in {what}: {context}\n{text}"
+        );
     }
 }

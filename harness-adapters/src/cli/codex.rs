@@ -251,10 +251,12 @@ impl CliFlavor for Codex {
         Box::new(CodexParser::for_spec(spec))
     }
 
-    /// Codex prints a command's `item.completed` (with its original output) and then runs its
-    /// `PostToolUse` hook. Its other items (file changes, MCP calls) are not waited for.
+    /// Codex prints a command's or an MCP call's `item.completed` (with its original output) and
+    /// runs its `PostToolUse` hook for both (probed: an MCP call's hook gets `tool_name`
+    /// `mcp__SERVER__TOOL`, as the parser names it, and the result object whose text the stream
+    /// shows). File changes are not waited for (their log row is a summary of the changes).
     fn result_before_hook(&self, tool: &str) -> bool {
-        tool == "shell"
+        tool == "shell" || tool.starts_with("mcp__")
     }
 }
 

@@ -15,7 +15,8 @@
 //!   sends the ORIGINAL output); `{"decision": "block"}` only adds a message beside the original.
 //!   `{"continue": false}` ends the session before its next model request: the only way to withhold
 //!   a result whose shape keel cannot rebuild.
-//! - **Codex** gives `tool_response` as a string (the shell's output) and, for `{"decision":
+//! - **Codex** gives `tool_response` as a string (the shell's output; an MCP call's result object
+//!   `{content, isError}`, whose text blocks keel joins) and, for `{"decision":
 //!   "block", "reason": R}`, sends the model R instead of the output (R must not be empty).
 //! - **opencode** (`tool.execute.after`, output `{title, output, metadata}`; MCP tools `{content}`)
 //!   and **pi** (`tool_result`, `{content, isError}`, answered with `{content, isError}`) let the
@@ -142,8 +143,23 @@ pub fn response_text(response: &Value) -> String {
         Value::Array(blocks) if text_blocks(blocks).is_some() => {
             text_blocks(blocks).unwrap_or_default().join("\n")
         }
+        // An MCP tool's result as Codex hands it: `{"content": [text blocks], "isError": ...}`.
+        Value::Object(o) if mcp_result_blocks(o).is_some() => {
+            mcp_result_blocks(o).unwrap_or_default().join("\n")
+        }
         other => other.to_string(),
     }
+}
+
+/// The text blocks of an MCP tool result object (`{"content": [...], "isError": ...}`, nothing
+/// else in it).
+fn mcp_result_blocks(o: &serde_json::Map<String, Value>) -> Option<Vec<&str>> {
+    if o.keys()
+        .any(|k| k != "content" && k != "isError" && k != "structuredContent")
+    {
+        return None;
+    }
+    text_blocks(o.get("content")?.as_array()?)
 }
 
 fn text_blocks(blocks: &[Value]) -> Option<Vec<&str>> {
@@ -174,6 +190,12 @@ pub fn rebuilt_response(original: &Value, text: &str) -> Option<Value> {
         }
         Value::Array(blocks) if text_blocks(blocks).is_some() => {
             Some(json!([{"type": "text", "text": text}]))
+        }
+        Value::Object(o) if mcp_result_blocks(o).is_some() => {
+            let mut o = o.clone();
+            o.insert("content".into(), json!([{"type": "text", "text": text}]));
+            o.remove("structuredContent");
+            Some(Value::Object(o))
         }
         other => {
             let back: Value = serde_json::from_str(text).ok()?;
@@ -433,6 +455,14 @@ mod tests {
         assert_eq!(response_text(&with_err), "a\nb");
         let mcp = json!([{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]);
         assert_eq!(response_text(&mcp), "one\ntwo");
+        // Codex's MCP result object: its text, as Codex's stream shows it.
+        let codex_mcp = json!({"content": [{"text": "recorded: progress note 1", "type": "text"}],
+                               "isError": false});
+        assert_eq!(response_text(&codex_mcp), "recorded: progress note 1");
+        assert_eq!(
+            rebuilt_response(&codex_mcp, "x").unwrap_or_default(),
+            json!({"content": [{"type": "text", "text": "x"}], "isError": false})
+        );
         let read = json!({"type": "text", "file": {"content": "pw-hunter2"}});
         assert_eq!(response_text(&read), read.to_string());
     }
