@@ -181,7 +181,8 @@ pub enum Verdict {
 /// A request to admit one specialist attempt.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SpawnRequest {
-    /// The attempt to spawn (its idempotency record is durable already).
+    /// The attempt to spawn (its task row, carrying the attempt and its idempotency key, is
+    /// durable already).
     pub attempt: AttemptId,
     /// Nesting depth of the task (root 0, subtasks 1, ...).
     pub depth: u8,

@@ -1353,7 +1353,15 @@ fn a_dispatch_of_many_steps_writes_one_checkpoint_of_them_all_in_one_message() {
         stages[with]
             .ops
             .iter()
-            .any(|op| matches!(op, PersistOp::RecordIdempotency(_))),
+            .any(|op| matches!(op, PersistOp::CreateTask(t) if t.attempt == 1 && t.idempotency_key.is_some())),
         "it rides in the last attempt's stage"
+    );
+    // An attempt's record is its task row (attempt and key), not an idempotency row beside it.
+    assert!(
+        stages
+            .iter()
+            .flat_map(|s| s.ops.iter())
+            .all(|op| !matches!(op, PersistOp::RecordIdempotency(_))),
+        "{stages:#?}"
     );
 }

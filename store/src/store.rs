@@ -1,7 +1,7 @@
 //! The store: opening, group commit, and the two ways in (a run's scope, the operator's catalog).
 
 use std::borrow::Cow;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use redb::{
@@ -523,6 +523,12 @@ struct Writer<'t> {
     run_agents: Lazy<'t, (u128, &'static str), Row>,
     /// Runs known to exist in this transaction, so a batch of N rows for one run checks it once.
     known_runs: BTreeSet<u128>,
+    /// Tasks known to exist in this transaction (created in it, or found by a lookup), with the
+    /// sequence number of their newest log row once it is known: a batch's log rows of one task
+    /// (a dispatch's decision rows on the root task, an attempt's rows) look the task and its
+    /// log's end up once, not once per row. Tasks are never deleted inside a commit, and only this
+    /// writer appends to a task's log in it, so what is cached stays true until the commit ends.
+    known_tasks: BTreeMap<(u128, u128), Option<u64>>,
 }
 
 impl<'t> Writer<'t> {
@@ -548,7 +554,48 @@ impl<'t> Writer<'t> {
             agents: Lazy::new(txn, tables::AGENTS),
             run_agents: Lazy::new(txn, tables::RUN_AGENTS),
             known_runs: BTreeSet::new(),
+            known_tasks: BTreeMap::new(),
         }
+    }
+
+    /// Whether task `task` of `run` is stored (or staged earlier in this transaction).
+    fn task_exists(&mut self, run: RunId, task: TaskId) -> Result<bool, Failure> {
+        if self.known_tasks.contains_key(&(run.0, task.0)) {
+            return Ok(true);
+        }
+        let found = self.tasks.open()?.get((run.0, task.0))?.is_some();
+        if found {
+            self.known_tasks.insert((run.0, task.0), None);
+        }
+        Ok(found)
+    }
+
+    /// The sequence number the next log row of a stored task takes (1 for its first row), read
+    /// from the log's end once per transaction and counted on from there.
+    fn next_log_seq(&mut self, run: RunId, task: TaskId) -> Result<u64, Failure> {
+        let last = match self.known_tasks.get(&(run.0, task.0)).copied().flatten() {
+            Some(last) => Some(last),
+            None => {
+                let mut range = self
+                    .logs
+                    .open()?
+                    .range((run.0, task.0, 0u64)..=(run.0, task.0, u64::MAX))?;
+                match range.next_back() {
+                    None => None,
+                    Some(entry) => Some(entry?.0.value().2),
+                }
+            }
+        };
+        let seq = match last {
+            None => 1,
+            Some(k) => k
+                .checked_add(1)
+                .ok_or(Failure::Item(ItemError::SequenceExhausted(
+                    name::SESSION_LOGS,
+                )))?,
+        };
+        self.known_tasks.insert((run.0, task.0), Some(seq));
+        Ok(seq)
     }
 
     fn require_run(&mut self, run: RunId) -> Result<(), Failure> {
@@ -684,7 +731,7 @@ impl<'t> Writer<'t> {
                     return Err(ItemError::TaskIdTaken(task.id).into());
                 }
                 if let Some(parent) = task.parent
-                    && self.tasks.open()?.get((run.0, parent.0))?.is_none()
+                    && !self.task_exists(run, parent)?
                 {
                     return Err(ItemError::ParentNotFound {
                         task: task.id,
@@ -703,6 +750,8 @@ impl<'t> Writer<'t> {
                         .open()?
                         .insert((run.0, parent.0, task.id.0), ())?;
                 }
+                // A new task has no log rows yet: its first row takes 1 without a lookup.
+                self.known_tasks.insert((run.0, task.id.0), Some(0));
                 Ok(Applied::TaskCreated { blobbed })
             }
             RunOp::UpdateTask(task) => {
@@ -721,28 +770,10 @@ impl<'t> Writer<'t> {
             }
             RunOp::AppendLog { task, row } => {
                 let task = *task;
-                if self.tasks.open()?.get((run.0, task.0))?.is_none() {
+                if !self.task_exists(run, task)? {
                     return Err(ItemError::TaskNotFound { run, task }.into());
                 }
-                let last = {
-                    let mut range = self
-                        .logs
-                        .open()?
-                        .range((run.0, task.0, 0u64)..=(run.0, task.0, u64::MAX))?;
-                    match range.next_back() {
-                        None => None,
-                        Some(entry) => Some(entry?.0.value().2),
-                    }
-                };
-                let seq = match last {
-                    None => 1,
-                    Some(k) => {
-                        k.checked_add(1)
-                            .ok_or(Failure::Item(ItemError::SequenceExhausted(
-                                name::SESSION_LOGS,
-                            )))?
-                    }
-                };
+                let seq = self.next_log_seq(run, task)?;
                 let bytes = codec::encode(name::SESSION_LOGS, &row)?;
                 self.logs
                     .open()?

@@ -674,6 +674,64 @@ fn session_log_last_n_in_order() {
     ));
 }
 
+/// A commit looks a task and its log's end up once and counts on (a dispatch's decision rows, a new
+/// task's first rows): rows of a task created in the same batch start at 1, a task created in the
+/// batch can parent another in it, a stored task's rows continue from its stored end, and a batch
+/// that fails part-way (a row for a task that does not exist) leaves nothing cached for the next.
+#[test]
+fn log_rows_of_one_commit_are_numbered_from_the_task_and_its_log_end() {
+    let (_dir, store) = open_temp();
+    create_run(&store, 1);
+    create_task(&store, 1, 10, None);
+    let scope = store.run(RunId(1));
+    let mut first = WriteBatch::new();
+    first.push(scope.stage_append_log(TaskId(10), log_row(1)).unwrap());
+    store.commit_group(first, Durability::None).unwrap();
+
+    let mut batch = WriteBatch::new();
+    batch.push(scope.stage_append_log(TaskId(10), log_row(2)).unwrap());
+    batch.push(scope.stage_create_task(task(1, 20, Some(10))).unwrap());
+    batch.push(scope.stage_create_task(task(1, 21, Some(20))).unwrap());
+    batch.push(scope.stage_append_log(TaskId(20), log_row(3)).unwrap());
+    batch.push(scope.stage_append_log(TaskId(10), log_row(4)).unwrap());
+    batch.push(scope.stage_append_log(TaskId(20), log_row(5)).unwrap());
+    batch.push(scope.stage_append_log(TaskId(21), log_row(6)).unwrap());
+    let applied = store.commit_group(batch, Durability::None).unwrap();
+    let seqs: Vec<Option<u64>> = applied
+        .iter()
+        .map(|a| match a {
+            Applied::LogAppended { seq } => Some(*seq),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        seqs,
+        vec![Some(2), None, None, Some(1), Some(3), Some(2), Some(1)]
+    );
+
+    let mut failing = WriteBatch::new();
+    failing.push(scope.stage_append_log(TaskId(10), log_row(7)).unwrap());
+    failing.push(scope.stage_append_log(TaskId(99), log_row(8)).unwrap());
+    assert!(matches!(
+        store.commit_group(failing, Durability::None),
+        Err(CommitError::Item { index: 1, .. })
+    ));
+    let mut after = WriteBatch::new();
+    after.push(scope.stage_append_log(TaskId(10), log_row(9)).unwrap());
+    assert_eq!(
+        store.commit_group(after, Durability::None).unwrap(),
+        vec![Applied::LogAppended { seq: 4 }]
+    );
+    let rows = scope.last_log_rows(TaskId(10), 10).unwrap();
+    assert_eq!(
+        rows.iter()
+            .map(|r| (r.seq, r.value.ts_ms))
+            .collect::<Vec<_>>(),
+        vec![(1, 10_001), (2, 10_002), (3, 10_004), (4, 10_009)]
+    );
+    assert_eq!(scope.children(TaskId(20), 10).unwrap().items.len(), 1);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 

@@ -99,7 +99,7 @@ impl Default for CoordinatorConfig {
 pub enum StepStatus {
     /// Not dispatched yet (its batch or turn has not come).
     Waiting,
-    /// Its attempt's task row and idempotency record are being made durable.
+    /// Its attempt's task row (the attempt number and its idempotency key) is being made durable.
     Recording,
     /// Asked the supervisor for admission.
     Admitting,

@@ -225,8 +225,9 @@ impl RunState {
             step.account = snap.account.clone();
             step.attempt = snap.attempt;
             if let Some(task) = step.current_task {
-                // The newest attempt anything durable knows of: the snapshot, the task row, or an
-                // idempotency record written before a session that the snapshot never saw.
+                // The newest attempt anything durable knows of: the snapshot, the task row (which
+                // carries the attempt it was last started for, durable before that session), or an
+                // idempotency record (an older store's, or one written for a task without a row).
                 let row_attempt = self.tasks.get(&task).map_or(0, |t| t.attempt);
                 step.attempt = step
                     .attempt
@@ -378,6 +379,10 @@ fn find_root(snapshot: Option<&Snapshot>, tasks: &BTreeMap<TaskId, Task>) -> Opt
 
 /// The newest attempt number started per task, from the idempotency records (their keys end in
 /// `/<attempt>`): a record is written before its session starts, so it can be newer than the snapshot.
+/// The task row itself carries its newest attempt (written in the stage that starts it), so the
+/// coordinator writes a record only for an attempt whose task has no row in memory; the records an
+/// older keel wrote for every attempt are still read here. No store format change: an older keel
+/// reading a store without them takes the attempt from the task row alike.
 fn attempts_started(records: &[IdempotencyRecord]) -> BTreeMap<TaskId, u32> {
     records.iter().fold(BTreeMap::new(), |mut m, r| {
         if let (Some(task), Some(n)) = (

@@ -27,7 +27,7 @@ pub struct StepSnapshot {
     /// The step as asked for, for steps that are not in the run's plan (a lead's delegations,
     /// follow-ups); `None` for plan steps, which come back from the run row's plan. Keeping plan steps
     /// out makes a checkpoint cheap to write after every decision.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec: Option<PlanStep>,
     /// Its tasks, oldest first (re-dispatches add one each).
     pub tasks: Vec<TaskId>,
@@ -37,24 +37,26 @@ pub struct StepSnapshot {
     pub attempts_total: u32,
     /// Attempts that failed: what the retry budget counts (absent in checkpoints written before it
     /// was kept, which count none).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub failures: u32,
     /// The step's newest failure, restored with it (a step parked after a recovery says why).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failure: Option<SubtaskFailure>,
     /// The agent the next attempt asks for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<String>,
     /// The account the next attempt asks for, after a rate limit moved the step to it (absent in
     /// checkpoints written before accounts were switched, and when the profile's account is used).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub account: Option<String>,
     /// Set when the step was skipped (no task ever ran it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub skipped: Option<String>,
     /// For a follow-up: the task whose thread it continues.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thread: Option<TaskId>,
     /// For a lead's delegation: the lead's call id.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub call_id: Option<String>,
     /// For a lead's delegation: the run-wide number of the delegation turn that asked for it, counted
     /// over every session of the lead (absent in checkpoints written before it was kept: a lead
@@ -65,6 +67,13 @@ pub struct StepSnapshot {
     /// crash still takes it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preset: Option<TaskId>,
+}
+
+/// Whether a count is zero: such a field is left out of the snapshot's JSON (every field that is
+/// left out when empty reads back as empty, in this build and in older ones, so a checkpoint of a
+/// plan's steps carries only what differs from a step's start).
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl RunState {

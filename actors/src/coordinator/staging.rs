@@ -82,8 +82,9 @@ pub(super) struct Pending {
 }
 
 /// Fewest ops a coordinator's stage bound may be: the largest decision it must always be able to send
-/// whole, a re-dispatch (the replaced task's end, the new task, its idempotency record, the manifest's
-/// retry entry, the checkpoint).
+/// whole, a re-dispatch (the replaced task's end, the new task, the manifest's retry entry, the
+/// checkpoint), with room for one more (an idempotency row, written only for an attempt whose task
+/// has no row in memory).
 pub const STAGE_OPS_MIN: usize = 5;
 
 /// Why the coordinator refused to send a stage. A stage is one decision's writes, committed atomically;

@@ -224,7 +224,9 @@ impl RunState {
 impl RunState {
     /// Start the next attempt of a step: a new task for its first attempt or a re-dispatch (reroute,
     /// harness switch, context overflow), the same task with the next attempt number for a restart.
-    /// The task row and the idempotency record are made durable before admission is asked.
+    /// The task row, which carries the attempt number and its idempotency key, is made durable
+    /// before admission is asked: it is the durable record that the attempt may start a session
+    /// (docs/DESIGN.md §5), so no idempotency row of its own is written beside it.
     pub(super) fn begin_attempt(
         &mut self,
         index: usize,
@@ -360,14 +362,18 @@ impl RunState {
             row.assignee = self.steps[index].agent.clone();
             row.updated_ms = now;
             ops.push(PersistOp::UpdateTask(row.clone()));
+        } else {
+            // No row of the task to carry the attempt (never the case on this path: a step's
+            // current task was created, or read back on recovery, with its row): the attempt is
+            // recorded by an idempotency row of its own, which recovery reads too.
+            ops.push(PersistOp::RecordIdempotency(IdempotencyRecord {
+                key: key.0.clone(),
+                ts_ms: now,
+                task_id: Some(task_id),
+                effect: format!("start a harness session for step {step_key} attempt {attempt}"),
+                result: None,
+            }));
         }
-        ops.push(PersistOp::RecordIdempotency(IdempotencyRecord {
-            key: key.0.clone(),
-            ts_ms: now,
-            task_id: Some(task_id),
-            effect: format!("start a harness session for step {step_key} attempt {attempt}"),
-            result: None,
-        }));
         let step = &mut self.steps[index];
         step.current_task = Some(task_id);
         step.attempt = attempt;
@@ -566,16 +572,11 @@ impl RunState {
             }
             return;
         }
-        let key = self.steps[index].spec.key.clone();
         match answer {
             Ok(assignment) => {
-                self.decide(
-                    now,
-                    format_args!(
-                        "step {key}: attempt {attempt} admitted as agent {} on {} with model {} (from the agent's profile), account {}",
-                        assignment.agent, assignment.harness, assignment.model, assignment.account
-                    ),
-                );
+                // No decision row: the admission is recorded by the task row (assignee, model,
+                // running) written below and by the session's first log row (its account and
+                // model, on the task's own log); the root's log kept a third copy of it.
                 self.steps[index].status = StepStatus::Running;
                 if let Some(t) = self.tasks.get_mut(&attempt.task) {
                     t.assignee = Some(assignment.agent.clone());
@@ -595,6 +596,7 @@ impl RunState {
                 // A step waiting for a slot is asked about again every second or so: log a refusal
                 // when its kind changes, not every time, so waiting cannot flood the run's log.
                 let kind = std::mem::discriminant(&refusal);
+                let key = self.steps[index].spec.key.clone();
                 if self.steps[index].last_refusal != Some(kind) {
                     self.steps[index].last_refusal = Some(kind);
                     self.decide(

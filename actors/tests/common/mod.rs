@@ -78,6 +78,9 @@ pub struct MemStore {
     pub logs: BTreeMap<TaskId, Vec<(u64, SessionLogRow)>>,
     pub checkpoints: BTreeMap<RunId, Checkpoint>,
     pub idempotency: Vec<IdempotencyRecord>,
+    /// Every idempotency key a durable task row carried (a task row is the record of the attempt
+    /// it was last started for, written before that attempt's session).
+    pub task_keys: std::collections::BTreeSet<String>,
     pub manifest: Vec<ManifestEntry>,
     pub dead_letters: Vec<DeadLetter>,
     pub escalations: Vec<Escalation>,
@@ -100,6 +103,9 @@ impl MemStore {
                     self.runs.insert(r.id, r);
                 }
                 PersistOp::CreateTask(t) | PersistOp::UpdateTask(t) => {
+                    if let Some(key) = &t.idempotency_key {
+                        self.task_keys.insert(key.clone());
+                    }
                     self.tasks.insert(t.id, t);
                 }
                 PersistOp::AppendLog { task, row } => {
@@ -346,7 +352,8 @@ impl World {
                         "a session was started twice with idempotency key {key}"
                     );
                     assert!(
-                        self.store.idempotency.iter().any(|r| r.key == key.0),
+                        self.store.idempotency.iter().any(|r| r.key == key.0)
+                            || self.store.task_keys.contains(&key.0),
                         "a session started before its idempotency key was durable"
                     );
                     self.started_keys.push(key);
