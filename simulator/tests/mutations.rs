@@ -605,9 +605,9 @@ fn invariant_12_a_mandatory_hooks_error_taken_as_allow_is_caught() {
 
 #[test]
 fn invariant_12_an_asked_tool_that_runs_without_an_approval_is_caught() {
-    // Seed 128 draws three asks: one approved (its call runs after the durable approval), one
+    // Seed 236 draws three asks: one approved (its call runs after the durable approval), one
     // refused and one that expires (neither runs). Clean, the checker passes all three.
-    let clean = run(gated_world(128));
+    let clean = run(gated_world(236));
     let asks = &clean.observed.hook_outcomes;
     for kind in ["ask_approved", "ask_refused", "ask_expired"] {
         assert!(
@@ -616,7 +616,7 @@ fn invariant_12_an_asked_tool_that_runs_without_an_approval_is_caught() {
         );
     }
     caught(
-        gated_world(128),
+        gated_world(236),
         Mutation::RunAskWithoutApproval,
         Invariant::HookAudited,
         "ran although it was asked about and no human was asked",

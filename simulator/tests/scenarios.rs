@@ -563,3 +563,44 @@ fn a_lead_run_delegates_and_completes() {
         );
     }
 }
+
+/// A world whose six steps each run a tool that keel's policy gates (every seed's tools gated).
+fn gated(seed: u64) -> WorldConfig {
+    let keys = ["a", "b", "c", "d", "e", "f"];
+    let steps = keys.iter().map(|k| step(k, &[], None, 1_000)).collect();
+    let mut config = WorldConfig::calm(seed, vec![run_spec(rid(4), "gated", plan(steps), None)]);
+    for key in keys {
+        for ordinal in 1..=4 {
+            config
+                .harness_script
+                .insert((key.to_string(), ordinal), HarnessBehaviour::ToolRoundTrip);
+        }
+    }
+    config.hooks_ppm = 1_000_000;
+    config
+}
+
+#[test]
+fn a_gated_calls_audit_stage_lost_in_a_crash_denies_the_call_after_the_wait() {
+    // Undisturbed, every gated call's rows are answered durable by the checkpoint writer.
+    let reference = check(gated(128));
+    let outcomes = &reference.observed.hook_outcomes;
+    assert!(reference.observed.gated_runs > 0, "{outcomes:?}");
+    assert_eq!(outcomes.get("audit_unanswered"), None, "{outcomes:?}");
+    // The coordinator node crashes after each effect boundary in turn: a host stage in flight is
+    // lost with the node, its answer never comes, and its call is denied after the wait, with
+    // every invariant (12 among them) holding.
+    let mut unanswered = 0;
+    for k in 1..=reference.coord_effects {
+        let mut config = gated(128);
+        config.crash_after_coord_effect = Some(k);
+        let report = check(config);
+        unanswered += report
+            .observed
+            .hook_outcomes
+            .get("audit_unanswered")
+            .copied()
+            .unwrap_or(0);
+    }
+    assert!(unanswered > 0, "no crash lost a gated call's audit stage");
+}

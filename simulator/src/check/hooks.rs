@@ -72,6 +72,18 @@ impl Checker {
         self.observed.gated_calls += 1;
     }
 
+    /// A gated call's audit rows were not made durable (`timed_out`: the checkpoint writer never
+    /// answered their host stage in time; otherwise it answered with a failure): the call is
+    /// denied.
+    pub fn audit_not_durable(&mut self, timed_out: bool) {
+        let kind = if timed_out {
+            "audit_unanswered"
+        } else {
+            "audit_failed"
+        };
+        *self.observed.hook_outcomes.entry(kind).or_default() += 1;
+    }
+
     /// An approval escalation was raised for an asked call.
     pub fn approval_asked(&mut self) {
         *self.observed.hook_outcomes.entry("ask_raised").or_default() += 1;

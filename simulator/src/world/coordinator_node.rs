@@ -210,8 +210,8 @@ impl World {
                     },
                 ),
                 Envelope::Specialist { attempt, msg } => self.send_to_specialist(attempt, msg),
-                // The answer to a stage the host owns: this world stages none of its own yet.
-                Envelope::Host { .. } => {}
+                // The answer to a stage the host owns: a gated call's audit rows (`hooks.rs`).
+                Envelope::Host { ticket, result, .. } => self.gate_answered(ticket, result),
             },
             Effect::Persist(batch) => {
                 let outcome = if self.config.mutation == Some(Mutation::AckBeforeDurable) {

@@ -73,6 +73,9 @@ pub(super) enum Ev {
     /// A human answers the open escalations of a run (`keel answer`); `tries` counts the looks
     /// that found none open yet.
     HumanAnswers { run: RunId, tries: u32 },
+    /// A gated call stops waiting for the checkpoint writer's answer to its audit rows' host stage
+    /// (`AUDIT_WAIT_MS` after they were staged): if no answer came, the call is denied.
+    AuditWait { ticket: u64 },
     /// A crashed node comes back.
     Restart(NodeId),
     /// The liveness phase begins: heal everything.
@@ -138,6 +141,7 @@ impl Ev {
             Ev::HumanAnswers { run, tries } => {
                 write!(s, "human-answers run={} try={tries}", short(run.0))
             }
+            Ev::AuditWait { ticket } => write!(s, "audit-wait #{ticket}"),
             Ev::Restart(node) => write!(s, "restart {node}"),
             Ev::Heal => write!(s, "heal"),
         };

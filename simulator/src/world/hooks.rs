@@ -1,20 +1,25 @@
 //! keel's policy as the world plays it (docs/DESIGN.md §9, issue 13): before a session's tool runs,
 //! its `PreToolUse` hooks answer (an outcome the seed draws for each: allow, deny, ask, no opinion,
-//! an error or a timeout), keel-policy's pure chain decides ([`keel_policy::Policy::decide`], the
-//! function the node's `keel hook` bridge calls), and the verdict's audit rows are committed on the
-//! coordinator node's store; only then does the tool run, and only if the verdict allows it. An
-//! `ask` raises an approval escalation (the rows the runtime's approval desk stages), the seed
-//! draws the human (approve, deny, or never: the deadline passes and the expiry is recorded), the
-//! answer is committed as `keel answer` stages it, then the `approval` audit row; the call runs
-//! only when the approval and its row are durable. A denial answers the tool_use with an error
-//! result instead of the tool's output. When the rows cannot be made durable
-//! (the coordinator node is down, the disk fails) the call is denied: the bridge fails closed.
+//! an error or a timeout) and keel-policy's pure chain decides ([`keel_policy::Policy::decide`], the
+//! function the node's `keel hook` bridge calls). The verdict's audit rows go to the coordinator
+//! node's checkpoint writer as a host stage, as the runtime's `AuditWriter` stages them, and the
+//! session waits in its hook for the writer's answer (`Envelope::Host`): the tool runs only if the
+//! verdict allows it and the answer is durable. A failed commit, or no answer within
+//! `AUDIT_WAIT_MS` (the node crashed and the stage was lost with it), denies the call: the bridge
+//! fails closed. An `ask` (once its verdict's rows are durable) raises an approval escalation (the
+//! rows the runtime's approval desk stages), the seed draws the human (approve, deny, or never: the
+//! deadline passes and the expiry is recorded), the answer is committed as `keel answer` stages it,
+//! then the `approval` audit row; the call runs only when the approval and its row are durable.
+//! Those three commits are still the world's own, synchronous and alone (not the desk's host
+//! stages). A denial answers the tool_use with an error result instead of the tool's output.
 //!
 //! The checker is told what each hook answered and, when a tool runs, which audit rows of that
 //! call the store holds at that moment (invariant 12).
 
 use keel_actors::escalation::{APPROVE, ApprovalCase, REFUSE, approves};
-use keel_actors::{AttemptId, CommitBatch, CommitId, Effect, Stage, StageOwner};
+use keel_actors::{
+    AttemptId, CheckpointInput, CheckpointMsg, CommitBatch, CommitId, Effect, Stage, StageOwner,
+};
 use keel_harness::{HarnessEvent, PermissionMode};
 use keel_policy::{
     BuiltinHook, Decision, HookAction, HookEvent, HookOutcome, HookResult, HookSpec, Policy, Rule,
@@ -27,6 +32,12 @@ use crate::mutation::Mutation;
 use crate::net::NodeId;
 
 use super::World;
+use super::event::Ev;
+
+/// How long a gated call waits for the checkpoint writer's answer to its audit rows before it is
+/// denied: the runtime's `AUDIT_WAIT_MS` (keel-actors' `runtime` module, which this crate builds
+/// without).
+const AUDIT_WAIT_MS: u64 = 10_000;
 
 /// How long an ask waits for a human before the call is denied (the simulated human answers at
 /// once, or never).
@@ -40,6 +51,39 @@ struct Asked {
     reason: String,
     /// The escalation raised, if it was.
     escalation: Option<EscalationId>,
+}
+
+/// Where a harness session is: its worker, the worker's incarnation, its attempt and its id.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct SessionAt {
+    pub(super) node: NodeId,
+    pub(super) inc: u32,
+    pub(super) attempt: AttemptId,
+    pub(super) session: u64,
+}
+
+/// What the policy made of a tool_use.
+pub(super) enum Gate {
+    /// Decided now: `Some` is the result that replaces the tool's (it does not run).
+    Decided(Option<HarnessEvent>),
+    /// Its audit rows are staged; the session waits for the checkpoint writer's answer.
+    Waiting,
+}
+
+/// A gated call whose audit rows wait for the checkpoint writer's answer (by host ticket).
+#[derive(Debug)]
+pub(super) struct PendingGate {
+    at: SessionAt,
+    id: String,
+    call: ToolCall,
+    verdict: Verdict,
+    /// The newest audit sequence number of the run before its rows were staged.
+    before: u64,
+}
+
+/// The result a denied call's tool_use gets instead of the tool's output.
+fn denial(id: &str, why: &str) -> HarnessEvent {
+    HarnessEvent::tool_result(id, true, format!("denied by keel's policy: {why}"))
 }
 
 /// The mandatory hook of the simulated policy: its error or timeout denies.
@@ -103,18 +147,21 @@ pub fn gated_tool(name: &str) -> bool {
 
 impl World {
     /// The session of `attempt` is about to run tool `name` (its tool_use `id` was just delivered):
-    /// its hooks answer, the chain decides, the audit rows are committed, and the tool runs only if
-    /// it was allowed and the rows are durable. Returns the tool result that replaces the tool's
-    /// own output when it must not run.
+    /// its hooks answer and the chain decides, then the verdict's audit rows are staged to the
+    /// coordinator node's checkpoint writer as a host stage, as the runtime's `AuditWriter` stages
+    /// them, and the session waits for the writer's answer ([`World::gate_answered`]) or for
+    /// [`AUDIT_WAIT_MS`] to pass ([`World::gate_wait_over`]).
     pub(super) fn gate_tool(
         &mut self,
-        node: NodeId,
-        attempt: AttemptId,
+        at: SessionAt,
         id: &str,
         name: &str,
         input_json: &str,
-    ) -> Option<HarnessEvent> {
-        let policy = self.policy.clone()?;
+    ) -> Gate {
+        let Some(policy) = self.policy.clone() else {
+            return Gate::Decided(None);
+        };
+        let attempt = at.attempt;
         let input = serde_json::from_str(input_json).unwrap_or(serde_json::Value::Null);
         let call = ToolCall::new(name, input);
         let outcomes: Vec<HookOutcome> = policy
@@ -155,13 +202,97 @@ impl World {
         let verdict = policy.decide(&call, PermissionMode::default(), &decided_on);
         let rows = verdict.audit_entries(self.now, Some(attempt.task), &call);
         let before = self.audit_seq(attempt.run);
-        let run_first = self.config.mutation == Some(Mutation::RunToolBeforeAudit);
-        let durable = if run_first {
-            // A defective bridge that lets the tool run and writes the rows after.
-            true
-        } else {
-            self.commit_audit(attempt.run, &rows)
+        if self.config.mutation == Some(Mutation::RunToolBeforeAudit)
+            && verdict.decision == Decision::Allow
+        {
+            // A defective bridge that lets the tool run and stages the rows after, unwaited.
+            let audited = self.audit_rows_after(attempt.run, before, attempt, &call);
+            self.checker
+                .tool_runs(self.event_no, attempt, id, name, &audited, None);
+            self.stage_audit(attempt.run, rows);
+            return Gate::Decided(None);
+        }
+        let Some(ticket) = self.stage_audit(attempt.run, rows) else {
+            // The coordinator node is down: the bridge cannot reach it and fails closed.
+            return Gate::Decided(Some(denial(
+                id,
+                "the decision could not be audited (failed closed)",
+            )));
         };
+        self.gates.insert(
+            ticket,
+            PendingGate {
+                at,
+                id: id.to_owned(),
+                call,
+                verdict,
+                before,
+            },
+        );
+        self.schedule(self.now + AUDIT_WAIT_MS, Ev::AuditWait { ticket });
+        Gate::Waiting
+    }
+
+    /// Stages a verdict's audit rows to the coordinator node's checkpoint writer as one host stage
+    /// (an urgent `Stage`, scheduled as the world schedules every checkpoint input); its ticket, or
+    /// `None` when the node is down.
+    fn stage_audit(&mut self, run: RunId, rows: Vec<AuditEntry>) -> Option<u64> {
+        self.coord.as_ref()?;
+        self.host_stages += 1;
+        let ticket = self.host_stages;
+        let stage = Stage {
+            run,
+            owner: StageOwner::Host,
+            ticket,
+            ops: rows
+                .into_iter()
+                .map(keel_actors::PersistOp::AppendAudit)
+                .collect::<Vec<_>>()
+                .into(),
+        };
+        self.schedule(
+            self.now,
+            Ev::Ckpt {
+                input: CheckpointInput::Msg(CheckpointMsg::Stage(stage)),
+                inc: self.coord_inc,
+            },
+        );
+        Some(ticket)
+    }
+
+    /// The checkpoint writer answered host stage `ticket` (`Ok`: its rows are durable). A gated
+    /// call waiting for it is decided: it runs only if its verdict allows it and its rows are
+    /// durable (an `ask` is put to a human first); otherwise its result becomes the denial. Its
+    /// session then goes on.
+    pub(super) fn gate_answered(&mut self, ticket: u64, result: Result<(), String>) {
+        self.gate_decided(ticket, result.is_ok(), false);
+    }
+
+    /// The wait for host stage `ticket`'s answer is over: if a gated call still waits for it (the
+    /// coordinator node crashed, the writer never answered), it is denied, as the runtime's
+    /// `AuditWriter` gives up after `AUDIT_WAIT_MS`.
+    pub(super) fn gate_wait_over(&mut self, ticket: u64) {
+        self.gate_decided(ticket, false, true);
+    }
+
+    /// Decides the gated call waiting for host stage `ticket`, if one still does: `durable` its
+    /// rows, or `timed_out` waiting for them.
+    fn gate_decided(&mut self, ticket: u64, durable: bool, timed_out: bool) {
+        let Some(gate) = self.gates.remove(&ticket) else {
+            // Not a gate's stage, or its wait is over already (the call was denied).
+            return;
+        };
+        if !durable {
+            self.checker.audit_not_durable(timed_out);
+        }
+        let PendingGate {
+            at,
+            id,
+            call,
+            verdict,
+            before,
+        } = gate;
+        let attempt = at.attempt;
         let mut allowed = verdict.decision == Decision::Allow && durable;
         let mut why = if durable {
             verdict.reason.clone()
@@ -184,14 +315,33 @@ impl World {
             let audited = self.audit_rows_after(attempt.run, before, attempt, &call);
             let approval = escalation.map(|e| self.approved_in_store(attempt.run, e));
             self.checker
-                .tool_runs(self.event_no, attempt, id, name, &audited, approval);
+                .tool_runs(self.event_no, attempt, &id, &call.tool, &audited, approval);
+        } else {
+            let denied = denial(&id, &why);
+            self.replace_result(at, &id, denied);
         }
-        if run_first {
-            self.commit_audit(attempt.run, &rows);
+        self.next_harness_event(at.node, at.inc, attempt, at.session);
+    }
+
+    /// Replaces the scripted result of tool_use `id`, the next event of the session at `at`, with
+    /// `result`: the tool does not run.
+    pub(super) fn replace_result(&mut self, at: SessionAt, id: &str, result: HarnessEvent) {
+        let Some(w) = self.workers.get_mut(usize::from(at.node.0) - 1) else {
+            return;
+        };
+        if !w.up || w.inc != at.inc {
+            return;
         }
-        let _ = node;
-        (!allowed)
-            .then(|| HarnessEvent::tool_result(id, true, format!("denied by keel's policy: {why}")))
+        if let Some(s) = w
+            .specialists
+            .get_mut(&at.attempt)
+            .and_then(|h| h.session.as_mut())
+            .filter(|s| s.id == at.session)
+            && let Some((_, next)) = s.events.front_mut()
+            && matches!(next, HarnessEvent::ToolResult { id: r, .. } if r.as_str() == id)
+        {
+            *next = result;
+        }
     }
 
     /// An `ask`: raises an approval escalation through the rows the runtime's approval desk

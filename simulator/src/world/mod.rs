@@ -129,7 +129,8 @@ pub struct World {
     stale_spawns_refused: u64,
     coord_effects: Vec<Effect>,
     spec_effects: Vec<SpecialistEffect>,
-    /// Host stages committed so far (the operator's marks).
+    /// Host stages so far (the operator's marks, the asks' rows, the gated calls' audit rows): the
+    /// next host ticket.
     host_stages: u64,
     /// Drawn operator interventions still on the agenda.
     operator_pending: u32,
@@ -141,6 +142,8 @@ pub struct World {
     policy: Option<keel_policy::Policy>,
     /// Per run, the newest audit sequence number the world has read.
     audit_seen: BTreeMap<RunId, u64>,
+    /// Gated calls waiting for the checkpoint writer's answer to their audit rows, by host ticket.
+    gates: BTreeMap<u64, hooks::PendingGate>,
 }
 
 impl std::fmt::Debug for World {
@@ -249,6 +252,7 @@ impl World {
             wire: frames::Wire::new(config.workers.into()).unwrap_or_default(),
             policy: None,
             audit_seen: BTreeMap::new(),
+            gates: BTreeMap::new(),
             config,
         };
         // From a stream of its own, so a seed that draws no policy runs exactly as before.
@@ -569,6 +573,7 @@ impl World {
                 self.operator_pending = self.operator_pending.saturating_sub(1);
                 self.intervene(i);
             }
+            Ev::AuditWait { ticket } => self.gate_wait_over(ticket),
             Ev::Restart(node) => self.restart(node),
             Ev::Heal => self.heal(),
         }

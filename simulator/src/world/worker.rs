@@ -419,19 +419,19 @@ impl World {
             _ => None,
         };
         self.deliver_spec(node, attempt, SpecialistInput::Harness(event));
-        if let Some((id, name, input)) = gated
-            && let Some(denied) = self.gate_tool(node, attempt, &id, &name, &input)
-        {
-            // The tool does not run: its scripted result becomes the denial.
-            if let Some(s) = self.workers[usize::from(node.0) - 1]
-                .specialists
-                .get_mut(&attempt)
-                .and_then(|h| h.session.as_mut())
-                .filter(|s| s.id == session)
-                && let Some((_, next)) = s.events.front_mut()
-                && matches!(next, HarnessEvent::ToolResult { id: r, .. } if *r == id)
-            {
-                *next = denied;
+        if let Some((id, name, input)) = gated {
+            let at = super::hooks::SessionAt {
+                node,
+                inc,
+                attempt,
+                session,
+            };
+            match self.gate_tool(at, &id, &name, &input) {
+                // The tool does not run: its scripted result becomes the denial.
+                super::hooks::Gate::Decided(Some(denied)) => self.replace_result(at, &id, denied),
+                super::hooks::Gate::Decided(None) => {}
+                // The harness waits in its PreToolUse hook until the policy answers.
+                super::hooks::Gate::Waiting => return,
             }
         }
         if let Some(call) = call {
