@@ -121,13 +121,27 @@ impl CheckpointWriter {
 
     /// Answer a stage's owner: its coordinator, or the host for the host's own stages.
     fn answer(stage: &Stage, result: Result<(), String>, out: &mut Vec<Effect>) {
+        Self::answer_as(stage, result, false, out);
+    }
+
+    /// [`Self::answer`], a failure marked `permanent` when sending the stage again cannot help.
+    fn answer_as(
+        stage: &Stage,
+        result: Result<(), String>,
+        permanent: bool,
+        out: &mut Vec<Effect>,
+    ) {
         let (run, ticket) = (stage.run, stage.ticket);
         let envelope = match stage.owner {
             StageOwner::Coordinator => Envelope::Coordinator {
                 run,
                 msg: match result {
                     Ok(()) => CoordinatorMsg::Durable { ticket },
-                    Err(error) => CoordinatorMsg::PersistFailed { ticket, error },
+                    Err(error) => CoordinatorMsg::PersistFailed {
+                        ticket,
+                        error,
+                        permanent,
+                    },
                 },
             },
             StageOwner::Host => Envelope::Host {
@@ -157,15 +171,20 @@ impl CheckpointWriter {
     }
 
     /// Why a stage cannot be queued (too many ops, queue full), if it cannot.
-    fn refusal(&self, stage: &Stage, queued: usize) -> Option<String> {
+    /// Why a stage cannot be queued, and whether that is permanent (its size) or passing (a full
+    /// queue).
+    fn refusal(&self, stage: &Stage, queued: usize) -> Option<(String, bool)> {
         if stage.ops.len() > STAGE_OPS_MAX || stage.ops.len() > self.config.batch_ops_max as usize {
-            return Some(format!(
-                "a stage of {} ops exceeds the limit",
-                stage.ops.len()
+            return Some((
+                format!("a stage of {} ops exceeds the limit", stage.ops.len()),
+                true,
             ));
         }
         if queued >= self.config.queued_stages_max as usize {
-            return Some("the checkpoint queue is full; stage again later".to_string());
+            return Some((
+                "the checkpoint queue is full; stage again later".to_string(),
+                false,
+            ));
         }
         None
     }
@@ -179,9 +198,9 @@ impl CheckpointWriter {
             .iter()
             .enumerate()
             .find_map(|(i, stage)| self.refusal(stage, self.queue.len() + i));
-        if let Some(error) = refused {
+        if let Some((error, permanent)) = refused {
             for stage in &stages {
-                Self::answer(stage, Err(error.clone()), out);
+                Self::answer_as(stage, Err(error.clone()), permanent, out);
             }
             return;
         }
@@ -199,7 +218,13 @@ impl CheckpointWriter {
 
     /// Fail every queued stage of `runs` after an earlier write of theirs failed: a run's writes
     /// only ever commit as a prefix of what its coordinator decided.
-    fn fail_queued(&mut self, runs: &BTreeSet<RunId>, error: &str, out: &mut Vec<Effect>) {
+    fn fail_queued(
+        &mut self,
+        runs: &BTreeSet<RunId>,
+        error: &str,
+        permanent: bool,
+        out: &mut Vec<Effect>,
+    ) {
         let (dependent, rest): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut self.queue)
             .into_iter()
             .partition(|q| runs.contains(&q.stage.run));
@@ -208,7 +233,7 @@ impl CheckpointWriter {
         self.queued_ops = self.queue.iter().map(|q| q.stage.ops.len()).sum();
         for q in &dependent {
             let error = format!("an earlier write of this run failed: {error}");
-            Self::answer(&q.stage, Err(error), out);
+            Self::answer_as(&q.stage, Err(error), permanent, out);
         }
     }
 
@@ -350,7 +375,7 @@ impl Machine for CheckpointWriter {
                         Self::answer(stage, Err(error), out);
                     }
                     let runs: BTreeSet<_> = flight.stages.iter().map(|s| s.run).collect();
-                    self.fail_queued(&runs, &error, out);
+                    self.fail_queued(&runs, &error, false, out);
                 }
                 self.flush(now, out);
             }
@@ -364,12 +389,12 @@ impl Machine for CheckpointWriter {
                 let mut others = Vec::with_capacity(flight.stages.len());
                 for stage in flight.stages.iter() {
                     if stage.run == run {
-                        Self::answer(stage, Err(error.clone()), out);
+                        Self::answer_as(stage, Err(error.clone()), true, out);
                     } else {
                         others.push(stage.clone());
                     }
                 }
-                self.fail_queued(&BTreeSet::from([run]), &error, out);
+                self.fail_queued(&BTreeSet::from([run]), &error, true, out);
                 // The other runs' stages commit again at once, ahead of what queued since and
                 // together (they fitted one commit, and a message of theirs is never split).
                 let last = others.len().saturating_sub(1);

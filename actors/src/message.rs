@@ -242,6 +242,10 @@ pub enum CoordinatorMsg {
         ticket: u64,
         /// Why, one line.
         error: String,
+        /// Whether sending it again cannot help: the store refused this run's own write (a limit
+        /// it passes, a row it cannot apply) or the stage is over the writer's bounds. The run
+        /// then fails at once instead of restaging.
+        permanent: bool,
     },
     /// The supervisor's answer to [`SupervisorMsg::Admit`].
     ///

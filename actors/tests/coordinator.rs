@@ -673,6 +673,40 @@ fn disk_faults_delay_the_run_but_lose_nothing() {
 }
 
 #[test]
+fn a_write_the_store_refuses_fails_the_run_at_once_and_once() {
+    // A refusal of the run's own write is permanent: no restage (which would be refused again,
+    // seconds of backoff each), one RunFinished, the store's reason in the outcome.
+    let mut w = World::new(World::default_agents(), ok_script());
+    w.submit(
+        RunMode::Plan(plan(vec![step("a", &[]), step("b", &["a"])])),
+        None,
+    );
+    while w.store.tasks.is_empty() {
+        assert!(w.step());
+    }
+    w.refuse_commits = 1;
+    w.run(100_000);
+    assert!(w.coordinator.is_terminal(), "{:#?}", w.decisions());
+    let finished: Vec<_> = w
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            LifecycleEvent::RunFinished(done) => Some(done.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(finished.len(), 1, "{finished:#?}");
+    assert_eq!(finished[0].status, RunStatus::Failed);
+    assert!(
+        finished[0]
+            .outcome
+            .contains("the store refused a write of this run: checkpoint.state"),
+        "{:?}",
+        finished[0].outcome
+    );
+}
+
+#[test]
 fn follow_ups_chain_on_their_thread_with_a_preamble_even_across_a_worker_restart() {
     let mut w = World::new(World::default_agents(), ok_script());
     w.submit(RunMode::Plan(plan(vec![step("a", &[])])), None);

@@ -106,11 +106,15 @@ impl Shared {
                         },
                     );
                 }
-                Action::Down { attempt, reason } => {
+                Action::Down {
+                    attempt,
+                    reason,
+                    panicked,
+                } => {
                     lock(&self.dispatched).remove(&attempt);
-                    tracing::warn!(%attempt, %reason, "remote attempt down");
+                    tracing::warn!(%attempt, %reason, panicked, "remote attempt down");
                     if let Some(inbox) = self.inbox.get() {
-                        inbox.down(attempt, reason);
+                        inbox.down(attempt, reason, panicked);
                     }
                 }
                 Action::Cancel { worker, attempt } => {
@@ -348,6 +352,7 @@ impl Receiver {
                 let mut out = vec![Action::Down {
                     attempt,
                     reason: format!("worker {from} refused the spawn: {reason}"),
+                    panicked: false,
                 }];
                 if !lock(&shared.membership).forget(&from, attempt, wall_clock_ms(), &mut out) {
                     out.remove(0);
@@ -414,6 +419,7 @@ impl Receiver {
             ToCoordinator::Exited {
                 attempt,
                 normal,
+                panicked,
                 reason,
             } => {
                 let mut out = Vec::new();
@@ -425,6 +431,7 @@ impl Receiver {
                         Action::Down {
                             attempt,
                             reason: format!("its actor on worker {from} ended: {reason}"),
+                            panicked,
                         },
                     );
                 }

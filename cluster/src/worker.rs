@@ -201,12 +201,13 @@ impl Actor for Endpoint {
         _: &mut (),
     ) -> Result<(), ActorProcessingErr> {
         // Overridden: ractor's default would stop the endpoint when a specialist ends.
-        let (id, reason) = match &event {
+        let (id, reason, panicked) = match &event {
             SupervisionEvent::ActorTerminated(cell, _, reason) => (
                 cell.get_id(),
                 reason.clone().unwrap_or_else(|| "stopped".into()),
+                false,
             ),
-            SupervisionEvent::ActorFailed(cell, e) => (cell.get_id(), format!("failed: {e}")),
+            SupervisionEvent::ActorFailed(cell, e) => (cell.get_id(), format!("failed: {e}"), true),
             _ => return Ok(()),
         };
         let Some(attempt) = lock(&self.0.by_actor).remove(&id) else {
@@ -223,6 +224,7 @@ impl Actor for Endpoint {
         self.0.send(&ToCoordinator::Exited {
             attempt,
             normal: reason == EXIT_REASON,
+            panicked,
             reason,
         });
         Ok(())

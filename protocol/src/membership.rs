@@ -64,6 +64,9 @@ pub enum Action {
         attempt: AttemptId,
         /// Why, one line.
         reason: String,
+        /// Whether its actor panicked on the worker (counted against its harness); a lost or
+        /// refusing worker is not the harness's failure.
+        panicked: bool,
     },
     /// Tell the worker to cancel an attempt the coordinator does not expect there.
     Cancel {
@@ -212,6 +215,7 @@ impl Membership {
         }
         if self.waiting.len() >= self.config.waiting_max {
             out.push(Action::Down {
+                panicked: false,
                 attempt: start.attempt,
                 reason: format!(
                     "{} attempts already wait for a worker",
@@ -359,6 +363,7 @@ impl Membership {
         for attempt in unacked {
             if let Some(p) = self.placed.remove(&attempt) {
                 out.push(Action::Down {
+                    panicked: false,
                     attempt,
                     reason: format!(
                         "worker {} did not acknowledge the spawn within {} ms",
@@ -375,6 +380,7 @@ impl Membership {
         {
             if let Some((_, start)) = self.waiting.pop_front() {
                 out.push(Action::Down {
+                    panicked: false,
                     attempt: start.attempt,
                     reason: format!(
                         "no worker with the {} harness and free capacity within {wait} ms",
@@ -395,6 +401,7 @@ impl Membership {
         for attempt in gone {
             self.placed.remove(&attempt);
             out.push(Action::Down {
+                panicked: false,
                 attempt,
                 reason: format!("worker {worker} {why}"),
             });

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 /// coordinator's policy terms and a worker asks the coordinator's policy about its sessions' tool
 /// calls ([`ToCoordinator::Policy`], [`ToWorker::PolicyAnswer`]); 4, the policy terms say whether
 /// the coordinator's policy has `PreCompact` hooks ([`PolicyTerms::session_events`]).
-pub const PROTOCOL_VERSION: u16 = 4;
+pub const PROTOCOL_VERSION: u16 = 5;
 
 /// Most bytes of one frame (also below ractor_cluster's 16 MiB inbound frame limit).
 pub const FRAME_BYTES_MAX: usize = 8 * 1024 * 1024;
@@ -242,6 +242,9 @@ pub enum ToCoordinator {
         attempt: AttemptId,
         /// Whether its machine ended it.
         normal: bool,
+        /// Whether its actor panicked (keel's adapter or the harness broke): the coordinator's
+        /// supervisor counts it against the harness, as for a local specialist.
+        panicked: bool,
         /// The exit reason.
         reason: String,
     },

@@ -62,6 +62,7 @@ fn samples_to_coordinator(text: &str, n: u32) -> Vec<ToCoordinator> {
         ToCoordinator::Exited {
             attempt: a,
             normal: n.is_multiple_of(2),
+            panicked: n.is_multiple_of(3),
             reason: text.into(),
         },
         ToCoordinator::Policy {

@@ -371,8 +371,12 @@ impl RunState {
             CoordinatorInput::Msg(CoordinatorMsg::Durable { ticket }) => {
                 self.on_durable(ticket, now, rng, out);
             }
-            CoordinatorInput::Msg(CoordinatorMsg::PersistFailed { ticket, error }) => {
-                self.on_persist_failed(ticket, error, now, out);
+            CoordinatorInput::Msg(CoordinatorMsg::PersistFailed {
+                ticket,
+                error,
+                permanent,
+            }) => {
+                self.on_persist_failed(ticket, error, permanent, now, out);
             }
             CoordinatorInput::Timer(CoordinatorTimer::Restage { .. }) => {
                 self.restage_held(out);

@@ -409,15 +409,21 @@ impl RunState {
         &mut self,
         ticket: u64,
         error: String,
+        permanent: bool,
         now: Millis,
         out: &mut Vec<Effect>,
     ) {
         let restages_max = self.config.restages_max;
         let backoff = self.config.restage_backoff_ms;
+        if permanent && matches!(self.phase, Phase::Done(_)) {
+            // A later stage of a run that already ended on a refused write: nothing to redo.
+            self.pending.remove(&ticket);
+            return;
+        }
         let Some(pending) = self.pending.get_mut(&ticket) else {
             return;
         };
-        if pending.restages < restages_max {
+        if !permanent && pending.restages < restages_max {
             pending.restages += 1;
             let restages = pending.restages;
             let was_holding = self.pending.values().any(|p| !p.sent);
@@ -434,7 +440,11 @@ impl RunState {
         // The store is unavailable: stop here without pretending anything was written. The run is not
         // lost: a restart recovers it from its last durable checkpoint.
         self.pending.remove(&ticket);
-        let outcome = format!("the store refused a write {restages_max} times: {error}");
+        let outcome = if permanent {
+            format!("the store refused a write of this run: {error}")
+        } else {
+            format!("the store refused a write {restages_max} times: {error}")
+        };
         self.phase = Phase::Done(RunStatus::Failed);
         out.push(Effect::Emit(LifecycleEvent::RunFinished(RunOutcome {
             run: self.id,

@@ -100,6 +100,11 @@ pub fn commit(store: &Store, batch: &CommitBatch) -> Result<(), HostError> {
     store
         .commit_group(writes, Durability::Immediate)
         .map_err(|e| match e {
+            // A stored row that does not decode is damage to the store, not this run's write.
+            CommitError::Item {
+                error: keel_store::ItemError::Decode(_),
+                ..
+            } => HostError::Commit(e),
             CommitError::Item { index, .. } => match runs.get(index as usize) {
                 Some(&run) => HostError::Refused { run, source: e },
                 None => HostError::Commit(e),

@@ -253,14 +253,15 @@ impl RemoteInbox {
         });
     }
 
-    /// A remote attempt is gone without a result (its node was lost, or it could not be started
-    /// there): the supervisor settles it and decides (as for a local actor's abnormal end).
-    pub fn down(&self, attempt: AttemptId, reason: String) {
+    /// A remote attempt is gone without a result (its node was lost, it could not be started
+    /// there, or its actor there panicked: `panicked`): the supervisor settles it and decides (as
+    /// for a local actor's abnormal end).
+    pub fn down(&self, attempt: AttemptId, reason: String, panicked: bool) {
         if let Some(node) = self.node.upgrade() {
             node.route(Envelope::Supervisor(SupervisorMsg::SpecialistDown {
                 attempt,
                 reason,
-                panicked: false,
+                panicked,
             }));
         }
     }

@@ -179,6 +179,8 @@ pub struct World {
     pub events: Vec<LifecycleEvent>,
     pub effects_count: u64,
     pub fail_commits: u32,
+    /// Commits still to answer as a refusal of this world's run's own write (a limit it passes).
+    pub refuse_commits: u32,
     pub sup_config: SupervisorConfig,
     pub coord_config: CoordinatorConfig,
     pub max_live: usize,
@@ -214,6 +216,7 @@ impl World {
             events: Vec::new(),
             effects_count: 0,
             fail_commits: 0,
+            refuse_commits: 0,
             sup_config,
             coord_config: CoordinatorConfig::default(),
             max_live: 0,
@@ -297,7 +300,14 @@ impl World {
                     panic!("this host stages nothing of its own, so nothing answers it");
                 }
                 Effect::Persist(batch) => {
-                    if self.fail_commits > 0 {
+                    if self.refuse_commits > 0 {
+                        self.refuse_commits -= 1;
+                        self.queue.push_back(Ev::Ck(CheckpointInput::Refused {
+                            id: batch.id,
+                            run: self.run,
+                            error: "checkpoint.state is over its limit".into(),
+                        }));
+                    } else if self.fail_commits > 0 {
                         self.fail_commits -= 1;
                         self.queue.push_back(Ev::Ck(CheckpointInput::CommitFailed {
                             id: batch.id,

@@ -109,7 +109,11 @@ impl World {
                         }),
                     );
                 }
-                Action::Down { attempt, reason } => {
+                Action::Down {
+                    attempt,
+                    reason,
+                    panicked,
+                } => {
                     self.cluster.attempts_down += 1;
                     self.schedule(
                         self.now,
@@ -117,7 +121,7 @@ impl World {
                             input: SupervisorInput::Msg(SupervisorMsg::SpecialistDown {
                                 attempt,
                                 reason,
-                                panicked: false,
+                                panicked,
                             }),
                             inc: Some(self.coord_inc),
                         },
@@ -207,6 +211,7 @@ impl World {
                     out.push(Action::Down {
                         attempt,
                         reason: format!("worker {name} refused the spawn: {reason}"),
+                        panicked: false,
                     });
                     if !c.membership.forget(&name, attempt, now, &mut out) {
                         out.remove(0);
@@ -215,6 +220,7 @@ impl World {
                 ToCoordinator::Exited {
                     attempt,
                     normal,
+                    panicked,
                     reason,
                 } => {
                     let was_placed = c.membership.forget(&name, attempt, now, &mut out);
@@ -224,6 +230,7 @@ impl World {
                             Action::Down {
                                 attempt,
                                 reason: format!("its actor on worker {name} ended: {reason}"),
+                                panicked,
                             },
                         );
                     }

@@ -328,6 +328,7 @@ impl World {
                     Frame::ToCoordinator(ToCoordinator::Exited {
                         attempt,
                         normal: true,
+                        panicked: false,
                         reason: "exit".into(),
                     }),
                 );
