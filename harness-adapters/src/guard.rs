@@ -72,14 +72,28 @@ pub enum HandedBack {
 /// in the spec's [`crate::InProcessHooks`] for a session that gets a `post_tool_hook`; the CLI runner
 /// asks it before a tool result becomes an event.
 pub trait ResultRecords: Send + Sync {
-    /// What the policy handed back for the call the stream names `id` (the harness's call id), or
-    /// else for the oldest call not yet asked about whose result the hook saw as exactly
-    /// `original` (Codex's stream names calls by its own item ids, not the model's). Waits up to
-    /// `wait_ms` for the hook's record; `None` when none came.
+    /// What the policy handed back for `result`: by the harness's call id when the stream names
+    /// calls by it, else by the call's command (or tool and input) together with the output the
+    /// hook saw (Codex's stream names calls by its own item ids, which a session can guess). Waits
+    /// up to `wait_ms` for the hook's record; `None` when none came. A result more than one
+    /// differing record could answer gets a withholding answer (fail closed).
     fn result_for<'a>(
         &'a self,
-        id: &'a str,
-        original: &'a str,
+        result: StreamResult<'a>,
         wait_ms: u64,
     ) -> GuardFuture<'a, Option<HandedBack>>;
+}
+
+/// A tool result as a CLI's stream shows it, as [`ResultRecords::result_for`] looks it up.
+#[derive(Clone, Copy, Debug)]
+pub struct StreamResult<'a> {
+    /// The stream's id of the call when it is the harness's call id (the hook's `tool_use_id`);
+    /// `None` when the stream names calls its own way (Codex's `item_N`).
+    pub call_id: Option<&'a str>,
+    /// The tool's name as the stream gave it.
+    pub tool: &'a str,
+    /// The call's input as the stream gave it (JSON text).
+    pub input: &'a str,
+    /// The result's text as the stream shows it (possibly cut at the event's bound).
+    pub original: &'a str,
 }

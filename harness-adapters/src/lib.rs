@@ -42,7 +42,9 @@ pub mod usage;
 pub use credential::CredentialError;
 pub use error::{ErrorCategory, HarnessError, StartError};
 pub use event::{BoundedText, BudgetKind, HarnessEvent, StopReason};
-pub use guard::{GuardFuture, GuardedCall, HandedBack, ResultRecords, ToolGuard, ToolOutput};
+pub use guard::{
+    GuardFuture, GuardedCall, HandedBack, ResultRecords, StreamResult, ToolGuard, ToolOutput,
+};
 #[cfg(feature = "io")]
 pub use session::{CancelToken, EventSink, Harness, RunningSession, session_channel};
 pub use spec::{

@@ -258,6 +258,15 @@ impl CliFlavor for Codex {
     fn result_before_hook(&self, tool: &str) -> bool {
         tool == "shell" || tool.starts_with("mcp__")
     }
+
+    fn result_before_hook_unknown(&self) -> bool {
+        true
+    }
+
+    /// Its stream's `item_N` ids are its own, not the call ids its hooks get.
+    fn stream_ids_are_call_ids(&self) -> bool {
+        false
+    }
 }
 
 #[derive(Deserialize)]

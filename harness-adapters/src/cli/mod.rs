@@ -149,6 +149,18 @@ pub trait CliFlavor: Send + Sync + 'static {
     fn result_before_hook(&self, _tool: &str) -> bool {
         false
     }
+    /// What [`CliFlavor::result_before_hook`] is for a result whose call the runner does not know
+    /// (past its bound of calls remembered, or a result without its call): a CLI that prints some
+    /// results before its hook waits for them all (fail closed).
+    fn result_before_hook_unknown(&self) -> bool {
+        false
+    }
+    /// Whether the ids its stream gives calls are the harness's call ids its hooks get
+    /// (`tool_use_id`): only then is the policy's record of a result looked up by id. Codex's
+    /// stream names calls `item_N`, which a session's own tools can guess and post records for.
+    fn stream_ids_are_call_ids(&self) -> bool {
+        true
+    }
 }
 
 /// Collapses a tool result's content (a string, or a list of `{type:"text", text}` blocks) to text.

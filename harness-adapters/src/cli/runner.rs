@@ -234,8 +234,8 @@ struct ResultLog {
     /// How long to wait for a record the CLI's hook has not written yet: its own timeout and a
     /// margin.
     wait_ms: u64,
-    /// The stream's name of each call whose result is due, by its id.
-    names: std::collections::BTreeMap<String, String>,
+    /// The stream's name and input (JSON text) of each call whose result is due, by its id.
+    calls: std::collections::BTreeMap<String, (String, String)>,
 }
 
 impl ResultLog {
@@ -246,26 +246,44 @@ impl ResultLog {
             records,
             flavor,
             wait_ms: hook.timeout_ms.saturating_add(RESULT_WAIT_MARGIN_MS),
-            names: std::collections::BTreeMap::new(),
+            calls: std::collections::BTreeMap::new(),
         })
     }
 
     /// `event` as the log is to hold it: a tool result replaced by what the policy handed back.
     async fn rewrite(&mut self, event: &mut HarnessEvent, cancel: &CancelToken) {
         match event {
-            HarnessEvent::ToolUse { id, name, .. } if self.names.len() < CALL_NAMES_MAX => {
-                self.names.insert(id.clone(), name.clone());
+            HarnessEvent::ToolUse {
+                id,
+                name,
+                input_json,
+            } if self.calls.len() < CALL_NAMES_MAX => {
+                self.calls
+                    .insert(id.clone(), (name.clone(), input_json.text.clone()));
             }
             HarnessEvent::ToolResult {
                 id,
                 is_error,
                 content,
             } => {
-                let name = self.names.remove(id.as_str()).unwrap_or_default();
-                let waits = self.flavor.result_before_hook(&name);
+                let call = self.calls.remove(id.as_str());
+                // A call the runner does not know gets the flavor's default (Codex: wait).
+                let waits = call.as_ref().map_or_else(
+                    || self.flavor.result_before_hook_unknown(),
+                    |(name, _)| self.flavor.result_before_hook(name),
+                );
                 let wait_ms = if waits { self.wait_ms } else { 0 };
+                let (tool, input) = call
+                    .as_ref()
+                    .map_or(("", ""), |(n, i)| (n.as_str(), i.as_str()));
+                let result = crate::guard::StreamResult {
+                    call_id: self.flavor.stream_ids_are_call_ids().then_some(id.as_str()),
+                    tool,
+                    input,
+                    original: &content.text,
+                };
                 let found = tokio::select! {
-                    found = self.records.result_for(id, &content.text, wait_ms) => found,
+                    found = self.records.result_for(result, wait_ms) => found,
                     () = cancel.cancelled() => None,
                 };
                 let replaced = match found {

@@ -334,7 +334,18 @@ async fn decide(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Bytes
             format!("keel: a hook payload is at most {PAYLOAD_BYTES_MAX} bytes (denied)"),
         );
     }
+    let id = payload
+        .get("tool_use_id")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
     let decided = inner.host.before_tool(&scope, &call, payload).await;
+    if decided.decision == Decision::Allow
+        && let Some(id) = id
+    {
+        // Only an allowed call's result is recorded for the log, once (as the policy's own
+        // allowance: `PolicyHost::after_tool`).
+        results.allow(&id);
+    }
     tracing::info!(
         tool = %tool,
         decision = ?decided.decision,
@@ -383,7 +394,12 @@ async fn after_tool(
         .map(str::to_owned);
     let original = output.clone();
     let result = inner.host.after_tool(scope, &call, payload, output).await;
-    results.record(id.as_deref(), &original, &result);
+    results.record(
+        id.as_deref(),
+        (call.tool.as_str(), &call.input),
+        &original,
+        &result,
+    );
     tracing::info!(
         tool = %tool,
         is_error = result.is_error,
