@@ -195,6 +195,26 @@ fn claude_code_stops_before_the_model_sees_a_failed_calls_withheld_result() {
     }
 }
 
+/// The session keeps the failure wrapper from leaving its stop in the session's folder (a
+/// directory where the file would go, as a full disk or a deleting loop would): the node's kept
+/// decision still stops the session before the model sees the failure's secret.
+#[test]
+fn claude_code_stops_for_a_failed_call_even_without_its_stop_file() {
+    if cli_installed(HarnessKind::ClaudeCode) {
+        let SecretRun {
+            bodies, context, ..
+        } = run_reading_the_secret(
+            HarnessKind::ClaudeCode,
+            "mkdir -p \"$HOME/../keel-failure-stop.json\"; cat secret.txt; exit 3",
+        );
+        assert!(!bodies.is_empty(), "no model request: {context}");
+        assert!(
+            bodies.iter().all(|b| !b.contains("hunter2")),
+            "the failed call's secret reached the model: {context}\n{bodies:#?}"
+        );
+    }
+}
+
 #[test]
 fn opencode_redacts_a_failed_shell_commands_result() {
     if cli_installed(HarnessKind::Opencode) {

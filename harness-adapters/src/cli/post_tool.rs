@@ -45,9 +45,20 @@ pub const TOOL_OUTPUT_KEY: &str = "tool_output";
 /// (only add context), nor does it honour `{"continue": false}` (probed on 2.1.197).
 pub const FAILURE_EVENT: &str = "PostToolUseFailure";
 
-/// Where a session's `PostToolUseFailure` wrapper leaves the answer that stops the session, which
-/// its `PostToolBatch` wrapper prints at the end of the batch (in the session's own folder).
+/// Where a session's `PostToolUseFailure` wrapper leaves the fail-closed stop when it could not
+/// reach the node, which its `PostToolBatch` wrapper prints at the end of the batch (in the
+/// session's own folder). A stop the policy decided is kept by the node, not here: the session's
+/// own tools can delete this file.
 pub const FAILURE_STOP_FILE: &str = "keel-failure-stop.json";
+
+/// The key `keel hook` adds to a failed call's payload for the node (`true`), so the node keeps
+/// the stop a changed result needs for the batch's end.
+pub const FAILURE_KEY: &str = "keel_failure";
+
+/// The `hook_event_name` of Claude Code's hook after a batch of calls, before its next model
+/// request: `keel hook --post-for claude-code` asks the node whether a failed call of the session
+/// needs the session stopped.
+pub const BATCH_EVENT: &str = "PostToolBatch";
 
 /// What the model is told when keel could not check a result.
 pub const WITHHELD_TEXT: &str =
@@ -104,13 +115,24 @@ pub fn is_failure(payload: &Value) -> bool {
 /// Claude Code cannot take for a failure, the answer that stops the session, which the
 /// failure wrapper keeps for the batch's `PostToolBatch` hook ([`install_failure_wrappers`]).
 pub fn failure_answer(original: &ToolOutput, final_output: &ToolOutput) -> Option<String> {
+    failure_stop_reason(original, final_output).map(|reason| stop_claude_code(&reason))
+}
+
+/// Why a failed call's result stops the session, when the policy changed it (the node keeps it
+/// for the batch's end, [`BATCH_EVENT`]).
+pub fn failure_stop_reason(original: &ToolOutput, final_output: &ToolOutput) -> Option<String> {
     (original != final_output).then(|| {
-        stop_claude_code(&format!(
+        format!(
             "keel: a PostToolUse hook changed the result of a failed call, which Claude Code \
              cannot replace, so the session stops before the model sees it: {}",
             first_line(&final_output.text)
-        ))
+        )
     })
+}
+
+/// Claude Code's answer that stops the session at a batch's end for `reason`.
+pub fn batch_stop_answer(reason: &str) -> String {
+    stop_claude_code(reason)
 }
 
 /// [`tool_output_of`] for `harness`'s payload, with what keel can tell of the call's success:
@@ -348,7 +370,7 @@ pub fn install_failure_wrappers(
     let batch = super::gate::add_script(
         session_dir,
         "keel-post-batch.sh",
-        batch_wrapper_script(&stop_file),
+        batch_wrapper_script(&post_command(hook, HarnessKind::ClaudeCode), &stop_file),
         files,
     );
     (failure, batch)
@@ -368,12 +390,23 @@ pub fn failure_wrapper_script(command: &GateCommand, stop_file: &Path) -> String
     )
 }
 
-/// The `PostToolBatch` script of [`install_failure_wrappers`].
-pub fn batch_wrapper_script(stop_file: &Path) -> String {
+/// The `PostToolBatch` script of [`install_failure_wrappers`]: the fail-closed stop a failure
+/// wrapper left (it could not reach the node), else the node's answer to [`BATCH_EVENT`] (the stop
+/// the policy decided for a failed call of the session, kept there per session token); a node that
+/// cannot be asked stops the session (fail closed).
+pub fn batch_wrapper_script(command: &GateCommand, stop_file: &Path) -> String {
+    let cmd = command_line(command);
+    let secs = command.timeout_ms.div_ceil(1000).max(1);
     let stop_file = shell_quote(&stop_file.display().to_string());
+    let ask = shell_quote(&json!({"hook_event_name": BATCH_EVENT}).to_string());
     format!(
         "#!/bin/sh\n# keel PostToolBatch wrapper: stops the session when a failed call's result was \
-         withheld.\ncat > /dev/null\nif [ -s {stop_file} ]; then\n  cat {stop_file}\nfi\nexit 0\n"
+         withheld.\ncat > /dev/null\nif [ -f {stop_file} ] && out=$(cat {stop_file}) && [ -n \"$out\" ]; then\n  \
+         printf '%s\\n' \"$out\"\n  exit 0\nfi\n\
+         out=$(printf '%s' {ask} | timeout -k 1 {secs} {cmd})\nst=$?\n\
+         if [ \"$st\" -ne 0 ]; then\n  out={}\nfi\nif [ -n \"$out\" ]; then\n  printf '%s\\n' \"$out\"\nfi\n\
+         exit 0\n",
+        shell_quote(&failed_closed_answer(HarnessKind::ClaudeCode))
     )
 }
 
@@ -553,7 +586,22 @@ mod tests {
         let dir = tempfile::tempdir().expect("a temp dir");
         let stop_file = dir.path().join(FAILURE_STOP_FILE);
         let batch = dir.path().join("batch.sh");
-        std::fs::write(&batch, batch_wrapper_script(&stop_file)).expect("writes");
+        // The node, asked at the batch's end: no stop decided.
+        let node = |script: &str| GateCommand {
+            program: "/bin/sh".into(),
+            args: vec!["-c".into(), script.into()],
+            timeout_ms: 1_000,
+        };
+        let run_batch = |node_says: &str| {
+            std::fs::write(&batch, batch_wrapper_script(&node(node_says), &stop_file))
+                .expect("writes");
+            let out = std::process::Command::new("/bin/sh")
+                .arg(&batch)
+                .stdin(std::process::Stdio::null())
+                .output()
+                .expect("runs");
+            String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        };
         let run = |script: &str| {
             let command = GateCommand {
                 program: "/bin/sh".into(),
@@ -567,12 +615,7 @@ mod tests {
                 .status()
                 .expect("runs");
             assert_eq!(status.code(), Some(0));
-            let out = std::process::Command::new("/bin/sh")
-                .arg(&batch)
-                .stdin(std::process::Stdio::null())
-                .output()
-                .expect("runs");
-            String::from_utf8_lossy(&out.stdout).trim().to_owned()
+            run_batch("cat > /dev/null")
         };
         assert_eq!(run("true"), "", "a result that stands stops nothing");
         assert_eq!(run("echo '{\"continue\":false}'"), "{\"continue\":false}");
@@ -582,6 +625,22 @@ mod tests {
             closed["continue"], false,
             "a failed check stops the session"
         );
+        // The stop file deleted (by the session's own tools) or never written (a full disk): the
+        // node's kept decision still stops the session, and a node that cannot be asked does too.
+        let _ = std::fs::remove_file(&stop_file);
+        let kept = batch_stop_answer("withheld");
+        assert_eq!(
+            run_batch(&format!(
+                "grep -q PostToolBatch && printf '%s' {}",
+                shell_quote(&kept)
+            )),
+            kept
+        );
+        let unreachable: Value = serde_json::from_str(&run_batch("exit 3")).expect("JSON");
+        assert_eq!(unreachable["continue"], false, "{unreachable}");
+        let slow: Value = serde_json::from_str(&run_batch("sleep 5")).expect("JSON");
+        assert_eq!(slow["continue"], false, "{slow}");
+        assert_eq!(run_batch("cat > /dev/null"), "", "nothing to stop");
     }
 
     /// The wrapper, run for real: a command's answer passes through; a crash, a non-zero exit or a

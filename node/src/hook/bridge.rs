@@ -68,7 +68,14 @@ struct Inner {
 struct Session {
     scope: ToolScope,
     results: Arc<SessionResults>,
+    /// Why the session must stop at its batch's end: a failed call whose result the policy changed
+    /// (Claude Code cannot replace a failure's result; its `PostToolBatch` hook asks here). Kept
+    /// here, not in the session's folder, where its own tools could delete it.
+    stops: Arc<Mutex<Vec<String>>>,
 }
+
+/// Most stop reasons one session keeps until its batch ends (one is enough to stop it).
+const STOPS_MAX: usize = 16;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -207,6 +214,7 @@ impl SessionService for BridgeService {
             let session = Session {
                 scope: ToolScope::of(attempt, spec),
                 results: Arc::clone(&results),
+                stops: Arc::default(),
             };
             lock(&self.0.sessions).insert(token.clone(), session);
         }
@@ -280,7 +288,12 @@ async fn decide(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Bytes
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or_default();
     let session = lock(&inner.sessions).get(token).cloned();
-    let Some(Session { scope, results }) = session else {
+    let Some(Session {
+        scope,
+        results,
+        stops,
+    }) = session
+    else {
         return answer(
             StatusCode::UNAUTHORIZED,
             Decision::Deny,
@@ -301,6 +314,14 @@ async fn decide(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Bytes
             "keel: the hook payload is not JSON (denied)".into(),
         );
     };
+    if payload.get("hook_event_name").and_then(Value::as_str) == Some(post_tool::BATCH_EVENT) {
+        // Claude Code's batch end: a failed call's changed result stops the session (taken).
+        let reasons = std::mem::take(&mut *lock(&stops));
+        return match reasons.into_iter().next() {
+            Some(reason) => answer(StatusCode::OK, Decision::Deny, reason),
+            None => answer(StatusCode::OK, Decision::Allow, String::new()),
+        };
+    }
     if payload.get("hook_event_name").and_then(Value::as_str)
         == Some(HookEvent::PreCompact.as_str())
     {
@@ -325,7 +346,7 @@ async fn decide(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Bytes
     if payload.get("hook_event_name").and_then(Value::as_str)
         == Some(HookEvent::PostToolUse.as_str())
     {
-        return after_tool(&inner, &scope, &results, call, payload).await;
+        return after_tool(&inner, &scope, (&results, &stops), call, payload).await;
     }
     if body.len() > PAYLOAD_BYTES_MAX {
         return answer(
@@ -368,7 +389,7 @@ async fn decide(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Bytes
 async fn after_tool(
     inner: &Inner,
     scope: &ToolScope,
-    results: &SessionResults,
+    (results, stops): (&SessionResults, &Mutex<Vec<String>>),
     call: ToolCall,
     payload: Value,
 ) -> Response {
@@ -393,7 +414,14 @@ async fn after_tool(
         .and_then(Value::as_str)
         .map(str::to_owned);
     let original = output.clone();
+    let failure = payload.get(post_tool::FAILURE_KEY) == Some(&Value::Bool(true));
     let result = inner.host.after_tool(scope, &call, payload, output).await;
+    if failure && let Some(reason) = post_tool::failure_stop_reason(&original, &result) {
+        let mut stops = lock(stops);
+        if stops.len() < STOPS_MAX {
+            stops.push(reason);
+        }
+    }
     results.record(
         id.as_deref(),
         (call.tool.as_str(), &call.input),

@@ -112,6 +112,15 @@ pub(crate) fn run_post(url: &str, harness: HarnessKind) -> ExitCode {
 fn post_answer(url: &str, harness: HarnessKind) -> anyhow::Result<Option<String>> {
     let bytes = read_stdin(POST_PAYLOAD_BYTES_MAX)?;
     let mut payload: Value = serde_json::from_slice(&bytes)?;
+    if payload.get("hook_event_name").and_then(Value::as_str) == Some(post_tool::BATCH_EVENT) {
+        // Claude Code's batch end: the node says whether a failed call's changed result stops the
+        // session (a refusal or no answer stops it: the caller prints the fail-closed stop).
+        let answer = post_to_node(url, &bytes)?;
+        return Ok(match answer.decision {
+            Decision::Allow => None,
+            _ => Some(post_tool::batch_stop_answer(&answer.reason)),
+        });
+    }
     let original = post_tool::tool_output_for(harness, &payload)
         .ok_or_else(|| anyhow::anyhow!("the PostToolUse payload holds no tool result"))?;
     // Claude Code's PostToolUseFailure: the same policy, whose changed result stops the session.
@@ -125,6 +134,9 @@ fn post_answer(url: &str, harness: HarnessKind) -> anyhow::Result<Option<String>
         serde_json::to_value(&original)?,
     );
     obj.insert("hook_event_name".into(), "PostToolUse".into());
+    if failure {
+        obj.insert(post_tool::FAILURE_KEY.into(), true.into());
+    }
     let answer = post_to_node(url, &serde_json::to_vec(&payload)?)?;
     let output = answer.output.ok_or_else(|| {
         anyhow::anyhow!("the node did not hand back the result: {}", answer.reason)
