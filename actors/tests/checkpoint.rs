@@ -92,6 +92,39 @@ fn commit(id: u64, tickets: &[u64]) -> Seen {
     }
 }
 
+/// A run row of `run` as the coordinator writes it, updated at `updated_ms`.
+fn run_row(run: RunId, updated_ms: u64) -> keel_store::Run {
+    keel_store::Run {
+        id: run,
+        brief: "b".into(),
+        plan: None,
+        status: keel_store::RunStatus::Running,
+        budget: Default::default(),
+        created_ms: 0,
+        updated_ms,
+        config_snapshot: String::new(),
+        outcome: None,
+    }
+}
+
+/// A checkpoint row of `run` holding `state`.
+fn checkpoint_row(
+    run: RunId,
+    correlation_id: String,
+    state: String,
+    written_ms: u64,
+) -> keel_store::Checkpoint {
+    keel_store::Checkpoint {
+        run_id: run,
+        last_completed_step: None,
+        verified_outputs: Vec::new(),
+        pending_work: Vec::new(),
+        correlation_id,
+        state,
+        written_ms,
+    }
+}
+
 #[test]
 fn stages_arriving_during_a_commit_share_the_next_one() {
     check(
@@ -297,32 +330,10 @@ fn the_stages_of_one_decision_go_into_one_commit() {
 
 #[test]
 fn a_row_replaced_again_later_in_a_commit_is_written_once() {
-    use keel_store::{Checkpoint, Run, RunStatus};
     let run = RunId(1);
-    let checkpoint = |n: u64| {
-        PersistOp::PutCheckpoint(Checkpoint {
-            run_id: run,
-            last_completed_step: None,
-            verified_outputs: Vec::new(),
-            pending_work: Vec::new(),
-            correlation_id: format!("c{n}"),
-            state: String::new(),
-            written_ms: n,
-        })
-    };
-    let update = |n: u64| {
-        PersistOp::UpdateRun(Run {
-            id: run,
-            brief: "b".into(),
-            plan: None,
-            status: RunStatus::Running,
-            budget: Default::default(),
-            created_ms: 0,
-            updated_ms: n,
-            config_snapshot: String::new(),
-            outcome: None,
-        })
-    };
+    let checkpoint =
+        |n: u64| PersistOp::PutCheckpoint(checkpoint_row(run, format!("c{n}"), String::new(), n));
+    let update = |n: u64| PersistOp::UpdateRun(run_row(run, n));
     let manifest = PersistOp::AppendManifest(ManifestEntry {
         ts_ms: 0,
         item: "x".into(),
@@ -330,15 +341,8 @@ fn a_row_replaced_again_later_in_a_commit_is_written_once() {
         outcome: ManifestOutcome::Processed,
     });
     let other = RunId(2);
-    let other_checkpoint = PersistOp::PutCheckpoint(Checkpoint {
-        run_id: other,
-        last_completed_step: None,
-        verified_outputs: Vec::new(),
-        pending_work: Vec::new(),
-        correlation_id: "other".into(),
-        state: String::new(),
-        written_ms: 0,
-    });
+    let other_checkpoint =
+        PersistOp::PutCheckpoint(checkpoint_row(other, "other".into(), String::new(), 0));
     let batch = CommitBatch {
         id: CommitId(1),
         stages: vec![
@@ -645,32 +649,11 @@ fn a_write_the_store_refuses_fails_its_run_alone_and_the_others_commit_at_once()
 /// ([`keel_actors::host::HostError::refused_run`]) and writes nothing; without it the others commit.
 #[test]
 fn the_host_lays_a_refused_write_at_its_runs_door() {
-    use keel_store::{Checkpoint, Run, RunStatus, Store};
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path().join("keel.redb")).unwrap();
-    let create = |id: u128| {
-        PersistOp::CreateRun(Run {
-            id: RunId(id),
-            brief: "b".into(),
-            plan: None,
-            status: RunStatus::Running,
-            budget: Default::default(),
-            created_ms: 0,
-            updated_ms: 0,
-            config_snapshot: String::new(),
-            outcome: None,
-        })
-    };
+    let store = keel_store::Store::open(dir.path().join("keel.redb")).unwrap();
+    let create = |id: u128| PersistOp::CreateRun(run_row(RunId(id), 0));
     let checkpoint = |id: u128, state: String| {
-        PersistOp::PutCheckpoint(Checkpoint {
-            run_id: RunId(id),
-            last_completed_step: None,
-            verified_outputs: Vec::new(),
-            pending_work: Vec::new(),
-            correlation_id: "c".into(),
-            state,
-            written_ms: 0,
-        })
+        PersistOp::PutCheckpoint(checkpoint_row(RunId(id), "c".into(), state, 0))
     };
     let batch = |id: u64, ops: Vec<(u128, PersistOp)>| CommitBatch {
         id: CommitId(id),
