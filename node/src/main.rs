@@ -33,6 +33,12 @@ use clap::Parser;
 use crate::cli::Cli;
 use crate::exit::Exit;
 
+/// mimalloc rather than glibc's malloc: actor messages, rows and redb's page buffers are allocated on
+/// one thread and freed on another by the thousand per run, and glibc's allocator (its arenas,
+/// consolidation and heap trimming) was about a quarter of `keel bench`'s CPU (docs/PERFORMANCE.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     // A pre-tool gate runs `keel hook --url URL` once per tool call: that path needs none of what
     // follows (the secret patterns, the command line parser), only the few bytes it forwards.
