@@ -20,7 +20,7 @@ use keel_harness::{
     Harness, HarnessEvent, HarnessKind, RunningSession, SessionSpec, StartError, StopReason,
     session_channel,
 };
-use keel_store::{AgentLimits, AgentProfile, RunStatus, Sharing, Store, StoreConfig};
+use keel_store::{AgentLimits, AgentProfile, RunStatus, Store};
 
 /// Most specialists per run the bench accepts: the most a plan may have.
 const FAN_OUT_MAX: u32 = keel_actors::plan::PLAN_STEPS_MAX as u32;
@@ -126,13 +126,9 @@ struct Measured {
 async fn measure(n: u32, in_flight: u32, runs: u32) -> anyhow::Result<Measured> {
     let dir = tempfile::tempdir().context("creating a temporary folder")?;
     let store_path = dir.path().join("bench.redb");
-    let store = Arc::new(Store::open_with(
-        &store_path,
-        StoreConfig {
-            sharing: Sharing::Exclusive,
-            ..StoreConfig::default()
-        },
-    )?);
+    // The store as `keel run` and `keel node` open it (shared with readers: redb then commits in
+    // two phases, two fsyncs a commit), so the figures are the real path's, not a faster mode's.
+    let store = Arc::new(Store::open_with(&store_path, super::writer_config())?);
     let harnesses = HarnessSet::new().with(HarnessKind::Scripted, Arc::new(InstantHarness));
     let (rt, events) = Runtime::start(store, harnesses, config(dir.path(), n, in_flight)).await?;
     drop(events);

@@ -22,7 +22,7 @@ use keel_harness::{
     Harness, HarnessEvent, HarnessKind, RunningSession, SessionSpec, StartError, StopReason,
     session_channel,
 };
-use keel_store::{AgentLimits, AgentProfile, RunStatus, Sharing, Store, StoreConfig};
+use keel_store::{AgentLimits, AgentProfile, RunStatus, Store};
 
 use crate::hook::bridge::PolicyBridge;
 use crate::stdout::outln;
@@ -116,12 +116,10 @@ fn config(work: &std::path::Path) -> RuntimeConfig {
 /// One run whose session makes `calls` gate calls; their round trips in order.
 async fn measure(calls: u32) -> anyhow::Result<Vec<Duration>> {
     let dir = tempfile::tempdir().context("creating a temporary folder")?;
+    // Opened as `keel run` and `keel node` open the home's store (two fsyncs a commit).
     let store = Arc::new(Store::open_with(
         dir.path().join("bench.redb"),
-        StoreConfig {
-            sharing: Sharing::Exclusive,
-            ..StoreConfig::default()
-        },
+        super::writer_config(),
     )?);
     let policy: keel_policy::PolicyConfig =
         toml::from_str("[permissions]\ndeny = [\"Bash(rm *)\"]\n")?;

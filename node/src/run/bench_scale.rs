@@ -24,7 +24,7 @@ use keel_harness::{
     Harness, HarnessEvent, HarnessKind, RunningSession, SessionSpec, StartError, StopReason,
     session_channel,
 };
-use keel_store::{RunStatus, Sharing, Store, StoreConfig};
+use keel_store::{RunStatus, Store};
 use tokio::sync::watch;
 
 use super::bench::{config, plan, report, subtask_of};
@@ -116,13 +116,7 @@ async fn wait_started(started: &AtomicU64, n: u64) -> anyhow::Result<()> {
 }
 
 fn open_store(path: &Path) -> anyhow::Result<Arc<Store>> {
-    Ok(Arc::new(Store::open_with(
-        path,
-        StoreConfig {
-            sharing: Sharing::WithReaders,
-            ..StoreConfig::default()
-        },
-    )?))
+    Ok(Arc::new(Store::open_with(path, super::writer_config())?))
 }
 
 /// What the bench measured.
