@@ -335,6 +335,11 @@ pub(crate) enum Command {
         /// runs`, a profile, or another binary on the same store) instead of a temporary one.
         #[arg(long, value_name = "DIR", requires = "scale_runs")]
         scale_keep: Option<PathBuf>,
+        /// Open the bench's store exclusive (redb commits in one phase: one fsync a commit) instead
+        /// of shared with readers as `keel run` and `keel node` open a home's store (two phases,
+        /// two fsyncs): what sharing the file costs, measured by the same binary.
+        #[arg(long, conflicts_with_all = ["hook_calls", "scale_runs"])]
+        exclusive_store: bool,
     },
 }
 

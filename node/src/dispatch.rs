@@ -234,8 +234,15 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failed> {
             in_flight,
             hook_calls: None,
             scale_runs: None,
+            exclusive_store,
             ..
-        } => failure(run::bench::bench(&fan_out, runs, in_flight, cli.json))?,
+        } => failure(run::bench::bench(
+            &fan_out,
+            runs,
+            in_flight,
+            exclusive_store,
+            cli.json,
+        ))?,
     }
     Ok(())
 }

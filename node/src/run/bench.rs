@@ -20,7 +20,7 @@ use keel_harness::{
     Harness, HarnessEvent, HarnessKind, RunningSession, SessionSpec, StartError, StopReason,
     session_channel,
 };
-use keel_store::{AgentLimits, AgentProfile, RunStatus, Store};
+use keel_store::{AgentLimits, AgentProfile, RunStatus, Sharing, Store};
 
 /// Most specialists per run the bench accepts: the most a plan may have.
 const FAN_OUT_MAX: u32 = keel_actors::plan::PLAN_STEPS_MAX as u32;
@@ -123,12 +123,17 @@ struct Measured {
 }
 
 /// One measurement: `runs` runs of `n` specialists, `in_flight` at a time.
-async fn measure(n: u32, in_flight: u32, runs: u32) -> anyhow::Result<Measured> {
+async fn measure(n: u32, in_flight: u32, runs: u32, exclusive: bool) -> anyhow::Result<Measured> {
     let dir = tempfile::tempdir().context("creating a temporary folder")?;
     let store_path = dir.path().join("bench.redb");
     // The store as `keel run` and `keel node` open it (shared with readers: redb then commits in
-    // two phases, two fsyncs a commit), so the figures are the real path's, not a faster mode's.
-    let store = Arc::new(Store::open_with(&store_path, super::writer_config())?);
+    // two phases, two fsyncs a commit), so the figures are the real path's, unless asked for the
+    // exclusive mode to compare.
+    let mut store_config = super::writer_config();
+    if exclusive {
+        store_config.sharing = Sharing::Exclusive;
+    }
+    let store = Arc::new(Store::open_with(&store_path, store_config)?);
     let harnesses = HarnessSet::new().with(HarnessKind::Scripted, Arc::new(InstantHarness));
     let (rt, events) = Runtime::start(store, harnesses, config(dir.path(), n, in_flight)).await?;
     drop(events);
@@ -185,7 +190,13 @@ fn check(status: RunStatus) -> anyhow::Result<()> {
 
 /// `keel bench`: print a table of runs/s and µs per specialist for each fan-out, sequential and with
 /// `in_flight` runs at once.
-pub(crate) fn bench(fan_outs: &[u32], runs: u32, in_flight: u32, json: bool) -> anyhow::Result<()> {
+pub(crate) fn bench(
+    fan_outs: &[u32],
+    runs: u32,
+    in_flight: u32,
+    exclusive: bool,
+    json: bool,
+) -> anyhow::Result<()> {
     if fan_outs.iter().any(|&n| n == 0 || n > FAN_OUT_MAX)
         || in_flight == 0
         || in_flight > IN_FLIGHT_MAX
@@ -202,9 +213,9 @@ pub(crate) fn bench(fan_outs: &[u32], runs: u32, in_flight: u32, json: bool) -> 
     rt.block_on(async {
         for &n in fan_outs {
             // A warm-up run per shape, not measured.
-            measure(n, 1, 2).await?;
+            measure(n, 1, 2, exclusive).await?;
             for flight in [1, in_flight] {
-                let m = measure(n, flight, runs).await?;
+                let m = measure(n, flight, runs, exclusive).await?;
                 if !json {
                     outln!(
                         "N={n:<3} in flight={flight:<2} runs={runs:<4} {:>9.1} runs/s {:>9.1} µs/specialist {:>6.1} commits/run {:>9.0} bytes/run",
