@@ -13,11 +13,11 @@ use crate::wire::{self, ClusterMsg, Envelope, PolicyTerms, ToCoordinator, ToWork
 use crate::worker_role::WorkerSpecialistRole;
 use keel_actors::host::StartedKeys;
 use keel_actors::runtime::{
-    Deliver, HarnessSet, MachineActor, MachineActorState, MachineRef, OsEntropy,
+    HarnessSet, HostedEnd, MachineActorState, OsEntropy, SpecialistInbox, host_on_task,
 };
 use keel_actors::{AttemptId, Specialist, SpecialistConfig, SpecialistInput, SpecialistStart};
 use keel_harness::HarnessKind;
-use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -56,8 +56,7 @@ pub struct WorkerConfig {
 pub(crate) struct WorkerShared {
     pub(crate) config: WorkerConfig,
     pub(crate) incarnation: u64,
-    pub(crate) hosted: Mutex<BTreeMap<AttemptId, MachineRef<Specialist>>>,
-    by_actor: Mutex<BTreeMap<ActorId, AttemptId>>,
+    pub(crate) hosted: Mutex<BTreeMap<AttemptId, SpecialistInbox>>,
     hosted_ever: Mutex<BTreeSet<AttemptId>>,
     pub(crate) started_keys: Mutex<StartedKeys>,
     /// Attempts waiting for their preamble's rows: whoever removes one first (the rows, or the
@@ -67,6 +66,26 @@ pub(crate) struct WorkerShared {
 }
 
 impl WorkerShared {
+    /// A hosted specialist's task ended (`me` is its address): it leaves the table, and the
+    /// coordinator node hears how (its supervisor decides what follows).
+    fn specialist_ended(&self, attempt: AttemptId, me: &SpecialistInbox, end: HostedEnd) {
+        {
+            let mut hosted = lock(&self.hosted);
+            if hosted.get(&attempt).is_some_and(|h| h.same(me)) {
+                hosted.remove(&attempt);
+            }
+        }
+        lock(&self.context_waiting).remove(&attempt);
+        self.config.policy.ended(attempt);
+        let reason = end.reason();
+        self.send(&ToCoordinator::Exited {
+            attempt,
+            normal: reason == EXIT_REASON,
+            panicked: end.panicked(),
+            reason,
+        });
+    }
+
     /// Send a message to the coordinator node (dropped, with a debug line, while it is unreachable:
     /// results are resent by their machine until acknowledged).
     pub(crate) fn send(&self, body: &ToCoordinator) {
@@ -89,7 +108,7 @@ impl WorkerShared {
 }
 
 /// A worker node's cluster endpoint: an actor in [`WORKERS_GROUP`] and in its own
-/// [`worker_group`], the supervisor of the specialists it hosts, and its heartbeat.
+/// [`worker_group`], the specialists it hosts (each on a task of its own), and its heartbeat.
 pub struct WorkerEndpoint {
     shared: Arc<WorkerShared>,
     actor: ActorRef<ClusterMsg>,
@@ -131,7 +150,6 @@ impl WorkerEndpoint {
             config,
             incarnation,
             hosted: Mutex::new(BTreeMap::new()),
-            by_actor: Mutex::new(BTreeMap::new()),
             hosted_ever: Mutex::new(BTreeSet::new()),
             started_keys: Mutex::new(StartedKeys::default()),
             context_waiting: Mutex::new(BTreeSet::new()),
@@ -184,55 +202,19 @@ impl Actor for Endpoint {
 
     async fn handle(
         &self,
-        myself: ActorRef<ClusterMsg>,
+        _myself: ActorRef<ClusterMsg>,
         message: ClusterMsg,
         _: &mut (),
     ) -> Result<(), ActorProcessingErr> {
         if let Some(Envelope { body, .. }) = wire::open::<ToWorker>(message) {
-            self.receive(&myself, body).await;
+            self.receive(body).await;
         }
-        Ok(())
-    }
-
-    async fn handle_supervisor_evt(
-        &self,
-        _myself: ActorRef<ClusterMsg>,
-        event: SupervisionEvent,
-        _: &mut (),
-    ) -> Result<(), ActorProcessingErr> {
-        // Overridden: ractor's default would stop the endpoint when a specialist ends.
-        let (id, reason, panicked) = match &event {
-            SupervisionEvent::ActorTerminated(cell, _, reason) => (
-                cell.get_id(),
-                reason.clone().unwrap_or_else(|| "stopped".into()),
-                false,
-            ),
-            SupervisionEvent::ActorFailed(cell, e) => (cell.get_id(), format!("failed: {e}"), true),
-            _ => return Ok(()),
-        };
-        let Some(attempt) = lock(&self.0.by_actor).remove(&id) else {
-            return Ok(());
-        };
-        {
-            let mut hosted = lock(&self.0.hosted);
-            if hosted.get(&attempt).is_some_and(|h| h.get_id() == id) {
-                hosted.remove(&attempt);
-            }
-        }
-        lock(&self.0.context_waiting).remove(&attempt);
-        self.0.config.policy.ended(attempt);
-        self.0.send(&ToCoordinator::Exited {
-            attempt,
-            normal: reason == EXIT_REASON,
-            panicked,
-            reason,
-        });
         Ok(())
     }
 }
 
 impl Endpoint {
-    async fn receive(&self, myself: &ActorRef<ClusterMsg>, body: ToWorker) {
+    async fn receive(&self, body: ToWorker) {
         match body {
             ToWorker::Spawn {
                 incarnation,
@@ -242,7 +224,7 @@ impl Endpoint {
                 // With its pair on the coordinator ("specialist placed on a worker"), the one-way
                 // time of a spawn at debug level (docs/PERFORMANCE.md, cluster).
                 tracing::debug!(attempt = %start.attempt, "spawn received");
-                self.spawn(myself, incarnation, *start, policy).await;
+                self.spawn(incarnation, *start, policy);
             }
             ToWorker::PolicyAnswer {
                 attempt,
@@ -250,10 +232,10 @@ impl Endpoint {
                 answer,
             } => self.0.config.policy.answered(attempt, question, answer),
             ToWorker::Specialist { attempt, msg } => {
-                let actor = lock(&self.0.hosted).get(&attempt).cloned();
-                match actor {
-                    Some(a) => {
-                        let _ = a.send_message(Deliver(SpecialistInput::Msg(msg)));
+                let inbox = lock(&self.0.hosted).get(&attempt).cloned();
+                match inbox {
+                    Some(inbox) => {
+                        inbox.send(SpecialistInput::Msg(msg));
                     }
                     None => {
                         tracing::debug!(%attempt, "message for an attempt not hosted here, dropped")
@@ -264,21 +246,15 @@ impl Endpoint {
                 if !lock(&self.0.context_waiting).remove(&attempt) {
                     return;
                 }
-                let actor = lock(&self.0.hosted).get(&attempt).cloned();
-                if let Some(a) = actor {
-                    let _ = a.send_message(Deliver(SpecialistInput::ContextLoaded(rows)));
+                let inbox = lock(&self.0.hosted).get(&attempt).cloned();
+                if let Some(inbox) = inbox {
+                    inbox.send(SpecialistInput::ContextLoaded(rows));
                 }
             }
         }
     }
 
-    async fn spawn(
-        &self,
-        myself: &ActorRef<ClusterMsg>,
-        incarnation: u64,
-        start: SpecialistStart,
-        policy: Option<PolicyTerms>,
-    ) {
+    fn spawn(&self, incarnation: u64, start: SpecialistStart, policy: Option<PolicyTerms>) {
         let shared = &self.0;
         let attempt = start.attempt;
         let refuse = |reason: String| {
@@ -323,18 +299,13 @@ impl Endpoint {
         let state = MachineActorState::new(machine, rng, Default::default());
         // Before the session can start: whether the coordinator's policy gates it.
         shared.config.policy.hosting(attempt, policy);
-        match Actor::spawn_linked(None, MachineActor::new(role), state, myself.get_cell()).await {
-            Ok((actor, _)) => {
-                lock(&shared.by_actor).insert(actor.get_id(), attempt);
-                lock(&shared.hosted).insert(attempt, actor.clone());
-                let _ = actor.send_message(Deliver(SpecialistInput::Begin));
-                tracing::info!(%attempt, "specialist started");
-                shared.send(&ToCoordinator::Spawned { attempt });
-            }
-            Err(e) => {
-                shared.config.policy.ended(attempt);
-                refuse(format!("the specialist's actor did not start: {e}"))
-            }
-        }
+        let ended = Arc::clone(shared);
+        let inbox = host_on_task(role, state, move |me, end| {
+            ended.specialist_ended(attempt, me, end);
+        });
+        lock(&shared.hosted).insert(attempt, inbox.clone());
+        inbox.send(SpecialistInput::Begin);
+        tracing::info!(%attempt, "specialist started");
+        shared.send(&ToCoordinator::Spawned { attempt });
     }
 }

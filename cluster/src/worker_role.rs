@@ -1,10 +1,11 @@
-//! How a worker hosts one specialist attempt: the runtime's generic [`MachineActor`](keel_actors::runtime::MachineActor)
-//! with a role whose effects go over the wire instead of into a local store or coordinator. The
-//! machine is the same `Specialist` the coordinator node would host.
+//! How a worker hosts one specialist attempt: the runtime's task host
+//! ([`host_on_task`](keel_actors::runtime::host_on_task), no ractor actor per attempt) with a role
+//! whose effects go over the wire instead of into a local store or coordinator. The machine is the
+//! same `Specialist` the coordinator node would host.
 
 use crate::wire::ToCoordinator;
 use crate::worker::{EXIT_REASON, WorkerShared, lock};
-use keel_actors::runtime::{Deliver, Flow, MachineRef, Role, UsageSeen, wall_clock_ms};
+use keel_actors::runtime::{Flow, Role, SpecialistInbox, UsageSeen, wall_clock_ms};
 use keel_actors::{
     AttemptId, IdempotencyKey, Specialist, SpecialistEffect, SpecialistInput, SpecialistStart,
 };
@@ -47,11 +48,11 @@ impl WorkerSpecialistRole {
         }
     }
 
-    fn feed(me: &MachineRef<Specialist>, input: SpecialistInput) {
-        let _ = me.send_message(Deliver(input));
+    fn feed(me: &SpecialistInbox, input: SpecialistInput) {
+        me.send(input);
     }
 
-    fn fail(me: &MachineRef<Specialist>, detail: String) {
+    fn fail(me: &SpecialistInbox, detail: String) {
         Self::feed(
             me,
             SpecialistInput::Harness(HarnessEvent::Failed(HarnessError::system(detail))),
@@ -60,7 +61,7 @@ impl WorkerSpecialistRole {
 
     async fn start_harness(
         &self,
-        me: &MachineRef<Specialist>,
+        me: &SpecialistInbox,
         local: &mut WorkerLocal,
         key: IdempotencyKey,
         spec: SessionSpec,
@@ -87,8 +88,7 @@ impl WorkerSpecialistRole {
             let attempt = self.attempt;
             Box::new(move |call: keel_actors::SessionToolCall| {
                 tracing::info!(%attempt, tool = call.request.tool(), "a session tool call, for the coordinator node");
-                me.send_message(Deliver(SpecialistInput::ToolCall(call)))
-                    .is_ok()
+                me.send(SpecialistInput::ToolCall(call))
             })
         };
         if let Some(token) =
@@ -123,7 +123,7 @@ impl WorkerSpecialistRole {
         }
     }
 
-    fn load_context(&self, me: &MachineRef<Specialist>, request: keel_actors::ContextRequest) {
+    fn load_context(&self, me: &SpecialistInbox, request: keel_actors::ContextRequest) {
         let attempt = self.attempt;
         lock(&self.worker.context_waiting).insert(attempt);
         self.worker
@@ -148,6 +148,7 @@ impl WorkerSpecialistRole {
 impl Role for WorkerSpecialistRole {
     type M = Specialist;
     type Local = WorkerLocal;
+    type Addr = SpecialistInbox;
 
     fn span(&self) -> Span {
         self.span.clone()
@@ -175,7 +176,7 @@ impl Role for WorkerSpecialistRole {
 
     async fn execute(
         &self,
-        me: &MachineRef<Specialist>,
+        me: &SpecialistInbox,
         local: &mut WorkerLocal,
         effects: Vec<SpecialistEffect>,
     ) -> Flow {
@@ -222,7 +223,7 @@ impl Role for WorkerSpecialistRole {
         flow
     }
 
-    fn stopped(&self, _me: &MachineRef<Specialist>, local: &mut WorkerLocal) {
+    fn stopped(&self, _me: &SpecialistInbox, local: &mut WorkerLocal) {
         self.close_session_tools();
         if let Some(c) = local.cancel.take() {
             c.cancel();

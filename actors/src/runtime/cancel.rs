@@ -39,17 +39,17 @@ impl Runtime {
         .is_ok()
     }
 
-    /// Kill one attempt's actor the hard way, as a crashed worker would die: no cancel, no report.
-    /// The supervisor actor sees the link break and its machine decides (restart, reroute,
-    /// escalate). Returns whether the attempt was alive here.
+    /// Kill one attempt's task the hard way, as a crashed worker would die: no cancel, no report.
+    /// The supervisor hears of its end and its machine decides (restart, reroute, escalate).
+    /// Returns whether the attempt was alive here.
     pub fn kill_attempt(&self, attempt: AttemptId) -> bool {
-        let Some(actor) = lock(&self.node.specialists)
+        let Some(inbox) = lock(&self.node.specialists)
             .get(&attempt)
-            .map(|s| s.actor.clone())
+            .map(|s| s.inbox.clone())
         else {
             return false;
         };
-        actor.kill();
+        inbox.kill();
         true
     }
 

@@ -130,7 +130,6 @@ impl Runtime {
             fail_coordinator_spawns: AtomicBool::new(false),
             run_spans: Mutex::new(BTreeMap::new()),
             specialists: Mutex::new(BTreeMap::new()),
-            by_actor: Mutex::new(BTreeMap::new()),
             supervisor: OnceLock::new(),
             checkpoint: OnceLock::new(),
             waiters: Mutex::new(BTreeMap::new()),
@@ -406,7 +405,7 @@ impl Runtime {
         }
         let specialists: Vec<_> = lock(&self.node.specialists)
             .values()
-            .map(|s| s.actor.clone())
+            .map(|s| s.inbox.clone())
             .collect();
         for s in specialists {
             s.kill();

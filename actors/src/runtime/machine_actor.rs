@@ -1,5 +1,7 @@
 //! Any [`Machine`] as a ractor actor (the async half of hosting; the synchronous half, shared with
-//! the simulator, is [`crate::host`]).
+//! the simulator, is [`crate::host`]). The coordinator, supervisor and checkpoint writer are hosted
+//! so; a specialist attempt is hosted on a plain task with the same [`Role`] hooks
+//! ([`crate::runtime::task_host`]).
 //!
 //! One actor per machine instance. Its mailbox carries the machine's inputs ([`Deliver`]); for each it
 //! reads the wall clock (never backwards), lets the machine decide with its own ChaCha8 stream, and
@@ -44,6 +46,9 @@ pub trait Role: Send + Sync + Sized + 'static {
     type M: Machine + Send + 'static;
     /// Per-actor host state (a running session's cancel switch, an unacknowledged result).
     type Local: Send + 'static;
+    /// The machine's own address, as its hooks hand it to what feeds it later (timers, forwarders):
+    /// a [`MachineRef`] under [`MachineActor`], an [`Inbox`](crate::runtime::Inbox) on a task.
+    type Addr: Send + Sync + 'static;
 
     /// The tracing span every step of this machine runs in (its run's or its task's, see
     /// [`crate::runtime::spans`]); node-wide machines have none.
@@ -57,7 +62,7 @@ pub trait Role: Send + Sync + Sized + 'static {
     /// Execute the effects of one input, in order.
     fn execute(
         &self,
-        me: &MachineRef<Self::M>,
+        me: &Self::Addr,
         local: &mut Self::Local,
         effects: Vec<<Self::M as Machine>::Effect>,
     ) -> impl Future<Output = Flow> + Send;
@@ -67,18 +72,9 @@ pub trait Role: Send + Sync + Sized + 'static {
         Flow::Continue
     }
 
-    /// Turn a ractor supervision event of a linked child into an input, if it means something to the
-    /// machine. The default ignores every event (ractor's default would stop this actor).
-    fn supervision(
-        &self,
-        _event: &SupervisionEvent,
-        _local: &mut Self::Local,
-    ) -> Option<<Self::M as Machine>::Input> {
-        None
-    }
-
-    /// The actor stopped (cleanly or not): release what `local` holds.
-    fn stopped(&self, _me: &MachineRef<Self::M>, _local: &mut Self::Local) {}
+    /// The machine stopped by its role's [`Flow::Stop`] (not on a kill or a panic): release what
+    /// `local` holds.
+    fn stopped(&self, _me: &Self::Addr, _local: &mut Self::Local) {}
 }
 
 /// The ractor actor hosting one machine under a [`Role`].
@@ -99,7 +95,7 @@ pub struct MachineActorState<R: Role> {
     machine: R::M,
     clock: MonotonicMillis,
     rng: OsEntropy,
-    local: R::Local,
+    pub(crate) local: R::Local,
 }
 
 impl<R: Role> MachineActorState<R> {
@@ -114,8 +110,10 @@ impl<R: Role> MachineActorState<R> {
     }
 }
 
-impl<R: Role> Actor for MachineActor<R>
+impl<M, R> Actor for MachineActor<R>
 where
+    M: Machine + Send + 'static,
+    R: Role<M = M, Addr = MachineRef<M>>,
     <R::M as Machine>::Input: Send + 'static,
     <R::M as Machine>::Effect: Send + 'static,
 {
@@ -137,25 +135,7 @@ where
         message: Self::Msg,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        let span = self.role.span();
-        let out = span.in_scope(|| {
-            self.role.before(&message.0, &mut state.local);
-            let now = state.clock.now();
-            let mut out = Vec::new();
-            state
-                .machine
-                .handle(message.0, now, &mut state.rng, &mut out);
-            out
-        });
-        let mut flow = self
-            .role
-            .execute(&myself, &mut state.local, out)
-            .instrument(span)
-            .await;
-        if flow == Flow::Continue {
-            flow = self.role.after(&state.machine, &mut state.local);
-        }
-        if let Flow::Stop(reason) = flow {
+        if let Flow::Stop(reason) = step(&self.role, &myself, state, message.0).await {
             myself.stop(Some(reason));
         }
         Ok(())
@@ -163,15 +143,12 @@ where
 
     async fn handle_supervisor_evt(
         &self,
-        myself: ActorRef<Self::Msg>,
-        event: SupervisionEvent,
-        state: &mut Self::State,
+        _myself: ActorRef<Self::Msg>,
+        _event: SupervisionEvent,
+        _state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        // Overridden on purpose: ractor's default stops the supervisor when any child exits. The
-        // machine decides what a child's end means; the event becomes one of its inputs.
-        if let Some(input) = self.role.supervision(&event, &mut state.local) {
-            let _ = myself.send_message(Deliver(input));
-        }
+        // Overridden on purpose: ractor's default stops an actor when a linked child exits. These
+        // actors link no children (specialists report their end as a message, see `task_host`).
         Ok(())
     }
 
@@ -182,5 +159,33 @@ where
     ) -> Result<(), ActorProcessingErr> {
         self.role.stopped(&myself, &mut state.local);
         Ok(())
+    }
+}
+
+/// One input through a hosted machine, whichever host: the role looks first, the machine decides with
+/// the host's clock (never backwards) and stream, the role executes the effects (in the machine's
+/// span), then looks at the machine after them. The host stops the machine on [`Flow::Stop`].
+pub(crate) async fn step<R: Role>(
+    role: &R,
+    me: &R::Addr,
+    state: &mut MachineActorState<R>,
+    input: <R::M as Machine>::Input,
+) -> Flow {
+    let span = role.span();
+    let out = span.in_scope(|| {
+        role.before(&input, &mut state.local);
+        let now = state.clock.now();
+        let mut out = Vec::new();
+        state.machine.handle(input, now, &mut state.rng, &mut out);
+        out
+    });
+    let flow = role
+        .execute(me, &mut state.local, out)
+        .instrument(span)
+        .await;
+    if flow == Flow::Continue {
+        role.after(&state.machine, &mut state.local)
+    } else {
+        flow
     }
 }

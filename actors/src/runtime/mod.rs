@@ -2,9 +2,11 @@
 //! executed for real (docs/DESIGN.md §3, §4). It is the real-IO twin of the simulator's world loop and the
 //! only module of the crate that awaits, spawns, reads the wall clock or draws OS entropy.
 //!
-//! - One actor per machine: a coordinator per run, one supervisor, one checkpoint writer, one
-//!   specialist per attempt (linked to the supervisor actor, whose supervision events become
-//!   `SupervisorMsg::SpecialistDown` inputs: ractor has no restart strategies; the machine decides).
+//! - One actor per node-wide machine: a coordinator per run, one supervisor, one checkpoint writer.
+//!   A specialist attempt is no actor: it is hosted on a plain tokio task with the same role hooks
+//!   (`task_host.rs`, a ractor actor's cost per attempt was a fifth of a fan-out's CPU), and the end
+//!   of that task (an exit, a kill, a panic) becomes a `SupervisorMsg::SpecialistDown` input of the
+//!   supervisor unless it was the machine's own exit: the machine decides what follows.
 //! - `Persist` effects become one redb write transaction per group commit (`Durability::Immediate`),
 //!   executed off the actor thread; only the checkpoint actor's effects write.
 //! - `StartHarness` starts a session through keel-harness; its events stream back into the
@@ -19,7 +21,8 @@
 //! Files: `lifecycle.rs` (start, submit, resume, hosting a run, shutdown), `follow_up.rs`,
 //! `pause.rs` (graceful shutdown), `cancel.rs`, `config.rs`, `event.rs` (what observers hear),
 //! `error.rs` (one error type per operation), `observe.rs` (the metrics hook), `node/` (the actors' shared routing table, the store writer, one file per role),
-//! `machine_actor.rs` (any machine as a ractor actor), `remote.rs` (specialists hosted on
+//! `machine_actor.rs` (any machine as a ractor actor), `task_host.rs` (a specialist on a task of its
+//! own), `remote.rs` (specialists hosted on
 //! other nodes through a cluster layer: [`RemoteHosts`], [`RemoteInbox`]), `session_feed.rs` (a
 //! specialist's session events and usage, for every host of one). The decisions of pause, cancel, resume and reopen are
 //! [`crate::host::decide`]'s, and the store IO is [`crate::host::store`]'s, shared with the simulator.
@@ -49,6 +52,7 @@ mod remote;
 pub mod scripted;
 mod session_feed;
 pub mod spans;
+pub mod task_host;
 #[cfg(test)]
 mod test_support;
 
@@ -82,6 +86,7 @@ pub use policy::{
 pub use remote::{RemoteHosts, RemoteInbox};
 pub use session_feed::{UsageSeen, feed_session};
 pub use spans::SPAN_TARGET;
+pub use task_host::{HostedEnd, Inbox, SpecialistInbox, host_on_task};
 
 use keel_store::{RunId, Store};
 use node::Node;

@@ -5,8 +5,8 @@
 use super::node::{Node, RunEnd, lock};
 use super::{Deliver, MachineRef, PauseReason, Runtime, RuntimeEvent, wall_clock_ms};
 use crate::host::decide;
-use crate::ids::AttemptId;
 use crate::message::{CheckpointInput, SpecialistMsg};
+use crate::runtime::task_host::SpecialistInbox;
 use keel_store::RunId;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -81,17 +81,16 @@ impl Node {
     /// Cancel every running session cooperatively, wait at most `wait` for the specialists to end,
     /// and kill the ones still alive (returning how many).
     async fn stop_sessions(&self, wait: Duration) -> u32 {
-        let live: Vec<(AttemptId, MachineRef<crate::specialist::Specialist>)> =
-            lock(&self.specialists)
-                .iter()
-                .map(|(a, s)| (*a, s.actor.clone()))
-                .collect();
-        for (_, actor) in &live {
-            let _ = actor.send_message(Deliver(crate::message::SpecialistInput::Msg(
+        let live: Vec<SpecialistInbox> = lock(&self.specialists)
+            .values()
+            .map(|s| s.inbox.clone())
+            .collect();
+        for inbox in &live {
+            inbox.send(crate::message::SpecialistInput::Msg(
                 SpecialistMsg::Cancel {
                     reason: "the node is shutting down".into(),
                 },
-            )));
+            ));
         }
         let deadline = tokio::time::Instant::now() + wait;
         while !lock(&self.specialists).is_empty() && tokio::time::Instant::now() < deadline {
@@ -99,7 +98,7 @@ impl Node {
         }
         let mut killed = 0;
         for (_, s) in lock(&self.specialists).iter() {
-            s.actor.kill();
+            s.inbox.kill();
             killed += 1;
         }
         killed

@@ -2,7 +2,7 @@
 //! events into the specialist's mailbox, and tell observers the session's usage when it changes. The
 //! coordinator node's specialist role and a worker's (keel-cluster) share it.
 
-use super::machine_actor::{Deliver, MachineRef};
+use super::task_host::SpecialistInbox;
 use crate::message::SpecialistInput;
 use crate::specialist::Specialist;
 use keel_harness::{HarnessError, HarnessEvent, RunningSession, TokenCounts};
@@ -10,12 +10,12 @@ use keel_harness::{HarnessError, HarnessEvent, RunningSession, TokenCounts};
 /// Stream `session`'s events into the specialist `me` until the terminal event. A session that ends
 /// without one is reported as a failed session; if the specialist is gone the session is cancelled
 /// rather than left running unobserved. Spawn the future on the runtime (the caller's span around it).
-pub async fn feed_session(mut session: RunningSession, me: MachineRef<Specialist>) {
+pub async fn feed_session(mut session: RunningSession, me: SpecialistInbox) {
     loop {
         let Some(event) = session.next_event().await else {
-            let _ = me.send_message(Deliver(SpecialistInput::Harness(HarnessEvent::Failed(
+            me.send(SpecialistInput::Harness(HarnessEvent::Failed(
                 HarnessError::system("the session ended without a terminal event"),
-            ))));
+            )));
             return;
         };
         if let HarnessEvent::ToolUse {
@@ -29,10 +29,7 @@ pub async fn feed_session(mut session: RunningSession, me: MachineRef<Specialist
             tracing::debug!(tool = %name, input = %input, "tool call");
         }
         let terminal = event.is_terminal();
-        if me
-            .send_message(Deliver(SpecialistInput::Harness(event)))
-            .is_err()
-        {
+        if !me.send(SpecialistInput::Harness(event)) {
             // The specialist is gone: stop the session rather than run it unobserved.
             session.cancel();
             return;

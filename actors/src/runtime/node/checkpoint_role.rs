@@ -14,6 +14,7 @@ pub(crate) struct CheckpointRole {
 impl Role for CheckpointRole {
     type M = CheckpointWriter;
     type Local = ();
+    type Addr = MachineRef<CheckpointWriter>;
 
     async fn execute(
         &self,

@@ -21,6 +21,7 @@ pub(crate) struct CoordinatorRole {
 impl Role for CoordinatorRole {
     type M = Coordinator;
     type Local = ();
+    type Addr = MachineRef<Coordinator>;
 
     fn span(&self) -> Span {
         self.span.clone()

@@ -10,6 +10,8 @@
 //!   machine emitted. Specialists read their context rows; nothing else touches redb.
 //! - Specialists never address anyone but their coordinator: their replies are routed by the
 //!   [`crate::ReplyTo`] the machine holds.
+//! - A specialist attempt is a task of its own, not an actor ([`crate::runtime::task_host`]): its
+//!   end reaches the supervisor machine through [`Node::specialist_ended`].
 //! - Every spawned task ends by itself: timers fire once (from the node's one timer task, which
 //!   ends with the node, `timers.rs`), forwarders end at the session's terminal event or when the
 //!   specialist is gone, commits end with their transaction.
@@ -41,14 +43,13 @@ use crate::report::SubagentReport;
 use crate::runtime::clock::{OsEntropy, wall_clock_ms};
 use crate::runtime::machine_actor::MachineRef;
 use crate::runtime::pause::Halt;
+use crate::runtime::task_host::SpecialistInbox;
 use crate::runtime::{
     HarnessSet, NodeStore, PauseReason, RunOutcome, RuntimeConfig, RuntimeEvent, StoreReadError,
 };
-use crate::specialist::Specialist;
 use crate::supervisor::Supervisor;
 use keel_harness::CancelToken;
 use keel_store::{RunId, Store};
-use ractor::ActorId;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
@@ -92,10 +93,11 @@ pub(crate) enum RunEnd {
 
 /// A live specialist as the routing table knows it.
 pub(crate) struct LiveSpecialist {
-    pub(crate) actor: MachineRef<Specialist>,
+    /// The inbox of its task (see [`crate::runtime::task_host`]).
+    pub(crate) inbox: SpecialistInbox,
     pub(crate) step: String,
-    /// Its running session's cancel switch, so a killed actor's session is stopped too (a kill
-    /// skips the actor's own cleanup).
+    /// Its running session's cancel switch, so a killed specialist's session is stopped too (a kill
+    /// skips the role's own cleanup).
     pub(crate) cancel: Option<CancelToken>,
     /// The report of its finished session, waiting for the coordinator's acknowledgement: observers
     /// get it when the `Ack` is routed, so it reaches the event channel before the run's `Finished`
@@ -117,7 +119,6 @@ pub(crate) struct Node {
     /// The span of each hosted run, the parent of its tasks' spans (removed with the coordinator).
     pub(crate) run_spans: Mutex<BTreeMap<RunId, Span>>,
     pub(crate) specialists: Mutex<BTreeMap<AttemptId, LiveSpecialist>>,
-    pub(crate) by_actor: Mutex<BTreeMap<ActorId, AttemptId>>,
     pub(crate) supervisor: OnceLock<MachineRef<Supervisor>>,
     pub(crate) checkpoint: OnceLock<MachineRef<CheckpointWriter>>,
     pub(crate) waiters: Mutex<BTreeMap<RunId, Vec<Waiter>>>,
@@ -282,11 +283,8 @@ impl Node {
                     let node = Arc::clone(self);
                     let at = wall_clock_ms().saturating_add(self.config.stop_grace_ms);
                     self.timer(at, move || {
-                        let live = lock(&node.specialists)
-                            .get(&attempt)
-                            .map(|s| s.actor.clone());
-                        if let Some(actor) = live {
-                            actor.kill();
+                        if let Some(live) = lock(&node.specialists).get(&attempt) {
+                            live.inbox.kill();
                         }
                     });
                 }

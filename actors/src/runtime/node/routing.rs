@@ -40,7 +40,7 @@ impl Node {
                         } else {
                             None
                         };
-                        (Some(s.actor.clone()), report)
+                        (Some(s.inbox.clone()), report)
                     }
                     None => (None, None),
                 };
@@ -52,8 +52,8 @@ impl Node {
                     });
                 }
                 match actor {
-                    Some(a) => {
-                        let _ = a.send_message(crate::runtime::Deliver(SpecialistInput::Msg(msg)));
+                    Some(inbox) => {
+                        inbox.send(SpecialistInput::Msg(msg));
                     }
                     None => self.route_remote(attempt, msg),
                 }

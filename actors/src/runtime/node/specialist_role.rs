@@ -1,20 +1,18 @@
-//! Hosting one specialist attempt: spawning it under the supervisor, running its harness session
-//! and streaming the session's events into it.
+//! Hosting one specialist attempt: starting its task ([`crate::runtime::task_host`]; no ractor
+//! actor), running its harness session and streaming the session's events into it.
 
 use super::{EXIT_REASON, LiveSpecialist, Node, lock, spawn};
-use crate::effect::{Envelope, SpecialistEffect};
+use crate::effect::SpecialistEffect;
 use crate::host;
 use crate::ids::{AttemptId, IdempotencyKey};
-use crate::message::{
-    CoordinatorMsg, SpecialistInput, SpecialistReply, SpecialistStart, SupervisorMsg,
-};
+use crate::message::{CoordinatorMsg, SpecialistInput, SpecialistReply, SpecialistStart};
 use crate::report::{AttemptResult, FailureKind, SubtaskFailure};
 use crate::runtime::harnesses::{SubagentAnswer, SubagentEvent};
-use crate::runtime::machine_actor::{Flow, MachineActor, MachineActorState, MachineRef, Role};
+use crate::runtime::machine_actor::{Flow, MachineActorState, Role};
+use crate::runtime::task_host::{SpecialistInbox, host_on_task};
 use crate::runtime::{RuntimeEvent, spans};
 use crate::specialist::Specialist;
 use keel_harness::{CancelToken, ErrorCategory, HarnessError, HarnessEvent, HarnessKind};
-use ractor::Actor;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use tracing::{Instrument, Span};
@@ -25,9 +23,9 @@ impl Node {
             // Shutting down: the attempt is recorded but never started; recovery runs it again.
             return;
         }
-        let Some(supervisor) = self.supervisor.get() else {
+        if self.supervisor.get().is_none() {
             return;
-        };
+        }
         let attempt = start.attempt;
         let step = start.brief.step.clone();
         let span = spans::task_span(
@@ -90,30 +88,21 @@ impl Node {
         config.session_tools = self.harnesses.session_tool_path(start.assignment.harness);
         let machine = Specialist::new(start, config);
         let state = MachineActorState::new(machine, self.fork_rng(), SpecialistLocal::default());
-        match Actor::spawn_linked(None, MachineActor::new(role), state, supervisor.get_cell()).await
-        {
-            Ok((actor, _join)) => {
-                lock(&self.by_actor).insert(actor.get_id(), attempt);
-                lock(&self.specialists).insert(
-                    attempt,
-                    LiveSpecialist {
-                        actor: actor.clone(),
-                        step,
-                        cancel: None,
-                        report: None,
-                    },
-                );
-                let _ = actor.send_message(crate::runtime::Deliver(SpecialistInput::Begin));
-            }
-            Err(e) => {
-                tracing::error!(%attempt, error = %e, "could not spawn a specialist");
-                self.route(Envelope::Supervisor(SupervisorMsg::SpecialistDown {
-                    attempt,
-                    reason: format!("spawn failed: {e}"),
-                    panicked: false,
-                }));
-            }
-        }
+        let node = Arc::clone(self);
+        let inbox = host_on_task(role, state, move |me, end| {
+            node.specialist_ended(attempt, me, end);
+        });
+        // In the table before its first input: whatever it does from then on finds it there.
+        lock(&self.specialists).insert(
+            attempt,
+            LiveSpecialist {
+                inbox: inbox.clone(),
+                step,
+                cancel: None,
+                report: None,
+            },
+        );
+        inbox.send(SpecialistInput::Begin);
     }
 }
 
@@ -168,17 +157,13 @@ pub(crate) fn apply_stop_answer(answer: SubagentAnswer, result: &mut AttemptResu
 }
 
 impl SpecialistRole {
-    fn feed(me: &MachineRef<Specialist>, input: SpecialistInput) {
-        let _ = me.send_message(crate::runtime::Deliver(input));
+    fn feed(me: &SpecialistInbox, input: SpecialistInput) {
+        me.send(input);
     }
 
     /// A tool call from the node's MCP endpoint; false when the specialist is gone.
-    fn feed_tool_call(
-        me: &MachineRef<Specialist>,
-        call: crate::session_tool::SessionToolCall,
-    ) -> bool {
-        me.send_message(crate::runtime::Deliver(SpecialistInput::ToolCall(call)))
-            .is_ok()
+    fn feed_tool_call(me: &SpecialistInbox, call: crate::session_tool::SessionToolCall) -> bool {
+        me.send(SpecialistInput::ToolCall(call))
     }
 
     /// The session ended: its endpoint token is revoked.
@@ -190,7 +175,7 @@ impl SpecialistRole {
 
     async fn start_harness(
         &self,
-        me: &MachineRef<Specialist>,
+        me: &SpecialistInbox,
         local: &mut SpecialistLocal,
         key: IdempotencyKey,
         spec: keel_harness::SessionSpec,
@@ -335,6 +320,7 @@ impl SpecialistRole {
 impl Role for SpecialistRole {
     type M = Specialist;
     type Local = SpecialistLocal;
+    type Addr = SpecialistInbox;
 
     fn span(&self) -> Span {
         self.span.clone()
@@ -362,7 +348,7 @@ impl Role for SpecialistRole {
 
     async fn execute(
         &self,
-        me: &MachineRef<Specialist>,
+        me: &SpecialistInbox,
         local: &mut SpecialistLocal,
         effects: Vec<SpecialistEffect>,
     ) -> Flow {
@@ -429,7 +415,7 @@ impl Role for SpecialistRole {
                             }
                             if self.node.pausing.load(Ordering::Acquire) {
                                 // Held back during a pause: not acknowledged, so recovery re-runs
-                                // the attempt with a resume preamble. The actor ends here.
+                                // the attempt with a resume preamble. The task ends here.
                                 flow = Flow::Stop("paused".into());
                                 continue;
                             }
@@ -481,16 +467,13 @@ impl Role for SpecialistRole {
         flow
     }
 
-    fn stopped(&self, me: &MachineRef<Specialist>, local: &mut SpecialistLocal) {
+    fn stopped(&self, me: &SpecialistInbox, local: &mut SpecialistLocal) {
         if let Some(c) = local.cancel.take() {
             c.cancel();
         }
         self.close_session_tools();
         let mut live = lock(&self.node.specialists);
-        if live
-            .get(&self.attempt)
-            .is_some_and(|s| s.actor.get_id() == me.get_id())
-        {
+        if live.get(&self.attempt).is_some_and(|s| s.inbox.same(me)) {
             live.remove(&self.attempt);
         }
     }

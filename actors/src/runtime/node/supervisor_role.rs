@@ -1,16 +1,17 @@
-//! Hosting the supervisor, whose linked children are the specialists.
+//! Hosting the supervisor, and telling it of a specialist's end.
 
 use super::{EXIT_REASON, Node, lock};
 use crate::effect::{Effect, Envelope};
-use crate::message::{CoordinatorMsg, SupervisorInput, SupervisorMsg};
+use crate::ids::AttemptId;
+use crate::message::{CoordinatorMsg, SupervisorMsg};
 use crate::runtime::machine_actor::{Flow, MachineRef, Role};
+use crate::runtime::task_host::{HostedEnd, SpecialistInbox};
 use crate::supervisor::Supervisor;
-use ractor::SupervisionEvent;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-/// Hosts the supervisor: its linked children are the specialists, whose ends become
-/// `SpecialistDown` inputs.
+/// Hosts the supervisor. Specialists are not its ractor children: their tasks report their ends
+/// ([`Node::specialist_ended`]).
 pub(crate) struct SupervisorRole {
     pub(crate) node: Arc<Node>,
 }
@@ -18,6 +19,7 @@ pub(crate) struct SupervisorRole {
 impl Role for SupervisorRole {
     type M = Supervisor;
     type Local = ();
+    type Addr = MachineRef<Supervisor>;
 
     async fn execute(
         &self,
@@ -43,37 +45,41 @@ impl Role for SupervisorRole {
         self.node.execute_node(effects, None).await;
         Flow::Continue
     }
+}
 
-    fn supervision(&self, event: &SupervisionEvent, _local: &mut ()) -> Option<SupervisorInput> {
-        let (id, reason, panicked) = match event {
-            SupervisionEvent::ActorTerminated(cell, _, reason) => (
-                cell.get_id(),
-                reason.clone().unwrap_or_else(|| "stopped".into()),
-                false,
-            ),
-            SupervisionEvent::ActorFailed(cell, error) => {
-                (cell.get_id(), format!("failed: {error}"), true)
-            }
-            _ => return None,
-        };
-        let attempt = lock(&self.node.by_actor).remove(&id)?;
+impl Node {
+    /// A specialist's task ended (`me` is its address): it leaves the live table (its session, if
+    /// one still runs, is cancelled: a kill or a panic skips the role's own cleanup), and unless its
+    /// machine ended it, or the node is pausing (the attempt is left for recovery), the supervisor
+    /// machine hears `SpecialistDown` and decides (restart, reroute, escalate). A panic counts
+    /// against the harness.
+    pub(crate) fn specialist_ended(
+        &self,
+        attempt: AttemptId,
+        me: &SpecialistInbox,
+        end: HostedEnd,
+    ) {
         {
-            let mut live = lock(&self.node.specialists);
-            if live.get(&attempt).is_some_and(|s| s.actor.get_id() == id)
+            let mut live = lock(&self.specialists);
+            if live.get(&attempt).is_some_and(|s| s.inbox.same(me))
                 && let Some(gone) = live.remove(&attempt)
                 && let Some(cancel) = gone.cancel
             {
                 cancel.cancel();
             }
         }
-        if reason == EXIT_REASON || self.node.pausing.load(Ordering::Acquire) {
+        let reason = end.reason();
+        if reason == EXIT_REASON || self.pausing.load(Ordering::Acquire) {
             // A normal exit follows a settle; during a pause the attempt is left for recovery.
-            return None;
+            return;
         }
-        Some(SupervisorInput::Msg(SupervisorMsg::SpecialistDown {
+        if end.panicked() {
+            tracing::warn!(%attempt, %reason, "a specialist panicked");
+        }
+        self.route(Envelope::Supervisor(SupervisorMsg::SpecialistDown {
             attempt,
             reason,
-            panicked,
-        }))
+            panicked: end.panicked(),
+        }));
     }
 }
