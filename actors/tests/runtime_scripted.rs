@@ -256,6 +256,72 @@ async fn a_killed_specialist_is_seen_through_its_link_and_restarted() {
     rt.shutdown().await;
 }
 
+/// A harness whose every session start panics (keel's adapter breaking).
+struct Panics;
+
+impl keel_harness::Harness for Panics {
+    fn kind(&self) -> HarnessKind {
+        HarnessKind::ClaudeCode
+    }
+
+    fn start(
+        &self,
+        _spec: keel_harness::SessionSpec,
+    ) -> keel_harness::session::BoxFuture<
+        '_,
+        Result<keel_harness::RunningSession, keel_harness::StartError>,
+    > {
+        panic!("the adapter broke");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_specialist_that_panics_is_reported_down_as_its_harness_failing_and_the_run_goes_on() {
+    let (_dir, work, store) = workspace();
+    let mut cfg = config(&work);
+    cfg.supervisor.restart_backoff_ms = 10;
+    // One harness failure puts a harness in cooldown: the next attempt goes to the other one. A
+    // specialist lost without a panic (a crashed host) would be restarted on the same harness.
+    cfg.supervisor.harness_failures_max = 1;
+    let mut broken = scripted::scripted_agent();
+    broken.name = "broken".into();
+    broken.harness = "claude-code".into();
+    cfg.supervisor.agents.insert(0, broken);
+    let harnesses = harnesses().with(HarnessKind::ClaudeCode, Arc::new(Panics));
+    let (rt, mut events) = Runtime::start(store.clone(), harnesses, cfg).await.unwrap();
+    let mut plan = scripted::fan_out_plan(1, |_| "echo survived".to_string()).unwrap();
+    plan.steps[0].assignee = Some("broken".into());
+    let handle = submit(&rt, "panic", plan).await;
+    let mut started = Vec::new();
+    let outcome = loop {
+        let event = tokio::time::timeout(Duration::from_secs(60), events.recv())
+            .await
+            .expect("an event")
+            .expect("the channel stays open");
+        match event {
+            RuntimeEvent::TaskStarted { attempt, agent, .. } => started.push((attempt, agent)),
+            RuntimeEvent::Finished(o) => break o,
+            _ => {}
+        }
+    };
+    let agents: Vec<&str> = started.iter().map(|(_, a)| a.as_str()).collect();
+    assert_eq!(agents, ["broken", "scripted"], "rerouted after the panic");
+    assert!(
+        !rt.kill_attempt(started[0].0),
+        "the panicked attempt is gone"
+    );
+    assert_eq!(outcome.status, RunStatus::Completed, "{}", outcome.outcome);
+    let synthesis: Synthesis = serde_json::from_str(&outcome.outcome).unwrap();
+    let claims: Vec<&str> = synthesis
+        .findings
+        .iter()
+        .map(|f| f.finding.claim.as_str())
+        .collect();
+    assert_eq!(claims, ["survived"]);
+    drop(handle);
+    rt.shutdown().await;
+}
+
 /// A follow-up message the scripted model carries out with its own tool call (a `CALL_TOOL:` line is
 /// looked for before any `RUN_TOOL:` line, so the parent's command in the preamble is not run): the
 /// command prints a report naming the session's own subtask id.

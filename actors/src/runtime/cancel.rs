@@ -125,3 +125,57 @@ impl Runtime {
         Ok(cancelled)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests: a panic is the failure report.
+    use super::super::test_support::{start, workspace};
+    use super::*;
+    use crate::{RunMode, runtime::scripted};
+    use keel_store::RunStatus;
+    use std::time::Duration;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cancelled_runs_specialist_task_ends() {
+        let (_dir, work, store) = workspace();
+        let rt = start(&store, &work).await;
+        // Its session waits (at most a minute) for a file nobody writes: only a cancel ends it.
+        let wait = format!(
+            "for n in $(seq 1 1200); do [ -e {} ] && break; sleep 0.05; done; echo late",
+            work.join("never").display()
+        );
+        let plan = scripted::fan_out_plan(1, |_| wait.clone()).unwrap();
+        let handle = rt
+            .submit("cancel".into(), RunMode::Plan(plan), None, "test".into())
+            .await
+            .unwrap();
+        let run = handle.id();
+        let mut inbox = None;
+        for _ in 0..3_000 {
+            inbox = lock(&rt.node.specialists)
+                .values()
+                .find(|s| s.cancel.is_some())
+                .map(|s| s.inbox.clone());
+            if inbox.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let inbox = inbox.expect("a specialist with a running session");
+        assert!(rt.cancel(run, "no longer needed"));
+        let outcome = handle.finished().await.unwrap();
+        assert_eq!(outcome.status, RunStatus::Cancelled, "{}", outcome.outcome);
+        for _ in 0..3_000 {
+            if inbox.ended() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            inbox.ended(),
+            "the cancelled specialist's task is still running"
+        );
+        assert!(lock(&rt.node.specialists).is_empty());
+        rt.shutdown().await;
+    }
+}

@@ -58,6 +58,12 @@ impl<I> Inbox<I> {
         self.kill.notify_one();
     }
 
+    /// Whether its task has ended (tests of the hosts that hold inboxes).
+    #[cfg(test)]
+    pub(crate) fn ended(&self) -> bool {
+        self.tx.is_closed()
+    }
+
     /// Whether both address the same hosted instance (a later attempt's host replaces an earlier
     /// one's entry in a table; the earlier one's end must not remove it).
     pub fn same(&self, other: &Self) -> bool {
