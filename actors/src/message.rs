@@ -471,7 +471,7 @@ pub enum SupervisorMsg {
         /// `Ok` for a durable report, `Err` for a failure.
         outcome: Result<(), SubtaskFailure>,
     },
-    /// A specialist died (a ractor supervision event, or its node went away).
+    /// A specialist died (its task was killed or panicked, or its node went away).
     ///
     /// # Delivery
     /// Local cast from the host. Ignored for attempts already settled.
@@ -480,7 +480,7 @@ pub enum SupervisorMsg {
         attempt: AttemptId,
         /// What the host saw.
         reason: String,
-        /// Whether its actor panicked (keel's adapter or the harness broke): counted as its harness
+        /// Whether its host panicked (keel's adapter or the harness broke): counted as its harness
         /// failing, so repeated panics cool the harness down and reroute its work. A lost node, a
         /// stop or a spawn that could not happen is not the harness's failure.
         panicked: bool,

@@ -72,6 +72,25 @@ fn after_gate(gate: &Path, tries: u32, then: &str) -> String {
     )
 }
 
+/// The claims of a run that completed (asserted) with a synthesis.
+fn completed_claims(outcome: &keel_actors::runtime::RunOutcome) -> Vec<String> {
+    assert_eq!(outcome.status, RunStatus::Completed, "{}", outcome.outcome);
+    let synthesis: Synthesis = serde_json::from_str(&outcome.outcome).unwrap();
+    synthesis
+        .findings
+        .into_iter()
+        .map(|f| f.finding.claim)
+        .collect()
+}
+
+/// The runtime's next event (within a minute).
+async fn next_event(events: &mut mpsc::Receiver<RuntimeEvent>) -> RuntimeEvent {
+    tokio::time::timeout(Duration::from_secs(60), events.recv())
+        .await
+        .expect("an event")
+        .expect("the channel stays open")
+}
+
 /// Two parallel steps: one that echoes at once, one that waits for `gate` (see [`after_gate`]).
 fn quick_and_gated(gate: &Path, tries: u32) -> Plan {
     scripted::fan_out_plan(2, |i| {
@@ -219,11 +238,7 @@ async fn a_killed_specialist_is_seen_through_its_link_and_restarted() {
     let mut killed: Option<keel_actors::AttemptId> = None;
     let mut restarted = false;
     let outcome = loop {
-        let event = tokio::time::timeout(Duration::from_secs(60), events.recv())
-            .await
-            .expect("an event")
-            .expect("the channel stays open");
-        match event {
+        match next_event(&mut events).await {
             RuntimeEvent::TaskStarted { attempt, step, .. } if step == "part-001" => {
                 if let Some(first) = killed {
                     assert_eq!(attempt.task, first.task);
@@ -243,14 +258,8 @@ async fn a_killed_specialist_is_seen_through_its_link_and_restarted() {
         }
     };
     assert!(restarted, "the supervisor restarted the killed attempt");
-    assert_eq!(outcome.status, RunStatus::Completed, "{}", outcome.outcome);
-    let synthesis: Synthesis = serde_json::from_str(&outcome.outcome).unwrap();
-    let claims: Vec<&str> = synthesis
-        .findings
-        .iter()
-        .map(|f| f.finding.claim.as_str())
-        .collect();
-    assert!(claims.contains(&"restarted"), "{claims:?}");
+    let claims = completed_claims(&outcome);
+    assert!(claims.iter().any(|c| c == "restarted"), "{claims:?}");
     assert_eq!(rt.sessions_started(), 3);
     drop(handle);
     rt.shutdown().await;
@@ -294,11 +303,7 @@ async fn a_specialist_that_panics_is_reported_down_as_its_harness_failing_and_th
     let handle = submit(&rt, "panic", plan).await;
     let mut started = Vec::new();
     let outcome = loop {
-        let event = tokio::time::timeout(Duration::from_secs(60), events.recv())
-            .await
-            .expect("an event")
-            .expect("the channel stays open");
-        match event {
+        match next_event(&mut events).await {
             RuntimeEvent::TaskStarted { attempt, agent, .. } => started.push((attempt, agent)),
             RuntimeEvent::Finished(o) => break o,
             _ => {}
@@ -310,14 +315,7 @@ async fn a_specialist_that_panics_is_reported_down_as_its_harness_failing_and_th
         !rt.kill_attempt(started[0].0),
         "the panicked attempt is gone"
     );
-    assert_eq!(outcome.status, RunStatus::Completed, "{}", outcome.outcome);
-    let synthesis: Synthesis = serde_json::from_str(&outcome.outcome).unwrap();
-    let claims: Vec<&str> = synthesis
-        .findings
-        .iter()
-        .map(|f| f.finding.claim.as_str())
-        .collect();
-    assert_eq!(claims, ["survived"]);
+    assert_eq!(completed_claims(&outcome), ["survived"]);
     drop(handle);
     rt.shutdown().await;
 }
