@@ -18,6 +18,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::task::Poll;
 use tokio::sync::{Notify, mpsc};
+use tracing::Instrument;
 
 /// The address of a machine hosted on its own task: what its feeders (timers, the session's event
 /// forwarder, tool calls, the node's routing) hold to deliver its inputs, and what stops it hard.
@@ -119,13 +120,47 @@ where
         tx,
         kill: Arc::new(Notify::new()),
     };
-    let task_me = me.clone();
     let kill = Arc::clone(&me.kill);
-    crate::runtime::node::spawn(async move {
-        let end = run(&role, state, &task_me, rx, &kill).await;
-        ended(&task_me, end);
-    });
+    let span = role.span();
+    let guard = EndGuard {
+        me: me.clone(),
+        ended: Some(ended),
+    };
+    let task = async move {
+        // A local declared first: dropped after the body's (its inbox's receiver among them), so
+        // the end is reported once nothing can receive.
+        let mut guard = guard;
+        let end = run(&role, state, &guard.me, rx, &kill).await;
+        guard.report(end);
+    };
+    crate::runtime::node::spawn(task.instrument(span));
     me
+}
+
+/// Reports a hosted task's end exactly once: with how `run` ended when it returns, or, when the
+/// task is torn down without returning (a panic outside the caught step, such as its state's drop
+/// or the abandoned step's; tokio dropping the task as its runtime shuts down), as a panic when
+/// the guard is dropped. Without it the supervisor would never hear of the attempt and its
+/// concurrency slot would leak.
+struct EndGuard<I, F: FnOnce(&Inbox<I>, HostedEnd)> {
+    /// The task's own address (it keeps the inbox open while the task lives).
+    me: Inbox<I>,
+    /// Taken by the first report.
+    ended: Option<F>,
+}
+
+impl<I, F: FnOnce(&Inbox<I>, HostedEnd)> EndGuard<I, F> {
+    fn report(&mut self, end: HostedEnd) {
+        if let Some(ended) = self.ended.take() {
+            ended(&self.me, end);
+        }
+    }
+}
+
+impl<I, F: FnOnce(&Inbox<I>, HostedEnd)> Drop for EndGuard<I, F> {
+    fn drop(&mut self) {
+        self.report(HostedEnd::Panicked("the task was dropped".into()));
+    }
 }
 
 /// The task's body: one input at a time until the role stops it, a kill, or a panic.
@@ -221,34 +256,54 @@ mod tests {
     struct Seen {
         executed: Vec<&'static str>,
         stopped: bool,
+        /// Told when a "hang" step has started.
+        hanging: Option<oneshot::Sender<()>>,
     }
 
-    /// "stop" stops, "panic" panics, "hang" never finishes its step; anything else is recorded.
+    /// The role's local state: once armed, dropping it panics (outside any step).
+    #[derive(Default)]
+    struct Fuse(bool);
+
+    impl Drop for Fuse {
+        fn drop(&mut self) {
+            assert!(!self.0, "the state's drop broke");
+        }
+    }
+
+    /// "stop" stops, "panic" panics, "hang" never finishes its step, "arm" makes the state's drop
+    /// panic; anything else is recorded.
     struct Script(Arc<Mutex<Seen>>);
 
     impl Role for Script {
         type M = Echo;
-        type Local = ();
+        type Local = Fuse;
         type Addr = Inbox<&'static str>;
 
         async fn execute(
             &self,
             _me: &Self::Addr,
-            _local: &mut (),
+            local: &mut Fuse,
             effects: Vec<&'static str>,
         ) -> Flow {
             for effect in effects {
                 match effect {
                     "stop" => return Flow::Stop("done".into()),
                     "panic" => panic!("the adapter broke"),
-                    "hang" => std::future::pending::<()>().await,
+                    "arm" => local.0 = true,
+                    "hang" => {
+                        let started = self.0.lock().unwrap().hanging.take();
+                        if let Some(started) = started {
+                            let _ = started.send(());
+                        }
+                        std::future::pending::<()>().await;
+                    }
                     other => self.0.lock().unwrap().executed.push(other),
                 }
             }
             Flow::Continue
         }
 
-        fn stopped(&self, _me: &Self::Addr, _local: &mut ()) {
+        fn stopped(&self, _me: &Self::Addr, _local: &mut Fuse) {
             self.0.lock().unwrap().stopped = true;
         }
     }
@@ -261,7 +316,7 @@ mod tests {
     ) {
         let seen = Arc::new(Mutex::new(Seen::default()));
         let (tx, rx) = oneshot::channel();
-        let state = MachineActorState::new(Echo(0), OsEntropy::from_seed(1), ());
+        let state = MachineActorState::new(Echo(0), OsEntropy::from_seed(1), Fuse::default());
         let inbox = host_on_task(Script(Arc::clone(&seen)), state, move |me, end| {
             assert!(!me.send("late"), "the inbox is closed once the task ended");
             let _ = tx.send(end);
@@ -301,11 +356,29 @@ mod tests {
         assert!(!seen.lock().unwrap().stopped);
     }
 
-    #[tokio::test]
-    async fn a_kill_interrupts_a_step_that_never_finishes() {
+    /// A hosted `Echo` whose "hang" step says when it has started.
+    fn hosted_hanging() -> (
+        Inbox<&'static str>,
+        Arc<Mutex<Seen>>,
+        oneshot::Receiver<HostedEnd>,
+        oneshot::Receiver<()>,
+    ) {
         let (inbox, seen, rx) = hosted();
+        let (started_tx, started) = oneshot::channel();
+        seen.lock().unwrap().hanging = Some(started_tx);
+        (inbox, seen, rx, started)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_kill_interrupts_a_step_that_never_finishes() {
+        let (inbox, seen, rx, started) = hosted_hanging();
         inbox.send("hang");
         inbox.send("queued");
+        // The step is under way (not merely queued) when the kill comes.
+        tokio::time::timeout(Duration::from_secs(10), started)
+            .await
+            .expect("the step starts")
+            .expect("the step says so");
         inbox.kill();
         let end = end_of(rx).await;
         assert_eq!(end, HostedEnd::Killed);
@@ -314,6 +387,50 @@ mod tests {
         let seen = seen.lock().unwrap();
         assert!(seen.executed.is_empty(), "{:?}", seen.executed);
         assert!(!seen.stopped, "a kill skips the role's cleanup");
+    }
+
+    #[tokio::test]
+    async fn a_kill_before_the_first_poll_ends_the_task_before_any_step() {
+        let (inbox, seen, rx) = hosted();
+        inbox.send("a");
+        inbox.kill();
+        assert_eq!(end_of(rx).await, HostedEnd::Killed);
+        let seen = seen.lock().unwrap();
+        assert!(seen.executed.is_empty(), "{:?}", seen.executed);
+        assert!(!seen.stopped);
+    }
+
+    #[tokio::test]
+    async fn a_panic_outside_the_steps_is_still_reported() {
+        let (inbox, seen, rx) = hosted();
+        inbox.send("arm");
+        inbox.send("stop");
+        // The state's drop panics after `stopped`, outside the caught step.
+        assert_eq!(
+            end_of(rx).await,
+            HostedEnd::Panicked("the task was dropped".into())
+        );
+        assert!(seen.lock().unwrap().stopped);
+    }
+
+    #[test]
+    fn a_task_its_runtime_drops_is_reported_dropped() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (inbox, mut rx) = rt.block_on(async {
+            let (inbox, _seen, rx, started) = hosted_hanging();
+            inbox.send("hang");
+            started.await.expect("the step starts");
+            (inbox, rx)
+        });
+        drop(rt);
+        assert_eq!(
+            rx.try_recv(),
+            Ok(HostedEnd::Panicked("the task was dropped".into()))
+        );
+        assert!(!inbox.send("after"));
     }
 
     #[tokio::test]
