@@ -19,7 +19,7 @@ use crate::supervisor::Supervisor;
 use keel_store::RunId;
 use ractor::Actor;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc, oneshot};
@@ -142,6 +142,7 @@ impl Runtime {
             frozen: AtomicBool::new(false),
             freeze_gate: Mutex::new(()),
             shut: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
             halt: Mutex::new(Halt::default()),
             tokio: tokio::runtime::Handle::current(),
             commits_in_flight: AtomicU64::new(0),
@@ -403,10 +404,13 @@ impl Runtime {
         for c in coordinators {
             c.stop(Some("node shutdown".into()));
         }
-        let specialists: Vec<_> = lock(&self.node.specialists)
-            .values()
-            .map(|s| s.inbox.clone())
-            .collect();
+        let specialists: Vec<_> = {
+            let live = lock(&self.node.specialists);
+            // Under the lock that hosting checks it under: a specialist is either listed here
+            // (and killed) or never hosted.
+            self.node.closed.store(true, Ordering::Release);
+            live.values().map(|s| s.inbox.clone()).collect()
+        };
         for s in specialists {
             s.kill();
         }

@@ -81,10 +81,13 @@ impl Node {
     /// Cancel every running session cooperatively, wait at most `wait` for the specialists to end,
     /// and kill the ones still alive (returning how many).
     async fn stop_sessions(&self, wait: Duration) -> u32 {
-        let live: Vec<SpecialistInbox> = lock(&self.specialists)
-            .values()
-            .map(|s| s.inbox.clone())
-            .collect();
+        let live: Vec<SpecialistInbox> = {
+            let live = lock(&self.specialists);
+            // Under the lock that hosting checks it under (the callers set it already; here it
+            // is so by construction): a specialist is either listed here or never hosted.
+            self.pausing.store(true, Ordering::Release);
+            live.values().map(|s| s.inbox.clone()).collect()
+        };
         for inbox in &live {
             inbox.send(crate::message::SpecialistInput::Msg(
                 SpecialistMsg::Cancel {

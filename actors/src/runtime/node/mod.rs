@@ -139,6 +139,9 @@ pub(crate) struct Node {
     pub(crate) freeze_gate: Mutex<()>,
     /// Set by [`crate::runtime::Runtime::pause`]: the host is shutting the node down for good.
     pub(crate) shut: AtomicBool,
+    /// Set by [`crate::runtime::Runtime::shutdown`] under the `specialists` lock before it lists
+    /// them: no specialist is hosted from then on (one hosted later would outlive the kill).
+    pub(crate) closed: AtomicBool,
     /// A pause the node started by itself (a full disk), see [`Node::halt`].
     pub(crate) halt: Mutex<Halt>,
     /// The tokio runtime the node was started on, for work started off it (the store writer's

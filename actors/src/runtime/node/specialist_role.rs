@@ -77,6 +77,21 @@ impl Node {
         } else {
             None
         };
+        self.host_specialist(start, span, start_decided);
+    }
+
+    /// Host the attempt's task and enter it in the live table, unless a pause or shutdown has
+    /// begun: the SubagentStart hooks and placement awaited since `spawn_specialist`'s first check,
+    /// and a pause or shutdown kills only what it finds in the table. Refused, the attempt is
+    /// recorded but never started; recovery runs it again (as a spawn during a pause).
+    fn host_specialist(
+        self: &Arc<Self>,
+        start: SpecialistStart,
+        span: Span,
+        start_decided: Option<SubagentAnswer>,
+    ) {
+        let attempt = start.attempt;
+        let step = start.brief.step.clone();
         let role = SpecialistRole {
             node: Arc::clone(self),
             attempt,
@@ -88,21 +103,29 @@ impl Node {
         config.session_tools = self.harnesses.session_tool_path(start.assignment.harness);
         let machine = Specialist::new(start, config);
         let state = MachineActorState::new(machine, self.fork_rng(), SpecialistLocal::default());
+        let mut live = lock(&self.specialists);
+        // Checked under the lock `stop_sessions` and `shutdown` set these under before listing.
+        if self.pausing.load(Ordering::Acquire) || self.closed.load(Ordering::Acquire) {
+            role.span
+                .in_scope(|| tracing::info!("specialist not started: the node is stopping"));
+            return;
+        }
         let node = Arc::clone(self);
         let inbox = host_on_task(role, state, move |me, end| {
             node.specialist_ended(attempt, me, end);
         });
-        // In the table before its first input: whatever it does from then on finds it there.
-        lock(&self.specialists).insert(
+        // In the table before its first input, and `Begin` queued before the lock is released:
+        // whatever it does finds it there, and a `Cancel` routed to it comes after its `Begin`.
+        inbox.send(SpecialistInput::Begin);
+        live.insert(
             attempt,
             LiveSpecialist {
-                inbox: inbox.clone(),
+                inbox,
                 step,
                 cancel: None,
                 report: None,
             },
         );
-        inbox.send(SpecialistInput::Begin);
     }
 }
 
@@ -476,5 +499,98 @@ impl Role for SpecialistRole {
         if live.get(&self.attempt).is_some_and(|s| s.inbox.same(me)) {
             live.remove(&self.attempt);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests: a panic is the failure report.
+
+    use super::*;
+    use crate::ids::ReplyTo;
+    use crate::message::Assignment;
+    use crate::report::{Continuity, SubtaskBrief};
+    use crate::runtime::test_support::{start, workspace};
+    use keel_store::{RunId, TaskId, TaskKind};
+    use std::time::Duration;
+
+    /// A start of a scripted attempt (what the supervisor hands over once admitted).
+    fn scripted_start() -> SpecialistStart {
+        let attempt = AttemptId {
+            run: RunId(7),
+            task: TaskId(11),
+            attempt: 1,
+        };
+        SpecialistStart {
+            attempt,
+            reply_to: ReplyTo::new(attempt),
+            task: attempt.task,
+            brief: SubtaskBrief {
+                step: "s".into(),
+                task: attempt.task,
+                brief: "say hello".into(),
+                goal: "a goal".into(),
+                quality_criteria: Vec::new(),
+                prior_findings: Vec::new(),
+                output_schema: None,
+                constraints: Vec::new(),
+                known_gaps: Vec::new(),
+                aliases: Vec::new(),
+            },
+            assignment: Assignment {
+                agent: "scripted".into(),
+                harness: HarnessKind::Scripted,
+                model: "keel-scripted-1".into(),
+                account: "scripted-local".into(),
+                tools: Vec::new(),
+                system_prompt: String::new(),
+                turns_max: None,
+            },
+            continuity: Continuity::Fresh,
+            kind: TaskKind::Subtask,
+            deadline_at: u64::MAX / 2,
+        }
+    }
+
+    /// What hosting after `spawn_specialist`'s first check does once a pause has listed the live
+    /// specialists (the SubagentStart hooks or placement awaited across the pause): nothing.
+    #[tokio::test]
+    async fn an_attempt_hosted_after_a_pause_listed_the_specialists_is_refused() {
+        let (_dir, work, store) = workspace();
+        let rt = start(&store, &work).await;
+        let node = Arc::clone(&rt.node);
+        let summary = rt.pause(Duration::from_millis(100)).await;
+        assert_eq!(summary.specialists_killed, 0);
+        node.host_specialist(scripted_start(), Span::none(), None);
+        assert!(lock(&node.specialists).is_empty(), "hosted after the pause");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(node.sessions_started.load(Ordering::Relaxed), 0);
+        rt.shutdown().await;
+    }
+
+    /// The same once a shutdown (without a pause first) has listed and killed the specialists.
+    #[tokio::test]
+    async fn an_attempt_hosted_after_shutdown_listed_the_specialists_is_refused() {
+        let (_dir, work, store) = workspace();
+        let rt = start(&store, &work).await;
+        let node = Arc::clone(&rt.node);
+        rt.shutdown().await;
+        node.host_specialist(scripted_start(), Span::none(), None);
+        assert!(lock(&node.specialists).is_empty(), "hosted after the shutdown");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(node.sessions_started.load(Ordering::Relaxed), 0);
+    }
+
+    /// Before a pause, the same call hosts the attempt (the refusal above is the pause's doing).
+    #[tokio::test]
+    async fn an_attempt_hosted_before_a_pause_is_live_and_the_pause_ends_it() {
+        let (_dir, work, store) = workspace();
+        let rt = start(&store, &work).await;
+        let node = Arc::clone(&rt.node);
+        node.host_specialist(scripted_start(), Span::none(), None);
+        assert_eq!(lock(&node.specialists).len(), 1);
+        rt.pause(Duration::from_secs(5)).await;
+        assert!(lock(&node.specialists).is_empty(), "the pause ended it");
+        rt.shutdown().await;
     }
 }
