@@ -19,11 +19,15 @@ use keel_actors::{AttemptId, Specialist, SpecialistConfig, SpecialistInput, Spec
 use keel_harness::HarnessKind;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 /// The exit reason of a specialist whose machine ended it (as in the runtime).
 pub(crate) const EXIT_REASON: &str = "exit";
+
+/// Why a spawn that reaches a stopping worker is refused.
+const STOPPING: &str = "this worker is stopping";
 
 /// Most attempts one incarnation remembers having hosted (to refuse duplicate spawns).
 const HOSTED_REMEMBERED_MAX: usize = 100_000;
@@ -57,6 +61,10 @@ pub(crate) struct WorkerShared {
     pub(crate) config: WorkerConfig,
     pub(crate) incarnation: u64,
     pub(crate) hosted: Mutex<BTreeMap<AttemptId, SpecialistInbox>>,
+    /// Set by [`WorkerEndpoint::stop`] under the `hosted` lock before it lists what to kill: no
+    /// spawn is hosted from then on (one hosted later would run a session on a worker that left,
+    /// and keep its heartbeat going).
+    stopping: AtomicBool,
     hosted_ever: Mutex<BTreeSet<AttemptId>>,
     pub(crate) started_keys: Mutex<StartedKeys>,
     /// Attempts waiting for their preamble's rows: whoever removes one first (the rows, or the
@@ -150,6 +158,7 @@ impl WorkerEndpoint {
             config,
             incarnation,
             hosted: Mutex::new(BTreeMap::new()),
+            stopping: AtomicBool::new(false),
             hosted_ever: Mutex::new(BTreeSet::new()),
             started_keys: Mutex::new(StartedKeys::default()),
             context_waiting: Mutex::new(BTreeSet::new()),
@@ -175,7 +184,13 @@ impl WorkerEndpoint {
 
     /// Stop: kill every hosted specialist (their sessions are cancelled) and leave the groups.
     pub fn stop(&self) {
-        let hosted: Vec<_> = lock(&self.shared.hosted).values().cloned().collect();
+        let hosted: Vec<_> = {
+            let hosted = lock(&self.shared.hosted);
+            // Under the lock a spawn checks it under: a specialist is either listed here (and
+            // killed) or never hosted.
+            self.shared.stopping.store(true, Ordering::Release);
+            hosted.values().cloned().collect()
+        };
         for h in hosted {
             h.kill();
         }
@@ -299,13 +314,118 @@ impl Endpoint {
         let state = MachineActorState::new(machine, rng, Default::default());
         // Before the session can start: whether the coordinator's policy gates it.
         shared.config.policy.hosting(attempt, policy);
-        let ended = Arc::clone(shared);
-        let inbox = host_on_task(role, state, move |me, end| {
-            ended.specialist_ended(attempt, me, end);
-        });
-        lock(&shared.hosted).insert(attempt, inbox.clone());
-        inbox.send(SpecialistInput::Begin);
+        {
+            let mut hosted = lock(&shared.hosted);
+            if shared.stopping.load(Ordering::Acquire) {
+                // `stop` has listed what it kills: not hosted, and forgotten, as if never sent.
+                drop(hosted);
+                lock(&shared.hosted_ever).remove(&attempt);
+                shared.config.policy.ended(attempt);
+                return refuse(STOPPING.into());
+            }
+            let ended = Arc::clone(shared);
+            let inbox = host_on_task(role, state, move |me, end| {
+                ended.specialist_ended(attempt, me, end);
+            });
+            // `Begin` queued before the table lets a routed message reach it.
+            inbox.send(SpecialistInput::Begin);
+            hosted.insert(attempt, inbox);
+        }
         tracing::info!(%attempt, "specialist started");
         shared.send(&ToCoordinator::Spawned { attempt });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests: a panic is the failure report.
+
+    use super::*;
+    use keel_actors::{Assignment, Continuity, Coordinator, ReplyTo, SubtaskBrief};
+    use keel_store::{RunId, TaskId, TaskKind};
+
+    /// A worker in this process with no harness (a session it starts fails at once).
+    async fn worker() -> WorkerEndpoint {
+        let name = NodeName::new("stopping-worker").unwrap();
+        WorkerEndpoint::start(WorkerConfig {
+            name: name.clone(),
+            capacity: 4,
+            harnesses: HarnessSet::new(),
+            specialist: SpecialistConfig::default(),
+            heartbeat: Duration::from_secs(60),
+            context_wait: Duration::from_secs(1),
+            policy: Arc::new(RemotePolicy::new(name)),
+        })
+        .await
+        .unwrap()
+    }
+
+    /// A start of attempt `n`, as the coordinator node sends it (its reply address decoded).
+    fn start(n: u32) -> SpecialistStart {
+        let attempt = AttemptId {
+            run: RunId(7),
+            task: TaskId(11),
+            attempt: n,
+        };
+        let bytes = bincode::serde::encode_to_vec(attempt, bincode::config::standard()).unwrap();
+        let reply_to: ReplyTo<Coordinator> =
+            bincode::serde::decode_from_slice(&bytes, bincode::config::standard())
+                .unwrap()
+                .0;
+        SpecialistStart {
+            attempt,
+            reply_to,
+            task: attempt.task,
+            brief: SubtaskBrief {
+                step: "s".into(),
+                task: attempt.task,
+                brief: "say hello".into(),
+                goal: "a goal".into(),
+                quality_criteria: Vec::new(),
+                prior_findings: Vec::new(),
+                output_schema: None,
+                constraints: Vec::new(),
+                known_gaps: Vec::new(),
+                aliases: Vec::new(),
+            },
+            assignment: Assignment {
+                agent: "scripted".into(),
+                harness: HarnessKind::Scripted,
+                model: "keel-scripted-1".into(),
+                account: "scripted-local".into(),
+                tools: Vec::new(),
+                system_prompt: String::new(),
+                turns_max: None,
+            },
+            continuity: Continuity::Fresh,
+            kind: TaskKind::Subtask,
+            deadline_at: u64::MAX / 2,
+        }
+    }
+
+    /// A spawn handled after `stop` listed the hosted specialists (it was in the endpoint's
+    /// mailbox, or being handled) is refused: nothing runs on a worker that left.
+    #[tokio::test]
+    async fn a_spawn_after_stop_listed_the_hosted_is_refused() {
+        let ep = worker().await;
+        let endpoint = Endpoint(Arc::clone(&ep.shared));
+        endpoint.spawn(ep.shared.incarnation, start(1), None);
+        assert_eq!(ep.hosting(), 1, "hosted before the stop");
+        ep.stop();
+        endpoint.spawn(ep.shared.incarnation, start(2), None);
+        let hosted: Vec<_> = lock(&ep.shared.hosted).keys().map(|a| a.attempt).collect();
+        assert!(!hosted.contains(&2), "hosted after the stop: {hosted:?}");
+        assert!(
+            !lock(&ep.shared.hosted_ever).iter().any(|a| a.attempt == 2),
+            "a refused spawn is not remembered as hosted"
+        );
+        // The one hosted before was killed by the stop; its end takes it out of the table.
+        for _ in 0..500 {
+            if ep.hosting() == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(ep.hosting(), 0);
     }
 }

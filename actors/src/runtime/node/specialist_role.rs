@@ -576,7 +576,10 @@ mod tests {
         let node = Arc::clone(&rt.node);
         rt.shutdown().await;
         node.host_specialist(scripted_start(), Span::none(), None);
-        assert!(lock(&node.specialists).is_empty(), "hosted after the shutdown");
+        assert!(
+            lock(&node.specialists).is_empty(),
+            "hosted after the shutdown"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(node.sessions_started.load(Ordering::Relaxed), 0);
     }
