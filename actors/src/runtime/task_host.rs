@@ -309,11 +309,13 @@ mod tests {
     }
 
     /// A hosted `Echo`, what its role saw, and how it ended (once it has).
-    fn hosted() -> (
+    type Hosting = (
         Inbox<&'static str>,
         Arc<Mutex<Seen>>,
         oneshot::Receiver<HostedEnd>,
-    ) {
+    );
+
+    fn hosted() -> Hosting {
         let seen = Arc::new(Mutex::new(Seen::default()));
         let (tx, rx) = oneshot::channel();
         let state = MachineActorState::new(Echo(0), OsEntropy::from_seed(1), Fuse::default());
@@ -357,21 +359,16 @@ mod tests {
     }
 
     /// A hosted `Echo` whose "hang" step says when it has started.
-    fn hosted_hanging() -> (
-        Inbox<&'static str>,
-        Arc<Mutex<Seen>>,
-        oneshot::Receiver<HostedEnd>,
-        oneshot::Receiver<()>,
-    ) {
-        let (inbox, seen, rx) = hosted();
+    fn hosted_hanging() -> (Hosting, oneshot::Receiver<()>) {
+        let hosting = hosted();
         let (started_tx, started) = oneshot::channel();
-        seen.lock().unwrap().hanging = Some(started_tx);
-        (inbox, seen, rx, started)
+        hosting.1.lock().unwrap().hanging = Some(started_tx);
+        (hosting, started)
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_kill_interrupts_a_step_that_never_finishes() {
-        let (inbox, seen, rx, started) = hosted_hanging();
+        let ((inbox, seen, rx), started) = hosted_hanging();
         inbox.send("hang");
         inbox.send("queued");
         // The step is under way (not merely queued) when the kill comes.
@@ -420,7 +417,7 @@ mod tests {
             .build()
             .unwrap();
         let (inbox, mut rx) = rt.block_on(async {
-            let (inbox, _seen, rx, started) = hosted_hanging();
+            let ((inbox, _seen, rx), started) = hosted_hanging();
             inbox.send("hang");
             started.await.expect("the step starts");
             (inbox, rx)
