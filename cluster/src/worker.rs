@@ -341,8 +341,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests: a panic is the failure report.
 
     use super::*;
-    use keel_actors::{Assignment, Continuity, Coordinator, ReplyTo, SubtaskBrief};
-    use keel_store::{RunId, TaskId, TaskKind};
+    use keel_store::{RunId, TaskId};
 
     /// A worker in this process with no harness (a session it starts fails at once).
     async fn worker() -> WorkerEndpoint {
@@ -360,47 +359,13 @@ mod tests {
         .unwrap()
     }
 
-    /// A start of attempt `n`, as the coordinator node sends it (its reply address decoded).
     fn start(n: u32) -> SpecialistStart {
         let attempt = AttemptId {
             run: RunId(7),
             task: TaskId(11),
             attempt: n,
         };
-        let bytes = bincode::serde::encode_to_vec(attempt, bincode::config::standard()).unwrap();
-        let reply_to: ReplyTo<Coordinator> =
-            bincode::serde::decode_from_slice(&bytes, bincode::config::standard())
-                .unwrap()
-                .0;
-        SpecialistStart {
-            attempt,
-            reply_to,
-            task: attempt.task,
-            brief: SubtaskBrief {
-                step: "s".into(),
-                task: attempt.task,
-                brief: "say hello".into(),
-                goal: "a goal".into(),
-                quality_criteria: Vec::new(),
-                prior_findings: Vec::new(),
-                output_schema: None,
-                constraints: Vec::new(),
-                known_gaps: Vec::new(),
-                aliases: Vec::new(),
-            },
-            assignment: Assignment {
-                agent: "scripted".into(),
-                harness: HarnessKind::Scripted,
-                model: "keel-scripted-1".into(),
-                account: "scripted-local".into(),
-                tools: Vec::new(),
-                system_prompt: String::new(),
-                turns_max: None,
-            },
-            continuity: Continuity::Fresh,
-            kind: TaskKind::Subtask,
-            deadline_at: u64::MAX / 2,
-        }
+        keel_actors::runtime::scripted::scripted_start(attempt, "say hello")
     }
 
     /// A spawn handled after `stop` listed the hosted specialists (it was in the endpoint's

@@ -32,6 +32,42 @@ pub fn scripted_agent() -> AgentProfile {
     }
 }
 
+/// A start of `attempt` by [`scripted_agent`], as the supervisor hands one over once admitted:
+/// what tests of a specialist's hosts (here and on a cluster worker) spawn directly, without a
+/// supervisor to admit it.
+pub fn scripted_start(attempt: crate::ids::AttemptId, brief: &str) -> crate::SpecialistStart {
+    let agent = scripted_agent();
+    crate::SpecialistStart {
+        attempt,
+        reply_to: crate::ids::ReplyTo::new(attempt),
+        task: attempt.task,
+        brief: crate::SubtaskBrief {
+            step: format!("step-{}", attempt.task.0),
+            task: attempt.task,
+            brief: brief.into(),
+            goal: "a goal".into(),
+            quality_criteria: Vec::new(),
+            prior_findings: Vec::new(),
+            output_schema: None,
+            constraints: Vec::new(),
+            known_gaps: Vec::new(),
+            aliases: Vec::new(),
+        },
+        assignment: crate::Assignment {
+            agent: agent.name,
+            harness: keel_harness::HarnessKind::Scripted,
+            model: agent.model,
+            account: agent.account,
+            tools: Vec::new(),
+            system_prompt: String::new(),
+            turns_max: None,
+        },
+        continuity: crate::Continuity::Fresh,
+        kind: keel_store::TaskKind::Subtask,
+        deadline_at: u64::MAX / 2,
+    }
+}
+
 /// Most characters of a finding's claim (what the command printed, sanitised).
 pub const CLAIM_CHARS_MAX: usize = 60;
 /// Most characters of a step's source and summary.

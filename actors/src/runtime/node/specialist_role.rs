@@ -507,49 +507,17 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests: a panic is the failure report.
 
     use super::*;
-    use crate::ids::ReplyTo;
-    use crate::message::Assignment;
-    use crate::report::{Continuity, SubtaskBrief};
     use crate::runtime::test_support::{start, workspace};
-    use keel_store::{RunId, TaskId, TaskKind};
+    use keel_store::{RunId, TaskId};
     use std::time::Duration;
 
-    /// A start of a scripted attempt (what the supervisor hands over once admitted).
     fn scripted_start() -> SpecialistStart {
         let attempt = AttemptId {
             run: RunId(7),
             task: TaskId(11),
             attempt: 1,
         };
-        SpecialistStart {
-            attempt,
-            reply_to: ReplyTo::new(attempt),
-            task: attempt.task,
-            brief: SubtaskBrief {
-                step: "s".into(),
-                task: attempt.task,
-                brief: "say hello".into(),
-                goal: "a goal".into(),
-                quality_criteria: Vec::new(),
-                prior_findings: Vec::new(),
-                output_schema: None,
-                constraints: Vec::new(),
-                known_gaps: Vec::new(),
-                aliases: Vec::new(),
-            },
-            assignment: Assignment {
-                agent: "scripted".into(),
-                harness: HarnessKind::Scripted,
-                model: "keel-scripted-1".into(),
-                account: "scripted-local".into(),
-                tools: Vec::new(),
-                system_prompt: String::new(),
-                turns_max: None,
-            },
-            continuity: Continuity::Fresh,
-            kind: TaskKind::Subtask,
-            deadline_at: u64::MAX / 2,
-        }
+        crate::runtime::scripted::scripted_start(attempt, "say hello")
     }
 
     /// What hosting after `spawn_specialist`'s first check does once a pause has listed the live
