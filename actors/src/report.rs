@@ -381,6 +381,31 @@ pub struct SubtaskBrief {
     pub aliases: Vec<TaskId>,
 }
 
+impl SubtaskBrief {
+    /// A brief that is only its step, task, text and goal (no quality criteria, prior findings,
+    /// schema, constraints, known gaps or aliases): what a scripted start, a test or a benchmark
+    /// dispatches; a planned step's brief is built by the coordinator with all of them.
+    pub fn plain(
+        step: impl Into<String>,
+        task: TaskId,
+        brief: impl Into<String>,
+        goal: impl Into<String>,
+    ) -> Self {
+        Self {
+            step: step.into(),
+            task,
+            brief: brief.into(),
+            goal: goal.into(),
+            quality_criteria: Vec::new(),
+            prior_findings: Vec::new(),
+            output_schema: None,
+            constraints: Vec::new(),
+            known_gaps: Vec::new(),
+            aliases: Vec::new(),
+        }
+    }
+}
+
 /// The result of a step as it is made durable: either a verified report or a typed failure.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum StepOutcome {

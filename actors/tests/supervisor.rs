@@ -49,18 +49,7 @@ fn admit(task: u128, depth: u8, agent: Option<&str>, estimate: u64) -> Superviso
         agent: agent.map(String::from),
         account: None,
         estimate_micros: estimate,
-        brief: SubtaskBrief {
-            step: format!("s{task}"),
-            task: TaskId(task),
-            brief: "b".into(),
-            goal: "g".into(),
-            quality_criteria: Vec::new(),
-            prior_findings: Vec::new(),
-            output_schema: None,
-            constraints: Vec::new(),
-            known_gaps: Vec::new(),
-            aliases: Vec::new(),
-        },
+        brief: SubtaskBrief::plain(format!("s{task}"), TaskId(task), "b", "g"),
         continuity: Continuity::Fresh,
     })))
 }
