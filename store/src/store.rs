@@ -455,16 +455,21 @@ fn next_seq<T: ReadableTable<tables::RunSeq, Row>>(
     run: u128,
     name: &'static str,
 ) -> Result<u64, Failure> {
-    let last = table.range((run, 0u64)..=(run, u64::MAX))?.next_back();
+    let last = match table.range((run, 0u64)..=(run, u64::MAX))?.next_back() {
+        None => None,
+        Some(entry) => Some(entry?.0.value().1),
+    };
+    following(last, name)
+}
+
+/// The sequence number after `last` (1 when nothing is stored yet); a sequence that would pass
+/// `u64::MAX` is the table's item error, not a wrap.
+fn following(last: Option<u64>, name: &'static str) -> Result<u64, Failure> {
     match last {
         None => Ok(1),
-        Some(entry) => {
-            let (k, _) = entry?;
-            k.value()
-                .1
-                .checked_add(1)
-                .ok_or(Failure::Item(ItemError::SequenceExhausted(name)))
-        }
+        Some(k) => k
+            .checked_add(1)
+            .ok_or(Failure::Item(ItemError::SequenceExhausted(name))),
     }
 }
 
@@ -586,14 +591,7 @@ impl<'t> Writer<'t> {
                 }
             }
         };
-        let seq = match last {
-            None => 1,
-            Some(k) => k
-                .checked_add(1)
-                .ok_or(Failure::Item(ItemError::SequenceExhausted(
-                    name::SESSION_LOGS,
-                )))?,
-        };
+        let seq = following(last, name::SESSION_LOGS)?;
         self.known_tasks.insert((run.0, task.0), Some(seq));
         Ok(seq)
     }

@@ -3,7 +3,8 @@
 //!
 //! A specialist lives for one attempt and a fan-out starts thousands of them, so what a ractor actor
 //! costs per instance (its cell and ports, several channels, the registry and the supervision tree)
-//! was a fifth of `keel bench`'s CPU. This host keeps what those actors gave the runtime, and nothing
+//! is paid thousands of times: about 2% of `keel bench`'s CPU in ractor's own code, of the fifth
+//! the specialist actors took with their sessions (docs/PERFORMANCE.md). This host keeps what those actors gave the runtime, and nothing
 //! else: one inbox (a tokio unbounded channel, FIFO as ractor's per-sender order), the [`Role`]'s
 //! hooks in the same order as [`crate::runtime::MachineActor`] calls them, a kill that interrupts the
 //! current step, and the end of the task (a normal stop, a kill, a panic) reported once to whoever
