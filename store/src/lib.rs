@@ -42,6 +42,7 @@ pub mod model;
 mod batch;
 mod catalog;
 mod error;
+mod file;
 mod guard;
 mod limits;
 mod maintenance;

@@ -13,6 +13,7 @@ use crate::batch::{Applied, RunOp, Staged, StagedWrite, WriteBatch};
 use crate::catalog::Catalog;
 use crate::codec::{self, DecodeError};
 use crate::error::{CommitError, ItemError, OpenError, ReadError, StageError};
+use crate::file::AllocatedFile;
 use crate::guard::guarded;
 use crate::limits::{LimitError, Limits};
 use crate::model::{
@@ -111,9 +112,17 @@ impl Store {
         let file = path.as_ref().to_path_buf();
         create_private(&file)?;
         guarded(Some(&file), || {
+            // As redb's own `create` opens it, behind a backend that allocates ahead of commits.
+            let handle = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&file)
+                .map_err(redb::DatabaseError::from)?;
             let db = Database::builder()
                 .set_concurrency_mode(config.sharing.mode())
-                .create(&file)?;
+                .create_with_backend(AllocatedFile::new(handle)?)?;
             Self::init(db, config, Some(file.clone()))
         })
     }
