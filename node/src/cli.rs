@@ -105,7 +105,7 @@ pub(crate) enum Command {
         /// The run id; the latest run when left out.
         run: Option<RunId>,
         /// Show at most this many rows.
-        #[arg(long, default_value_t = 200)]
+        #[arg(long, default_value_t = crate::read::AUDIT_LIMIT_DEFAULT)]
         limit: u32,
     },
     /// The hook bridge a session's pre-tool gate runs: forwards the tool call on stdin to the node
@@ -335,9 +335,10 @@ pub(crate) enum Command {
         /// runs`, a profile, or another binary on the same store) instead of a temporary one.
         #[arg(long, value_name = "DIR", requires = "scale_runs")]
         scale_keep: Option<PathBuf>,
-        /// Open the bench's store exclusive (redb commits in one phase: one fsync a commit) instead
-        /// of shared with readers as `keel run` and `keel node` open a home's store (two phases,
-        /// two fsyncs): what sharing the file costs, measured by the same binary.
+        /// Open the bench's store exclusive, as `keel serve` opens a home's store (redb commits in
+        /// one phase: one fsync a commit), instead of shared with readers as `keel run` and `keel
+        /// node` open it (two phases, two fsyncs): what sharing the file costs, measured by the
+        /// same binary.
         #[arg(long, conflicts_with_all = ["hook_calls", "scale_runs"])]
         exclusive_store: bool,
     },

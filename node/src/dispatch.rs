@@ -1,8 +1,8 @@
 //! Dispatch: each parsed command to the code that carries it out, with its errors mapped to exit codes.
 
 use crate::cli::{Cli, Command};
-use crate::exit::{Exit, Failed, ended, failure, followed};
-use crate::home::Home;
+use crate::exit::{Failed, ended, failure, followed};
+use crate::home::{Home, HomeError};
 use crate::read::Read;
 use crate::{context, node_cmd, remote, render, run, serve, store_file};
 
@@ -37,21 +37,7 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failed> {
         Command::Show { task } => read(&home, &cli_remote, &out, Read::Show { task })?,
         Command::Logs { task, tail } => read(&home, &cli_remote, &out, Read::Logs { task, tail })?,
         Command::Audit { run, limit } => {
-            let store = home.open_existing()?;
-            let catalog = store.catalog();
-            let run = match run {
-                Some(run) => catalog.run(run)?.id,
-                None => {
-                    catalog
-                        .latest_run()?
-                        .ok_or_else(|| Failed {
-                            exit: Exit::NotFound,
-                            error: run::summary::NoRuns.into(),
-                        })?
-                        .id
-                }
-            };
-            out.audit(run, &catalog.audit(run, 0, limit)?)?;
+            read(&home, &cli_remote, &out, Read::Audit { run, limit })?
         }
         // Handled in main before the home is located: a gate must answer even without a home.
         Command::Hook { .. } => {}
@@ -131,22 +117,12 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failed> {
             }
             None => failure(run::cancel(&home, id, cli.json))?,
         },
-        Command::Escalations { run, all, limit } => match remote::target(
-            &home,
-            cli_remote.server.as_deref(),
-            cli_remote.token_file.as_deref(),
-            false,
-        )
-        .map_err(|e| remote::exit_of(e, false))?
-        {
-            Some(server) => remote::escalations(&server, run, all, limit, cli.json)
+        Command::Escalations { run, all, limit } => match reader(&home, &cli_remote)? {
+            Reader::Served(server) => server
+                .answer(|client| remote::escalations(client, run, all, limit, cli.json))
                 .map_err(|e| remote::exit_of(e, false))?,
-            None => failure(crate::escalations::print_list(
-                &home.open_existing()?,
-                run,
-                all,
-                limit,
-                cli.json,
+            Reader::Local(store) => failure(crate::escalations::print_list(
+                &store, run, all, limit, cli.json,
             ))?,
         },
         Command::Answer { escalation, text } => match cli_remote.hosting(&home)? {
@@ -267,25 +243,93 @@ impl RemoteFlags {
     }
 }
 
-/// A read command: on the server `--server` names, else on the home's store opened read-only
-/// (which works beside a server holding it).
-fn read(
-    home: &Home,
-    flags: &RemoteFlags,
-    out: &render::Output,
-    command: Read,
-) -> Result<(), Failed> {
-    let server = remote::target(
+/// Where a command that reads the home's store is answered.
+enum Reader {
+    /// The store, opened here (read-only beside a `keel run` or `keel node` that shares it).
+    Local(keel_store::Store),
+    /// A server: the one `--server` names, or the `keel serve` that holds the home alone.
+    Served(Served),
+}
+
+/// A server a read goes to, and why when it was not named.
+struct Served {
+    client: remote::client::Client,
+    /// The error that sent the read to the server the home announces (not set under
+    /// `--server`): said with the server's failure, so the operator sees why it was asked.
+    held: Option<String>,
+}
+
+impl Served {
+    /// `ask` on the server; a failure names why the server was asked.
+    fn answer(&self, ask: impl FnOnce(&remote::client::Client) -> anyhow::Result<()>) -> anyhow::Result<()> {
+        let asked = ask(&self.client);
+        match &self.held {
+            Some(held) => asked.map_err(|e| {
+                e.context(held.clone())
+            }),
+            None => asked,
+        }
+    }
+}
+
+/// Where a read of the home's store goes: the server `--server` names; else the store opened
+/// here; else, when a `keel serve` holds it alone (so that no other process can open it), that
+/// server, as its `server.json` announces it. A store held with no server announced is the
+/// typed [`HomeError::Held`], which says what to do. A `server.json` left by a
+/// killed server changes nothing: its lock went with it, so the open here succeeds.
+fn reader(home: &Home, flags: &RemoteFlags) -> Result<Reader, Failed> {
+    let named = remote::target(
         home,
         flags.server.as_deref(),
         flags.token_file.as_deref(),
         false,
     )
     .map_err(|e| remote::exit_of(e, false))?;
-    match server {
-        Some(server) => {
-            remote::read(&server, command, out.json()).map_err(|e| remote::exit_of(e, false))
+    if let Some(client) = named {
+        return Ok(Reader::Served(Served { client, held: None }));
+    }
+    match home.open_existing() {
+        Ok(store) => Ok(Reader::Local(store)),
+        Err(HomeError::Held {
+            path,
+            server: Some(server),
+        }) => {
+            let held = format!(
+                "the store at {} is held by the keel server at {} (pid {}), which has it alone; this read went to that server",
+                path.display(),
+                server.url,
+                server.pid
+            );
+            let client = remote::target(home, Some(&server.url), flags.token_file.as_deref(), false)
+                .map_err(|e| remote::exit_of(e.context(held.clone()), false))?;
+            match client {
+                Some(client) => Ok(Reader::Served(Served {
+                    client,
+                    held: Some(held),
+                })),
+                None => Err(HomeError::Held {
+                    path,
+                    server: Some(server),
+                }
+                .into()),
+            }
         }
-        None => command.print(&home.open_existing()?, out),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A read command (`runs`, `tasks`, `show`, `logs`, `tree`, `status`, `audit`): printed here, or
+/// by the server [`reader`] chooses, which prints the same text with the same exit code.
+fn read(
+    home: &Home,
+    flags: &RemoteFlags,
+    out: &render::Output,
+    command: Read,
+) -> Result<(), Failed> {
+    match reader(home, flags)? {
+        Reader::Local(store) => command.print(&store, out),
+        Reader::Served(server) => server
+            .answer(|client| remote::read(client, command, out.json()))
+            .map_err(|e| remote::exit_of(e, false)),
     }
 }

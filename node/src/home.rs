@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use keel_store::{OpenError, Store, StoreConfig};
 
 use crate::config::{Config, ConfigError};
+use crate::serve::discovery::{self, Announced};
 
 /// The file name of the store inside a home.
 pub(crate) const STORE_FILE: &str = "keel.redb";
@@ -34,8 +35,18 @@ pub(crate) enum HomeError {
     /// keel.toml is invalid.
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// The store exists but does not open: held by another keel process, damaged, not a store,
-    /// not permitted, a newer format. The message names the file and what to do.
+    /// Another keel process holds the store in a way that excludes this open: a writer excludes a
+    /// second writer, and `keel serve` (which opens it alone) excludes readers too. The message
+    /// names the holder when the home announces a server, and what to do.
+    #[error("cannot open the store at {}: {}", path.display(), held_hint(server.as_ref()))]
+    Held {
+        /// The store file.
+        path: PathBuf,
+        /// The server the home announces (its `server.json`, a live process), if any.
+        server: Option<Announced>,
+    },
+    /// The store exists but does not open: damaged, not a store, not permitted, a newer format.
+    /// The message names the file and what to do.
     #[error("cannot open the store at {}: {reason}{}", path.display(), open_hint(reason))]
     Open {
         /// The store file.
@@ -49,14 +60,23 @@ pub(crate) enum HomeError {
 /// What the operator can do about an open error, after its message.
 fn open_hint(e: &OpenError) -> &'static str {
     match e {
-        OpenError::Locked => {
-            "; another keel process has it open for writing (a `keel run`, `keel resume` or `keel follow-up` on this home?): wait for it, or stop its run with `keel cancel RUN`"
-        }
         OpenError::Corrupt(_) => {
             "; check it with `keel store check`, or restore a backup made with `keel store backup`"
         }
         OpenError::PermissionDenied(_) => "; check the file's owner and permissions",
         _ => "",
+    }
+}
+
+/// Who holds the store, and what to do about it.
+fn held_hint(server: Option<&Announced>) -> String {
+    match server {
+        Some(server) => format!(
+            "it is held by the keel server at {url} (pid {pid}), which opens it alone: the read commands, `run`, `resume`, `follow-up`, `cancel` and `answer` go through it (or pass `--server {url}`); for this command, stop the server (SIGTERM: its runs pause, and continue on its next start)",
+            url = server.url,
+            pid = server.pid
+        ),
+        None => "it is held by another keel process: a `keel run`, `resume`, `follow-up` or `keel node` writing it (wait for it, or stop its run with `keel cancel RUN`), or one that needs it alone (a `keel serve` not listening yet, `keel store check` or `compact`); if a `keel serve` holds it, pass `--server URL`".to_owned(),
     }
 }
 
@@ -140,10 +160,7 @@ impl Home {
         // A kept keel.toml is checked now, so a bad one is reported at init rather than at first use.
         let store_path = self.store_path()?;
         let store = !store_path.exists();
-        Store::open(&store_path).map_err(|reason| HomeError::Open {
-            path: store_path,
-            reason,
-        })?;
+        Store::open(&store_path).map_err(|reason| self.open_failed(store_path, reason))?;
         Ok(Created { config, store })
     }
 
@@ -154,15 +171,29 @@ impl Home {
         if !path.is_file() {
             return Err(HomeError::Missing { path });
         }
-        // Read-only first, so the read commands work beside a running node that shares the file. A
-        // store left by a crash needs one writable open to recover; only then fall back to it (which
-        // fails cleanly if another process holds the file).
+        // Read-only first, so the read commands work beside a running node that shares the file (a
+        // `keel serve` does not share it: then this is [`HomeError::Held`] naming the server, and
+        // the read commands go to it). A store left by a crash needs one writable open to
+        // recover; only then fall back to it (which fails cleanly if another process holds it).
         match Store::open_read_only(&path, StoreConfig::default()) {
             Ok(store) => Ok(store),
             Err(OpenError::NeedsRecovery) => {
-                Store::open(&path).map_err(|reason| HomeError::Open { path, reason })
+                Store::open(&path).map_err(|reason| self.open_failed(path, reason))
             }
-            Err(reason) => Err(HomeError::Open { path, reason }),
+            Err(reason) => Err(self.open_failed(path, reason)),
+        }
+    }
+
+    /// The error of a failed open of this home's store at `path`: [`HomeError::Held`] (naming
+    /// the server the home announces, if any) when another process holds it, else
+    /// [`HomeError::Open`].
+    pub(crate) fn open_failed(&self, path: PathBuf, reason: OpenError) -> HomeError {
+        match reason {
+            OpenError::Locked => HomeError::Held {
+                path,
+                server: discovery::read(self),
+            },
+            reason => HomeError::Open { path, reason },
         }
     }
 }

@@ -1,4 +1,4 @@
-//! The read commands (`keel runs`, `tasks`, `show`, `logs`, `tree`, `status`) over an open store:
+//! The read commands (`keel runs`, `tasks`, `show`, `logs`, `tree`, `status`, `audit`) over an open store:
 //! one place that the command line (on a store opened read-only) and the HTTP API (on its
 //! server's store, answering with the text the command prints) both call, so both print the same.
 
@@ -16,6 +16,8 @@ pub(crate) const TASKS_LIMIT_DEFAULT: u32 = 500;
 pub(crate) const TREE_LIMIT_DEFAULT: u32 = 2_000;
 /// `keel logs` shows at most this many rows when no `--tail` is given.
 pub(crate) const LOGS_TAIL_DEFAULT: u32 = 200;
+/// `keel audit` shows at most this many rows when no `--limit` is given.
+pub(crate) const AUDIT_LIMIT_DEFAULT: u32 = 200;
 
 /// One read command with its arguments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +60,13 @@ pub(crate) enum Read {
         /// The run; the latest when `None`.
         run: Option<RunId>,
     },
+    /// `keel audit [RUN]`.
+    Audit {
+        /// The run; the latest when `None`.
+        run: Option<RunId>,
+        /// Most rows shown.
+        limit: u32,
+    },
 }
 
 impl Read {
@@ -87,6 +96,13 @@ impl Read {
             }
             Read::Status { run } => {
                 exit::failure(crate::status::status(store, run, out.json()))?;
+            }
+            Read::Audit { run, limit } => {
+                let run = match run {
+                    Some(run) => catalog.run(run)?.id,
+                    None => catalog.latest_run()?.ok_or(run::summary::NoRuns)?.id,
+                };
+                out.audit(run, &catalog.audit(run, 0, limit)?)?;
             }
         }
         Ok(())

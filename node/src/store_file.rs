@@ -2,7 +2,8 @@
 //! [`Store::check_integrity`], [`Store::backup_to`] and [`Store::compact`].
 //!
 //! Check and compact open the store as its only writer, so they are refused (with what to do)
-//! while another keel process holds it; backup opens it read-only and runs beside a node.
+//! while another keel process holds it; backup opens it read-only and runs beside a `keel run` or
+//! `keel node`, not beside a `keel serve` (which has the file alone: stop it first).
 
 use std::path::Path;
 
@@ -30,7 +31,7 @@ fn open_alone(home: &Home) -> Result<Store, Failed> {
     if !path.is_file() {
         return Err(HomeError::Missing { path }.into());
     }
-    Ok(Store::open(&path).map_err(|reason| HomeError::Open { path, reason })?)
+    Ok(Store::open(&path).map_err(|reason| home.open_failed(path, reason))?)
 }
 
 /// A maintenance failure, naming the store file.

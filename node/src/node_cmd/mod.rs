@@ -183,7 +183,7 @@ pub(crate) fn node(home: &Home, args: NodeArgs, json: bool) -> anyhow::Result<En
         let (server, bound) = start_node_server(&r.name, r.cookie.clone(), r.listen, r.tls.as_ref()).await?;
         let mut coordinator = None;
         if r.role.coordinates() {
-            let store = run::node_store(home)?;
+            let store = run::node_store(home, run::SHARED)?;
             // A daemon serves the API; with --run the run's live view reads the events instead.
             let metrics = if args.run.is_none() {
                 Some(ApiMetrics::new()?)

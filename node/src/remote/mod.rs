@@ -124,7 +124,8 @@ fn print_raw(text: &str) -> std::io::Result<()> {
     out.flush()
 }
 
-/// A read command (`runs`, `tasks`, `show`, `logs`, `tree`, `status`) answered by the server.
+/// A read command (`runs`, `tasks`, `show`, `logs`, `tree`, `status`, `audit`) answered by the
+/// server.
 pub(crate) fn read(client: &Client, command: Read, json: bool) -> anyhow::Result<()> {
     let format = if json { "json" } else { "text" };
     let latest = |run: Option<RunId>| run.map_or_else(|| "latest".to_owned(), |r| r.to_string());
@@ -146,6 +147,7 @@ pub(crate) fn read(client: &Client, command: Read, json: bool) -> anyhow::Result
         Read::Logs { task, tail } => format!("/v1/tasks/{task}/logs?tail={tail}"),
         Read::Tree { run, limit } => format!("/v1/runs/{}/tree?limit={limit}", latest(run)),
         Read::Status { run } => format!("/v1/runs/{}?", latest(run)),
+        Read::Audit { run, limit } => format!("/v1/runs/{}/audit?limit={limit}", latest(run)),
     };
     let sep = if path.ends_with('?') { "" } else { "&" };
     let path = format!("{path}{sep}format={format}");

@@ -20,7 +20,7 @@ use keel_harness::{
     Harness, HarnessEvent, HarnessKind, RunningSession, SessionSpec, StartError, StopReason,
     session_channel,
 };
-use keel_store::{AgentLimits, AgentProfile, RunStatus, Sharing, Store};
+use keel_store::{AgentLimits, AgentProfile, RunStatus, Store};
 
 /// Most specialists per run the bench accepts: the most a plan may have.
 const FAN_OUT_MAX: u32 = keel_actors::plan::PLAN_STEPS_MAX as u32;
@@ -127,12 +127,13 @@ async fn measure(n: u32, in_flight: u32, runs: u32, exclusive: bool) -> anyhow::
     let dir = tempfile::tempdir().context("creating a temporary folder")?;
     let store_path = dir.path().join("bench.redb");
     // The store as `keel run` and `keel node` open it (shared with readers: redb then commits in
-    // two phases, two fsyncs a commit), so the figures are the real path's, unless asked for the
-    // exclusive mode to compare.
-    let mut store_config = super::writer_config();
-    if exclusive {
-        store_config.sharing = Sharing::Exclusive;
-    }
+    // two phases, two fsyncs a commit), unless asked for the store as `keel serve` opens it
+    // (alone: one phase, one fsync), to compare the two with the same binary.
+    let store_config = super::writer_config(if exclusive {
+        super::SERVED
+    } else {
+        super::SHARED
+    });
     let store = Arc::new(Store::open_with(&store_path, store_config)?);
     let harnesses = HarnessSet::new().with(HarnessKind::Scripted, Arc::new(InstantHarness));
     let (rt, events) = Runtime::start(store, harnesses, config(dir.path(), n, in_flight)).await?;

@@ -119,7 +119,7 @@ async fn measure(calls: u32) -> anyhow::Result<Vec<Duration>> {
     // Opened as `keel run` and `keel node` open the home's store (two fsyncs a commit).
     let store = Arc::new(Store::open_with(
         dir.path().join("bench.redb"),
-        super::writer_config(),
+        super::writer_config(super::SHARED),
     )?);
     let policy: keel_policy::PolicyConfig =
         toml::from_str("[permissions]\ndeny = [\"Bash(rm *)\"]\n")?;

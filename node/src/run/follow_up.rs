@@ -79,7 +79,7 @@ pub(crate) fn follow_up(home: &Home, args: FollowUpArgs, json: bool) -> anyhow::
     let config = home.config()?;
     init_logs(&config.log, args.log_format);
     super::tokio_runtime()?.block_on(async {
-        let store = node_store(home).map_err(|e| held_or(e, run))?;
+        let store = node_store(home, super::SHARED).map_err(|e| held_or(e, run))?;
         let work = work_dir()?;
         let choice = HarnessChoice {
             agent: None,

@@ -142,33 +142,51 @@ pub(crate) fn init_logs(section: &LogSection, format: Option<LogFormat>) {
     };
 }
 
-/// How the node opens the home's store as its writer: the only writer, sharing it with readers.
-fn writer_config() -> StoreConfig {
+/// How `keel run`, `resume`, `follow-up`, `cancel`, `answer`, `demo` and `keel node` open the
+/// home's store as its writer: sharing it with readers, so that the read commands (`keel runs`,
+/// `tree`, ...) open the file read-only beside them. The price: redb commits in two phases then,
+/// two fdatasyncs a commit instead of one (docs/STORE.md, "Sharing").
+pub(crate) const SHARED: Sharing = Sharing::WithReaders;
+
+/// How `keel serve` opens the home's store: alone, one fdatasync a commit. No other process can
+/// open the file then; the read commands on the home go through the server instead
+/// (`server.json`, [`crate::serve::discovery`]).
+pub(crate) const SERVED: Sharing = Sharing::Exclusive;
+
+/// The configuration a writer opens the store with.
+pub(crate) fn writer_config(sharing: Sharing) -> StoreConfig {
     StoreConfig {
-        sharing: Sharing::WithReaders,
+        sharing,
         ..StoreConfig::default()
     }
 }
 
-/// Open the home's store as its only writer, sharing it with readers.
+/// Open the home's store as its only writer, sharing it with readers ([`SHARED`]).
 pub(crate) fn open_writer(home: &Home) -> anyhow::Result<Arc<Store>> {
+    open_writer_as(home, SHARED)
+}
+
+/// Open the home's store as its only writer, shared or alone.
+fn open_writer_as(home: &Home, sharing: Sharing) -> anyhow::Result<Arc<Store>> {
     let path = home.store_path()?;
     if !path.is_file() {
         // First use: create the home (keel.toml and an empty store).
         home.init()?;
     }
-    let store = Store::open_with(&path, writer_config())
-        .map_err(|reason| crate::home::HomeError::Open { path, reason })?;
+    let store = Store::open_with(&path, writer_config(sharing))
+        .map_err(|reason| home.open_failed(path, reason))?;
     Ok(Arc::new(store))
 }
 
-/// The store a node hosting runs writes: [`open_writer`]'s, opened again from the same file after
-/// a write fails on it (redb refuses a handle after one failed write).
-pub(crate) fn node_store(home: &Home) -> anyhow::Result<NodeStore> {
-    let store = open_writer(home)?;
+/// The store a node hosting runs writes, shared with readers ([`SHARED`]: `keel run`, `resume`,
+/// `follow-up`, `keel node`) or alone ([`SERVED`]: `keel serve`): [`open_writer`]'s, opened again
+/// from the same file, the same way, after a write fails on it (redb refuses a handle after one
+/// failed write).
+pub(crate) fn node_store(home: &Home, sharing: Sharing) -> anyhow::Result<NodeStore> {
+    let store = open_writer_as(home, sharing)?;
     let path = home.store_path()?;
     Ok(NodeStore::reopenable(store, move || {
-        Store::open_with(&path, writer_config())
+        Store::open_with(&path, writer_config(sharing))
     }))
 }
 
@@ -509,7 +527,7 @@ pub(crate) fn run(home: &Home, args: RunArgs, json: bool) -> anyhow::Result<Ende
     let config = home.config()?;
     init_logs(&config.log, args.log_format);
     tokio_runtime()?.block_on(async {
-        let store = node_store(home)?;
+        let store = node_store(home, SHARED)?;
         let work = work_dir()?;
         let setup = node_setup(&config, &args.choice, &work, None).await?;
         let plan = args.plan.as_deref().map(read_plan).transpose()?;
@@ -550,7 +568,7 @@ pub(crate) fn resume(
     let config = home.config()?;
     init_logs(&config.log, log_format);
     tokio_runtime()?.block_on(async {
-        let store = node_store(home)?;
+        let store = node_store(home, SHARED)?;
         let work = work_dir()?;
         let setup = node_setup(&config, &choice, &work, None).await?;
         let (rt, events) = Runtime::start(store, setup.harnesses, setup.config).await?;
@@ -746,10 +764,7 @@ pub(crate) fn cancel(home: &Home, id: RunId, json: bool) -> anyhow::Result<()> {
 pub(crate) fn is_locked(e: &anyhow::Error) -> bool {
     matches!(
         e.downcast_ref::<crate::home::HomeError>(),
-        Some(crate::home::HomeError::Open {
-            reason: keel_store::OpenError::Locked,
-            ..
-        })
+        Some(crate::home::HomeError::Held { .. })
     )
 }
 

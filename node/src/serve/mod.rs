@@ -301,7 +301,7 @@ pub(crate) fn serve(home: &Home, args: ServeArgs, json: bool) -> anyhow::Result<
     let token_path = home.dir().join(&config.server.token_file);
     let (tokens, created) = auth::Tokens::load_or_create(&token_path)?;
     tokio_runtime()?.block_on(async {
-        let store = node_store(home)?;
+        let store = node_store(home, crate::run::SERVED)?;
         let work = work_dir()?;
         let setup = node_setup(&config, &args.choice, &work, None).await?;
         let metrics = ApiMetrics::new()?;

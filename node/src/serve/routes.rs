@@ -98,6 +98,7 @@ pub(crate) fn router(app: Shared) -> Router {
         .route("/v1/runs", get(runs).post(submit))
         .route("/v1/runs/{run}", get(status))
         .route("/v1/runs/{run}/tree", get(tree))
+        .route("/v1/runs/{run}/audit", get(audit))
         .route("/v1/runs/{run}/tasks", get(run_tasks))
         .route("/v1/runs/{run}/events", get(events))
         .route("/v1/runs/{run}/summary", get(run_summary))
@@ -312,6 +313,16 @@ async fn tree(
     let run = run_or_latest(&run)?;
     let limit = q.limit(read::TREE_LIMIT_DEFAULT)?;
     read(&app, Read::Tree { run, limit }, q.format).await
+}
+
+async fn audit(
+    State(app): State<Shared>,
+    Path(run): Path<String>,
+    ApiQuery(q): ApiQuery<ReadQuery>,
+) -> Result<Response, ApiError> {
+    let run = run_or_latest(&run)?;
+    let limit = q.limit(read::AUDIT_LIMIT_DEFAULT)?;
+    read(&app, Read::Audit { run, limit }, q.format).await
 }
 
 async fn run_tasks(
