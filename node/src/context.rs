@@ -48,3 +48,20 @@ pub(crate) fn build(
     };
     context_from_store(store, task, start, config, &scrubber)
 }
+
+/// `keel context`'s output for `task`, printed through `out`: called by the command on a store
+/// opened here, and by the server holding the home (`GET /v1/tasks/{task}/context`), so both
+/// print the same.
+///
+/// # Errors
+/// [`crate::exit::Failed`]: exit 3 for an unknown task.
+pub(crate) fn print(
+    store: &Store,
+    task: TaskId,
+    resume: bool,
+    config: &ContextConfig,
+    out: &crate::render::Output,
+) -> Result<(), crate::exit::Failed> {
+    out.context(&build(store, task, resume, config)?)?;
+    Ok(())
+}

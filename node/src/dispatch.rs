@@ -4,6 +4,7 @@ use crate::cli::{Cli, Command};
 use crate::exit::{Failed, ended, failure, followed};
 use crate::home::{Home, HomeError};
 use crate::read::Read;
+use crate::remote::client::ClientError;
 use crate::{context, node_cmd, remote, render, run, serve, store_file};
 
 /// Carries out one parsed command line.
@@ -41,11 +42,15 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failed> {
         }
         // Handled in main before the home is located: a gate must answer even without a home.
         Command::Hook { .. } => {}
-        Command::Context { task, resume } => {
-            let store = home.open_existing()?;
-            let caps = home.config()?.context.context_config();
-            out.context(&context::build(&store, task, resume, &caps)?)?;
-        }
+        Command::Context { task, resume } => match reader(&home, &cli_remote)? {
+            Reader::Local(store) => {
+                let caps = home.config()?.context.context_config();
+                context::print(&store, task, resume, &caps, &out)?
+            }
+            Reader::Served(server) => server
+                .answer(|client| remote::context(client, task, resume, cli.json))
+                .map_err(|e| remote::exit_of(e, false))?,
+        },
         Command::Tree { run, limit } => read(&home, &cli_remote, &out, Read::Tree { run, limit })?,
         Command::Run {
             brief,
@@ -264,8 +269,16 @@ impl Served {
     fn answer(&self, ask: impl FnOnce(&remote::client::Client) -> anyhow::Result<()>) -> anyhow::Result<()> {
         let asked = ask(&self.client);
         match &self.held {
+            // A refusal is the server's answer (an unknown task, exit 3), said as the local
+            // command says it; only a server that did not answer is told with why it was asked.
             Some(held) => asked.map_err(|e| {
-                e.context(held.clone())
+                if e.downcast_ref::<ClientError>()
+                    .is_some_and(|c| c.status().is_some())
+                {
+                    e
+                } else {
+                    e.context(held.clone())
+                }
             }),
             None => asked,
         }

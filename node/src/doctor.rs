@@ -370,7 +370,7 @@ pub(crate) fn preflight(home: &Home, choice: &HarnessChoice) -> Result<(), Faile
 
 /// The store: present, its size, its integrity (when no other keel process holds it), and the free
 /// space of its disk.
-fn store_findings(store: &Path) -> Vec<Finding> {
+fn store_findings(home: &Home, store: &Path) -> Vec<Finding> {
     let mut found = Vec::new();
     let Ok(meta) = std::fs::metadata(store) else {
         found.push(Finding::bad(
@@ -405,11 +405,15 @@ fn store_findings(store: &Path) -> Vec<Finding> {
             )),
         },
         Err(keel_store::OpenError::Locked) => {
+            let holder = match crate::serve::discovery::read(home) {
+                Some(server) => format!("the keel server at {} (pid {})", server.url, server.pid),
+                None => "another keel process".to_owned(),
+            };
             found.push(Finding::bad(
                 Severity::Warning,
                 "store",
                 format!(
-                    "{}: {size} bytes; another keel process holds it, so its integrity was not checked",
+                    "{}: {size} bytes; {holder} holds it, so its integrity was not checked",
                     store.display()
                 ),
                 "run `keel doctor` (or `keel store check`) again when it has stopped",
@@ -483,7 +487,7 @@ fn findings(home: &Home) -> Vec<Finding> {
         found.extend(harness_findings(config, &HarnessChoice::default()));
         found.extend(spare_account_findings(config));
         let store = home.dir().join(&config.store.path);
-        found.extend(store_findings(&store));
+        found.extend(store_findings(home, &store));
         let looser = crate::private::looser_than_private(home.dir(), &store);
         if looser.is_empty() {
             found.push(Finding::ok(

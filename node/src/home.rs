@@ -160,7 +160,12 @@ impl Home {
         // A kept keel.toml is checked now, so a bad one is reported at init rather than at first use.
         let store_path = self.store_path()?;
         let store = !store_path.exists();
-        Store::open(&store_path).map_err(|reason| self.open_failed(store_path, reason))?;
+        match Store::open(&store_path) {
+            Ok(_) => {}
+            // A store another keel process holds (a `keel serve` has it alone) is a store: kept.
+            Err(OpenError::Locked) if !store => {}
+            Err(reason) => return Err(self.open_failed(store_path, reason)),
+        }
         Ok(Created { config, store })
     }
 

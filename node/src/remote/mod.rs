@@ -156,6 +156,15 @@ pub(crate) fn read(client: &Client, command: Read, json: bool) -> anyhow::Result
     Ok(())
 }
 
+/// `keel context TASK [--resume]` answered by the server.
+pub(crate) fn context(client: &Client, task: TaskId, resume: bool, json: bool) -> anyhow::Result<()> {
+    let format = if json { "json" } else { "text" };
+    let path = format!("/v1/tasks/{task}/context?resume={resume}&format={format}");
+    let text = tokio_runtime()?.block_on(client.get_text(&path))?;
+    print_raw(&text)?;
+    Ok(())
+}
+
 fn refuse_node_flags(choice: &crate::run::setup::HarnessChoice) -> anyhow::Result<()> {
     if choice.harness.is_some() || choice.model.is_some() || choice.model_server.is_some() {
         bail!(

@@ -31,6 +31,7 @@ use super::metrics::Metrics;
 use super::wire::{
     ApiEvent, AskFollowUp, CancelRun, FollowUpStarted, Printed, SubmitRun, Submitted,
 };
+use crate::exit::Failed;
 use crate::home::Home;
 use crate::read::{self, Read};
 use crate::render::Output;
@@ -107,6 +108,7 @@ pub(crate) fn router(app: Shared) -> Router {
         .route("/v1/tasks", get(tasks))
         .route("/v1/tasks/{task}", get(show))
         .route("/v1/tasks/{task}/logs", get(logs))
+        .route("/v1/tasks/{task}/context", get(context))
         .route("/v1/tasks/{task}/follow-ups", post(follow_up))
         .route("/v1/tasks/{task}/cancel", post(cancel_task))
         .route("/v1/follow-ups/{task}/summary", get(follow_up_summary))
@@ -271,10 +273,19 @@ pub(super) async fn blocking<T: Send + 'static>(
 
 /// Answer a read with exactly what the command prints.
 async fn read(app: &Shared, command: Read, format: Format) -> Result<Response, ApiError> {
+    capture_print(app, format, move |store, out| command.print(store, out)).await
+}
+
+/// Answer with what `print` prints on the server's store, as text or JSON.
+async fn capture_print(
+    app: &Shared,
+    format: Format,
+    print: impl FnOnce(&Store, &Output) -> Result<(), Failed> + Send + 'static,
+) -> Result<Response, ApiError> {
     let store = app.store()?;
     let json = format == Format::Json;
     let text = blocking(move || {
-        let (result, text) = crate::stdout::capture(|| command.print(&store, &Output::new(json)));
+        let (result, text) = crate::stdout::capture(|| print(&store, &Output::new(json)));
         result.map_err(ApiError::from)?;
         Ok(text)
     })
@@ -285,6 +296,37 @@ async fn read(app: &Shared, command: Read, format: Format) -> Result<Response, A
         "text/plain; charset=utf-8"
     };
     Ok(([(header::CONTENT_TYPE, kind)], text).into_response())
+}
+
+/// The query of `GET /v1/tasks/{task}/context`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ContextQuery {
+    #[serde(default)]
+    format: Format,
+    /// `keel context --resume`.
+    #[serde(default)]
+    resume: bool,
+}
+
+/// `keel context TASK`: what the task's agent is shown, with the caps of the server's keel.toml
+/// and the credentials of the server's environment (those its sessions have) scrubbed.
+async fn context(
+    State(app): State<Shared>,
+    Path(task): Path<String>,
+    ApiQuery(q): ApiQuery<ContextQuery>,
+) -> Result<Response, ApiError> {
+    let task = task_id(&task)?;
+    let caps = app
+        .home
+        .config()
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .context
+        .context_config();
+    capture_print(&app, q.format, move |store, out| {
+        crate::context::print(store, task, q.resume, &caps, out)
+    })
+    .await
 }
 
 async fn runs(
