@@ -266,7 +266,10 @@ struct Served {
 
 impl Served {
     /// `ask` on the server; a failure names why the server was asked.
-    fn answer(&self, ask: impl FnOnce(&remote::client::Client) -> anyhow::Result<()>) -> anyhow::Result<()> {
+    fn answer(
+        &self,
+        ask: impl FnOnce(&remote::client::Client) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
         let asked = ask(&self.client);
         match &self.held {
             // A refusal is the server's answer (an unknown task, exit 3), said as the local
@@ -313,8 +316,9 @@ fn reader(home: &Home, flags: &RemoteFlags) -> Result<Reader, Failed> {
                 server.url,
                 server.pid
             );
-            let client = remote::target(home, Some(&server.url), flags.token_file.as_deref(), false)
-                .map_err(|e| remote::exit_of(e.context(held.clone()), false))?;
+            let client =
+                remote::target(home, Some(&server.url), flags.token_file.as_deref(), false)
+                    .map_err(|e| remote::exit_of(e.context(held.clone()), false))?;
             match client {
                 Some(client) => Ok(Reader::Served(Served {
                     client,

@@ -475,7 +475,9 @@ fn keel_server_cancel_of_a_task_ends_that_follow_up_and_keeps_the_runs_result() 
         let mut all = vec!["--json"];
         all.extend_from_slice(args);
         let (code, out, _) = remote(&all);
-        (code == 0).then(|| serde_json::from_str(&out).ok()).flatten()
+        (code == 0)
+            .then(|| serde_json::from_str(&out).ok())
+            .flatten()
     };
     let task_status = |id: TaskId| read(&["show", &id.to_string()]).map(|t| t["status"].clone());
     let run_row = || {

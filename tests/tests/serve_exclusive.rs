@@ -58,7 +58,9 @@ fn a_served_home_is_read_through_its_server_and_on_the_file_once_the_server_is_k
     match Store::open_read_only(&store_path, StoreConfig::default()) {
         Err(OpenError::Locked) => {}
         Err(e) => panic!("a read-only open beside `keel serve` failed otherwise: {e}"),
-        Ok(_) => panic!("a read-only open succeeded beside `keel serve`: it does not hold the store alone"),
+        Ok(_) => panic!(
+            "a read-only open succeeded beside `keel serve`: it does not hold the store alone"
+        ),
     }
     // A run the server hosts, submitted from the home (it goes to the server).
     let again = quiet_survey(keel(home).unwrap(), home);
@@ -86,15 +88,26 @@ fn a_served_home_is_read_through_its_server_and_on_the_file_once_the_server_is_k
         assert!(!err.contains("held by"), "keel {args:?}: {err}");
         served.push((code, out));
     }
-    assert!(served[..served.len() - 1].iter().all(|(code, _)| *code == 0), "{served:?}");
+    assert!(
+        served[..served.len() - 1]
+            .iter()
+            .all(|(code, _)| *code == 0),
+        "{served:?}"
+    );
     assert_eq!(served.last().unwrap().0, 3, "an unknown task is exit 3");
     assert!(served[0].1.contains(&run), "{}", served[0].1);
 
     // A command that needs the file itself says which server holds it and what to do.
     let (code, _, err) = local(home, &["store", "compact"]);
     assert_eq!(code, 1, "{err}");
-    assert!(err.contains(&format!("keel server at {}", server.url)), "{err}");
-    assert!(!err.to_lowercase().contains("database already open"), "{err}");
+    assert!(
+        err.contains(&format!("keel server at {}", server.url)),
+        "{err}"
+    );
+    assert!(
+        !err.to_lowercase().contains("database already open"),
+        "{err}"
+    );
 
     // Killed, the server leaves its `server.json` behind but not its lock: the same reads work on
     // the file and print the same.
@@ -102,7 +115,11 @@ fn a_served_home_is_read_through_its_server_and_on_the_file_once_the_server_is_k
     assert!(home.join(".keel/server.json").is_file());
     for (args, (code, out)) in reads.iter().zip(&served) {
         let (here, text, err) = local(home, args);
-        assert_eq!((here, &text), (*code, out), "keel {args:?} after the kill: {err}");
+        assert_eq!(
+            (here, &text),
+            (*code, out),
+            "keel {args:?} after the kill: {err}"
+        );
     }
     Store::open_read_only(&store_path, StoreConfig::default()).unwrap();
 }
@@ -120,7 +137,11 @@ fn a_held_store_with_no_server_that_answers_is_a_clear_error() {
 
     // This process holds the store alone, as a `keel serve` does.
     let held = Store::open(home.join(".keel/keel.redb")).unwrap();
-    for args in [vec!["runs"], vec!["status"], vec!["store", "backup", "copy.redb"]] {
+    for args in [
+        vec!["runs"],
+        vec!["status"],
+        vec!["store", "backup", "copy.redb"],
+    ] {
         let (code, out, err) = local(home, &args);
         assert_eq!(code, 1, "keel {args:?}: {out}{err}");
         assert!(err.contains("held by another keel process"), "{err}");
@@ -134,7 +155,10 @@ fn a_held_store_with_no_server_that_answers_is_a_clear_error() {
     std::fs::write(home.join(".keel/server.json"), announced.to_string()).unwrap();
     let (code, out, err) = local(home, &["runs"]);
     assert_eq!(code, 1, "{out}{err}");
-    assert!(err.contains(&format!("held by the keel server at {url}")), "{err}");
+    assert!(
+        err.contains(&format!("held by the keel server at {url}")),
+        "{err}"
+    );
     assert!(err.contains("cannot reach the keel server"), "{err}");
     drop(held);
 

@@ -18,18 +18,24 @@ use std::time::Duration;
 use keel_actors::Plan;
 use keel_actors::runtime::scripted;
 use keel_store::{RunId, RunStatus, TaskKind, TaskStatus};
-use keel_tests::fan_out::{reader, subtasks};
 use keel_tests::serve::Server;
 use keel_tests::{Reaped, keel, recorded_bodies, session_openings, wait_for};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(120);
+
+/// A field of a JSON read, as the store's type (`field!(v, "status", RunStatus)`).
+macro_rules! field {
+    ($v:expr, $name:literal, $ty:ty) => {
+        serde_json::from_value::<$ty>($v[$name].clone())
+            .unwrap_or_else(|e| panic!("{}: {e}: {}", $name, $v))
+    };
+}
 /// What the escalating session asks.
 const QUESTION: &str = "Which config format should the tool write?";
 
 struct Fixture {
     _dir: tempfile::TempDir,
-    work: PathBuf,
     record: PathBuf,
     _model: Reaped,
     server: Server,
@@ -64,7 +70,6 @@ impl Fixture {
         let token = server.token();
         Fixture {
             _dir: dir,
-            work,
             record,
             _model: model,
             server,
@@ -88,10 +93,18 @@ impl Fixture {
         v["run"].as_str().unwrap().parse().unwrap()
     }
 
+    /// A read of the API (`keel serve` has the store alone: the test reads it as `keel` does,
+    /// through the server), as JSON.
+    fn read(&self, path: &str) -> Value {
+        let (status, v) = self.call("GET", path, None);
+        assert_eq!(status, 200, "{path}: {v}");
+        v
+    }
+
     /// The run's status once it has ended.
     fn ended(&self, run: RunId) -> RunStatus {
         wait_for(WAIT, "the run to end", || {
-            let status = reader(&self.work).catalog().run(run).ok()?.status;
+            let status = field!(self.read(&format!("/v1/runs/{run}")), "status", RunStatus);
             matches!(status, RunStatus::Completed | RunStatus::Failed).then_some(status)
         })
         .unwrap()
@@ -167,8 +180,9 @@ fn keel_serve_pauses_an_escalated_task_answers_it_over_http_then_runs_a_lead_for
     assert_eq!(status, 200, "{one}");
     assert!(one.to_string().contains(QUESTION), "{one}");
     let task: keel_store::TaskId = e["task"].as_str().unwrap().parse().unwrap();
-    let paused = reader(&fx.work).run(run).task(task).unwrap();
-    assert_eq!(paused.status, TaskStatus::Paused, "{paused:#?}");
+    let paused = fx.read(&format!("/v1/tasks/{task}"));
+    let status = field!(paused, "status", TaskStatus);
+    assert_eq!(status, TaskStatus::Paused, "{paused:#}");
 
     // Refused answers change nothing.
     let answer = |id: &str, text: &str| {
@@ -214,30 +228,31 @@ fn keel_serve_pauses_an_escalated_task_answers_it_over_http_then_runs_a_lead_for
     );
     let run = fx.submit(json!({ "brief": brief }));
     assert_eq!(fx.ended(run), RunStatus::Completed);
-    let store = reader(&fx.work);
-    let tasks = subtasks(&store, run);
+    let all = fx.read(&format!("/v1/runs/{run}/tasks?limit=1000"))["tasks"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let kind = |t: &Value| field!(t, "kind", TaskKind);
+    let status = |t: &Value| field!(t, "status", TaskStatus);
+    let tasks: Vec<&Value> = all.iter().filter(|t| kind(t) != TaskKind::Root).collect();
     assert_eq!(tasks.len(), 3, "{tasks:#?}");
     assert!(
         tasks
             .iter()
-            .all(|t| t.kind == TaskKind::Subtask && t.status == TaskStatus::Complete),
+            .all(|t| kind(t) == TaskKind::Subtask && status(t) == TaskStatus::Complete),
         "{tasks:#?}"
     );
-    let root = store
-        .run(run)
-        .tasks(None, 100)
-        .unwrap()
-        .items
-        .into_iter()
-        .find(|t| t.kind == TaskKind::Root)
-        .unwrap();
-    let log = store.run(run).last_log_rows(root.id, 500).unwrap();
+    let root = all.iter().find(|t| kind(t) == TaskKind::Root).unwrap();
+    let log = fx.read(&format!(
+        "/v1/tasks/{}/logs?tail=500",
+        root["id"].as_str().unwrap()
+    ));
     assert!(
-        log.iter().any(|r| r
-            .value
-            .summary
+        log["rows"].as_array().unwrap().iter().any(|r| r["summary"]
+            .as_str()
+            .unwrap_or_default()
             .contains("dispatch delegation turn 1: 3 calls in parallel")),
-        "{log:#?}"
+        "{log:#}"
     );
     // The lead's `delegate` call was answered with the three reports: the model read them in the
     // lead's next request.
@@ -247,6 +262,6 @@ fn keel_serve_pauses_an_escalated_task_answers_it_over_http_then_runs_a_lead_for
         .find(|r| r.contains("part-1") && r.contains("part-2") && r.contains("part-3"))
         .expect("the lead's delegate answer reached the model");
     assert_eq!(answer.matches("\"Report\"").count(), 3, "{answer}");
-    assert!(root.outcome.is_some(), "{root:#?}");
-    assert!(store.catalog().run(run).unwrap().outcome.is_some());
+    assert!(!root["outcome"].is_null(), "{root:#}");
+    assert!(!fx.read(&format!("/v1/runs/{run}"))["outcome"].is_null());
 }

@@ -157,7 +157,12 @@ pub(crate) fn read(client: &Client, command: Read, json: bool) -> anyhow::Result
 }
 
 /// `keel context TASK [--resume]` answered by the server.
-pub(crate) fn context(client: &Client, task: TaskId, resume: bool, json: bool) -> anyhow::Result<()> {
+pub(crate) fn context(
+    client: &Client,
+    task: TaskId,
+    resume: bool,
+    json: bool,
+) -> anyhow::Result<()> {
     let format = if json { "json" } else { "text" };
     let path = format!("/v1/tasks/{task}/context?resume={resume}&format={format}");
     let text = tokio_runtime()?.block_on(client.get_text(&path))?;

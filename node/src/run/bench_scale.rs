@@ -116,7 +116,10 @@ async fn wait_started(started: &AtomicU64, n: u64) -> anyhow::Result<()> {
 }
 
 fn open_store(path: &Path) -> anyhow::Result<Arc<Store>> {
-    Ok(Arc::new(Store::open_with(path, super::writer_config(super::SHARED))?))
+    Ok(Arc::new(Store::open_with(
+        path,
+        super::writer_config(super::SHARED),
+    )?))
 }
 
 /// What the bench measured.
