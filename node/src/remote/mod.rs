@@ -1,8 +1,10 @@
 //! The `keel` commands against a keel server (`keel serve`) instead of a local store: with
-//! `--server URL`, or, for the commands that host runs (`run`, `resume`, `follow-up`, `cancel`),
-//! when a server holds this home (its `server.json`). They print what the local commands print
-//! and exit with the same codes: the live view is the same code fed with the server's event
-//! stream, and reads and summaries are the text the server's copy of the same code printed.
+//! `--server URL`; for the commands that host runs (`run`, `resume`, `follow-up`, `cancel`,
+//! `answer`), when a server holds this home (its `server.json`); for the read commands, when the
+//! store is held and the home announces a server (`dispatch.rs`). They print what the local
+//! commands print and exit with the same codes: the live view is the same code fed with the
+//! server's event stream, and reads and summaries are the text the server's copy of the same code
+//! printed.
 
 pub(crate) mod client;
 

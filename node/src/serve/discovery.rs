@@ -1,8 +1,9 @@
 //! The file in a keel home that names the server holding it (`server.json`: its URL and process
 //! id), so a local `keel run`, `follow-up`, `resume` or `cancel` on that home goes to the server
-//! instead of failing to open a store another process holds. Written when `keel serve` starts
-//! listening (mode 0600), removed when it stops; a file left by a killed server names a process
-//! that is gone and is ignored.
+//! instead of failing to open a store another process holds, and so do the read commands when
+//! the store is held (`keel serve` has it alone). Written when the server starts listening (mode
+//! 0600), removed when it stops; a file left by a killed server names a process that is gone and
+//! is ignored (and the reads, which open the store first, never depend on it while it is free).
 
 use std::io::Write;
 use std::net::SocketAddr;

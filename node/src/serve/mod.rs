@@ -11,6 +11,11 @@
 //! Another host of the runtime (a cluster's coordinator node) serves the same API with
 //! [`ApiMetrics`] (its observer in the runtime's config), [`Hosted`] and [`ApiServer`].
 //!
+//! The store: `keel serve` opens it alone ([`crate::run::SERVED`], one fdatasync a commit instead
+//! of two), so no other process opens the file while it runs; the read commands on its home come
+//! here instead (`dispatch.rs`, through `server.json`). A coordinator node shares its store with
+//! readers, as `keel run` does.
+//!
 //! Shutdown: SIGINT or SIGTERM refuses new work, pauses every run as `keel run` does on a signal,
 //! tells the open event streams (`event: paused`: a `keel --server` client ends as a paused local
 //! run does, exit 6), then stops answering; `keel resume RUN` (or `POST /v1/runs/{run}/resume` on the next
