@@ -76,7 +76,7 @@ fn held_hint(server: Option<&Announced>) -> String {
             url = server.url,
             pid = server.pid
         ),
-        None => "it is held by another keel process: a `keel run`, `resume`, `follow-up` or `keel node` writing it (wait for it, or stop its run with `keel cancel RUN`), or one that needs it alone (a `keel serve` not listening yet, `keel store check` or `compact`); if a `keel serve` holds it, pass `--server URL`".to_owned(),
+        None => "it is held by another keel process: a `keel run`, `resume`, `follow-up` or `keel node` writing it (wait for it, or stop its run with `keel cancel RUN`), or one that has it alone (a `keel serve` starting or stopping, `keel store check` or `compact`); if a `keel serve` holds it, pass `--server URL`".to_owned(),
     }
 }
 
