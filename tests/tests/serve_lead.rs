@@ -104,7 +104,9 @@ impl Fixture {
     /// The run's status once it has ended.
     fn ended(&self, run: RunId) -> RunStatus {
         wait_for(WAIT, "the run to end", || {
-            let status = field!(self.read(&format!("/v1/runs/{run}")), "status", RunStatus);
+            // A run just submitted may not be in the store yet (404 until its first commit).
+            let (code, v) = self.call("GET", &format!("/v1/runs/{run}"), None);
+            let status = (code == 200).then(|| field!(v, "status", RunStatus))?;
             matches!(status, RunStatus::Completed | RunStatus::Failed).then_some(status)
         })
         .unwrap()
