@@ -26,7 +26,8 @@ pub(crate) struct Cli {
     pub(crate) log_format: Option<config::LogFormat>,
 
     /// Talk to the keel server at this URL (`keel serve`) instead of this home's store: `run`,
-    /// `resume`, `follow-up`, `cancel`, `status`, `tree`, `logs`, `runs`, `tasks`, `show`.
+    /// `resume`, `follow-up`, `cancel`, `answer`, `status`, `tree`, `logs`, `runs`, `tasks`,
+    /// `show`, `audit`, `context`, `escalations`.
     #[arg(long, global = true, value_name = "URL")]
     pub(crate) server: Option<String>,
 
@@ -216,8 +217,9 @@ pub(crate) enum Command {
         /// The run id; the latest run when left out.
         run: Option<RunId>,
     },
-    /// Host runs on this home and answer the HTTP API (docs/API.md) until SIGINT or SIGTERM; local
-    /// `keel run`, `resume`, `follow-up` and `cancel` on this home then go to it.
+    /// Host runs on this home and answer the HTTP API (docs/API.md) until SIGINT or SIGTERM. It
+    /// opens the store alone (one fsync a commit): local `keel run`, `resume`, `follow-up`,
+    /// `cancel`, `answer` and the read commands on this home then go to it.
     Serve {
         /// The address to bind (over `[server] listen`; port 0 picks a free one).
         #[arg(long, value_name = "ADDR")]
