@@ -52,6 +52,7 @@ mod scope;
 mod sim_disk;
 mod store;
 mod tables;
+mod task_state;
 mod upgrade;
 
 pub use batch::{Applied, StagedWrite, WriteBatch};

@@ -266,6 +266,7 @@ fn copy_tables(
         copy(source, target, tables::OPEN_RUNS)?,
         copy(source, target, tables::RUN_PLANS)?,
         copy(source, target, tables::TASKS)?,
+        copy(source, target, tables::TASK_STATES)?,
         copy(source, target, tables::TASK_RUN)?,
         copy(source, target, tables::TASK_CHILDREN)?,
         copy(source, target, tables::SESSION_LOGS)?,

@@ -11,6 +11,7 @@ use crate::error::ReadError;
 use crate::limits::{LimitError, Limits};
 use crate::model::{Run, RunId, SessionLogRow, Task, TaskId};
 use crate::tables::{self, Row, name};
+use crate::task_state::States;
 
 /// Rows of a bounded read, with whether more rows were left unread (never truncated silently).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -118,7 +119,7 @@ pub(crate) fn get_task(txn: &ReadTransaction, run: RunId, task: TaskId) -> Resul
             what: "task",
             key: task.to_string(),
         }),
-        Some(g) => Ok(codec::decode(
+        Some(g) => States::open(txn)?.attach(codec::decode(
             name::TASKS,
             &format_args!("{run}/{task}"),
             g.value(),
@@ -148,6 +149,7 @@ pub(crate) fn tasks_of_run(
     limit: usize,
 ) -> Result<Listing<Task>, ReadError> {
     let table = txn.open_table(tables::TASKS)?;
+    let states = States::open(txn)?;
     let start = match after {
         None => 0,
         Some(t) => match t.0.checked_add(1) {
@@ -169,17 +171,18 @@ pub(crate) fn tasks_of_run(
             break;
         }
         let (_, t) = k.value();
-        items.push(codec::decode(
+        items.push(states.attach(codec::decode(
             name::TASKS,
             &format_args!("{run}/{}", TaskId(t)),
             v.value(),
-        )?);
+        )?)?);
     }
     Ok(Listing { items, more })
 }
 
 pub(crate) fn all_tasks(txn: &ReadTransaction, limit: usize) -> Result<Listing<Task>, ReadError> {
     let table = txn.open_table(tables::TASKS)?;
+    let states = States::open(txn)?;
     let mut items = Vec::new();
     let mut more = false;
     for entry in table.iter()? {
@@ -189,11 +192,11 @@ pub(crate) fn all_tasks(txn: &ReadTransaction, limit: usize) -> Result<Listing<T
             break;
         }
         let (r, t) = k.value();
-        items.push(codec::decode(
+        items.push(states.attach(codec::decode(
             name::TASKS,
             &format_args!("{}/{}", RunId(r), TaskId(t)),
             v.value(),
-        )?);
+        )?)?);
     }
     Ok(Listing { items, more })
 }

@@ -21,13 +21,16 @@ use crate::model::{
 };
 use crate::scope::RunScope;
 use crate::tables::{self, Row, name};
+use crate::task_state::{StateOf, TaskHead};
 
 /// The store format this build writes into the `meta` table. Bumped only when the table layout (not a
 /// record's shape: that is the codec's schema version) changes incompatibly: an older keel refuses a
 /// newer format rather than write rows without the tables that must change with them. History: 1, the
 /// first; 2, the open-runs index and plans in their own table (the `upgrade` module; a writable open
-/// upgrades a format-1 store in its set-up transaction).
-pub const STORE_FORMAT: u64 = 2;
+/// upgrades a format-1 store in its set-up transaction); 3, a task's state in its own table
+/// (`task_states`: an update that leaves the once-written fields alone writes only the state; a
+/// format-2 row is a format-3 row without a state, so the upgrade only adds the table).
+pub const STORE_FORMAT: u64 = 3;
 
 /// How a store is opened. A struct rather than arguments so later options do not break callers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -194,6 +197,7 @@ impl Store {
             txn.open_table(tables::OPEN_RUNS)?;
             txn.open_table(tables::RUN_PLANS)?;
             txn.open_table(tables::TASKS)?;
+            txn.open_table(tables::TASK_STATES)?;
             txn.open_table(tables::TASK_RUN)?;
             txn.open_table(tables::TASK_CHILDREN)?;
             txn.open_table(tables::SESSION_LOGS)?;
@@ -521,6 +525,7 @@ struct Writer<'t> {
     open_runs: Lazy<'t, u128, ()>,
     plans: Lazy<'t, u128, &'static [u8]>,
     tasks: Lazy<'t, tables::RunPair, Row>,
+    task_states: Lazy<'t, tables::RunPair, Row>,
     task_run: Lazy<'t, u128, u128>,
     children: Lazy<'t, tables::RunTriple, ()>,
     logs: Lazy<'t, tables::RunTaskSeq, Row>,
@@ -553,6 +558,7 @@ impl<'t> Writer<'t> {
             open_runs: Lazy::new(txn, tables::OPEN_RUNS),
             plans: Lazy::new(txn, tables::RUN_PLANS),
             tasks: Lazy::new(txn, tables::TASKS),
+            task_states: Lazy::new(txn, tables::TASK_STATES),
             task_run: Lazy::new(txn, tables::TASK_RUN),
             children: Lazy::new(txn, tables::TASK_CHILDREN),
             logs: Lazy::new(txn, tables::SESSION_LOGS),
@@ -616,28 +622,17 @@ impl<'t> Writer<'t> {
         Ok(())
     }
 
-    /// The parent of a stored task of `run`, `None` when the task is not stored: read from the
-    /// row's leading fields only, which every schema version lays out alike (`Task`'s id, run and
-    /// parent come first), instead of decoding the whole row for one field.
-    fn stored_parent(
-        &mut self,
-        run: RunId,
-        task: TaskId,
-    ) -> Result<Option<Option<TaskId>>, Failure> {
-        /// The first fields of a [`Task`], in its order.
-        #[derive(serde::Deserialize)]
-        struct TaskHead {
-            _id: TaskId,
-            _run_id: RunId,
-            parent: Option<TaskId>,
-        }
+    /// The once-written fields of a stored task of `run`, `None` when the task is not stored: read
+    /// from the row's leading fields only, which every schema version lays out alike, instead of
+    /// decoding the whole row.
+    fn stored_head(&mut self, run: RunId, task: TaskId) -> Result<Option<TaskHead>, Failure> {
         match self.tasks.open()?.get((run.0, task.0))? {
             None => Ok(None),
-            Some(g) => {
-                let head: TaskHead =
-                    codec::decode_prefix(name::TASKS, &format_args!("{run}/{task}"), g.value())?;
-                Ok(Some(head.parent))
-            }
+            Some(g) => Ok(Some(codec::decode_prefix(
+                name::TASKS,
+                &format_args!("{run}/{task}"),
+                g.value(),
+            )?)),
         }
     }
 
@@ -762,17 +757,24 @@ impl<'t> Writer<'t> {
                 Ok(Applied::TaskCreated { blobbed })
             }
             RunOp::UpdateTask(task) => {
-                let Some(stored_parent) = self.stored_parent(run, task.id)? else {
+                let Some(head) = self.stored_head(run, task.id)? else {
                     return Err(ItemError::TaskNotFound { run, task: task.id }.into());
                 };
-                if stored_parent != task.parent {
+                if head.parent != task.parent {
                     return Err(ItemError::ParentChanged { task: task.id }.into());
                 }
                 let (task, blobbed) = self.externalize(run, task)?;
-                let bytes = codec::encode(name::TASKS, &*task)?;
-                self.tasks
-                    .open()?
-                    .insert((run.0, task.id.0), bytes.as_slice())?;
+                let key = (run.0, task.id.0);
+                if head.same_as(&task) {
+                    // Only the state changed (the common case: a status, an outcome): the row's
+                    // once-written part stays, the state row takes the rest.
+                    let bytes = codec::encode(name::TASK_STATES, &StateOf::of(&task))?;
+                    self.task_states.open()?.insert(key, bytes.as_slice())?;
+                } else {
+                    let bytes = codec::encode(name::TASKS, &*task)?;
+                    self.tasks.open()?.insert(key, bytes.as_slice())?;
+                    self.task_states.open()?.remove(key)?;
+                }
                 Ok(Applied::TaskUpdated { blobbed })
             }
             RunOp::AppendLog { task, row } => {

@@ -101,6 +101,11 @@ pub(crate) const OPEN_RUNS: TableDefinition<'_, u128, ()> = TableDefinition::new
 pub(crate) const RUN_PLANS: TableDefinition<'_, u128, &[u8]> = TableDefinition::new("run_plans");
 /// (run, task) -> Task. The per-run index is the key order itself.
 pub(crate) const TASKS: TableDefinition<'_, RunPair, Row> = TableDefinition::new("tasks");
+/// (run, task) -> the task's state (store format 3): the fields that change after its creation,
+/// written by an update that leaves the once-written fields as they are, instead of the whole row
+/// again. A reader puts it over the `tasks` row; a task never updated has none.
+pub(crate) const TASK_STATES: TableDefinition<'_, RunPair, Row> =
+    TableDefinition::new("task_states");
 /// task -> run: keeps task ids unique store-wide and lets the operator view locate a task.
 pub(crate) const TASK_RUN: TableDefinition<'_, u128, u128> = TableDefinition::new("task_run");
 /// (run, parent, child) -> (): the parent/child index.
@@ -146,6 +151,7 @@ pub(crate) mod name {
     pub(crate) const RUNS: &str = "runs";
     pub(crate) const RUN_PLANS: &str = "run_plans";
     pub(crate) const TASKS: &str = "tasks";
+    pub(crate) const TASK_STATES: &str = "task_states";
     pub(crate) const SESSION_LOGS: &str = "session_logs";
     pub(crate) const CHECKPOINTS: &str = "checkpoints";
     pub(crate) const MANIFEST: &str = "manifest";

@@ -7,6 +7,12 @@
 //! a run row never holds its plan). Format 1 → 2 reads every run row once: each open run is
 //! indexed, each plan is moved out of its row. A format-1 store opened read-only is read as it is
 //! (the readers fall back to scanning run rows and to the plan inside a row).
+//!
+//! 3, a task's state in its own table (`task_states`, the `task_state` module). A format-2 task
+//! row is whole, which is what a format-3 row of a task without a state row is, so format 2 → 3
+//! moves nothing: the set-up transaction creates the table and records the format, and an older
+//! keel then refuses the store (it would read a task's row without its newer state). A format-2
+//! store opened read-only has no such table and reads its rows as they are.
 
 use redb::{ReadableTable, WriteTransaction};
 
