@@ -93,6 +93,32 @@ fn a_plan_runs_in_topological_batches_and_ends_with_a_synthesis() {
             .any(|d| d.contains("dispatch batch 1 together: [a, b]"))
     );
     assert!(decisions.iter().any(|d| d.contains("synthesis")));
+    // The batch's row names its first attempts, task and all: a and b write no row of their own;
+    // c, alone in its batch, is named by that batch's row.
+    let root_rows: Vec<keel_store::SessionLogRow> = w
+        .store
+        .tasks
+        .values()
+        .filter(|t| t.kind == keel_store::TaskKind::Root)
+        .flat_map(|t| w.store.logs.get(&t.id).cloned().unwrap_or_default())
+        .map(|(_, r)| r)
+        .collect();
+    let batch = root_rows
+        .iter()
+        .find(|r| r.summary.contains("dispatch batch 1 together"))
+        .unwrap();
+    for (a, _) in &w.specs {
+        let key = w.store.tasks[&a.task].brief.lines().next().unwrap_or("")[3..].to_string();
+        let line = format!("step {key}: attempt 1 of task {} (first attempt)", a.task);
+        let batch_n = if key == "c" { 2 } else { 1 };
+        let named_by = root_rows
+            .iter()
+            .find(|r| r.summary.contains(&format!("dispatch batch {batch_n} together")))
+            .unwrap();
+        assert!(named_by.detail.lines().any(|l| l == line), "{line} in {named_by:?}");
+        assert!(!decisions.iter().any(|d| d.contains(&line)), "no own row: {line}");
+    }
+    assert_eq!(batch.detail.lines().count(), 2);
     // Every acknowledged result was durable first: the ack set equals the set of accepted attempts.
     assert_eq!(w.delivered_acks.len(), 3);
     for a in &w.delivered_acks {

@@ -214,7 +214,6 @@ impl RunState {
                 self.batch + 1,
                 keys.join(", ")
             );
-            self.decide(now, summary);
             let plans: Vec<(usize, Vec<String>)> = waiting
                 .into_iter()
                 .map(|i| {
@@ -227,6 +226,13 @@ impl RunState {
                     (i, unusable)
                 })
                 .collect();
+            let starting: Vec<usize> = plans
+                .iter()
+                .filter(|(_, unusable)| unusable.is_empty())
+                .map(|(i, _)| *i)
+                .collect();
+            let detail = self.announce_first_attempts(&starting, now, rng);
+            self.decide_detailed(now, summary, detail);
             for (i, unusable) in plans {
                 if unusable.is_empty() {
                     self.begin_attempt(i, None, now, rng, out);
@@ -238,6 +244,7 @@ impl RunState {
                     self.skip(i, reason, now, out);
                 }
             }
+            self.announced.clear();
             return;
         }
     }

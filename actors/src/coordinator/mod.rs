@@ -146,6 +146,9 @@ struct RunState {
     /// The newest stage sent in this input that wants the run's checkpoint (`staging.rs`).
     checkpoint_due: Option<u64>,
     decisions: Vec<SessionLogRow>,
+    /// Task ids minted for the first attempts of a batch being dispatched, already named in the
+    /// batch's decision row (so each attempt writes no row of its own); emptied by the dispatch.
+    announced: BTreeMap<usize, TaskId>,
     stale_logged: BTreeSet<AttemptId>,
     phase: Phase,
     /// Its sessions' tool calls (session_tools.rs).
@@ -248,6 +251,7 @@ impl RunState {
             pending: BTreeMap::new(),
             checkpoint_due: None,
             decisions: Vec::new(),
+            announced: BTreeMap::new(),
             stale_logged: BTreeSet::new(),
             phase: Phase::Running,
             tools: Default::default(),
@@ -256,6 +260,13 @@ impl RunState {
 
     fn decide(&mut self, now: Millis, summary: impl std::fmt::Display) {
         self.decisions.push(decision_row(now, summary));
+    }
+
+    /// A decision with lines of detail (a batch's attempts, one line each).
+    fn decide_detailed(&mut self, now: Millis, summary: impl std::fmt::Display, detail: String) {
+        let mut row = decision_row(now, summary);
+        row.detail = detail;
+        self.decisions.push(row);
     }
 
     fn flush_decisions(&mut self, now: Millis, out: &mut Vec<Effect>) {

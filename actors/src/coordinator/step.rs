@@ -20,6 +20,10 @@ use keel_store::{
 };
 use std::mem::Discriminant;
 
+/// Most bytes of a batch's decision detail naming its first attempts (well under the store's
+/// 16 KiB for a log row's detail); the steps past it write their own rows.
+const ANNOUNCED_BYTES_MAX: usize = 8 * 1024;
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) enum BackoffNext {
     Readmit,
@@ -222,6 +226,45 @@ impl RunState {
 }
 
 impl RunState {
+    /// Mints the task ids of the plain first attempts among `steps` (in their order, as
+    /// [`RunState::begin_attempt`] would) and answers the lines that name them, for the batch's
+    /// decision row: one row a batch instead of one a step (a specialist's admission wrote a row of
+    /// about 140 bytes for this alone). A step that is not a plain first attempt, or whose line no
+    /// longer fits in [`ANNOUNCED_BYTES_MAX`], keeps its own row.
+    pub(super) fn announce_first_attempts(
+        &mut self,
+        steps: &[usize],
+        now: Millis,
+        rng: &mut dyn Entropy,
+    ) -> String {
+        let mut detail = String::new();
+        for &index in steps {
+            let step = &self.steps[index];
+            if step.current_task.is_some()
+                || step.failures >= self.config.attempts_per_step_max
+                || (self.lead.is_some() && index == 0)
+                || follow_up_parent(self, index).is_some()
+            {
+                continue;
+            }
+            let key = &self.steps[index].spec.key;
+            // The line as the step's own row would have said it.
+            let line_bytes = key.len() + 64;
+            if detail.len() + line_bytes > ANNOUNCED_BYTES_MAX {
+                break;
+            }
+            let task = mint_task_id(now, rng);
+            if !detail.is_empty() {
+                detail.push('\n');
+            }
+            detail.push_str(&format!(
+                "step {key}: attempt 1 of task {task} (first attempt)"
+            ));
+            self.announced.insert(index, task);
+        }
+        detail
+    }
+
     /// Start the next attempt of a step: a new task for its first attempt or a re-dispatch (reroute,
     /// harness switch, context overflow), the same task with the next attempt number for a restart.
     /// The task row, which carries the attempt number and its idempotency key, is made durable
@@ -259,6 +302,8 @@ impl RunState {
         let is_lead = self.lead.is_some() && index == 0;
         let previous = self.steps[index].current_task;
         let new_task = previous.is_none() || reroute.is_some();
+        // A first attempt its batch's decision row already names (task id and all).
+        let announced = self.announced.remove(&index);
         let (task_id, attempt, kind, parent, continuity) = match (previous, new_task) {
             (Some(prev), true) => (
                 mint_task_id(now, rng),
@@ -296,7 +341,7 @@ impl RunState {
                     Continuity::Standard { parent },
                 ),
                 None => (
-                    mint_task_id(now, rng),
+                    announced.unwrap_or_else(|| mint_task_id(now, rng)),
                     1,
                     TaskKind::Subtask,
                     Some(root_id),
@@ -405,10 +450,12 @@ impl RunState {
             (false, _) => "restart with a resume preamble".to_string(),
             (true, None) => "first attempt".to_string(),
         };
-        self.decide(
-            now,
-            format_args!("step {step_key}: attempt {attempt} of task {task_id} ({how})"),
-        );
+        if announced != Some(task_id) {
+            self.decide(
+                now,
+                format_args!("step {step_key}: attempt {attempt} of task {task_id} ({how})"),
+            );
+        }
         self.stage(
             ops,
             Then::Admit {
