@@ -113,10 +113,19 @@ fn a_plan_runs_in_topological_batches_and_ends_with_a_synthesis() {
         let batch_n = if key == "c" { 2 } else { 1 };
         let named_by = root_rows
             .iter()
-            .find(|r| r.summary.contains(&format!("dispatch batch {batch_n} together")))
+            .find(|r| {
+                r.summary
+                    .contains(&format!("dispatch batch {batch_n} together"))
+            })
             .unwrap();
-        assert!(named_by.detail.lines().any(|l| l == line), "{line} in {named_by:?}");
-        assert!(!decisions.iter().any(|d| d.contains(&line)), "no own row: {line}");
+        assert!(
+            named_by.detail.lines().any(|l| l == line),
+            "{line} in {named_by:?}"
+        );
+        assert!(
+            !decisions.iter().any(|d| d.contains(&line)),
+            "no own row: {line}"
+        );
     }
     assert_eq!(batch.detail.lines().count(), 2);
     // Every acknowledged result was durable first: the ack set equals the set of accepted attempts.

@@ -102,8 +102,14 @@ fn a_result_commit_writes_the_states_not_the_rows_again() {
     }
     let (admission, results) = (admission as f64 / runs as f64, results as f64 / runs as f64);
     eprintln!("disk operations a commit: admission {admission:.1}, results {results:.1}");
-    assert!(results <= RESULT_OPS_MAX, "{results:.1} operations a result commit");
-    assert!(admission <= ADMISSION_OPS_MAX, "{admission:.1} operations an admission");
+    assert!(
+        results <= RESULT_OPS_MAX,
+        "{results:.1} operations a result commit"
+    );
+    assert!(
+        admission <= ADMISSION_OPS_MAX,
+        "{admission:.1} operations an admission"
+    );
 }
 
 /// Measured 21.3 with the state table; a whole-row update (24.9) fails it.

@@ -8,7 +8,7 @@ mod common;
 
 use common::*;
 use keel_store::*;
-use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{ReadableDatabase, TableDefinition};
 
 const TASKS: TableDefinition<'_, (u128, u128), &[u8]> = TableDefinition::new("tasks");
 const STATES: TableDefinition<'_, (u128, u128), &[u8]> = TableDefinition::new("task_states");
@@ -122,7 +122,12 @@ fn an_update_of_the_state_leaves_the_row_and_every_reader_sees_it() {
         ..task(1, 11, Some(10))
     };
     update(&store, &running);
-    let want = vec![task(1, 10, None), running, task(1, 12, Some(10)), done.clone()];
+    let want = vec![
+        task(1, 10, None),
+        running,
+        task(1, 12, Some(10)),
+        done.clone(),
+    ];
     every_reader_sees(&store, &want);
     drop(store);
 
@@ -168,7 +173,13 @@ fn an_update_of_a_once_written_field_rewrites_the_row_and_drops_the_state() {
         )
         .unwrap_err();
     assert!(
-        matches!(err, CommitError::Item { error: ItemError::ParentChanged { .. }, .. }),
+        matches!(
+            err,
+            CommitError::Item {
+                error: ItemError::ParentChanged { .. },
+                ..
+            }
+        ),
         "{err:?}"
     );
     drop(store);
