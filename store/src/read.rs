@@ -77,13 +77,22 @@ pub(crate) fn get_run(txn: &ReadTransaction, run: RunId) -> Result<Run, ReadErro
 /// beside the row). Absent in a format-1 store opened read-only, whose rows still hold their plans.
 pub(crate) struct Plans(Option<redb::ReadOnlyTable<u128, Row>>);
 
+/// A table a store of an older format opened read-only may not have (a read-only open does not
+/// upgrade): `None` then.
+pub(crate) fn table_if_any<K: redb::Key + 'static, V: redb::Value + 'static>(
+    txn: &ReadTransaction,
+    definition: TableDefinition<'static, K, V>,
+) -> Result<Option<redb::ReadOnlyTable<K, V>>, ReadError> {
+    match txn.open_table(definition) {
+        Ok(table) => Ok(Some(table)),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
 impl Plans {
     pub(crate) fn open(txn: &ReadTransaction) -> Result<Self, ReadError> {
-        match txn.open_table(tables::RUN_PLANS) {
-            Ok(table) => Ok(Self(Some(table))),
-            Err(redb::TableError::TableDoesNotExist(_)) => Ok(Self(None)),
-            Err(e) => Err(e.into()),
-        }
+        table_if_any(txn, tables::RUN_PLANS).map(Self)
     }
 
     /// The run with its plan (a row that holds its own plan, written by format 1, keeps it).

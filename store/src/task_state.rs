@@ -126,11 +126,7 @@ pub(crate) struct States(Option<ReadOnlyTable<tables::RunPair, Row>>);
 
 impl States {
     pub(crate) fn open(txn: &ReadTransaction) -> Result<Self, ReadError> {
-        match txn.open_table(tables::TASK_STATES) {
-            Ok(table) => Ok(Self(Some(table))),
-            Err(redb::TableError::TableDoesNotExist(_)) => Ok(Self(None)),
-            Err(e) => Err(e.into()),
-        }
+        crate::read::table_if_any(txn, tables::TASK_STATES).map(Self)
     }
 
     /// The task with its newest state (a task never updated since its creation keeps its row's).
