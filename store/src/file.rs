@@ -12,6 +12,11 @@
 //!
 //! `fallocate` would not do: on ext4 it reserves unwritten extents, and the first write into one
 //! converts it, which costs the journal commit again.
+//!
+//! The zeros carry nothing, so writing them is best effort: when it fails (a disk too full for a
+//! whole step), redb's own operation goes on as it would without this backend, and its own write
+//! reports a real shortage. A store file written before this backend existed keeps its holes (the
+//! mark starts at the file's length).
 
 use std::fs::File;
 use std::ops::Bound;
@@ -33,9 +38,11 @@ const FILL_STEP_MAX: u64 = 64 << 20;
 static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
 
 /// A store file whose blocks are written (with zeros) before redb's commits write into them.
+/// Generic over the backend only so that a test can make the zeros fail; keel opens it over
+/// redb's [`FileBackend`].
 #[derive(Debug)]
-pub(crate) struct AllocatedFile {
-    inner: FileBackend,
+pub(crate) struct AllocatedFile<B = FileBackend> {
+    inner: B,
     /// Every byte at or past this offset was never written through this handle: from the file's
     /// length at open (what is there was written by earlier opens; a sparse part of it stays
     /// sparse) up to what this handle filled.
@@ -49,32 +56,40 @@ impl AllocatedFile {
     /// When redb cannot use the file or its length cannot be read.
     pub(crate) fn new(file: File) -> Result<Self, DatabaseError> {
         let len = file.metadata()?.len();
-        Ok(Self {
-            inner: FileBackend::new(file)?,
-            filled: Mutex::new(len),
-        })
-    }
-
-    /// Writes zeros from the filled mark up to `end`, or further by a step (never past the file's
-    /// length, which is redb's to set), and moves the mark. Called with the mark's lock held, so
-    /// no write of redb's can land in the range being zeroed.
-    fn fill_to(&self, filled: &mut u64, end: u64) -> Result<(), BackendIoError> {
-        let step = (*filled / 4).clamp(FILL_STEP_MIN, FILL_STEP_MAX);
-        let target = end.max(filled.saturating_add(step)).min(self.inner.len()?);
-        let mut at = *filled;
-        while at < target {
-            let chunk = (target - at).min(ZEROS.len() as u64);
-            // `chunk` is at most ZEROS.len(), so the cast cannot truncate.
-            #[allow(clippy::cast_possible_truncation)]
-            self.inner.write(at, &ZEROS[..chunk as usize])?;
-            at += chunk;
-        }
-        *filled = (*filled).max(target);
-        Ok(())
+        Ok(Self::over(FileBackend::new(file)?, len))
     }
 }
 
-impl StorageBackend for AllocatedFile {
+impl<B: StorageBackend> AllocatedFile<B> {
+    /// Wraps `inner`, whose first `filled` bytes are taken as already written.
+    fn over(inner: B, filled: u64) -> Self {
+        Self {
+            inner,
+            filled: Mutex::new(filled),
+        }
+    }
+
+    /// Writes zeros from the filled mark up to `end`, or further by a step (never past the file's
+    /// length, which is redb's to set), and moves the mark over what was written. Called with the
+    /// mark's lock held, so no write of redb's can land in the range being zeroed. Best effort: a
+    /// failure stops the filling there and is not redb's failure.
+    fn fill_to(&self, filled: &mut u64, end: u64) {
+        let Ok(len) = self.inner.len() else { return };
+        let step = (*filled / 4).clamp(FILL_STEP_MIN, FILL_STEP_MAX);
+        let target = end.max(filled.saturating_add(step)).min(len);
+        while *filled < target {
+            let chunk = (target - *filled).min(ZEROS.len() as u64);
+            // `chunk` is at most ZEROS.len(), so the cast cannot truncate.
+            #[allow(clippy::cast_possible_truncation)]
+            if self.inner.write(*filled, &ZEROS[..chunk as usize]).is_err() {
+                return;
+            }
+            *filled += chunk;
+        }
+    }
+}
+
+impl<B: StorageBackend> StorageBackend for AllocatedFile<B> {
     fn len(&self) -> Result<u64, BackendIoError> {
         self.inner.len()
     }
@@ -94,7 +109,7 @@ impl StorageBackend for AllocatedFile {
             // redb makes a growth durable (its own sync) before it uses the space: filling the
             // first step now puts the allocation in that sync rather than in a commit's.
             let from = *filled;
-            self.fill_to(&mut filled, from)?;
+            self.fill_to(&mut filled, from);
         }
         Ok(())
     }
@@ -108,7 +123,7 @@ impl StorageBackend for AllocatedFile {
         {
             let mut filled = self.filled.lock().unwrap_or_else(PoisonError::into_inner);
             if end > *filled {
-                self.fill_to(&mut filled, end)?;
+                self.fill_to(&mut filled, end);
             }
         }
         self.inner.write(offset, data)
@@ -217,6 +232,25 @@ mod tests {
         let mut out = [0u8; 4];
         file.read(0, &mut out).unwrap();
         assert_eq!(&out, b"head");
+    }
+
+    #[test]
+    fn zeros_that_cannot_be_written_fail_nothing_of_redbs() {
+        // A disk that takes no more bytes: redb's growth still succeeds (the zeros are not written),
+        // and the new space reads as zeros, as redb requires.
+        let disk = crate::SimDisk::new();
+        disk.set_write_budget(Some(0));
+        let file = AllocatedFile::over(disk.clone(), 0);
+        file.set_len(8 << 20).unwrap();
+        assert_eq!(file.len().unwrap(), 8 << 20);
+        let mut out = [1u8; 4];
+        file.read(4 << 20, &mut out).unwrap();
+        assert_eq!(out, [0; 4]);
+        // Once the disk takes bytes again, a write fills up to it and lands.
+        disk.set_write_budget(None);
+        file.write(3 << 20, b"page").unwrap();
+        file.read(3 << 20, &mut out).unwrap();
+        assert_eq!(&out, b"page");
     }
 
     #[test]
