@@ -1,5 +1,7 @@
 //! Dispatch: each parsed command to the code that carries it out, with its errors mapped to exit codes.
 
+use std::time::{Duration, Instant};
+
 use crate::cli::{Cli, Command};
 use crate::exit::{Failed, ended, failure, followed};
 use crate::home::{Home, HomeError};
@@ -272,11 +274,13 @@ impl Served {
     ) -> anyhow::Result<()> {
         let asked = ask(&self.client);
         match &self.held {
-            // A refusal is the server's answer (an unknown task, exit 3), said as the local
-            // command says it; only a server that did not answer is told with why it was asked.
+            // A "not found" is the server's answer (an unknown task, exit 3), said as the local
+            // command says it; any other failure (a server that did not answer, a refused token,
+            // a server error) is told with why the server was asked.
             Some(held) => asked.map_err(|e| {
                 if e.downcast_ref::<ClientError>()
-                    .is_some_and(|c| c.status().is_some())
+                    .and_then(ClientError::status)
+                    .is_some_and(|s| s == reqwest::StatusCode::NOT_FOUND)
                 {
                     e
                 } else {
@@ -288,11 +292,19 @@ impl Served {
     }
 }
 
+/// How long a read retries a store held with no server announced: the windows while a
+/// `keel serve` starts (the store opened, `server.json` not yet written) or stops (`server.json`
+/// removed, the store not yet released).
+const HELD_RETRY_WAIT: Duration = Duration::from_secs(5);
+/// How often it tries again.
+const HELD_RETRY_EVERY: Duration = Duration::from_millis(100);
+
 /// Where a read of the home's store goes: the server `--server` names; else the store opened
 /// here; else, when a `keel serve` holds it alone (so that no other process can open it), that
-/// server, as its `server.json` announces it. A store held with no server announced is the
-/// typed [`HomeError::Held`], which says what to do. A `server.json` left by a
-/// killed server changes nothing: its lock went with it, so the open here succeeds.
+/// server, as its `server.json` announces it. A store held with no server announced is tried
+/// again for [`HELD_RETRY_WAIT`] (a server starting or stopping), then is the typed
+/// [`HomeError::Held`], which says what to do. A `server.json` left by a killed server changes
+/// nothing: its lock went with it, so the open here succeeds.
 fn reader(home: &Home, flags: &RemoteFlags) -> Result<Reader, Failed> {
     let named = remote::target(
         home,
@@ -304,7 +316,18 @@ fn reader(home: &Home, flags: &RemoteFlags) -> Result<Reader, Failed> {
     if let Some(client) = named {
         return Ok(Reader::Served(Served { client, held: None }));
     }
-    match home.open_existing() {
+    let started = Instant::now();
+    let opened = loop {
+        match home.open_existing() {
+            Err(HomeError::Held { server: None, .. })
+                if started.elapsed() < HELD_RETRY_WAIT =>
+            {
+                std::thread::sleep(HELD_RETRY_EVERY);
+            }
+            other => break other,
+        }
+    };
+    match opened {
         Ok(store) => Ok(Reader::Local(store)),
         Err(HomeError::Held {
             path,
@@ -316,20 +339,12 @@ fn reader(home: &Home, flags: &RemoteFlags) -> Result<Reader, Failed> {
                 server.url,
                 server.pid
             );
-            let client =
-                remote::target(home, Some(&server.url), flags.token_file.as_deref(), false)
-                    .map_err(|e| remote::exit_of(e.context(held.clone()), false))?;
-            match client {
-                Some(client) => Ok(Reader::Served(Served {
-                    client,
-                    held: Some(held),
-                })),
-                None => Err(HomeError::Held {
-                    path,
-                    server: Some(server),
-                }
-                .into()),
-            }
+            let client = remote::home_server(home, &server.url, flags.token_file.as_deref())
+                .map_err(|e| remote::exit_of(e.context(held.clone()), false))?;
+            Ok(Reader::Served(Served {
+                client,
+                held: Some(held),
+            }))
         }
         Err(e) => Err(e.into()),
     }

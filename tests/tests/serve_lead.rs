@@ -104,9 +104,14 @@ impl Fixture {
     /// The run's status once it has ended.
     fn ended(&self, run: RunId) -> RunStatus {
         wait_for(WAIT, "the run to end", || {
-            // A run just submitted may not be in the store yet (404 until its first commit).
+            // A run just submitted may not be in the store yet (404 until its first commit);
+            // any other refusal is a failure, reported at once.
             let (code, v) = self.call("GET", &format!("/v1/runs/{run}"), None);
-            let status = (code == 200).then(|| field!(v, "status", RunStatus))?;
+            if code == 404 {
+                return None;
+            }
+            assert_eq!(code, 200, "GET /v1/runs/{run}: {v}");
+            let status = field!(v, "status", RunStatus);
             matches!(status, RunStatus::Completed | RunStatus::Failed).then_some(status)
         })
         .unwrap()

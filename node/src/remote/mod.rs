@@ -46,21 +46,40 @@ pub(crate) fn target(
     token_file: Option<&Path>,
     discover: bool,
 ) -> anyhow::Result<Option<Client>> {
-    let url = match server {
-        Some(url) => url.to_owned(),
+    match server {
+        Some(url) => {
+            let token = token(home, token_file, false)?;
+            Ok(Some(connect(home, url, token)?))
+        }
         None if discover => match discovery::read(home) {
-            Some(announced) => announced.url,
-            None => return Ok(None),
+            Some(announced) => Ok(Some(home_server(home, &announced.url, token_file)?)),
+            None => Ok(None),
         },
-        None => return Ok(None),
-    };
-    let token = token(home, token_file)?;
+        None => Ok(None),
+    }
+}
+
+/// The server the home announces (its `server.json`), at `url`: asked with the home's own token
+/// file before the environment's token, which may be meant for another server.
+///
+/// # Errors
+/// When no token is found, or the token file is unusable.
+pub(crate) fn home_server(
+    home: &Home,
+    url: &str,
+    token_file: Option<&Path>,
+) -> anyhow::Result<Client> {
+    let token = token(home, token_file, true)?;
+    connect(home, url, token)
+}
+
+fn connect(home: &Home, url: &str, token: String) -> anyhow::Result<Client> {
     let ca = if url.starts_with("https://") {
         ca_file(home)?
     } else {
         None
     };
-    Ok(Some(Client::new(&url, token, ca.as_deref())?))
+    Client::new(url, token, ca.as_deref())
 }
 
 /// The CA certificates an `https` server is checked against: `$KEEL_API_CA_FILE`, else the home's
@@ -73,11 +92,23 @@ fn ca_file(home: &Home) -> anyhow::Result<Option<PathBuf>> {
     Ok(config.server.tls_ca.map(|p| home.dir().join(p)))
 }
 
-/// The token: `--token-file`, else `$KEEL_API_TOKEN`, else `$KEEL_API_TOKEN_FILE`, else the
-/// token file of the home's keel.toml.
-fn token(home: &Home, token_file: Option<&Path>) -> anyhow::Result<String> {
+/// The token: `--token-file`; then, for the server the home announces (`home_first`), the
+/// token file of the home's keel.toml (that server's own); then `$KEEL_API_TOKEN`, then
+/// `$KEEL_API_TOKEN_FILE`; then, for a server `--server` names, the home's token file.
+fn token(home: &Home, token_file: Option<&Path>, home_first: bool) -> anyhow::Result<String> {
     if let Some(path) = token_file {
         return Ok(auth::client_token(path)?);
+    }
+    let home_token = || -> anyhow::Result<Option<String>> {
+        let config = home.config()?;
+        let path: PathBuf = home.dir().join(&config.server.token_file);
+        if path.is_file() {
+            return Ok(Some(auth::client_token(&path)?));
+        }
+        Ok(None)
+    };
+    if home_first && let Some(token) = home_token()? {
+        return Ok(token);
     }
     if let Ok(token) = std::env::var(TOKEN_ENV)
         && !token.trim().is_empty()
@@ -87,10 +118,8 @@ fn token(home: &Home, token_file: Option<&Path>) -> anyhow::Result<String> {
     if let Some(path) = std::env::var_os(TOKEN_FILE_ENV) {
         return Ok(auth::client_token(Path::new(&path))?);
     }
-    let config = home.config()?;
-    let path: PathBuf = home.dir().join(&config.server.token_file);
-    if path.is_file() {
-        return Ok(auth::client_token(&path)?);
+    if !home_first && let Some(token) = home_token()? {
+        return Ok(token);
     }
     bail!(
         "no token for the keel server: pass --token-file FILE, or set {TOKEN_ENV} or {TOKEN_FILE_ENV}"
@@ -129,7 +158,6 @@ fn print_raw(text: &str) -> std::io::Result<()> {
 /// A read command (`runs`, `tasks`, `show`, `logs`, `tree`, `status`, `audit`) answered by the
 /// server.
 pub(crate) fn read(client: &Client, command: Read, json: bool) -> anyhow::Result<()> {
-    let format = if json { "json" } else { "text" };
     let latest = |run: Option<RunId>| run.map_or_else(|| "latest".to_owned(), |r| r.to_string());
     let path = match command {
         Read::Runs {
@@ -151,6 +179,13 @@ pub(crate) fn read(client: &Client, command: Read, json: bool) -> anyhow::Result
         Read::Status { run } => format!("/v1/runs/{}?", latest(run)),
         Read::Audit { run, limit } => format!("/v1/runs/{}/audit?limit={limit}", latest(run)),
     };
+    print_served(client, &path, json)
+}
+
+/// Print what the server printed for the read at `path` (a query started, or ending in `?`): its
+/// text, or its `--json` output.
+fn print_served(client: &Client, path: &str, json: bool) -> anyhow::Result<()> {
+    let format = if json { "json" } else { "text" };
     let sep = if path.ends_with('?') { "" } else { "&" };
     let path = format!("{path}{sep}format={format}");
     let text = tokio_runtime()?.block_on(client.get_text(&path))?;
@@ -165,11 +200,11 @@ pub(crate) fn context(
     resume: bool,
     json: bool,
 ) -> anyhow::Result<()> {
-    let format = if json { "json" } else { "text" };
-    let path = format!("/v1/tasks/{task}/context?resume={resume}&format={format}");
-    let text = tokio_runtime()?.block_on(client.get_text(&path))?;
-    print_raw(&text)?;
-    Ok(())
+    print_served(
+        client,
+        &format!("/v1/tasks/{task}/context?resume={resume}"),
+        json,
+    )
 }
 
 fn refuse_node_flags(choice: &crate::run::setup::HarnessChoice) -> anyhow::Result<()> {
@@ -379,7 +414,7 @@ pub(crate) fn cancel(client: &Client, id: RunId, json: bool) -> anyhow::Result<(
     })
 }
 
-/// `keel escalations` on a server.
+/// `keel escalations` on a server: the text (or JSON) the server's copy of the same code printed.
 pub(crate) fn escalations(
     client: &Client,
     run: Option<RunId>,
@@ -388,33 +423,11 @@ pub(crate) fn escalations(
     json: bool,
 ) -> anyhow::Result<()> {
     let run = run.map(|r| format!("&run={r}")).unwrap_or_default();
-    let answer: serde_json::Value = tokio_runtime()?
-        .block_on(client.get_json(&format!("/v1/escalations?all={all}&limit={limit}{run}")))?;
-    if json {
-        outln!("{}", serde_json::to_string_pretty(&answer)?)?;
-        return Ok(());
-    }
-    let items = answer["escalations"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    if items.is_empty() {
-        outln!("no {}escalations", if all { "" } else { "open " })?;
-    }
-    for e in items {
-        let text = |k: &str| e[k].as_str().unwrap_or_default().to_owned();
-        outln!(
-            "escalation {}  {}  {}",
-            text("id"),
-            text("trigger"),
-            text("status")
-        )?;
-        outln!("  run {}  task {}", text("run"), text("task"))?;
-        outln!("  asked:       {}", text("asked"))?;
-        outln!("  why:         {}", text("diagnosis"))?;
-        outln!("  recommended: {}", text("recommended_action"))?;
-    }
-    Ok(())
+    print_served(
+        client,
+        &format!("/v1/escalations?all={all}&limit={limit}{run}"),
+        json,
+    )
 }
 
 /// `keel answer` on a server.

@@ -166,16 +166,41 @@ pub(crate) fn open_writer(home: &Home) -> anyhow::Result<Arc<Store>> {
     open_writer_as(home, SHARED)
 }
 
-/// Open the home's store as its only writer, shared or alone.
+/// How long an open of the store alone ([`SERVED`]) waits for the other processes that have it
+/// open to close it: a read command, `keel store backup`, `keel doctor` hold it for moments.
+const EXCLUSIVE_OPEN_WAIT: Duration = Duration::from_secs(10);
+/// How often it tries again.
+const EXCLUSIVE_OPEN_EVERY: Duration = Duration::from_millis(100);
+
+/// Open the home's store as its only writer, shared or alone. Alone, a store another process has
+/// open is tried again for [`EXCLUSIVE_OPEN_WAIT`], saying so once on stderr.
 fn open_writer_as(home: &Home, sharing: Sharing) -> anyhow::Result<Arc<Store>> {
     let path = home.store_path()?;
     if !path.is_file() {
         // First use: create the home (keel.toml and an empty store).
         home.init()?;
     }
-    let store = Store::open_with(&path, writer_config(sharing))
-        .map_err(|reason| home.open_failed(path, reason))?;
-    Ok(Arc::new(store))
+    let started = std::time::Instant::now();
+    let mut told = false;
+    loop {
+        match Store::open_with(&path, writer_config(sharing)) {
+            Ok(store) => return Ok(Arc::new(store)),
+            Err(keel_store::OpenError::Locked)
+                if sharing == SERVED && started.elapsed() < EXCLUSIVE_OPEN_WAIT =>
+            {
+                if !told {
+                    eprintln!(
+                        "keel: the store at {} is open in another keel process (a read command, `keel store backup`, `keel doctor`, or a run writing it); waiting up to {} s for it to close",
+                        path.display(),
+                        EXCLUSIVE_OPEN_WAIT.as_secs()
+                    );
+                    told = true;
+                }
+                std::thread::sleep(EXCLUSIVE_OPEN_EVERY);
+            }
+            Err(reason) => return Err(home.open_failed(path, reason).into()),
+        }
+    }
 }
 
 /// The store a node hosting runs writes, shared with readers ([`SHARED`]: `keel run`, `resume`,

@@ -58,16 +58,23 @@ pub(crate) fn write(home: &Home, addr: SocketAddr, tls: bool) -> anyhow::Result<
         url: local_url(addr, tls),
         pid: std::process::id(),
     })?;
-    // A file left by a server that was killed is replaced.
-    let _ = std::fs::remove_file(&path);
-    let mut file = std::fs::OpenOptions::new()
+    // Written whole under another name (this process's) and renamed over the file (one left by
+    // a killed server is replaced), so a reader never sees half of it.
+    let partial = home
+        .dir()
+        .join(format!("{SERVER_FILE}.{}.partial", std::process::id()));
+    let _ = std::fs::remove_file(&partial);
+    let written = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .open(&path)
-        .with_context(|| format!("writing {}", path.display()))?;
-    file.write_all(text.as_bytes())
-        .with_context(|| format!("writing {}", path.display()))
+        .open(&partial)
+        .and_then(|mut file| file.write_all(text.as_bytes()))
+        .and_then(|()| std::fs::rename(&partial, &path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&partial);
+    }
+    written.with_context(|| format!("writing {}", path.display()))
 }
 
 /// Withdraw the announcement, if it is this process's.
@@ -87,7 +94,51 @@ pub(crate) fn read(home: &Home) -> Option<Announced> {
     let text = std::fs::read_to_string(&path).ok()?;
     let announced: Announced = serde_json::from_str(&text).ok()?;
     let pid = nix::unistd::Pid::from_raw(i32::try_from(announced.pid).ok()?);
-    // Signal 0 checks that the process exists without touching it.
-    nix::sys::signal::kill(pid, None).ok()?;
-    Some(announced)
+    // Signal 0 checks that the process exists without touching it; EPERM is a live process of
+    // another user (a server run by another account on a shared home).
+    alive(nix::sys::signal::kill(pid, None)).then_some(announced)
+}
+
+/// Whether a signal-0 probe's outcome says the process exists.
+fn alive(probe: nix::Result<()>) -> bool {
+    matches!(probe, Ok(()) | Err(nix::errno::Errno::EPERM))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn a_process_of_another_user_is_alive_and_a_missing_one_is_not() {
+        assert!(alive(Ok(())));
+        assert!(alive(Err(nix::errno::Errno::EPERM)));
+        assert!(!alive(Err(nix::errno::Errno::ESRCH)));
+    }
+
+    #[test]
+    fn the_announcement_replaces_a_stale_file_whole_and_leaves_no_partial_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = Home::locate(Some(dir.path().to_path_buf())).unwrap();
+        std::fs::write(path(&home), "{\"url\": \"http://127.0.0.1:1\", \"pid\": 1}")
+            .unwrap();
+        write(&home, SocketAddr::from(([127, 0, 0, 1], 7777)), false).unwrap();
+        assert_eq!(
+            read(&home),
+            Some(Announced {
+                url: "http://127.0.0.1:7777".into(),
+                pid: std::process::id(),
+            })
+        );
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, vec![SERVER_FILE.to_owned()]);
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(path(&home)).unwrap().permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o600);
+    }
 }

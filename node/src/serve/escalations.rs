@@ -12,8 +12,11 @@ use keel_store::{EscalationId, RunId};
 use serde::Deserialize;
 
 use super::error::ApiError;
-use super::routes::{ApiJson, ApiQuery, App, blocking, bounded};
-use crate::escalations::{AnswerOutcome, listing, listing_json, view};
+use axum::response::Response;
+
+use super::routes::{ApiJson, ApiQuery, App, Format, blocking, bounded, capture_print};
+use crate::escalations::{AnswerOutcome, print_list, view};
+use crate::exit::failure;
 
 /// Escalations listed when the request names no limit.
 const LIST_LIMIT_DEFAULT: u32 = 100;
@@ -26,6 +29,8 @@ pub(super) struct ListQuery {
     #[serde(default)]
     all: bool,
     limit: Option<u32>,
+    #[serde(default)]
+    format: Format,
 }
 
 /// The body of `POST /v1/escalations/{id}/answer`.
@@ -40,11 +45,12 @@ fn escalation_id(text: &str) -> Result<EscalationId, ApiError> {
         .map_err(|e| ApiError::bad_request(format!("escalation: {e}")))
 }
 
-/// `GET /v1/escalations`.
+/// `GET /v1/escalations`: what `keel escalations` prints on the server's store, its `--json`
+/// output (the default) or its text (`format=text`), printed by the same code.
 pub(super) async fn list(
     State(app): State<Arc<App>>,
     ApiQuery(q): ApiQuery<ListQuery>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let run = match q.run.as_deref() {
         Some(r) => Some(
             r.parse::<RunId>()
@@ -53,20 +59,11 @@ pub(super) async fn list(
         None => None,
     };
     let limit = bounded("limit", q.limit.unwrap_or(LIST_LIMIT_DEFAULT))?;
-    let store = app.store()?;
     let all = q.all;
-    let mut value = blocking(move || {
-        let list = listing(&store, run, all, limit).map_err(|e| {
-            match e.downcast::<keel_store::ReadError>() {
-                Ok(read) => ApiError::from(read),
-                Err(other) => ApiError::internal(format!("{other:#}")),
-            }
-        })?;
-        Ok(listing_json(&list))
+    capture_print(&app, q.format, move |store, out| {
+        failure(print_list(store, run, all, limit, out.json()))
     })
-    .await?;
-    crate::redact::json(&mut value);
-    Ok(Json(value))
+    .await
 }
 
 /// `GET /v1/escalations/{id}`.

@@ -199,7 +199,7 @@ fn query_rejection(e: QueryRejection) -> ApiError {
 /// How a read answers: the command's `--json` output (the default) or its text for people.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
-enum Format {
+pub(super) enum Format {
     #[default]
     Json,
     Text,
@@ -223,10 +223,12 @@ impl ReadQuery {
     }
 }
 
+/// A limit or tail of a read: at most [`READ_LIMIT_MAX`]; 0 is an empty page, as the command
+/// prints it locally.
 pub(super) fn bounded(name: &str, n: u32) -> Result<u32, ApiError> {
-    if n == 0 || n > READ_LIMIT_MAX {
+    if n > READ_LIMIT_MAX {
         return Err(ApiError::bad_request(format!(
-            "{name} must be between 1 and {READ_LIMIT_MAX}, not {n}"
+            "{name} must be at most {READ_LIMIT_MAX}, not {n}"
         )));
     }
     Ok(n)
@@ -277,7 +279,7 @@ async fn read(app: &Shared, command: Read, format: Format) -> Result<Response, A
 }
 
 /// Answer with what `print` prints on the server's store, as text or JSON.
-async fn capture_print(
+pub(super) async fn capture_print(
     app: &Shared,
     format: Format,
     print: impl FnOnce(&Store, &Output) -> Result<(), Failed> + Send + 'static,
