@@ -86,11 +86,15 @@ impl Fixture {
         (status, value)
     }
 
-    /// `POST /v1/runs`: the new run's id.
+    /// `POST /v1/runs`: the new run's id. The server answers once the run is in its store: a
+    /// read right after finds it.
     fn submit(&self, body: Value) -> RunId {
         let (status, v) = self.call("POST", "/v1/runs", Some(body));
         assert_eq!(status, 201, "{v}");
-        v["run"].as_str().unwrap().parse().unwrap()
+        let run: RunId = v["run"].as_str().unwrap().parse().unwrap();
+        let (status, v) = self.call("GET", &format!("/v1/runs/{run}"), None);
+        assert_eq!(status, 200, "GET /v1/runs/{run} right after its submission: {v}");
+        run
     }
 
     /// A read of the API (`keel serve` has the store alone: the test reads it as `keel` does,
@@ -104,12 +108,9 @@ impl Fixture {
     /// The run's status once it has ended.
     fn ended(&self, run: RunId) -> RunStatus {
         wait_for(WAIT, "the run to end", || {
-            // A run just submitted may not be in the store yet (404 until its first commit);
-            // any other refusal is a failure, reported at once.
+            // A submitted run is in the store (`submit`): any refusal is a failure, reported at
+            // once.
             let (code, v) = self.call("GET", &format!("/v1/runs/{run}"), None);
-            if code == 404 {
-                return None;
-            }
             assert_eq!(code, 200, "GET /v1/runs/{run}: {v}");
             let status = field!(v, "status", RunStatus);
             matches!(status, RunStatus::Completed | RunStatus::Failed).then_some(status)

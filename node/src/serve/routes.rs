@@ -41,6 +41,11 @@ use crate::run::summary::{self, Usage};
 const READ_LIMIT_MAX: u32 = 10_000;
 /// How long a follow-up's summary waits for the follow-up to end.
 const FOLLOW_UP_WAIT: Duration = Duration::from_secs(60);
+/// How long `POST /v1/runs` waits for the new run's row in the store before answering (so a read
+/// right after the answer finds the run); past it, it answers anyway.
+const ADMITTED_WAIT: Duration = Duration::from_secs(10);
+/// How often it looks.
+const ADMITTED_EVERY: Duration = Duration::from_millis(10);
 /// Most follow-ups whose outcome the server remembers for their summary.
 const FOLLOW_UPS_KEPT_MAX: usize = 1_024;
 /// The reason a cancel without one is recorded with (as `keel cancel`'s).
@@ -479,6 +484,7 @@ async fn submit(
         let _ = handle.finished().await;
         drop(permit);
     });
+    admitted(&app, run).await;
     Ok((
         StatusCode::CREATED,
         Json(Submitted {
@@ -487,6 +493,30 @@ async fn submit(
             work_dir: work_dir(&app),
         }),
     ))
+}
+
+/// Wait (at most [`ADMITTED_WAIT`]) until `run`'s row is in the store: the runtime's handle does
+/// not say when its first commit is done, and a client reads the run as soon as it is answered.
+async fn admitted(app: &App, run: RunId) {
+    let Ok(store) = app.store() else {
+        return;
+    };
+    let started = tokio::time::Instant::now();
+    while started.elapsed() < ADMITTED_WAIT {
+        let store = Arc::clone(&store);
+        let missing = tokio::task::spawn_blocking(move || {
+            matches!(
+                store.catalog().run(run),
+                Err(keel_store::ReadError::NotFound { .. })
+            )
+        })
+        .await
+        .unwrap_or(false);
+        if !missing {
+            return;
+        }
+        tokio::time::sleep(ADMITTED_EVERY).await;
+    }
 }
 
 async fn resume(
