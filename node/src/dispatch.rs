@@ -319,9 +319,7 @@ fn reader(home: &Home, flags: &RemoteFlags) -> Result<Reader, Failed> {
     let started = Instant::now();
     let opened = loop {
         match home.open_existing() {
-            Err(HomeError::Held { server: None, .. })
-                if started.elapsed() < HELD_RETRY_WAIT =>
-            {
+            Err(HomeError::Held { server: None, .. }) if started.elapsed() < HELD_RETRY_WAIT => {
                 std::thread::sleep(HELD_RETRY_EVERY);
             }
             other => break other,

@@ -1,16 +1,17 @@
 //! `keel serve` has its home's store alone (one fsync a commit): no other process opens the file
 //! while it runs, so the read commands on that home go through it and print what they print
 //! locally; once it is killed, the same reads work on the file again. A store held with no server
-//! that answers is a clear error naming the holder, never redb's lock message. Real processes,
-//! 127.0.0.1.
+//! that answers is a clear error naming the holder, never redb's lock message, after a few seconds
+//! of retries (a read started while a server starts or stops answers once the store is free);
+//! `keel serve` started beside a read waits for it. Real processes, 127.0.0.1.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests: a panic is the failure report.
 
 use std::path::Path;
 use std::time::Duration;
 
 use keel_store::{
-    Durability, Escalation, EscalationId, EscalationResolution, EscalationTrigger,
-    EscalationWait, OpenError, RunId, Store, StoreConfig, TaskId,
+    Durability, Escalation, EscalationId, EscalationResolution, EscalationTrigger, EscalationWait,
+    OpenError, RunId, Store, StoreConfig, TaskId,
 };
 use keel_tests::serve::{Server, quiet_survey, survey_files};
 use keel_tests::{Reaped, keel, keel_json_list, run_to_end};
@@ -121,12 +122,12 @@ fn a_served_home_is_read_through_its_server_and_on_the_file_once_the_server_is_k
         .as_str()
         .unwrap()
         .to_owned();
-    let first_task = keel_json_list(home, &["tasks", "--run", &first], "tasks", WAIT).unwrap()[0]
-        ["id"]
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let first_task =
+        keel_json_list(home, &["tasks", "--run", &first], "tasks", WAIT).unwrap()[0]["id"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
     escalate(&store_path, first.parse().unwrap(), first_task);
 
     let server = Server::start(home);
@@ -197,6 +198,35 @@ fn a_served_home_is_read_through_its_server_and_on_the_file_once_the_server_is_k
     assert_eq!(served.last().unwrap().0, 3, "an unknown task is exit 3");
     assert!(served[0].1.contains(&run), "{}", served[0].1);
 
+    // The home's server is asked with the home's token, not an environment's token meant for
+    // another server; a token it refuses is an error that says why the server was asked.
+    let (code, out, err) = run_to_end(
+        keel(home)
+            .unwrap()
+            .env("KEEL_API_TOKEN", "a-token-for-another-server-0123456789")
+            .arg("runs"),
+        WAIT,
+    )
+    .unwrap();
+    assert_eq!((code, &out), (0, &served[0].1), "{err}");
+    let wrong = dir.path().join("wrong-token");
+    std::fs::write(&wrong, "not-this-servers-token-0123456789\n").unwrap();
+    std::fs::set_permissions(&wrong, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let (code, out, err) = run_to_end(
+        keel(home)
+            .unwrap()
+            .arg("--token-file")
+            .arg(&wrong)
+            .arg("runs"),
+        WAIT,
+    )
+    .unwrap();
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        err.contains(&format!("held by the keel server at {}", server.url)),
+        "{err}"
+    );
+
     // A command that needs the file itself says which server holds it and what to do.
     let (code, _, err) = local(home, &["store", "compact"]);
     assert_eq!(code, 1, "{err}");
@@ -238,9 +268,7 @@ fn a_held_store_with_no_server_that_answers_is_a_clear_error() {
     let mut serve = keel(home).unwrap();
     serve.args(["serve", "--listen", "127.0.0.1:0"]);
     let mut serve = Reaped::spawn(serve).unwrap();
-    serve
-        .stderr_line_containing("waiting up to", WAIT)
-        .unwrap();
+    serve.stderr_line_containing("waiting up to", WAIT).unwrap();
     drop(reading);
     let line = serve.line_containing("listening on", WAIT).unwrap();
     let url = line

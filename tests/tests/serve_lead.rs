@@ -93,7 +93,10 @@ impl Fixture {
         assert_eq!(status, 201, "{v}");
         let run: RunId = v["run"].as_str().unwrap().parse().unwrap();
         let (status, v) = self.call("GET", &format!("/v1/runs/{run}"), None);
-        assert_eq!(status, 200, "GET /v1/runs/{run} right after its submission: {v}");
+        assert_eq!(
+            status, 200,
+            "GET /v1/runs/{run} right after its submission: {v}"
+        );
         run
     }
 

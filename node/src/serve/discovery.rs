@@ -121,8 +121,7 @@ mod tests {
     fn the_announcement_replaces_a_stale_file_whole_and_leaves_no_partial_file() {
         let dir = tempfile::tempdir().unwrap();
         let home = Home::locate(Some(dir.path().to_path_buf())).unwrap();
-        std::fs::write(path(&home), "{\"url\": \"http://127.0.0.1:1\", \"pid\": 1}")
-            .unwrap();
+        std::fs::write(path(&home), "{\"url\": \"http://127.0.0.1:1\", \"pid\": 1}").unwrap();
         write(&home, SocketAddr::from(([127, 0, 0, 1], 7777)), false).unwrap();
         assert_eq!(
             read(&home),
