@@ -2,16 +2,18 @@
 //! commits that write into them.
 //!
 //! redb grows its file with `set_len`, which leaves the new space sparse; the first write into a hole
-//! makes the filesystem allocate blocks, and on ext4 the `fdatasync` that follows must then commit
-//! the journal as well as the data. Measured on a 2-vCPU VM's ext4 disk (docs/PERFORMANCE.md): an
-//! `fdatasync` after overwriting allocated blocks takes about 0.22 ms whatever the size written (4 to
-//! 256 KiB); after writing into a hole, about 4 ms; and in `keel bench` about one commit in eight
-//! wrote into a hole, which made more than half of all the time spent in `fdatasync`. So this
-//! backend writes zeros ahead of redb's writes (what redb expects of new space anyway, so the file's
-//! content is unchanged), a step at a time, and a commit's pages land in blocks that already exist.
+//! makes the filesystem allocate blocks, and the `fdatasync` that follows must then write the
+//! allocation (the inode and its extents) as well as the data. What that costs depends on the disk
+//! and on what else it is doing (docs/PERFORMANCE.md, "The store file's blocks written ahead"): on
+//! the 2-vCPU VM's ext4 disk, quiet, an `fdatasync` of 26 pages written into holes took 0.33 ms at
+//! the median against 0.27 ms over allocated blocks; in one window with other processes writing,
+//! 3.97 ms against 0.21 ms. So this backend writes zeros ahead of redb's writes (what redb expects
+//! of new space anyway, so the file's content is unchanged), a step at a time, and a commit's pages
+//! land in blocks that already exist. On a quiet machine `keel bench` shows no difference beyond
+//! its noise; the saving is in the allocation the commit no longer waits for.
 //!
 //! `fallocate` would not do: on ext4 it reserves unwritten extents, and the first write into one
-//! converts it, which costs the journal commit again.
+//! converts it, which is an allocation to write again.
 //!
 //! The zeros carry nothing, so writing them is best effort: when it fails (a disk too full for a
 //! whole step), redb's own operation goes on as it would without this backend, and its own write
