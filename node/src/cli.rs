@@ -32,7 +32,8 @@ pub(crate) struct Cli {
     pub(crate) server: Option<String>,
 
     /// The file holding the server's bearer token (else `$KEEL_API_TOKEN`, else
-    /// `$KEEL_API_TOKEN_FILE`, else the token file named in this home's keel.toml).
+    /// `$KEEL_API_TOKEN_FILE`, else the token file named in this home's keel.toml; for the server this
+    /// home announces, that token file before the environment).
     #[arg(long, global = true, value_name = "FILE")]
     pub(crate) token_file: Option<PathBuf>,
 

@@ -332,10 +332,8 @@ fn reader(home: &Home, flags: &RemoteFlags) -> Result<Reader, Failed> {
             server: Some(server),
         }) => {
             let held = format!(
-                "the store at {} is held by the keel server at {} (pid {}), which has it alone; this read went to that server",
+                "the store at {} is held by {server}, which has it alone; this read went to that server",
                 path.display(),
-                server.url,
-                server.pid
             );
             let client = remote::home_server(home, &server.url, flags.token_file.as_deref())
                 .map_err(|e| remote::exit_of(e.context(held.clone()), false))?;

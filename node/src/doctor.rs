@@ -406,7 +406,7 @@ fn store_findings(home: &Home, store: &Path) -> Vec<Finding> {
         },
         Err(keel_store::OpenError::Locked) => {
             let holder = match crate::serve::discovery::read(home) {
-                Some(server) => format!("the keel server at {} (pid {})", server.url, server.pid),
+                Some(server) => server.to_string(),
                 None => "another keel process".to_owned(),
             };
             found.push(Finding::bad(

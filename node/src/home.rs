@@ -72,9 +72,8 @@ fn open_hint(e: &OpenError) -> &'static str {
 fn held_hint(server: Option<&Announced>) -> String {
     match server {
         Some(server) => format!(
-            "it is held by the keel server at {url} (pid {pid}), which opens it alone: the read commands, `run`, `resume`, `follow-up`, `cancel` and `answer` go through it (or pass `--server {url}`); for this command, stop the server (SIGTERM: its runs pause; continue each with `keel resume RUN`)",
+            "it is held by {server}, which opens it alone: the read commands, `run`, `resume`, `follow-up`, `cancel` and `answer` go through it (or pass `--server {url}`); for this command, stop the server (SIGTERM: its runs pause; continue each with `keel resume RUN`)",
             url = server.url,
-            pid = server.pid
         ),
         None => "it is held by another keel process: a `keel run`, `resume`, `follow-up` or `keel node` writing it (wait for it, or stop its run with `keel cancel RUN`), one that has it alone (a `keel serve` starting or stopping, `keel store check` or `compact`), or, for a command that needs it alone, one reading it (a read command such as `keel status`, `keel store backup`, `keel doctor`: try again when it is done); if a `keel serve` holds it, pass `--server URL`".to_owned(),
     }

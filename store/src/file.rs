@@ -73,8 +73,9 @@ impl<B: StorageBackend> AllocatedFile<B> {
 
     /// Writes zeros from the filled mark up to `end`, or further by a step (never past the file's
     /// length, which is redb's to set), and moves the mark over what was written. Called with the
-    /// mark's lock held, so no write of redb's can land in the range being zeroed. Best effort: a
-    /// failure stops the filling there and is not redb's failure.
+    /// mark's lock held, and the mark only ever covers bytes this handle wrote or zeroed, so no
+    /// write of redb's can land in the range being zeroed. Best effort: a failure stops the
+    /// filling there and is not redb's failure.
     fn fill_to(&self, filled: &mut u64, end: u64) {
         let Ok(len) = self.inner.len() else { return };
         let step = (*filled / 4).clamp(FILL_STEP_MIN, FILL_STEP_MAX);
@@ -126,6 +127,9 @@ impl<B: StorageBackend> StorageBackend for AllocatedFile<B> {
             let mut filled = self.filled.lock().unwrap_or_else(PoisonError::into_inner);
             if end > *filled {
                 self.fill_to(&mut filled, end);
+                // If the zeros stopped short (a full disk), redb's page still lands past them: the
+                // mark moves over it, so no later fill can zero it (what lies between stays a hole).
+                *filled = (*filled).max(end);
             }
         }
         self.inner.write(offset, data)
@@ -251,6 +255,54 @@ mod tests {
         // Once the disk takes bytes again, a write fills up to it and lands.
         disk.set_write_budget(None);
         file.write(3 << 20, b"page").unwrap();
+        file.read(3 << 20, &mut out).unwrap();
+        assert_eq!(&out, b"page");
+    }
+
+    /// A disk on which zeros fail (a step of them does not fit) while redb's small writes land.
+    #[derive(Debug, Default)]
+    struct ZerosFail {
+        disk: crate::SimDisk,
+        failing: std::sync::atomic::AtomicBool,
+    }
+
+    impl StorageBackend for ZerosFail {
+        fn len(&self) -> Result<u64, BackendIoError> {
+            self.disk.len()
+        }
+        fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), BackendIoError> {
+            self.disk.read(offset, out)
+        }
+        fn set_len(&self, len: u64) -> Result<(), BackendIoError> {
+            self.disk.set_len(len)
+        }
+        fn sync_data(&self) -> Result<(), BackendIoError> {
+            self.disk.sync_data()
+        }
+        fn write(&self, offset: u64, data: &[u8]) -> Result<(), BackendIoError> {
+            let zeros = data.len() == ZEROS.len() && data.iter().all(|&b| b == 0);
+            if zeros && self.failing.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(std::io::Error::new(std::io::ErrorKind::StorageFull, "full"));
+            }
+            self.disk.write(offset, data)
+        }
+    }
+
+    #[test]
+    fn a_page_written_past_zeros_that_failed_is_never_zeroed_later() {
+        let file = AllocatedFile::over(ZerosFail::default(), 0);
+        file.inner
+            .failing
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        file.set_len(8 << 20).unwrap();
+        file.write(3 << 20, b"page").unwrap();
+        // Space again: the next growth fills a step from the mark, which must lie past the page.
+        file.inner
+            .failing
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        file.set_len(16 << 20).unwrap();
+        file.write(12 << 20, b"late").unwrap();
+        let mut out = [0u8; 4];
         file.read(3 << 20, &mut out).unwrap();
         assert_eq!(&out, b"page");
     }

@@ -73,18 +73,42 @@ pub(crate) struct StateOf<'a> {
 
 impl<'a> StateOf<'a> {
     pub(crate) fn of(task: &'a Task) -> Self {
+        // Every field named, none by `..`: a field added to `Task` does not compile here until it
+        // is placed in the head (`TaskHead`) or the state, so no update can drop it unnoticed.
+        let Task {
+            id: _,
+            run_id: _,
+            parent: _,
+            depth: _,
+            kind: _,
+            brief: _,
+            goal: _,
+            quality_criteria: _,
+            output_schema: _,
+            assignee,
+            model,
+            observed,
+            status,
+            attempt,
+            idempotency_key,
+            outcome,
+            attachments,
+            progress_notes,
+            created_ms,
+            updated_ms,
+        } = task;
         Self {
-            assignee: &task.assignee,
-            model: &task.model,
-            observed: &task.observed,
-            status: task.status,
-            attempt: task.attempt,
-            idempotency_key: &task.idempotency_key,
-            outcome: &task.outcome,
-            attachments: &task.attachments,
-            progress_notes: &task.progress_notes,
-            created_ms: task.created_ms,
-            updated_ms: task.updated_ms,
+            assignee,
+            model,
+            observed,
+            status: *status,
+            attempt: *attempt,
+            idempotency_key,
+            outcome,
+            attachments,
+            progress_notes,
+            created_ms: *created_ms,
+            updated_ms: *updated_ms,
         }
     }
 }
@@ -108,15 +132,38 @@ pub(crate) struct TaskHead {
 impl TaskHead {
     /// Whether `task`'s once-written fields are these.
     pub(crate) fn same_as(&self, task: &Task) -> bool {
-        self.id == task.id
-            && self.run_id == task.run_id
-            && self.parent == task.parent
-            && self.depth == task.depth
-            && self.kind == task.kind
-            && self.brief == task.brief
-            && self.goal == task.goal
-            && self.quality_criteria == task.quality_criteria
-            && self.output_schema == task.output_schema
+        // Every field named (see `StateOf::of`): a new head field must be compared here.
+        let Task {
+            id,
+            run_id,
+            parent,
+            depth,
+            kind,
+            brief,
+            goal,
+            quality_criteria,
+            output_schema,
+            assignee: _,
+            model: _,
+            observed: _,
+            status: _,
+            attempt: _,
+            idempotency_key: _,
+            outcome: _,
+            attachments: _,
+            progress_notes: _,
+            created_ms: _,
+            updated_ms: _,
+        } = task;
+        self.id == *id
+            && self.run_id == *run_id
+            && self.parent == *parent
+            && self.depth == *depth
+            && self.kind == *kind
+            && self.brief == *brief
+            && self.goal == *goal
+            && self.quality_criteria == *quality_criteria
+            && self.output_schema == *output_schema
     }
 }
 

@@ -29,6 +29,13 @@ pub(crate) struct Announced {
     pub(crate) pid: u32,
 }
 
+impl std::fmt::Display for Announced {
+    /// How the server is named wherever keel says who holds a store: "the keel server at URL (pid N)".
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the keel server at {} (pid {})", self.url, self.pid)
+    }
+}
+
 fn path(home: &Home) -> PathBuf {
     home.dir().join(SERVER_FILE)
 }
@@ -94,14 +101,15 @@ pub(crate) fn read(home: &Home) -> Option<Announced> {
     let text = std::fs::read_to_string(&path).ok()?;
     let announced: Announced = serde_json::from_str(&text).ok()?;
     let pid = nix::unistd::Pid::from_raw(i32::try_from(announced.pid).ok()?);
-    // Signal 0 checks that the process exists without touching it; EPERM is a live process of
-    // another user (a server run by another account on a shared home).
+    // Signal 0 checks that the process exists without touching it. EPERM (a process of another
+    // user) means the file is stale: this user could read it, so this user's server wrote it (a file
+    // another account's server wrote is 0600 and its own), and that pid is now someone else's.
     alive(nix::sys::signal::kill(pid, None)).then_some(announced)
 }
 
-/// Whether a signal-0 probe's outcome says the process exists.
+/// Whether a signal-0 probe's outcome says the announcing server still runs.
 fn alive(probe: nix::Result<()>) -> bool {
-    matches!(probe, Ok(()) | Err(nix::errno::Errno::EPERM))
+    probe.is_ok()
 }
 
 #[cfg(test)]
@@ -111,9 +119,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_process_of_another_user_is_alive_and_a_missing_one_is_not() {
+    fn a_pid_now_of_another_user_or_of_no_process_is_a_stale_file() {
         assert!(alive(Ok(())));
-        assert!(alive(Err(nix::errno::Errno::EPERM)));
+        assert!(!alive(Err(nix::errno::Errno::EPERM)));
         assert!(!alive(Err(nix::errno::Errno::ESRCH)));
     }
 
