@@ -278,6 +278,11 @@ pub(crate) enum Command {
         /// port 0 picks a free one). Not served with `--run`.
         #[arg(long, value_name = "ADDR", conflicts_with = "run")]
         api: Option<std::net::SocketAddr>,
+        /// Coordinator daemon: let other processes open this home's store file while it runs
+        /// (each commit then syncs twice instead of once). Without it the daemon holds the store
+        /// alone, as `keel serve` does, and this home's read commands go through its API.
+        #[arg(long, conflicts_with = "run")]
+        share_store: bool,
         /// Coordinator: submit this brief once `--wait-workers` workers joined, print the run's
         /// summary and exit with its code.
         #[arg(long, value_name = "BRIEF")]

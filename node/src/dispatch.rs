@@ -165,6 +165,7 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failed> {
             tls_key,
             tls_ca,
             api,
+            share_store,
             run: brief,
             plan,
             wait_workers,
@@ -184,6 +185,7 @@ pub(crate) fn run(cli: Cli) -> Result<(), Failed> {
                     .zip(tls_ca)
                     .map(|((cert, key), ca)| keel_cluster::TlsFiles { cert, key, ca }),
                 api,
+                share_store,
                 choice: harness.choice(),
                 run: brief,
                 plan,

@@ -190,8 +190,9 @@ impl Cluster {
                 "2",
             ]);
         } else {
-            // A daemon serves the HTTP API: on a free port, so tests can run side by side.
-            cmd.args(["--api", "127.0.0.1:0"]);
+            // A daemon serves the HTTP API: on a free port, so tests can run side by side. These
+            // tests read the store file beside it, so it shares the file.
+            cmd.args(["--api", "127.0.0.1:0", "--share-store"]);
         }
         let mut c = Reaped::spawn(cmd).unwrap();
         c.line_containing("listening on", JOIN_WAIT).unwrap();

@@ -1,7 +1,8 @@
 //! The HTTP API on a cluster's coordinator node, on real processes over 127.0.0.1: a `keel node`
 //! coordinator daemon and one worker; `keel run --server URL` and a local `keel run` on the
 //! coordinator's home print what a local run prints, while every specialist ran on the worker;
-//! reads answer through the API; `/metrics` counts the remote dispatches.
+//! reads answer through the API (the daemon holds the store file alone); `/metrics` counts the
+//! remote dispatches.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests: a panic is the failure report.
 
 use std::os::unix::fs::PermissionsExt;
@@ -66,6 +67,16 @@ fn keel_run_against_a_coordinator_node_prints_what_a_local_run_prints() {
         remote.path(),
         client.path(),
         &[vec!["tree"], vec!["--json", "runs"]],
+    );
+    // The daemon holds its store alone (one fsync a commit): no other process opens the file,
+    // which is why the reads above went through its API.
+    let held = keel_store::Store::open_read_only(
+        remote.path().join(".keel/keel.redb"),
+        keel_store::StoreConfig::default(),
+    );
+    assert!(
+        held.is_err(),
+        "the store file opened beside a coordinator daemon"
     );
     worker.kill();
     server.process.kill();

@@ -124,7 +124,9 @@ fn a_session_on_a_worker_reports_through_its_own_nodes_endpoint_and_tokens_stay_
     } = home();
     std::fs::write(work.join("lib.rs"), "pub fn f() {}\n").unwrap();
 
-    let (mut server, cluster) = Server::start_coordinator(&work, &cookie);
+    // The test reads the store file beside the daemon, so the daemon shares it.
+    let (mut server, cluster) =
+        Server::start_coordinator_with(&work, &cookie, &["--share-store"], &[]);
     let mut cmd = worker_command(&work, &cluster, "w1", &cookie);
     cmd.env("KEEL_LOG", NODE_LOG)
         .args(["--model-server", &model_url]);
@@ -396,7 +398,9 @@ fn lead_on_a_worker_of_a_coordinator_daemon(lead_on: LeadOn) {
             (Some("loop"), Some("claude"))
         }
     };
-    let (mut server, cluster) = Server::start_coordinator_with(&work, &cookie, &harness, &env);
+    let mut args = harness.clone();
+    args.push("--share-store");
+    let (mut server, cluster) = Server::start_coordinator_with(&work, &cookie, &args, &env);
     let mut workers = Vec::new();
     for name in ["w1", "w2"] {
         let mut cmd = worker_command(&work, &cluster, name, &cookie);

@@ -558,6 +558,8 @@ fn a_keel_node_answers_another_processs_cancel() {
         "127.0.0.1:0",
         "--api",
         "127.0.0.1:0",
+        // The test reads the store file beside the daemon.
+        "--share-store",
     ]);
     cmd.arg("--cookie-file").arg(&cookie);
     let mut node = Reaped::spawn(cmd).unwrap();

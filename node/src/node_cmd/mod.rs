@@ -13,7 +13,8 @@
 //! cluster port binds exactly `--listen`. A coordinator serves `keel serve`'s HTTP API (the same
 //! routes, `node/src/serve`) on `--api` (else `[server] listen`) and announces it in the home's
 //! `server.json`, so `keel run --server URL` and local commands on its home submit to it
-//! (`daemon.rs`). `--run BRIEF` instead makes a coordinator submit one run once `--wait-workers`
+//! (`daemon.rs`); such a daemon holds the store alone, as `keel serve` does, so the home's read
+//! commands go through its API too (`--share-store` lets other processes open the file instead). `--run BRIEF` instead makes a coordinator submit one run once `--wait-workers`
 //! workers have joined, print its summary as `keel run` does, and exit with its code.
 
 pub(crate) mod config;
@@ -67,6 +68,9 @@ pub(crate) struct NodeArgs {
     pub(crate) tls: Option<TlsFiles>,
     /// `--api`: where a coordinator daemon serves the HTTP API (else `[server] listen`).
     pub(crate) api: Option<SocketAddr>,
+    /// `--share-store`: a coordinator daemon opens the store shared with readers in other
+    /// processes instead of alone.
+    pub(crate) share_store: bool,
     pub(crate) choice: HarnessChoice,
     pub(crate) run: Option<String>,
     pub(crate) plan: Option<PathBuf>,
@@ -183,7 +187,16 @@ pub(crate) fn node(home: &Home, args: NodeArgs, json: bool) -> anyhow::Result<En
         let (server, bound) = start_node_server(&r.name, r.cookie.clone(), r.listen, r.tls.as_ref()).await?;
         let mut coordinator = None;
         if r.role.coordinates() {
-            let store = run::node_store(home, run::SHARED)?;
+            // A daemon holds its store alone, as `keel serve` does (one fsync a commit instead of
+            // two), and this home's read commands go through its API (`server.json`); `--run` has
+            // no API, so the operator's reads open the file beside it, and `--share-store` asks
+            // for that on a daemon too.
+            let sharing = if args.run.is_none() && !args.share_store {
+                run::SERVED
+            } else {
+                run::SHARED
+            };
+            let store = run::node_store(home, sharing)?;
             // A daemon serves the API; with --run the run's live view reads the events instead.
             let metrics = if args.run.is_none() {
                 Some(ApiMetrics::new()?)

@@ -142,13 +142,13 @@ pub(crate) fn init_logs(section: &LogSection, format: Option<LogFormat>) {
     };
 }
 
-/// How `keel run`, `resume`, `follow-up`, `cancel`, `answer`, `demo` and `keel node` open the
-/// home's store as its writer: sharing it with readers, so that the read commands (`keel runs`,
+/// How `keel run`, `resume`, `follow-up`, `cancel`, `answer`, `demo`, `keel node --run` and
+/// `keel node --share-store` open the home's store as its writer: sharing it with readers, so that the read commands (`keel runs`,
 /// `tree`, ...) open the file read-only beside them. The price: redb commits in two phases then,
 /// two fdatasyncs a commit instead of one (docs/STORE.md, "Sharing").
 pub(crate) const SHARED: Sharing = Sharing::WithReaders;
 
-/// How `keel serve` opens the home's store: alone, one fdatasync a commit. No other process can
+/// How `keel serve` and a coordinator daemon (`keel node` with its API) open the home's store: alone, one fdatasync a commit. No other process can
 /// open the file then; the read commands on the home go through the server instead
 /// (`server.json`, [`crate::serve::discovery`]).
 pub(crate) const SERVED: Sharing = Sharing::Exclusive;
@@ -204,7 +204,7 @@ fn open_writer_as(home: &Home, sharing: Sharing) -> anyhow::Result<Arc<Store>> {
 }
 
 /// The store a node hosting runs writes, shared with readers ([`SHARED`]: `keel run`, `resume`,
-/// `follow-up`, `keel node`) or alone ([`SERVED`]: `keel serve`): [`open_writer`]'s, opened again
+/// `follow-up`, `keel node --run`) or alone ([`SERVED`]: `keel serve`, a coordinator daemon): [`open_writer`]'s, opened again
 /// from the same file, the same way, after a write fails on it (redb refuses a handle after one
 /// failed write).
 pub(crate) fn node_store(home: &Home, sharing: Sharing) -> anyhow::Result<NodeStore> {

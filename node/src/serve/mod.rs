@@ -13,8 +13,8 @@
 //!
 //! The store: `keel serve` opens it alone ([`crate::run::SERVED`], one fdatasync a commit instead
 //! of two), so no other process opens the file while it runs; the read commands on its home come
-//! here instead (`dispatch.rs`, through `server.json`). A coordinator node shares its store with
-//! readers, as `keel run` does.
+//! here instead (`dispatch.rs`, through `server.json`). A coordinator daemon (`keel node` with its
+//! API) opens it the same way, unless `--share-store` asks it to share the file with readers.
 //!
 //! Shutdown: SIGINT or SIGTERM refuses new work, pauses every run as `keel run` does on a signal,
 //! tells the open event streams (`event: paused`: a `keel --server` client ends as a paused local
