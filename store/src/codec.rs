@@ -202,12 +202,27 @@ unchanged_since_v1!(
 /// [`EncodeError`] if bincode refuses the value.
 pub fn encode<T: Serialize>(table: &'static str, value: &T) -> Result<Vec<u8>, EncodeError> {
     let mut out = Vec::with_capacity(64);
-    out.push(SCHEMA_VERSION);
-    bincode::serde::encode_into_std_write(value, &mut out, config()).map_err(|e| EncodeError {
+    encode_into(table, value, &mut out)?;
+    Ok(out)
+}
+
+/// [`encode`] into `buf` (its old contents dropped), answering the row: the store's writer encodes
+/// every row of a commit into one buffer, so a row costs no allocation (and no regrowth) of its own.
+///
+/// # Errors
+/// As [`encode`].
+pub(crate) fn encode_into<'b, T: Serialize>(
+    table: &'static str,
+    value: &T,
+    buf: &'b mut Vec<u8>,
+) -> Result<&'b [u8], EncodeError> {
+    buf.clear();
+    buf.push(SCHEMA_VERSION);
+    bincode::serde::encode_into_std_write(value, &mut *buf, config()).map_err(|e| EncodeError {
         table,
         reason: e.to_string(),
     })?;
-    Ok(out)
+    Ok(buf.as_slice())
 }
 
 /// Decodes a row written by [`encode`] in this or an older known schema version (an older one

@@ -44,6 +44,7 @@ mod catalog;
 mod error;
 mod file;
 mod guard;
+mod known;
 mod limits;
 mod maintenance;
 mod read;
@@ -54,6 +55,7 @@ mod store;
 mod tables;
 mod task_state;
 mod upgrade;
+mod writer;
 
 pub use batch::{Applied, StagedWrite, WriteBatch};
 pub use catalog::Catalog;

@@ -242,6 +242,7 @@ impl Store {
     }
 
     fn writer_mut(&mut self) -> Result<&mut Database, MaintenanceError> {
+        self.forget_known();
         match &mut self.db {
             Db::Writer(db) => Ok(db),
             Db::Reader(_) => Err(MaintenanceError::ReadOnly),

@@ -1,27 +1,24 @@
 //! The store: opening, group commit, and the two ways in (a run's scope, the operator's catalog).
 
-use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
 
 use redb::{
     ConcurrencyMode, Database, Durability, ReadOnlyDatabase, ReadableDatabase, ReadableTable,
-    StorageBackend, Table,
+    StorageBackend,
 };
 
-use crate::batch::{Applied, RunOp, Staged, StagedWrite, WriteBatch};
+use crate::batch::{Applied, Staged, StagedWrite, WriteBatch};
 use crate::catalog::Catalog;
-use crate::codec::{self, DecodeError};
-use crate::error::{CommitError, ItemError, OpenError, ReadError, StageError};
+use crate::error::{CommitError, OpenError, ReadError, StageError};
 use crate::file::AllocatedFile;
 use crate::guard::guarded;
+use crate::known::Known;
 use crate::limits::{LimitError, Limits};
-use crate::model::{
-    AgentProfile, AttachmentBody, Escalation, IdempotencyRecord, Run, RunId, Task, TaskId,
-};
+use crate::model::{AgentProfile, RunId};
 use crate::scope::RunScope;
-use crate::tables::{self, Row, name};
-use crate::task_state::{StateOf, TaskHead};
+use crate::tables;
+use crate::writer::Writer;
 
 /// The store format this build writes into the `meta` table. Bumped only when the table layout (not a
 /// record's shape: that is the codec's schema version) changes incompatibly: an older keel refuses a
@@ -77,6 +74,10 @@ pub struct Store {
     limits: Limits,
     /// The file, for errors that name it (`None` on a custom backend).
     file: Option<PathBuf>,
+    /// What this store's own commits say exists (runs, tasks, the ends of logs), so a commit checks
+    /// a write against it rather than reading the tables again; held by the one write transaction
+    /// under way (redb runs one at a time), cleared whenever a commit does not succeed.
+    known: Mutex<Known>,
 }
 
 /// The open database: a writer, or a read-only handle that follows a writer in another process.
@@ -160,6 +161,7 @@ impl Store {
                 db: Db::Reader(db),
                 limits: config.limits,
                 file: Some(file.clone()),
+                known: Mutex::new(Known::default()),
             })
         })
     }
@@ -218,6 +220,7 @@ impl Store {
             db: Db::Writer(db),
             limits: config.limits,
             file,
+            known: Mutex::new(Known::default()),
         })
     }
 
@@ -354,13 +357,27 @@ impl Store {
         guarded(self.file(), || {
             let mut txn = db.begin_write()?;
             txn.set_durability(durability)?;
-            let outcome = work(&mut Writer::open(&txn, &self.limits));
+            let mut known = self.known();
+            known.bound();
+            let mut writer = Writer::open(&txn, &self.limits, &mut known);
+            let outcome = work(&mut writer);
+            let finished = writer.finished_runs();
             match outcome {
-                Ok(result) => {
-                    txn.commit()?;
-                    Ok(result)
-                }
+                Ok(result) => match txn.commit() {
+                    Ok(()) => {
+                        for run in finished {
+                            known.forget_run(run);
+                        }
+                        Ok(result)
+                    }
+                    Err(e) => {
+                        // What this transaction taught the cache was never committed.
+                        known.clear();
+                        Err(e.into())
+                    }
+                },
                 Err(e) => {
+                    known.clear();
                     // The first failure is the one worth reporting; an abort that also fails leaves
                     // the transaction uncommitted all the same.
                     let _ = txn.abort();
@@ -368,6 +385,30 @@ impl Store {
                 }
             }
         })
+    }
+
+    /// The writer's cache, for the one write transaction under way. A panic caught by the guard
+    /// in an earlier transaction left it poisoned and perhaps half updated: it starts over empty.
+    fn known(&self) -> MutexGuard<'_, Known> {
+        match self.known.lock() {
+            Ok(known) => known,
+            Err(poisoned) => {
+                let mut known = poisoned.into_inner();
+                known.clear();
+                self.known.clear_poison();
+                known
+            }
+        }
+    }
+
+    /// Forgets what the writer's cache holds: maintenance is about to take the database (an
+    /// integrity check that repairs the file can drop the last commit).
+    pub(crate) fn forget_known(&mut self) {
+        match self.known.get_mut() {
+            Ok(known) => known.clear(),
+            Err(poisoned) => poisoned.into_inner().clear(),
+        }
+        self.known.clear_poison();
     }
 
     /// Runs `work` in one read transaction, guarded: a damaged page (redb's `Corrupted`, or a panic
@@ -413,522 +454,5 @@ fn check_format(found: Option<u64>) -> Result<(), OpenError> {
             supported: u8::try_from(STORE_FORMAT).unwrap_or(u8::MAX),
         }),
         _ => Ok(()),
-    }
-}
-
-/// Attachments moved to the blob table: (attachment index, blob key).
-type Blobbed = Vec<(u32, u128)>;
-
-/// Why one write of a batch could not be applied.
-pub(crate) enum Failure {
-    Item(ItemError),
-    Commit(CommitError),
-}
-
-impl Failure {
-    /// The commit error for the write at `index` of its batch.
-    fn at(self, index: usize) -> CommitError {
-        match self {
-            Failure::Item(error) => CommitError::Item {
-                index: u32::try_from(index).unwrap_or(u32::MAX),
-                error,
-            },
-            Failure::Commit(e) => e,
-        }
-    }
-}
-
-impl From<redb::StorageError> for Failure {
-    fn from(e: redb::StorageError) -> Self {
-        Self::Commit(e.into())
-    }
-}
-
-impl From<ItemError> for Failure {
-    fn from(e: ItemError) -> Self {
-        Self::Item(e)
-    }
-}
-
-impl From<DecodeError> for Failure {
-    fn from(e: DecodeError) -> Self {
-        Self::Item(ItemError::Decode(e))
-    }
-}
-
-impl From<codec::EncodeError> for Failure {
-    fn from(e: codec::EncodeError) -> Self {
-        Self::Item(ItemError::Encode(e))
-    }
-}
-
-/// The next sequence number under `prefix` in a `(prefix, seq)` table: 1 for an empty range.
-fn next_seq<T: ReadableTable<tables::RunSeq, Row>>(
-    table: &T,
-    run: u128,
-    name: &'static str,
-) -> Result<u64, Failure> {
-    let last = match table.range((run, 0u64)..=(run, u64::MAX))?.next_back() {
-        None => None,
-        Some(entry) => Some(entry?.0.value().1),
-    };
-    following(last, name)
-}
-
-/// The sequence number after `last` (1 when nothing is stored yet); a sequence that would pass
-/// `u64::MAX` is the table's item error, not a wrap.
-fn following(last: Option<u64>, name: &'static str) -> Result<u64, Failure> {
-    match last {
-        None => Ok(1),
-        Some(k) => k
-            .checked_add(1)
-            .ok_or(Failure::Item(ItemError::SequenceExhausted(name))),
-    }
-}
-
-/// A table of a write transaction, opened on first use: a commit that touches two tables opens (and
-/// at commit flushes and closes) two, not all thirteen, which is most of a small commit's fixed cost.
-struct Lazy<'t, K: redb::Key + 'static, V: redb::Value + 'static> {
-    txn: &'t redb::WriteTransaction,
-    definition: redb::TableDefinition<'static, K, V>,
-    table: Option<Table<'t, K, V>>,
-}
-
-impl<'t, K: redb::Key + 'static, V: redb::Value + 'static> Lazy<'t, K, V> {
-    fn new(
-        txn: &'t redb::WriteTransaction,
-        definition: redb::TableDefinition<'static, K, V>,
-    ) -> Self {
-        Self {
-            txn,
-            definition,
-            table: None,
-        }
-    }
-
-    fn open(&mut self) -> Result<&mut Table<'t, K, V>, Failure> {
-        let table = match self.table.take() {
-            Some(table) => table,
-            None => self
-                .txn
-                .open_table(self.definition)
-                .map_err(|e| Failure::Commit(e.into()))?,
-        };
-        Ok(self.table.insert(table))
-    }
-}
-
-/// The tables of one write transaction, applying staged writes in order.
-struct Writer<'t> {
-    limits: &'t Limits,
-    runs: Lazy<'t, u128, Row>,
-    open_runs: Lazy<'t, u128, ()>,
-    plans: Lazy<'t, u128, &'static [u8]>,
-    tasks: Lazy<'t, tables::RunPair, Row>,
-    task_states: Lazy<'t, tables::RunPair, Row>,
-    task_run: Lazy<'t, u128, u128>,
-    children: Lazy<'t, tables::RunTriple, ()>,
-    logs: Lazy<'t, tables::RunTaskSeq, Row>,
-    checkpoints: Lazy<'t, u128, Row>,
-    manifest: Lazy<'t, tables::RunSeq, Row>,
-    dead_letters: Lazy<'t, tables::RunSeq, Row>,
-    idempotency: Lazy<'t, (u128, &'static str), Row>,
-    audit: Lazy<'t, tables::RunSeq, Row>,
-    gate_marks: Lazy<'t, tables::RunSeq, Row>,
-    escalations: Lazy<'t, tables::RunSeq, Row>,
-    escalation_ids: Lazy<'t, u128, tables::RunSeq>,
-    blobs: Lazy<'t, tables::RunPair, &'static [u8]>,
-    agents: Lazy<'t, &'static str, Row>,
-    run_agents: Lazy<'t, (u128, &'static str), Row>,
-    /// Runs known to exist in this transaction, so a batch of N rows for one run checks it once.
-    known_runs: BTreeSet<u128>,
-    /// Tasks known to exist in this transaction (created in it, or found by a lookup), with the
-    /// sequence number of their newest log row once it is known: a batch's log rows of one task
-    /// (a dispatch's decision rows on the root task, an attempt's rows) look the task and its
-    /// log's end up once, not once per row. Tasks are never deleted inside a commit, and only this
-    /// writer appends to a task's log in it, so what is cached stays true until the commit ends.
-    known_tasks: BTreeMap<(u128, u128), Option<u64>>,
-}
-
-impl<'t> Writer<'t> {
-    fn open(txn: &'t redb::WriteTransaction, limits: &'t Limits) -> Self {
-        Self {
-            limits,
-            runs: Lazy::new(txn, tables::RUNS),
-            open_runs: Lazy::new(txn, tables::OPEN_RUNS),
-            plans: Lazy::new(txn, tables::RUN_PLANS),
-            tasks: Lazy::new(txn, tables::TASKS),
-            task_states: Lazy::new(txn, tables::TASK_STATES),
-            task_run: Lazy::new(txn, tables::TASK_RUN),
-            children: Lazy::new(txn, tables::TASK_CHILDREN),
-            logs: Lazy::new(txn, tables::SESSION_LOGS),
-            checkpoints: Lazy::new(txn, tables::CHECKPOINTS),
-            manifest: Lazy::new(txn, tables::MANIFEST),
-            dead_letters: Lazy::new(txn, tables::DEAD_LETTERS),
-            idempotency: Lazy::new(txn, tables::IDEMPOTENCY),
-            audit: Lazy::new(txn, tables::AUDIT),
-            gate_marks: Lazy::new(txn, tables::GATE_MARKS),
-            escalations: Lazy::new(txn, tables::ESCALATIONS),
-            escalation_ids: Lazy::new(txn, tables::ESCALATION_IDS),
-            blobs: Lazy::new(txn, tables::BLOBS),
-            agents: Lazy::new(txn, tables::AGENTS),
-            run_agents: Lazy::new(txn, tables::RUN_AGENTS),
-            known_runs: BTreeSet::new(),
-            known_tasks: BTreeMap::new(),
-        }
-    }
-
-    /// Whether task `task` of `run` is stored (or staged earlier in this transaction).
-    fn task_exists(&mut self, run: RunId, task: TaskId) -> Result<bool, Failure> {
-        if self.known_tasks.contains_key(&(run.0, task.0)) {
-            return Ok(true);
-        }
-        let found = self.tasks.open()?.get((run.0, task.0))?.is_some();
-        if found {
-            self.known_tasks.insert((run.0, task.0), None);
-        }
-        Ok(found)
-    }
-
-    /// The sequence number the next log row of a stored task takes (1 for its first row), read
-    /// from the log's end once per transaction and counted on from there.
-    fn next_log_seq(&mut self, run: RunId, task: TaskId) -> Result<u64, Failure> {
-        let last = match self.known_tasks.get(&(run.0, task.0)).copied().flatten() {
-            Some(last) => Some(last),
-            None => {
-                let mut range = self
-                    .logs
-                    .open()?
-                    .range((run.0, task.0, 0u64)..=(run.0, task.0, u64::MAX))?;
-                match range.next_back() {
-                    None => None,
-                    Some(entry) => Some(entry?.0.value().2),
-                }
-            }
-        };
-        let seq = following(last, name::SESSION_LOGS)?;
-        self.known_tasks.insert((run.0, task.0), Some(seq));
-        Ok(seq)
-    }
-
-    fn require_run(&mut self, run: RunId) -> Result<(), Failure> {
-        if self.known_runs.contains(&run.0) {
-            return Ok(());
-        }
-        if self.runs.open()?.get(run.0)?.is_none() {
-            return Err(ItemError::RunNotFound(run).into());
-        }
-        self.known_runs.insert(run.0);
-        Ok(())
-    }
-
-    /// The once-written fields of a stored task of `run`, `None` when the task is not stored: read
-    /// from the row's leading fields only, which every schema version lays out alike, instead of
-    /// decoding the whole row.
-    fn stored_head(&mut self, run: RunId, task: TaskId) -> Result<Option<TaskHead>, Failure> {
-        match self.tasks.open()?.get((run.0, task.0))? {
-            None => Ok(None),
-            Some(g) => Ok(Some(codec::decode_prefix(
-                name::TASKS,
-                &format_args!("{run}/{task}"),
-                g.value(),
-            )?)),
-        }
-    }
-
-    fn put_blob(&mut self, run: RunId, bytes: &[u8]) -> Result<(u128, u64), Failure> {
-        let last = {
-            let mut range = self
-                .blobs
-                .open()?
-                .range((run.0, 0u128)..=(run.0, u128::MAX))?;
-            match range.next_back() {
-                None => None,
-                Some(entry) => Some(entry?.0.value().1),
-            }
-        };
-        let key = match last {
-            None => 1,
-            Some(k) => k
-                .checked_add(1)
-                .ok_or(Failure::Item(ItemError::SequenceExhausted("blobs")))?,
-        };
-        self.blobs.open()?.insert((run.0, key), bytes)?;
-        Ok((key, u64::try_from(bytes.len()).unwrap_or(u64::MAX)))
-    }
-
-    /// Moves attachments over the inline threshold into the blob table and checks that blob
-    /// references point at blobs of this run. Returns (attachment index, blob key) of moved ones.
-    /// The task is copied only when an attachment moves, so the common case encodes the staged
-    /// value as it is.
-    fn externalize<'a>(
-        &mut self,
-        run: RunId,
-        task: &'a Task,
-    ) -> Result<(Cow<'a, Task>, Blobbed), Failure> {
-        let mut moved = Vec::new();
-        let mut task = Cow::Borrowed(task);
-        let inline_max = self.limits.inline_bytes_max;
-        for i in 0..task.attachments.len() {
-            match &task.attachments[i].body {
-                AttachmentBody::Inline(text)
-                    if u64::try_from(text.len()).unwrap_or(u64::MAX) > inline_max =>
-                {
-                    let (key, len) = self.put_blob(run, text.as_bytes())?;
-                    task.to_mut().attachments[i].body = AttachmentBody::Blob { key, len };
-                    moved.push((u32::try_from(i).unwrap_or(u32::MAX), key));
-                }
-                AttachmentBody::Inline(_) => {}
-                AttachmentBody::Blob { key, .. } => {
-                    if self.blobs.open()?.get((run.0, *key))?.is_none() {
-                        return Err(ItemError::BlobNotFound(*key).into());
-                    }
-                }
-            }
-        }
-        Ok((task, moved))
-    }
-
-    fn apply(&mut self, write: &StagedWrite<'_>) -> Result<Applied, Failure> {
-        let (run, op) = match &write.staged {
-            Staged::Agent(profile) => {
-                let bytes = codec::encode(name::AGENTS, profile)?;
-                self.agents
-                    .open()?
-                    .insert(profile.name.as_str(), bytes.as_slice())?;
-                return Ok(Applied::AgentProfileWritten);
-            }
-            Staged::Run { run, op } => (*run, op),
-        };
-        match op {
-            RunOp::CreateRun(r) => {
-                if self.runs.open()?.get(run.0)?.is_some() {
-                    return Err(ItemError::RunExists(run).into());
-                }
-                if let Some(plan) = &r.plan {
-                    self.plans.open()?.insert(run.0, plan.as_bytes())?;
-                }
-                self.put_run(r)?;
-                self.known_runs.insert(run.0);
-                Ok(Applied::RunCreated)
-            }
-            RunOp::UpdateRun(r) => {
-                self.require_run(run)?;
-                if let Some(plan) = &r.plan {
-                    let same = self
-                        .plans
-                        .open()?
-                        .get(run.0)?
-                        .is_some_and(|g| g.value() == plan.as_bytes());
-                    if !same {
-                        return Err(ItemError::PlanChanged { run }.into());
-                    }
-                }
-                self.put_run(r)?;
-                Ok(Applied::RunUpdated)
-            }
-            RunOp::CreateTask(task) => {
-                self.require_run(run)?;
-                if self.task_run.open()?.get(task.id.0)?.is_some() {
-                    return Err(ItemError::TaskIdTaken(task.id).into());
-                }
-                if let Some(parent) = task.parent
-                    && !self.task_exists(run, parent)?
-                {
-                    return Err(ItemError::ParentNotFound {
-                        task: task.id,
-                        parent,
-                    }
-                    .into());
-                }
-                let (task, blobbed) = self.externalize(run, task)?;
-                let bytes = codec::encode(name::TASKS, &*task)?;
-                self.tasks
-                    .open()?
-                    .insert((run.0, task.id.0), bytes.as_slice())?;
-                self.task_run.open()?.insert(task.id.0, run.0)?;
-                if let Some(parent) = task.parent {
-                    self.children
-                        .open()?
-                        .insert((run.0, parent.0, task.id.0), ())?;
-                }
-                // A new task has no log rows yet: its first row takes 1 without a lookup.
-                self.known_tasks.insert((run.0, task.id.0), Some(0));
-                Ok(Applied::TaskCreated { blobbed })
-            }
-            RunOp::UpdateTask(task) => {
-                let Some(head) = self.stored_head(run, task.id)? else {
-                    return Err(ItemError::TaskNotFound { run, task: task.id }.into());
-                };
-                if head.parent != task.parent {
-                    return Err(ItemError::ParentChanged { task: task.id }.into());
-                }
-                let (task, blobbed) = self.externalize(run, task)?;
-                let key = (run.0, task.id.0);
-                if head.same_as(&task) {
-                    // Only the state changed (the common case: a status, an outcome): the row's
-                    // once-written part stays, the state row takes the rest.
-                    let bytes = codec::encode(name::TASK_STATES, &StateOf::of(&task))?;
-                    self.task_states.open()?.insert(key, bytes.as_slice())?;
-                } else {
-                    let bytes = codec::encode(name::TASKS, &*task)?;
-                    self.tasks.open()?.insert(key, bytes.as_slice())?;
-                    self.task_states.open()?.remove(key)?;
-                }
-                Ok(Applied::TaskUpdated { blobbed })
-            }
-            RunOp::AppendLog { task, row } => {
-                let task = *task;
-                if !self.task_exists(run, task)? {
-                    return Err(ItemError::TaskNotFound { run, task }.into());
-                }
-                let seq = self.next_log_seq(run, task)?;
-                let bytes = codec::encode(name::SESSION_LOGS, &row)?;
-                self.logs
-                    .open()?
-                    .insert((run.0, task.0, seq), bytes.as_slice())?;
-                Ok(Applied::LogAppended { seq })
-            }
-            RunOp::PutCheckpoint(c) => {
-                self.require_run(run)?;
-                let bytes = codec::encode(name::CHECKPOINTS, &c)?;
-                self.checkpoints.open()?.insert(run.0, bytes.as_slice())?;
-                Ok(Applied::CheckpointWritten)
-            }
-            RunOp::AppendManifest(m) => {
-                self.require_run(run)?;
-                let seq = next_seq(&*self.manifest.open()?, run.0, name::MANIFEST)?;
-                let bytes = codec::encode(name::MANIFEST, &m)?;
-                self.manifest
-                    .open()?
-                    .insert((run.0, seq), bytes.as_slice())?;
-                Ok(Applied::ManifestAppended { seq })
-            }
-            RunOp::AppendDeadLetter(d) => {
-                self.require_run(run)?;
-                let seq = next_seq(&*self.dead_letters.open()?, run.0, name::DEAD_LETTERS)?;
-                let bytes = codec::encode(name::DEAD_LETTERS, &d)?;
-                self.dead_letters
-                    .open()?
-                    .insert((run.0, seq), bytes.as_slice())?;
-                Ok(Applied::DeadLetterAppended { seq })
-            }
-            RunOp::AppendAudit(a) => {
-                self.require_run(run)?;
-                let seq = next_seq(&*self.audit.open()?, run.0, name::AUDIT)?;
-                let bytes = codec::encode(name::AUDIT, &a)?;
-                self.audit.open()?.insert((run.0, seq), bytes.as_slice())?;
-                Ok(Applied::AuditAppended { seq })
-            }
-            RunOp::AppendGateMark(m) => {
-                self.require_run(run)?;
-                let seq = next_seq(&*self.gate_marks.open()?, run.0, name::GATE_MARKS)?;
-                let bytes = codec::encode(name::GATE_MARKS, &m)?;
-                self.gate_marks
-                    .open()?
-                    .insert((run.0, seq), bytes.as_slice())?;
-                Ok(Applied::GateMarkAppended { seq })
-            }
-            RunOp::AppendEscalation(e) => {
-                self.require_run(run)?;
-                if let Some(g) = self.escalation_ids.open()?.get(e.id.0)? {
-                    let (owner, seq) = g.value();
-                    if owner != run.0 {
-                        return Err(ItemError::EscalationIdTaken(e.id).into());
-                    }
-                    return Ok(Applied::EscalationAppended { seq });
-                }
-                let seq = next_seq(&*self.escalations.open()?, run.0, name::ESCALATIONS)?;
-                let bytes = codec::encode(name::ESCALATIONS, &e)?;
-                self.escalations
-                    .open()?
-                    .insert((run.0, seq), bytes.as_slice())?;
-                self.escalation_ids.open()?.insert(e.id.0, (run.0, seq))?;
-                Ok(Applied::EscalationAppended { seq })
-            }
-            RunOp::ResolveEscalation { id, resolution } => {
-                let id = *id;
-                let located = self.escalation_ids.open()?.get(id.0)?.map(|g| g.value());
-                let Some((owner, seq)) = located.filter(|(owner, _)| *owner == run.0) else {
-                    return Err(ItemError::EscalationNotFound { run, id }.into());
-                };
-                let mut row: Escalation = match self.escalations.open()?.get((owner, seq))? {
-                    Some(g) => {
-                        codec::decode(name::ESCALATIONS, &format_args!("{run}/{seq}"), g.value())?
-                    }
-                    None => return Err(ItemError::EscalationNotFound { run, id }.into()),
-                };
-                if let Some(first) = row.resolution {
-                    return Ok(Applied::EscalationAlreadyResolved(first));
-                }
-                row.resolution = Some(resolution.clone().into_owned());
-                let bytes = codec::encode(name::ESCALATIONS, &row)?;
-                self.escalations
-                    .open()?
-                    .insert((owner, seq), bytes.as_slice())?;
-                Ok(Applied::EscalationResolved)
-            }
-            RunOp::RecordIdempotency(record) => {
-                self.require_run(run)?;
-                if let Some(g) = self.idempotency.open()?.get((run.0, record.key.as_str()))? {
-                    let original: IdempotencyRecord = codec::decode(
-                        name::IDEMPOTENCY,
-                        &format_args!("{run}/{}", record.key),
-                        g.value(),
-                    )?;
-                    return Ok(Applied::AlreadyRecorded(original));
-                }
-                let bytes = codec::encode(name::IDEMPOTENCY, &record)?;
-                self.idempotency
-                    .open()?
-                    .insert((run.0, record.key.as_str()), bytes.as_slice())?;
-                Ok(Applied::IdempotencyRecorded)
-            }
-            RunOp::PutBlob(bytes) => {
-                self.require_run(run)?;
-                let (key, len) = self.put_blob(run, bytes)?;
-                Ok(Applied::BlobStored { key, len })
-            }
-            RunOp::PutAgent(profile) => {
-                // The run's row is not required: a node records its profiles as it submits the
-                // run, which may be before the coordinator's first commit creates the row.
-                let bytes = codec::encode(name::RUN_AGENTS, profile)?;
-                self.run_agents
-                    .open()?
-                    .insert((run.0, profile.name.as_str()), bytes.as_slice())?;
-                Ok(Applied::AgentProfileWritten)
-            }
-        }
-    }
-
-    /// Writes a run's row (without its plan: that is in its own table, written at creation) and
-    /// keeps the open-runs index in step with it, in this same transaction: the index and the rows
-    /// are committed (or lost in a crash) together, so they never disagree.
-    fn put_run(&mut self, r: &Run) -> Result<(), Failure> {
-        let bytes = if r.plan.is_some() {
-            codec::encode(
-                name::RUNS,
-                &Run {
-                    id: r.id,
-                    brief: r.brief.clone(),
-                    plan: None,
-                    status: r.status,
-                    budget: r.budget,
-                    created_ms: r.created_ms,
-                    updated_ms: r.updated_ms,
-                    config_snapshot: r.config_snapshot.clone(),
-                    outcome: r.outcome.clone(),
-                },
-            )?
-        } else {
-            codec::encode(name::RUNS, r)?
-        };
-        self.runs.open()?.insert(r.id.0, bytes.as_slice())?;
-        if r.status.is_terminal() {
-            self.open_runs.open()?.remove(r.id.0)?;
-        } else {
-            self.open_runs.open()?.insert(r.id.0, ())?;
-        }
-        Ok(())
     }
 }
