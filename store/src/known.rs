@@ -3,7 +3,8 @@
 //! append-only tables (manifest, audit, ...) end.
 //!
 //! Sound because this store is the file's only writer (redb locks the file against other writers,
-//! and a read-only handle never writes), rows of these kinds are never deleted, and every entry is
+//! and a read-only handle never writes; a custom backend such as `SimDisk` has no lock, so it takes
+//! one `Store` per disk at a time), rows of these kinds are never deleted, and every entry is
 //! a fact of the last successful commit: the writer updates the cache while it applies a commit
 //! and the store clears all of it when that commit does not end in a successful `commit()` (an
 //! item refused, the disk failing, a panic caught by the guard), and whenever maintenance takes
@@ -19,8 +20,12 @@ use crate::tables::name;
 /// (about 48 bytes a task).
 pub(crate) const KNOWN_TASKS_MAX: usize = 16_384;
 
-/// Most runs (and run sequences) the cache holds before it starts over, as [`KNOWN_TASKS_MAX`].
+/// Most runs the cache holds before it starts over, as [`KNOWN_TASKS_MAX`] (and up to
+/// [`SEQ_TABLES`] sequence ends each).
 pub(crate) const KNOWN_RUNS_MAX: usize = 4_096;
+
+/// How many append-only tables a run's sequence ends are kept for ([`SeqTable`]'s variants).
+pub(crate) const SEQ_TABLES: usize = 5;
 
 /// A run's append-only table numbered per run, whose end the cache keeps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -69,7 +74,7 @@ impl Known {
     pub(crate) fn bound(&mut self) {
         if self.tasks.len() > KNOWN_TASKS_MAX
             || self.runs.len() > KNOWN_RUNS_MAX
-            || self.seqs.len() > KNOWN_RUNS_MAX
+            || self.seqs.len() > KNOWN_RUNS_MAX * SEQ_TABLES
         {
             self.clear();
         }
@@ -132,5 +137,22 @@ mod tests {
         known.tasks.insert((1, 1), Some(0));
         known.bound();
         assert_eq!(known.tasks.len(), 1);
+        // Five sequence ends a run do not count as five runs.
+        for run in 0..KNOWN_RUNS_MAX as u128 {
+            for table in [
+                SeqTable::Manifest,
+                SeqTable::DeadLetters,
+                SeqTable::Audit,
+                SeqTable::GateMarks,
+                SeqTable::Escalations,
+            ] {
+                known.seqs.insert((run, table), 1);
+            }
+        }
+        known.bound();
+        assert_eq!(known.seqs.len(), KNOWN_RUNS_MAX * SEQ_TABLES);
+        known.seqs.insert((u128::MAX, SeqTable::Manifest), 1);
+        known.bound();
+        assert!(known.seqs.is_empty());
     }
 }
