@@ -7,8 +7,8 @@
 //! sibling (its effect type has no such variant).
 
 use crate::context::{
-    ContextConfig, LoadError, Redactions, RowSet, Scrubber, ThreadSource, context_for_task,
-    load_resume, load_thread,
+    ContextConfig, LoadError, Redactions, RowSet, Scrubber, ThreadSource, collapse_whitespace,
+    context_for_task, load_resume, load_thread,
 };
 use crate::coordinator::Coordinator;
 use crate::effect::SpecialistEffect;
@@ -625,12 +625,7 @@ impl Specialist {
 
 /// Collapse text to one bounded line (for log summaries).
 fn one_line(text: &str, bytes_max: usize) -> String {
-    let line: String = text
-        .split_whitespace()
-        .take(256)
-        .collect::<Vec<_>>()
-        .join(" ");
-    bounded(line, bytes_max)
+    bounded(collapse_whitespace(text, 256).into_owned(), bytes_max)
 }
 
 /// The rows a session's preamble is built from, read from any source (the store, or rows in memory)

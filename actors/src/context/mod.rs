@@ -22,6 +22,7 @@ pub mod scrub;
 mod shim;
 mod standard;
 mod text;
+pub(crate) use text::collapse_whitespace;
 
 pub use load::{
     ContextError, ContextReport, LoadError, RESUME_INSTRUCTION, RowSet, ThreadSource,

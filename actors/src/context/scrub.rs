@@ -14,6 +14,12 @@
 //!    looks like one (length, character classes, entropy): the name alone is not enough, so
 //!    `api_key = os.environ["API_KEY"]`, a git sha and a UUID pass untouched.
 //!
+//! Before any regex, one Aho-Corasick pass over the text looks for the literals every match of a
+//! shape contains (`sk-`, `AKIA`, `://`, ...) and for the secret-sounding name words, ASCII case
+//! ignored: a regex runs only over a text holding one of its literals (most texts hold none). The
+//! pre-check is exact, never a heuristic: a text it lets through untouched cannot match any regex
+//! it skipped (tests hold every shape's matches to its literals).
+//!
 //! The spans found are merged (a union: a partly overlapping pair is redacted as one) and each is replaced
 //! by a marker naming what was removed, such as `[REDACTED:anthropic-key]`.
 
@@ -23,10 +29,13 @@ use std::sync::LazyLock;
 
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use keel_store::Redaction;
-use regex::bytes::{Regex, RegexBuilder, RegexSet, RegexSetBuilder};
+use regex::bytes::{Regex, RegexBuilder};
 
 /// What kind of secret a redaction removed: keel-store's type, because rows keep the counts.
 pub use keel_store::SecretKind;
+
+mod shapes;
+use shapes::{ASSIGNMENT_TAIL, SECRET_NAME_WORDS, SHAPES};
 
 /// The text that opens every redaction marker; truncation never cuts inside a marker that starts with it.
 pub const REDACTION_MARKER_PREFIX: &str = "[REDACTED:";
@@ -285,6 +294,16 @@ impl Scrubber {
         let Ok(patterns) = patterns else {
             return unscanned(text);
         };
+        self.scrub_candidates(patterns, text, patterns.candidates(text))
+    }
+
+    /// Scrubs `text` running only the regexes of `candidates` (every one that could match it).
+    fn scrub_candidates<'a>(
+        &self,
+        patterns: &Patterns,
+        text: &'a str,
+        candidates: Candidates,
+    ) -> Scrubbed<'a> {
         let mut spans: Vec<Span> = Vec::new();
         if let Some(automaton) = &self.literal_automaton {
             for m in automaton.find_iter(text) {
@@ -296,8 +315,10 @@ impl Scrubber {
                 });
             }
         }
-        patterns.find_known(text, &mut spans);
-        patterns.find_assignments(text, &mut spans);
+        patterns.find_known(text, candidates, &mut spans);
+        if candidates.has(Candidates::ASSIGNMENT) {
+            patterns.find_assignments(text, &mut spans);
+        }
         if spans.is_empty() {
             return Scrubbed {
                 text: Cow::Borrowed(text),
@@ -394,124 +415,11 @@ struct Shape {
     kind: SecretKind,
     pattern: &'static str,
     check: Check,
+    /// Literals one of which every match of `pattern` contains (ASCII case ignored): a text that
+    /// holds none of them cannot match, so the pattern is not run over it. A test holds each shape's
+    /// matches to its literals.
+    literals: &'static [&'static str],
 }
-
-/// The known shapes, most specific first: of two that match at one position, the first names the
-/// redaction (both spans are removed).
-const SHAPES: &[Shape] = &[
-    Shape {
-        kind: SecretKind::PrivateKey,
-        // A block with no END line (cut by an upstream limit) is redacted to the end of the text.
-        pattern: r"-----BEGIN[ A-Z0-9]{0,40}PRIVATE KEY(?: BLOCK)?-----(?:[\s\S]*?-----END[ A-Z0-9]{0,40}PRIVATE KEY(?: BLOCK)?-----|[\s\S]*)",
-        check: Check::None,
-    },
-    Shape {
-        kind: SecretKind::AnthropicKey,
-        pattern: r"(?-u:\b)sk-ant-[A-Za-z0-9_\-]{20,}",
-        check: Check::None,
-    },
-    Shape {
-        kind: SecretKind::OpenaiKey,
-        pattern: r"(?-u:\b)sk-(?:proj-|svcacct-|admin-|None-)?[A-Za-z0-9_\-]{20,}",
-        check: Check::HasDigit,
-    },
-    Shape {
-        kind: SecretKind::AwsAccessKey,
-        pattern: r"(?-u:\b)(?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AROA|AIPA|ANPA|ANVA|APKA)[A-Z0-9]{16}(?-u:\b)",
-        check: Check::None,
-    },
-    Shape {
-        kind: SecretKind::AwsSecretKey,
-        pattern: r#"(?:aws|AWS|Aws)[A-Za-z0-9_.\-]{0,30}(?:secret|SECRET|Secret|sk|SK)[A-Za-z0-9_.\-]{0,30}["']?\s*(?:=|:|=>)\s*["']?(?P<v>[A-Za-z0-9/+]{40})(?:[^A-Za-z0-9/+=]|$)"#,
-        check: Check::None,
-    },
-    Shape {
-        kind: SecretKind::GithubToken,
-        pattern: r"(?-u:\b)(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})",
-        check: Check::None,
-    },
-    Shape {
-        kind: SecretKind::GitlabToken,
-        pattern: r"(?-u:\b)gl(?:pat|dt|rt|ptt|ft|cbt|oas|imt|soat|agent)-[A-Za-z0-9_\-]{20,}",
-        check: Check::None,
-    },
-    Shape {
-        kind: SecretKind::SlackWebhook,
-        pattern: r"https://hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9/_\-]{8,}",
-        check: Check::None,
-    },
-    Shape {
-        kind: SecretKind::SlackToken,
-        pattern: r"(?-u:\b)(?:xox[abposre]-[A-Za-z0-9\-]{10,}|xapp-[0-9]-[A-Za-z0-9\-]{10,})",
-        check: Check::None,
-    },
-    Shape {
-        kind: SecretKind::StripeKey,
-        pattern: r"(?-u:\b)(?:(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}|whsec_[A-Za-z0-9+/=]{20,})",
-        check: Check::None,
-    },
-    Shape {
-        kind: SecretKind::GoogleApiKey,
-        pattern: r"(?-u:\b)AIza[0-9A-Za-z_\-]{35}",
-        check: Check::None,
-    },
-    Shape {
-        kind: SecretKind::GoogleOauth,
-        pattern: r"(?-u:\b)(?:GOCSPX-[A-Za-z0-9_\-]{20,}|ya29\.[0-9A-Za-z_\-]{20,})",
-        check: Check::None,
-    },
-    Shape {
-        kind: SecretKind::Jwt,
-        pattern: r"(?-u:\b)eyJ[A-Za-z0-9_\-]{5,}\.eyJ[A-Za-z0-9_\-]{5,}\.[A-Za-z0-9_\-]*",
-        check: Check::None,
-    },
-    Shape {
-        kind: SecretKind::BasicAuth,
-        pattern: r#"(?:[Aa]uthorization|AUTHORIZATION)["']?\s*[:=]\s*["']?(?:[Bb]asic|BASIC|[Tt]oken|TOKEN|[Dd]igest|DIGEST)\s+(?P<v>[A-Za-z0-9._~+/=\-]{8,})"#,
-        check: Check::NotPlaceholder,
-    },
-    Shape {
-        kind: SecretKind::BearerToken,
-        pattern: r"(?-u:\b)(?:[Bb]earer|BEARER)\s+(?P<v>[A-Za-z0-9._~+/=\-]{16,})",
-        check: Check::TokenLike,
-    },
-    Shape {
-        kind: SecretKind::UrlPassword,
-        pattern: r#"(?-u:\b)[A-Za-z][A-Za-z0-9+.\-]*://[^\s/:@"'<>\[\]]+:(?P<v>[^\s/@"'<>\[\]]+)@"#,
-        check: Check::NotPlaceholder,
-    },
-    Shape {
-        kind: SecretKind::ConnectionPassword,
-        pattern: r#";\s*(?:[Pp]assword|PASSWORD|[Pp]wd|PWD)\s*=\s*(?P<v>[^;"'\s]+)"#,
-        check: Check::NotPlaceholder,
-    },
-    Shape {
-        kind: SecretKind::ConnectionPassword,
-        pattern: r#"(?-u:\b)(?:[Pp]assword|PASSWORD|[Pp]wd|PWD)=(?P<v>[^;"'\s]+);"#,
-        check: Check::NotPlaceholder,
-    },
-];
-
-/// Words that make a name sound secret (ASCII case-insensitive). An assignment is looked for only where
-/// one of them starts a name's secret-sounding part.
-const SECRET_NAME_WORDS: [&str; 11] = [
-    "password",
-    "passwd",
-    "pass",
-    "pwd",
-    "secret",
-    "token",
-    "key",
-    "auth",
-    "credential",
-    "cred",
-    "private",
-];
-
-/// The rest of `NAME = value` after a secret-sounding word: the end of the name, the operator, and the
-/// value, which is then judged on its own.
-const ASSIGNMENT_TAIL: &str =
-    r#"[A-Za-z0-9_.\-]*["']?\s*(?::=|=>|=|:)\s*["']?(?P<v>[^\s"'`,;:(){}\[\]<>]{16,})"#;
 
 /// One known shape's regex, and where its secret is inside a match.
 struct Known {
@@ -523,13 +431,43 @@ struct Known {
 struct Patterns {
     shapes: &'static [Shape],
     known: Vec<Known>,
-    /// Every known shape in one automaton: one pass over a text says which shapes occur in it at
-    /// all, so only those are searched one by one (most texts hold none).
-    any_known: RegexSet,
+    /// Every shape's literals and the secret-sounding name words in one automaton (ASCII case
+    /// ignored, overlapping): one pass over a text says which regexes could match in it at all, so
+    /// only those are run (most texts hold no literal of any). An exact pre-check: a regex is skipped
+    /// only where a literal each of its matches contains is absent.
+    literals: AhoCorasick,
+    /// For each literal of `literals`, in order, the [`Candidates`] it stands for.
+    literal_owners: Vec<Candidates>,
     /// A secret-sounding word, the rest of the name, the operator, the value: found by the regex,
     /// the value read by [`assignment_value`].
     assignment: Regex,
 }
+
+/// Which regexes could match a text: bit `i` for the known shape `i`, [`Candidates::ASSIGNMENT`] for
+/// the assignment regex.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Candidates(u64);
+
+impl Candidates {
+    /// The assignment regex (one bit above every shape's).
+    const ASSIGNMENT: Candidates = Candidates(1 << 63);
+    /// Every regex: what a text is searched for when the pre-check cannot run.
+    const ALL: Candidates = Candidates(u64::MAX);
+
+    fn shape(index: usize) -> Candidates {
+        Candidates(
+            1u64.checked_shl(u32::try_from(index).unwrap_or(u32::MAX))
+                .unwrap_or(0),
+        )
+    }
+
+    fn has(self, other: Candidates) -> bool {
+        self.0 & other.0 != 0
+    }
+}
+
+/// The bits of [`Candidates`] hold one shape each below the assignment's.
+const _: () = assert!(SHAPES.len() < 63);
 
 static PATTERNS: LazyLock<Result<Patterns, PatternError>> =
     LazyLock::new(|| Patterns::compile(SHAPES, &SECRET_NAME_WORDS, ASSIGNMENT_TAIL));
@@ -573,28 +511,63 @@ impl Patterns {
                 reason: "it has no value group (?P<v>...)".into(),
             });
         }
-        let any_known = RegexSetBuilder::new(shapes.iter().map(|s| s.pattern))
-            .unicode(false)
-            .build()
+        let mut literals = Vec::new();
+        let mut literal_owners = Vec::new();
+        for (index, shape) in shapes.iter().enumerate() {
+            if shape.literals.is_empty() || index >= 63 {
+                return Err(PatternError {
+                    pattern: shape.kind.label(),
+                    reason: "it has no literal for the pre-check (or too many shapes)".into(),
+                });
+            }
+            for literal in shape.literals {
+                literals.push(*literal);
+                literal_owners.push(Candidates::shape(index));
+            }
+        }
+        for word in name_words {
+            literals.push(*word);
+            literal_owners.push(Candidates::ASSIGNMENT);
+        }
+        // Standard semantics, searched overlapping: every occurrence of every literal is seen.
+        let literals = AhoCorasickBuilder::new()
+            .match_kind(MatchKind::Standard)
+            .ascii_case_insensitive(true)
+            .build(&literals)
             .map_err(|e| PatternError {
-                pattern: "known shapes",
+                pattern: "pre-check literals",
                 reason: e.to_string(),
             })?;
         Ok(Patterns {
             shapes,
             known,
-            any_known,
+            literals,
+            literal_owners,
             assignment: regex,
         })
     }
 
-    fn find_known(&self, text: &str, spans: &mut Vec<Span>) {
-        let present = self.any_known.matches(text.as_bytes());
-        if !present.matched_any() {
-            return;
+    /// The regexes that could match `text`: those whose literal occurs in it.
+    fn candidates(&self, text: &str) -> Candidates {
+        let Ok(found) = self.literals.try_find_overlapping_iter(text) else {
+            // Not built for overlapping search (a defect): search for everything.
+            return Candidates::ALL;
+        };
+        let mut candidates = Candidates::default();
+        for m in found {
+            let owner = self
+                .literal_owners
+                .get(m.pattern().as_usize())
+                .copied()
+                .unwrap_or(Candidates::ALL);
+            candidates.0 |= owner.0;
         }
-        for index in present.iter() {
-            if let (Some(shape), Some(known)) = (self.shapes.get(index), self.known.get(index)) {
+        candidates
+    }
+
+    fn find_known(&self, text: &str, candidates: Candidates, spans: &mut Vec<Span>) {
+        for (index, (shape, known)) in self.shapes.iter().zip(&self.known).enumerate() {
+            if candidates.has(Candidates::shape(index)) {
                 find_shape(index, shape, known, text, spans);
             }
         }
@@ -897,103 +870,4 @@ fn shannon_bits_per_char(value: &str) -> f64 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn patterns_compile() {
-        assert_eq!(Scrubber::check_patterns(), Ok(()));
-    }
-
-    static BROKEN: [Shape; 2] = [
-        Shape {
-            kind: SecretKind::AnthropicKey,
-            pattern: r"sk-ant-[A-Za-z0-9]{20,}",
-            check: Check::None,
-        },
-        Shape {
-            kind: SecretKind::GithubToken,
-            pattern: r"ghp_[A-Za-z0-9]{36,",
-            check: Check::None,
-        },
-    ];
-
-    #[test]
-    fn a_pattern_that_does_not_compile_is_a_typed_error_naming_it() {
-        let Err(e) = Patterns::compile(&BROKEN, &SECRET_NAME_WORDS, ASSIGNMENT_TAIL) else {
-            panic!("a broken pattern compiled");
-        };
-        assert_eq!(e.pattern, "github-token");
-        assert!(e.to_string().contains("will not run"), "{e}");
-        let Err(e) = Patterns::compile(&SHAPES[..1], &SECRET_NAME_WORDS, r"(?P<v>[a-z]") else {
-            panic!("a broken assignment pattern compiled");
-        };
-        assert_eq!(e.pattern, "secret-assignment");
-    }
-
-    #[test]
-    fn without_its_patterns_a_scrubber_removes_the_whole_text() {
-        let broken = Patterns::compile(&BROKEN, &SECRET_NAME_WORDS, ASSIGNMENT_TAIL);
-        let e = broken.err().unwrap_or_else(|| panic!("compiled"));
-        let out = Scrubber::new().scrub_with(Err(e), "harmless text with ghp_ maybe");
-        assert_eq!(out.text, "[REDACTED:unscanned-text]");
-        assert_eq!(out.redactions.count(SecretKind::Unscanned), 1);
-        let empty = Scrubber::new().scrub_with(
-            Err(PatternError {
-                pattern: "x",
-                reason: String::new(),
-            }),
-            "",
-        );
-        assert_eq!(empty.text, "");
-    }
-
-    /// Pieces of assignments and a few other bytes, so that random texts hit every branch.
-    const ASSIGNMENT_PIECES: &[&str] = &[
-        "token", "KEY", "pass", "_", ".", "-", "=", ":", ">", "\"", "'", " ", "\t", "\n", "aZ09",
-        "abcdefgh", "Zq3xT9vL", ";", ",", "(", "`", "x",
-    ];
-
-    proptest::proptest! {
-        /// `assignment_value` reads the value exactly where the regex's own group is, for every match
-        /// in random texts made of the pieces that matter.
-        #[test]
-        fn the_value_read_by_hand_is_the_regexs_group(
-            picks in proptest::collection::vec(0..ASSIGNMENT_PIECES.len(), 0..40)
-        ) {
-            let text: Vec<u8> = picks.iter().flat_map(|i| ASSIGNMENT_PIECES[*i].bytes()).collect();
-            let Ok(patterns) = Patterns::get() else {
-                panic!("the patterns do not compile");
-            };
-            let regex = &patterns.assignment;
-            let group = group_index(regex, "v").unwrap_or_else(|| panic!("no value group"));
-            let mut locs = regex.capture_locations();
-            for m in regex.find_iter(&text) {
-                let whole = &text[m.start()..m.end()];
-                let by_regex = regex.captures_read(&mut locs, whole).and_then(|_| locs.get(group));
-                proptest::prop_assert_eq!(assignment_value(whole), by_regex);
-            }
-        }
-    }
-
-    #[test]
-    fn the_value_read_by_hand_takes_the_second_operator_when_the_first_leaves_too_little() {
-        // `:=` leaves a value of 5 bytes; the regex then reads `:` and a value that starts with `=`.
-        assert_eq!(
-            assignment_value(b"token:=abcde"),
-            None,
-            "neither reading has 16 value bytes"
-        );
-        assert_eq!(assignment_value(b"token:=abcdefghijklmnop"), Some((7, 23)));
-        assert_eq!(
-            assignment_value(b"api_key = \"Zq3xT9vLm2Kp8RwYc4Nf\""),
-            Some((11, 31))
-        );
-    }
-
-    #[test]
-    fn entropy_of_repeated_char_is_zero() {
-        assert_eq!(shannon_bits_per_char("aaaa"), 0.0);
-        assert!((shannon_bits_per_char("abcd") - 2.0).abs() < 1e-9);
-    }
-}
+mod tests;

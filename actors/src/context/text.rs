@@ -1,6 +1,8 @@
 //! Character arithmetic for bounded text: caps are in characters (Unicode scalar values), never bytes,
 //! so a preamble in any script is held to the same size.
 
+use std::borrow::Cow;
+
 use super::scrub::REDACTION_MARKER_PREFIX;
 
 /// Characters in `s`.
@@ -23,6 +25,48 @@ pub(crate) fn prefix_bytes(s: &str, bytes_max: usize) -> &str {
         end -= 1;
     }
     &s[..end]
+}
+
+/// `text`'s first `words_max` whitespace-separated words joined by one space each (what
+/// `split_whitespace().take(words_max).collect::<Vec<_>>().join(" ")` gives), borrowed when `text` is
+/// already that: log summaries and claims are usually one plain line, and copying them word by word
+/// cost more than everything else done with them.
+pub(crate) fn collapse_whitespace(text: &str, words_max: usize) -> Cow<'_, str> {
+    if is_collapsed(text, words_max) {
+        return Cow::Borrowed(text);
+    }
+    Cow::Owned(
+        text.split_whitespace()
+            .take(words_max)
+            .collect::<Vec<_>>()
+            .join(" "),
+    )
+}
+
+/// Whether `text` is ASCII with no whitespace but single spaces between words, and at most
+/// `words_max` words (outside ASCII, Unicode's whitespace is left to `split_whitespace`).
+fn is_collapsed(text: &str, words_max: usize) -> bool {
+    let mut words = 0usize;
+    let mut after_space = true;
+    for &b in text.as_bytes() {
+        match b {
+            b' ' if after_space => return false,
+            b' ' => after_space = true,
+            b'\t' | b'\n' | 0x0b | 0x0c | b'\r' => return false,
+            _ if !b.is_ascii() => return false,
+            _ => {
+                if after_space {
+                    words += 1;
+                    if words > words_max {
+                        return false;
+                    }
+                }
+                after_space = false;
+            }
+        }
+    }
+    // A trailing space is whitespace to drop; an empty text is collapsed.
+    !after_space || text.is_empty()
 }
 
 /// The marker appended where a field was cut.
@@ -116,6 +160,42 @@ pub(crate) fn fair_shares(demands: &[usize], total: usize) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Pieces with every kind of whitespace `split_whitespace` knows, and a few it does not.
+    const PIECES: &[&str] = &[
+        " ", " ", "\t", "\n", "\x0b", "\x0c", "\r", "\x1c", "a", "bc", "\u{a0}", "\u{3000}",
+        "\u{85}", "\u{e9}", "-",
+    ];
+
+    proptest::proptest! {
+        /// The borrowed fast path gives exactly what splitting and joining gives.
+        #[test]
+        fn collapsing_whitespace_is_split_and_join(
+            picks in proptest::collection::vec(0..PIECES.len(), 0..24),
+            words_max in 0usize..8,
+        ) {
+            let text: String = picks.iter().map(|i| PIECES[*i]).collect();
+            let expected = text
+                .split_whitespace()
+                .take(words_max)
+                .collect::<Vec<_>>()
+                .join(" ");
+            proptest::prop_assert_eq!(collapse_whitespace(&text, words_max), expected);
+        }
+    }
+
+    #[test]
+    fn a_plain_line_is_borrowed() {
+        assert!(matches!(
+            collapse_whitespace("a plain line", 3),
+            Cow::Borrowed(_)
+        ));
+        assert!(matches!(
+            collapse_whitespace("a plain line", 2),
+            Cow::Owned(_)
+        ));
+        assert!(matches!(collapse_whitespace("", 0), Cow::Borrowed(_)));
+    }
 
     #[test]
     fn fit_keeps_short_text_whole() {

@@ -298,7 +298,10 @@ fn bytes_max(limit: u64) -> usize {
 }
 
 fn one_line(text: &str) -> String {
-    bounded(text.split_whitespace().collect::<Vec<_>>().join(" "), 200)
+    bounded(
+        crate::context::collapse_whitespace(text, usize::MAX).into_owned(),
+        200,
+    )
 }
 
 impl Machine for Coordinator {

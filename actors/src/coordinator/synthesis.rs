@@ -146,15 +146,10 @@ pub fn find_conflicts(findings: &[PriorFinding]) -> Vec<Conflict> {
             f.finding.document.as_deref().unwrap_or("").trim(),
             f.finding.page.map_or(String::new(), |p| p.to_string())
         );
-        let claim = f
-            .finding
-            .claim
-            .split_whitespace()
-            .collect::<Vec<_>>()
-            .join(" ");
+        let claim = crate::context::collapse_whitespace(&f.finding.claim, usize::MAX);
         let entry = by_location.entry(loc).or_default();
         if !entry.iter().any(|(_, c)| c.eq_ignore_ascii_case(&claim)) {
-            entry.push((f.step.clone(), claim));
+            entry.push((f.step.clone(), claim.into_owned()));
         }
     }
     by_location
