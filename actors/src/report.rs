@@ -521,9 +521,17 @@ fn candidates(trimmed: &str) -> (Vec<&str>, usize) {
 /// The exact JSON error of the best candidate read as written, when none reads either way.
 pub fn read_report(final_text: &str, expected: Option<TaskId>) -> Result<ReadReport, String> {
     let trimmed = final_text.trim();
+    // The whole text is the first candidate: a report written exactly to its shape is read without
+    // looking for the others.
+    if let Ok(report) = serde_json::from_str::<SubagentReport>(trimmed) {
+        return Ok(ReadReport {
+            report,
+            normalised: Vec::new(),
+        });
+    }
     let (candidates, openings) = candidates(trimmed);
     let mut last_err = String::from("no JSON object in the final text");
-    for (i, candidate) in candidates.iter().enumerate() {
+    for (i, candidate) in candidates.iter().enumerate().skip(1) {
         match serde_json::from_str::<SubagentReport>(candidate) {
             Ok(report) => {
                 return Ok(ReadReport {

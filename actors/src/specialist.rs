@@ -692,7 +692,9 @@ impl Machine for Specialist {
                         start: self.continuity,
                     }));
                 } else {
-                    let prompt = self.scrubber.scrub(&self.brief.render()).text.into_owned();
+                    // Scrubbed in place: the rendered brief is the prompt unless a secret is cut.
+                    let mut prompt = self.brief.render();
+                    ingest::scrub_string(&self.scrubber, &mut prompt, &mut Redactions::default());
                     self.start_session(prompt, out);
                 }
             }

@@ -161,7 +161,7 @@ impl RunState {
             ops,
             Then::Parked {
                 step: index,
-                outcome,
+                outcome: Box::new(outcome),
             },
             true,
             now,

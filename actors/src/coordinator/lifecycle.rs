@@ -340,7 +340,7 @@ impl RunState {
                 && let Some(slot) = outcomes.get_mut(*step)
                 && slot.is_none()
             {
-                *slot = Some(outcome);
+                *slot = Some(&**outcome);
             }
         }
         outcomes

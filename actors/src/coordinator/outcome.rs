@@ -39,7 +39,7 @@ impl RunState {
             ops,
             Then::Parked {
                 step: index,
-                outcome,
+                outcome: Box::new(outcome),
             },
             true,
             now,
@@ -125,7 +125,7 @@ impl RunState {
             ops,
             Then::Parked {
                 step: index,
-                outcome,
+                outcome: Box::new(outcome),
             },
             false,
             now,
@@ -242,7 +242,7 @@ impl RunState {
                     let then = Then::Accepted {
                         step: index,
                         attempt: from,
-                        outcome,
+                        outcome: Box::new(outcome),
                     };
                     if self.results_expected() {
                         // Other steps still run: this result rides with theirs (or with the

@@ -237,7 +237,7 @@ impl RunState {
                     Then::Escalated {
                         attempt: from,
                         call_id,
-                        answer,
+                        answer: Box::new(answer),
                     },
                     false,
                     now,
@@ -407,7 +407,7 @@ impl RunState {
         let then = Then::ToolAnswer {
             attempt: from,
             call_id,
-            answer,
+            answer: Box::new(answer),
         };
         self.stage(ops, then, false, now, out);
     }

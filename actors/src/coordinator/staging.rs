@@ -21,14 +21,16 @@ pub(super) enum Then {
         step: usize,
         generation: u32,
     },
+    // The large payloads are boxed: a pending stage is moved as the queue's map inserts and
+    // removes around it, and most stages carry none.
     Accepted {
         step: usize,
         attempt: AttemptId,
-        outcome: StepOutcome,
+        outcome: Box<StepOutcome>,
     },
     Parked {
         step: usize,
-        outcome: StepOutcome,
+        outcome: Box<StepOutcome>,
     },
     Finished {
         status: RunStatus,
@@ -38,14 +40,14 @@ pub(super) enum Then {
     ToolAnswer {
         attempt: AttemptId,
         call_id: String,
-        answer: crate::session_tool::SessionAnswer,
+        answer: Box<crate::session_tool::SessionAnswer>,
     },
     /// A session's `escalate` call whose escalation and paused task these are: answered once they
     /// are durable, then its session is stopped (the task waits for the human).
     Escalated {
         attempt: AttemptId,
         call_id: String,
-        answer: crate::session_tool::SessionAnswer,
+        answer: Box<crate::session_tool::SessionAnswer>,
     },
     /// The run row recording an escalated attempt's end (its spend): once durable, the attempt is
     /// acknowledged.
@@ -227,7 +229,7 @@ impl RunState {
     ) {
         let ticket = self.next_ticket;
         self.next_ticket += 1;
-        let held = self.pending.values().any(|p| !p.sent);
+        let held = self.holding();
         let pending = Pending {
             ops: Arc::new(ops),
             checkpoint,
@@ -240,6 +242,16 @@ impl RunState {
         if !held {
             self.send_stage(ticket, out);
         }
+    }
+
+    /// Whether a stage is held back after a failure. Held stages are always the newest (a failure
+    /// holds its stage and every later one, a stage enqueued behind a held one is held, the restage
+    /// timer sends them all, and removing a stage keeps the rest in order), so the newest pending
+    /// stage answers without a walk over the queue.
+    fn holding(&self) -> bool {
+        let held = self.pending.last_key_value().is_some_and(|(_, p)| !p.sent);
+        debug_assert_eq!(held, self.pending.values().any(|p| !p.sent));
+        held
     }
 
     /// The restage timer fired: send every held stage again, in ticket order (a failed stage and every
@@ -361,7 +373,7 @@ impl RunState {
             } => {
                 let s = &mut self.steps[step];
                 s.status = StepStatus::Done;
-                s.outcome = Some(outcome);
+                s.outcome = Some(*outcome);
                 s.accepted = Some(attempt);
                 let spent = s.spent_micros;
                 self.to_specialist(attempt, SpecialistMsg::Ack, out);
@@ -377,19 +389,19 @@ impl RunState {
             }
             Then::Parked { step, outcome } => {
                 self.steps[step].status = StepStatus::Done;
-                self.steps[step].outcome = Some(outcome);
+                self.steps[step].outcome = Some(*outcome);
                 self.advance(now, rng, out);
             }
             Then::ToolAnswer {
                 attempt,
                 call_id,
                 answer,
-            } => self.on_tool_durable(attempt, call_id, answer, out),
+            } => self.on_tool_durable(attempt, call_id, *answer, out),
             Then::Escalated {
                 attempt,
                 call_id,
                 answer,
-            } => self.on_escalation_durable(attempt, call_id, answer, out),
+            } => self.on_escalation_durable(attempt, call_id, *answer, out),
             Then::EscalatedEnded { step, attempt } => {
                 self.on_escalated_end_durable(step, attempt, out);
             }
@@ -426,7 +438,7 @@ impl RunState {
         if !permanent && pending.restages < restages_max {
             pending.restages += 1;
             let restages = pending.restages;
-            let was_holding = self.pending.values().any(|p| !p.sent);
+            let was_holding = self.holding();
             // Hold this stage and everything after it; one timer re-sends them all in order.
             for (_, p) in self.pending.range_mut(ticket..) {
                 p.sent = false;

@@ -55,14 +55,18 @@ impl StartedKeys {
     /// # Errors
     /// [`StartRefusal::AlreadyStarted`] or [`StartRefusal::GuardFull`].
     pub fn admit(&mut self, key: IdempotencyKey) -> Result<(), StartRefusal> {
-        if self.keys.contains(&key) {
-            return Err(StartRefusal::AlreadyStarted(key));
-        }
         if self.keys.len() >= self.max {
-            return Err(StartRefusal::GuardFull { max: self.max });
+            return Err(if self.keys.contains(&key) {
+                StartRefusal::AlreadyStarted(key)
+            } else {
+                StartRefusal::GuardFull { max: self.max }
+            });
         }
-        self.keys.insert(key);
-        Ok(())
+        // One walk of the set: a key already there is put back as it was, and refused.
+        match self.keys.replace(key) {
+            Some(seen) => Err(StartRefusal::AlreadyStarted(seen)),
+            None => Ok(()),
+        }
     }
 
     /// How many keys the guard holds.

@@ -326,11 +326,13 @@ impl Node {
     }
 }
 
-/// Spawn a task of the runtime (the one module allowed to).
+/// Spawn a task of the runtime (the one module allowed to). The future is boxed first: a hosted
+/// machine's task holds its whole machine (kilobytes), and tokio moves a task's stage by value as
+/// it starts and ends; boxed, those moves are a pointer's.
 #[allow(clippy::disallowed_methods)] // The runtime executes effects concurrently; machines never spawn.
 pub(crate) fn spawn<F>(future: F)
 where
     F: std::future::Future<Output = ()> + Send + 'static,
 {
-    tokio::spawn(future);
+    tokio::spawn(Box::pin(future));
 }
