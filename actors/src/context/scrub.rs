@@ -438,6 +438,8 @@ struct Patterns {
     literals: AhoCorasick,
     /// For each literal of `literals`, in order, the [`Candidates`] it stands for.
     literal_owners: Vec<Candidates>,
+    /// The gate before `literals`: one three-byte window of each literal (see [`Trigrams`]).
+    trigrams: Trigrams,
     /// A secret-sounding word, the rest of the name, the operator, the value: found by the regex,
     /// the value read by [`assignment_value`].
     assignment: Regex,
@@ -468,6 +470,104 @@ impl Candidates {
 
 /// The bits of [`Candidates`] hold one shape each below the assignment's.
 const _: () = assert!(SHAPES.len() < 63);
+
+/// A bitmap of three-byte windows, ASCII case folded: for each literal of the pre-check, one of its
+/// windows, the one least likely in ordinary text (not in the text every brief ends with, then of
+/// the rarest letters by English letter frequency; punctuation and digits count as rarest).
+/// Wherever a literal occurs in a text, each of its windows occurs there, so a text whose windows
+/// are all absent from the map holds no literal; the check costs about half the automaton's scan a
+/// byte and most texts (prose, briefs, claims) end it without a hit. A hit proves nothing: the
+/// automaton then says which literals are there.
+struct Trigrams {
+    bits: Box<[u64; Trigrams::WORDS]>,
+}
+
+impl Trigrams {
+    /// 2^15 bits: three 5-bit folded bytes.
+    const WORDS: usize = (1 << 15) / 64;
+
+    /// A byte folded to 5 bits, the same for both cases of a letter (other bytes may share a
+    /// value: a shared value only makes a hit more likely, never a miss).
+    fn fold(b: u8) -> u32 {
+        u32::from(b | 0x20) & 31
+    }
+
+    /// How common a byte is in text, for the choice of a literal's window (English letter
+    /// frequency order; anything else is rare).
+    fn commonness(b: u8) -> usize {
+        const BY_FREQUENCY: &[u8] = b"zqxjkvbpygfwmucldrhsnioate";
+        let lower = b.to_ascii_lowercase();
+        BY_FREQUENCY
+            .iter()
+            .position(|c| *c == lower)
+            .map_or(0, |rank| rank + 1)
+    }
+
+    /// The map of `literals`' windows least likely in text such as `ordinary`; the literal shorter
+    /// than three bytes, if one is.
+    fn of<'a>(literals: &[&'a str], ordinary: &str) -> Result<Trigrams, &'a str> {
+        let mut seen = Trigrams {
+            bits: Box::new([0u64; Trigrams::WORDS]),
+        };
+        seen.add_all(ordinary.as_bytes());
+        let mut map = Trigrams {
+            bits: Box::new([0u64; Trigrams::WORDS]),
+        };
+        for literal in literals {
+            let window = literal
+                .as_bytes()
+                .windows(3)
+                .min_by_key(|w| {
+                    let letters: usize = w.iter().map(|b| Trigrams::commonness(*b)).sum();
+                    usize::from(seen.has(Trigrams::key(w))) * 1000 + letters
+                })
+                .ok_or(*literal)?;
+            map.add(Trigrams::key(window));
+        }
+        Ok(map)
+    }
+
+    /// The folded key of a window of three bytes.
+    fn key(window: &[u8]) -> u32 {
+        window
+            .iter()
+            .fold(0u32, |h, b| ((h << 5) | Trigrams::fold(*b)) & 0x7FFF)
+    }
+
+    fn add(&mut self, key: u32) {
+        let (word, bit) = Trigrams::slot(key);
+        self.bits[word] |= bit;
+    }
+
+    fn add_all(&mut self, text: &[u8]) {
+        for window in text.windows(3) {
+            self.add(Trigrams::key(window));
+        }
+    }
+
+    fn has(&self, key: u32) -> bool {
+        let (word, bit) = Trigrams::slot(key);
+        self.bits[word] & bit != 0
+    }
+
+    fn slot(key: u32) -> (usize, u64) {
+        let word = usize::try_from(key >> 6).unwrap_or(0) % Trigrams::WORDS;
+        (word, 1u64 << (key & 63))
+    }
+
+    /// Whether a window of `text` is in the map.
+    fn may_hold_one(&self, text: &str) -> bool {
+        let mut key = 0u32;
+        for &b in text.as_bytes() {
+            key = ((key << 5) | Trigrams::fold(b)) & 0x7FFF;
+            let (word, bit) = Trigrams::slot(key);
+            if self.bits[word] & bit != 0 {
+                return true;
+            }
+        }
+        false
+    }
+}
 
 static PATTERNS: LazyLock<Result<Patterns, PatternError>> =
     LazyLock::new(|| Patterns::compile(SHAPES, &SECRET_NAME_WORDS, ASSIGNMENT_TAIL));
@@ -529,6 +629,13 @@ impl Patterns {
             literals.push(*word);
             literal_owners.push(Candidates::ASSIGNMENT);
         }
+        let trigrams =
+            Trigrams::of(&literals, crate::report::REPORT_INSTRUCTION).map_err(|literal| {
+                PatternError {
+                    pattern: "pre-check literals",
+                    reason: format!("{literal:?} is shorter than three bytes"),
+                }
+            })?;
         // Standard semantics, searched overlapping: every occurrence of every literal is seen.
         let literals = AhoCorasickBuilder::new()
             .match_kind(MatchKind::Standard)
@@ -543,12 +650,16 @@ impl Patterns {
             known,
             literals,
             literal_owners,
+            trigrams,
             assignment: regex,
         })
     }
 
     /// The regexes that could match `text`: those whose literal occurs in it.
     fn candidates(&self, text: &str) -> Candidates {
+        if !self.trigrams.may_hold_one(text) {
+            return Candidates::default();
+        }
         let Ok(found) = self.literals.try_find_overlapping_iter(text) else {
             // Not built for overlapping search (a defect): search for everything.
             return Candidates::ALL;

@@ -257,6 +257,41 @@ fn the_pre_check_never_skips_a_secret_of_the_examples() {
     assert_eq!(patterns.candidates(plain), Candidates::default());
 }
 
+#[test]
+fn the_window_gate_passes_every_literal_and_stops_plain_prose() {
+    let Ok(patterns) = Patterns::get() else {
+        panic!("the patterns do not compile");
+    };
+    let literals = SHAPES
+        .iter()
+        .flat_map(|s| s.literals.iter())
+        .chain(SECRET_NAME_WORDS.iter());
+    for literal in literals {
+        for text in [
+            literal.to_string(),
+            literal.to_ascii_uppercase(),
+            format!("a {} b", literal.to_ascii_lowercase()),
+        ] {
+            assert!(
+                patterns.trigrams.may_hold_one(&text),
+                "{text:?} not let through"
+            );
+        }
+    }
+    // What every session's brief ends with, and prose, hold no literal: nothing else runs.
+    for prose in [
+        crate::report::REPORT_INSTRUCTION,
+        "the instant harness answered this part at once with a fixed finding",
+    ] {
+        assert!(!patterns.trigrams.may_hold_one(prose), "{prose:?}");
+        assert_eq!(patterns.candidates(prose), Candidates::default());
+    }
+    assert!(
+        Trigrams::of(&["ab"], "").is_err(),
+        "a literal of two bytes has no window"
+    );
+}
+
 proptest::proptest! {
     /// Random texts of shape pieces and whole examples: the pre-check never skips a regex that
     /// matches, and scrubbing with it removes exactly what scrubbing without it removes.
