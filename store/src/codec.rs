@@ -218,11 +218,25 @@ pub(crate) fn encode_into<'b, T: Serialize>(
 ) -> Result<&'b [u8], EncodeError> {
     buf.clear();
     buf.push(SCHEMA_VERSION);
-    bincode::serde::encode_into_std_write(value, &mut *buf, config()).map_err(|e| EncodeError {
+    append_body(table, value, buf)?;
+    Ok(buf.as_slice())
+}
+
+/// Appends the encoding of `value` to `buf` without a version byte: a row of a session-log segment,
+/// whose one version byte leads the segment.
+///
+/// # Errors
+/// As [`encode`].
+pub(crate) fn append_body<T: Serialize>(
+    table: &'static str,
+    value: &T,
+    buf: &mut Vec<u8>,
+) -> Result<(), EncodeError> {
+    bincode::serde::encode_into_std_write(value, buf, config()).map_err(|e| EncodeError {
         table,
         reason: e.to_string(),
     })?;
-    Ok(buf.as_slice())
+    Ok(())
 }
 
 /// Decodes a row written by [`encode`] in this or an older known schema version (an older one

@@ -46,6 +46,7 @@ mod file;
 mod guard;
 mod known;
 mod limits;
+mod log_segment;
 mod maintenance;
 mod read;
 mod redaction;

@@ -9,6 +9,7 @@ use redb::{ReadTransaction, ReadableTable, ReadableTableMetadata, TableDefinitio
 use crate::codec;
 use crate::error::ReadError;
 use crate::limits::{LimitError, Limits};
+use crate::log_segment;
 use crate::model::{Run, RunId, SessionLogRow, Task, TaskId};
 use crate::tables::{self, Row, name};
 use crate::task_state::States;
@@ -386,6 +387,8 @@ pub(crate) fn tree(
     Ok(Listing { items: out, more })
 }
 
+/// The last `n` rows of a task's log, oldest first: entries read from the end, each expanded into
+/// its rows (a segment holds several, see `log_segment`).
 pub(crate) fn last_log_rows(
     txn: &ReadTransaction,
     run: RunId,
@@ -395,26 +398,27 @@ pub(crate) fn last_log_rows(
     require_task(txn, run, task)?;
     let table = txn.open_table(tables::SESSION_LOGS)?;
     let mut rows = Vec::with_capacity(n.min(1024));
+    if n == 0 {
+        return Ok(rows);
+    }
     for entry in table
         .range((run.0, task.0, 0u64)..=(run.0, task.0, u64::MAX))?
         .rev()
-        .take(n)
     {
         let (k, v) = entry?;
         let seq = k.value().2;
-        rows.push(Sequenced {
-            seq,
-            value: codec::decode(
-                name::SESSION_LOGS,
-                &format_args!("{run}/{task}/{seq}"),
-                v.value(),
-            )?,
-        });
+        let entry_rows = log_segment::rows_of(&format_args!("{run}/{task}/{seq}"), seq, v.value())?;
+        rows.extend(entry_rows.into_iter().rev().take(n - rows.len()));
+        if rows.len() == n {
+            break;
+        }
     }
     rows.reverse();
     Ok(rows)
 }
 
+/// The rows of a task's log numbered after `after`, at most `limit`, oldest first. A segment
+/// holding `after + 1` starts before it, so the read starts at the last entry at or before it.
 pub(crate) fn log_rows_after(
     txn: &ReadTransaction,
     run: RunId,
@@ -429,21 +433,26 @@ pub(crate) fn log_rows_after(
     let Some(start) = after.checked_add(1) else {
         return Ok(Listing { items, more });
     };
-    for entry in table.range((run.0, task.0, start)..=(run.0, task.0, u64::MAX))? {
+    let from = match table
+        .range((run.0, task.0, 0u64)..=(run.0, task.0, start))?
+        .next_back()
+    {
+        Some(entry) => entry?.0.value().2,
+        None => start,
+    };
+    'entries: for entry in table.range((run.0, task.0, from)..=(run.0, task.0, u64::MAX))? {
         let (k, v) = entry?;
-        if items.len() == limit {
-            more = true;
-            break;
-        }
         let seq = k.value().2;
-        items.push(Sequenced {
-            seq,
-            value: codec::decode(
-                name::SESSION_LOGS,
-                &format_args!("{run}/{task}/{seq}"),
-                v.value(),
-            )?,
-        });
+        for row in log_segment::rows_of(&format_args!("{run}/{task}/{seq}"), seq, v.value())? {
+            if row.seq < start {
+                continue;
+            }
+            if items.len() == limit {
+                more = true;
+                break 'entries;
+            }
+            items.push(row);
+        }
     }
     Ok(Listing { items, more })
 }

@@ -26,8 +26,11 @@ use crate::writer::Writer;
 /// first; 2, the open-runs index and plans in their own table (the `upgrade` module; a writable open
 /// upgrades a format-1 store in its set-up transaction); 3, a task's state in its own table
 /// (`task_states`: an update that leaves the once-written fields alone writes only the state; a
-/// format-2 row is a format-3 row without a state, so the upgrade only adds the table).
-pub const STORE_FORMAT: u64 = 3;
+/// format-2 row is a format-3 row without a state, so the upgrade only adds the table); 4, a task's
+/// session-log rows staged in one commit stored as one segment under the first row's key
+/// (`log_segment`: a format-3 log is a format-4 log of single rows, so the upgrade moves nothing; an
+/// older keel refuses the file rather than misread a segment).
+pub const STORE_FORMAT: u64 = 4;
 
 /// How a store is opened. A struct rather than arguments so later options do not break callers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -360,10 +363,15 @@ impl Store {
             let mut known = self.known();
             known.bound();
             let mut writer = Writer::open(&txn, &self.limits, &mut known);
-            let outcome = work(&mut writer);
-            let finished = writer.finished_runs();
+            let outcome = match work(&mut writer) {
+                Ok(result) => writer.finish().map(|finished| (result, finished)),
+                Err(e) => {
+                    drop(writer);
+                    Err(e)
+                }
+            };
             match outcome {
-                Ok(result) => match txn.commit() {
+                Ok((result, finished)) => match txn.commit() {
                     Ok(()) => {
                         for run in finished {
                             known.forget_run(run);

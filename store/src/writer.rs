@@ -5,6 +5,7 @@
 //! the tables only on a miss (see the `known` module for why that is sound).
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 
 use redb::{ReadableTable, Table};
 use serde::Serialize;
@@ -14,8 +15,10 @@ use crate::codec::{self, DecodeError};
 use crate::error::{CommitError, ItemError};
 use crate::known::{Known, SeqTable};
 use crate::limits::Limits;
+use crate::log_segment::{self, Segment};
 use crate::model::{
-    AttachmentBody, Budget, Escalation, IdempotencyRecord, Run, RunId, RunStatus, Task, TaskId,
+    AttachmentBody, Budget, Escalation, IdempotencyRecord, Run, RunId, RunStatus, SessionLogRow,
+    Task, TaskId,
 };
 use crate::tables::{self, Row, name};
 use crate::task_state::{StateOf, TaskHead};
@@ -155,6 +158,9 @@ pub(crate) struct Writer<'t> {
     finished: Vec<u128>,
     /// The buffer rows are encoded into, reused row after row.
     buf: Vec<u8>,
+    /// Session-log rows staged by this transaction and not yet written, a segment per task
+    /// (`log_segment`): written by [`Writer::finish`], before the commit.
+    logs_pending: BTreeMap<(u128, u128), Segment>,
 }
 
 impl<'t> Writer<'t> {
@@ -187,12 +193,54 @@ impl<'t> Writer<'t> {
             known,
             finished: Vec::new(),
             buf: Vec::new(),
+            logs_pending: BTreeMap::new(),
         }
     }
 
-    /// The runs this transaction wrote terminal (for the store to forget once it commits).
-    pub(crate) fn finished_runs(self) -> Vec<u128> {
-        self.finished
+    /// Writes what the transaction has staged and not written yet (its log segments) and answers
+    /// the runs it wrote terminal (for the store to forget once it commits). Called once, after
+    /// the last write of the batch and before the commit.
+    ///
+    /// # Errors
+    /// The storage's, as [`CommitError`].
+    pub(crate) fn finish(mut self) -> Result<Vec<u128>, CommitError> {
+        for ((run, task), segment) in std::mem::take(&mut self.logs_pending) {
+            self.write_segment(run, task, &segment)
+                .map_err(|f| f.at(0))?;
+        }
+        Ok(self.finished)
+    }
+
+    fn write_segment(&mut self, run: u128, task: u128, segment: &Segment) -> Result<(), Failure> {
+        self.logs
+            .open()?
+            .insert((run, task, segment.first()), segment.value().as_slice())?;
+        Ok(())
+    }
+
+    /// Stages log row `seq` of a task into the task's segment of this transaction, writing the
+    /// segment it cannot join (full, or not the row after its last) first.
+    fn stage_log_row(
+        &mut self,
+        run: RunId,
+        task: TaskId,
+        seq: u64,
+        row: &SessionLogRow,
+    ) -> Result<(), Failure> {
+        let key = (run.0, task.0);
+        if self
+            .logs_pending
+            .get(&key)
+            .is_some_and(|segment| !segment.takes(seq))
+            && let Some(full) = self.logs_pending.remove(&key)
+        {
+            self.write_segment(run.0, task.0, &full)?;
+        }
+        self.logs_pending
+            .entry(key)
+            .or_insert_with(|| Segment::new(seq))
+            .push(row)?;
+        Ok(())
     }
 
     /// Whether task `task` of `run` is stored (or staged earlier in this transaction), from the
@@ -233,7 +281,15 @@ impl<'t> Writer<'t> {
                 .range((run.0, task.0, 0u64)..=(run.0, task.0, u64::MAX))?;
             match range.next_back() {
                 None => None,
-                Some(entry) => Some(entry?.0.value().2),
+                Some(entry) => {
+                    let (k, v) = entry?;
+                    let first = k.value().2;
+                    Some(log_segment::last_seq(
+                        &format_args!("{run}/{task}/{first}"),
+                        first,
+                        v.value(),
+                    )?)
+                }
             }
         };
         let seq = following(last, name::SESSION_LOGS)?;
@@ -429,8 +485,7 @@ impl<'t> Writer<'t> {
                 let Some(seq) = self.next_log_seq(run, task)? else {
                     return Err(ItemError::TaskNotFound { run, task }.into());
                 };
-                let bytes = codec::encode_into(name::SESSION_LOGS, &row, &mut self.buf)?;
-                self.logs.open()?.insert((run.0, task.0, seq), bytes)?;
+                self.stage_log_row(run, task, seq, row)?;
                 Ok(Applied::LogAppended { seq })
             }
             RunOp::PutCheckpoint(c) => {

@@ -1030,8 +1030,8 @@ fn a_store_from_a_newer_keel_is_refused() {
     assert!(matches!(
         Store::open(&path),
         Err(OpenError::StoreFromFuture {
-            found: 4,
-            supported: 3
+            found: 5,
+            supported: 4
         })
     ));
 }

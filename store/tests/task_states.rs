@@ -258,8 +258,7 @@ fn a_format_2_store_is_read_as_it_is_and_upgraded_on_its_first_writable_open() {
         .unwrap()
         .unwrap()
         .value();
-    assert_eq!(format, 3);
-    assert_eq!(STORE_FORMAT, 3);
+    assert_eq!(format, STORE_FORMAT);
     drop(db);
     let (row, state) = raw_rows(&path, &want[2]);
     assert_eq!(row, codec::encode("tasks", &tasks[2]).unwrap());
