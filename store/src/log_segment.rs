@@ -50,6 +50,13 @@ impl Segment {
         }
     }
 
+    /// The sequence number of its last row (`None` while it holds none).
+    pub(crate) fn last(&self) -> Option<u64> {
+        self.count
+            .checked_sub(1)
+            .and_then(|more| self.first.checked_add(more))
+    }
+
     /// Whether the row numbered `seq` goes into this segment (it follows the last row, and the
     /// segment has room).
     pub(crate) fn takes(&self, seq: u64) -> bool {
@@ -118,6 +125,10 @@ pub(crate) fn rows_of(
     match bytes.split_first() {
         Some((&SEGMENT_MARK, segment)) => {
             let rows: Vec<SessionLogRow> = codec::decode(name::SESSION_LOGS, key, segment)?;
+            // The writer never stores an empty segment; one is damage, as `last_seq` says.
+            if rows.is_empty() {
+                return Err(past_the_end(key));
+            }
             let mut out = Vec::with_capacity(rows.len());
             for (i, value) in rows.into_iter().enumerate() {
                 let Some(seq) = u64::try_from(i).ok().and_then(|i| seq.checked_add(i)) else {
@@ -390,6 +401,6 @@ mod tests {
         assert!(!s.takes(1 + SEGMENT_ROWS_MAX));
         let empty = [SEGMENT_MARK, codec::SCHEMA_VERSION, 0];
         assert!(last_seq(&"k", 1, &empty).is_err());
-        assert!(rows_of(&"k", 1, &empty).unwrap().is_empty());
+        assert!(rows_of(&"k", 1, &empty).is_err());
     }
 }

@@ -51,7 +51,7 @@ pub struct Backup {
     pub file: PathBuf,
     /// Tables copied.
     pub tables: u32,
-    /// Rows copied, over all tables.
+    /// Entries copied, over all tables (a session-log segment of several rows is one entry).
     pub rows: u64,
 }
 

@@ -13,6 +13,10 @@
 //! moves nothing: the set-up transaction creates the table and records the format, and an older
 //! keel then refuses the store (it would read a task's row without its newer state). A format-2
 //! store opened read-only has no such table and reads its rows as they are.
+//!
+//! 4, session-log segments (`log_segment`): a task's rows staged in one commit are one entry. A
+//! single row is stored as format 3 stored it, so format 3 → 4 moves nothing either: the set-up
+//! transaction records the format, and an older keel then refuses the store.
 
 use redb::{ReadableTable, WriteTransaction};
 

@@ -261,6 +261,13 @@ impl<'t> Writer<'t> {
     /// cache holds the task (from its creation or its first row on), and counted on from there.
     fn next_log_seq(&mut self, run: RunId, task: TaskId) -> Result<Option<u64>, Failure> {
         let key = (run.0, task.0);
+        // Rows this transaction numbered are not in the table until `finish`: their segment says
+        // where the log ends, whatever the cache holds.
+        if let Some(last) = self.logs_pending.get(&key).and_then(Segment::last) {
+            let seq = following(Some(last), name::SESSION_LOGS)?;
+            self.known.tasks.insert(key, Some(seq));
+            return Ok(Some(seq));
+        }
         match self.known.tasks.get_mut(&key) {
             Some(Some(last)) => {
                 let seq = following(Some(*last), name::SESSION_LOGS)?;

@@ -303,3 +303,41 @@ fn segments_read_back_as_rows_from_every_position() {
         want[want.len() - 5..]
     );
 }
+
+/// After a reopen (an empty cache) the end of a task's log is read from the table, where its last
+/// entry is a segment of several rows, interleaved in its commit with another task's rows: the
+/// next row of each takes the number after its segment's last, and the log reads back gapless.
+#[test]
+fn a_cold_writer_numbers_on_after_a_segment_of_several_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keel.redb");
+    {
+        let store = Store::open(&path).unwrap();
+        create_run(&store, 1);
+        create_task(&store, 1, 10, None);
+        create_task(&store, 1, 20, None);
+        let scope = store.run(RunId(1));
+        let mut batch = WriteBatch::new();
+        for n in 1..=3 {
+            batch.push(scope.stage_append_log(TaskId(10), log_row(n)).unwrap());
+            batch.push(scope.stage_append_log(TaskId(20), log_row(10 + n)).unwrap());
+        }
+        let applied = store.commit_group(batch, Durability::Immediate).unwrap();
+        assert_eq!(seqs(&applied), vec![1, 1, 2, 2, 3, 3]);
+    }
+    let store = Store::open(&path).unwrap();
+    let scope = store.run(RunId(1));
+    let mut batch = WriteBatch::new();
+    batch.push(scope.stage_append_log(TaskId(20), log_row(14)).unwrap());
+    batch.push(scope.stage_append_log(TaskId(10), log_row(4)).unwrap());
+    let applied = store.commit_group(batch, Durability::Immediate).unwrap();
+    assert_eq!(seqs(&applied), vec![4, 4]);
+    assert_eq!(
+        log_seqs(&store, 1, 10),
+        vec![(1, 10_001), (2, 10_002), (3, 10_003), (4, 10_004)]
+    );
+    assert_eq!(
+        log_seqs(&store, 1, 20),
+        vec![(1, 10_011), (2, 10_012), (3, 10_013), (4, 10_014)]
+    );
+}
