@@ -14,8 +14,10 @@
 //! routes, `node/src/serve`) on `--api` (else `[server] listen`) and announces it in the home's
 //! `server.json`, so `keel run --server URL` and local commands on its home submit to it
 //! (`daemon.rs`); such a daemon holds the store alone, as `keel serve` does, so the home's read
-//! commands go through its API too (`--share-store` lets other processes open the file instead). `--run BRIEF` instead makes a coordinator submit one run once `--wait-workers`
-//! workers have joined, print its summary as `keel run` does, and exit with its code.
+//! commands go through its API too (`--share-store` lets other processes open the file instead).
+//! `--run BRIEF` instead makes a coordinator submit one run once `--wait-workers` workers have
+//! joined, print its summary as `keel run` does, and exit with its code (sharing the store: it has
+//! no API to read through).
 
 pub(crate) mod config;
 mod daemon;
