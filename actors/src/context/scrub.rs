@@ -6,7 +6,7 @@
 //!
 //! 1. literals registered at runtime (an account's key, whatever its shape), through Aho-Corasick;
 //! 2. one regex per known shape (provider keys, bearer tokens, JWTs, private key blocks, passwords in
-//!    URLs and connection strings), compiled once per process. Each starts with a literal that the
+//!    URLs and connection strings), compiled once per process. Most start with a literal that the
 //!    regex engine's prefilter skips to, so nineteen small scans cost less than one scan of their union,
 //!    whose prefilter is too weak to skip anything (measured: docs/PERFORMANCE.md, "Scrubbing at
 //!    ingest"); the regex's captures are read only inside a match;
@@ -14,11 +14,13 @@
 //!    looks like one (length, character classes, entropy): the name alone is not enough, so
 //!    `api_key = os.environ["API_KEY"]`, a git sha and a UUID pass untouched.
 //!
-//! Before any regex, one Aho-Corasick pass over the text looks for the literals every match of a
-//! shape contains (`sk-`, `AKIA`, `://`, ...) and for the secret-sounding name words, ASCII case
-//! ignored: a regex runs only over a text holding one of its literals (most texts hold none). The
-//! pre-check is exact, never a heuristic: a text it lets through untouched cannot match any regex
-//! it skipped (tests hold every shape's matches to its literals).
+//! Before any regex, a gate over the text's three-byte windows (a bitmap holding one window of each
+//! literal) and then one Aho-Corasick pass look for the literals every match of a shape contains
+//! (`sk-`, `AKIA`, `://`, ...) and for the secret-sounding name words, ASCII case ignored: a regex
+//! runs only over a text holding one of its literals (most texts hold none). The pre-check is exact,
+//! never a heuristic: a text it lets through untouched cannot match any regex it skipped. The tests
+//! check it on an example of every alternative of every shape and on random texts made of the
+//! shapes' pieces; a literal list that misses an alternative no example spells out is not caught.
 //!
 //! The spans found are merged (a union: a partly overlapping pair is redacted as one) and each is replaced
 //! by a marker naming what was removed, such as `[REDACTED:anthropic-key]`.
@@ -416,8 +418,8 @@ struct Shape {
     pattern: &'static str,
     check: Check,
     /// Literals one of which every match of `pattern` contains (ASCII case ignored): a text that
-    /// holds none of them cannot match, so the pattern is not run over it. A test holds each shape's
-    /// matches to its literals.
+    /// holds none of them cannot match, so the pattern is not run over it. The tests' examples cover
+    /// each alternative a literal stands for.
     literals: &'static [&'static str],
 }
 
