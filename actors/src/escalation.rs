@@ -389,7 +389,7 @@ fn dollars(micros: u64) -> String {
 
 fn one_line(text: &str, bytes_max: usize) -> String {
     bounded(
-        text.split_whitespace().collect::<Vec<_>>().join(" "),
+        crate::context::collapse_whitespace(text, usize::MAX).into_owned(),
         bytes_max,
     )
 }

@@ -221,6 +221,6 @@ pub fn fan_out_plan(
 }
 
 fn one_line(text: &str) -> String {
-    let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let line = crate::context::collapse_whitespace(text, usize::MAX).into_owned();
     crate::report::bounded(line, 512)
 }
