@@ -5,19 +5,21 @@
 
 use crate::wire::ToCoordinator;
 use crate::worker::{EXIT_REASON, WorkerShared, lock};
-use keel_actors::runtime::{Flow, Role, SpecialistInbox, UsageSeen, wall_clock_ms};
+use keel_actors::runtime::{Flow, Role, SessionEvents, SpecialistInbox, UsageSeen, wall_clock_ms};
 use keel_actors::{
     AttemptId, IdempotencyKey, Specialist, SpecialistEffect, SpecialistInput, SpecialistStart,
 };
 use keel_harness::{CancelToken, HarnessError, HarnessEvent, HarnessKind, SessionSpec};
 use std::sync::Arc;
 use std::time::Duration;
-use tracing::{Instrument, Span};
+use tracing::Span;
 
 /// Per-attempt host state on the worker.
 #[derive(Default)]
 pub(crate) struct WorkerLocal {
     cancel: Option<CancelToken>,
+    /// The running session, read on the attempt's own task ([`Role::own_input`]).
+    session: Option<SessionEvents>,
     usage: UsageSeen,
 }
 
@@ -66,6 +68,9 @@ impl WorkerSpecialistRole {
         key: IdempotencyKey,
         spec: SessionSpec,
     ) {
+        // A session before this one has ended (a new start follows its terminal event); its
+        // services end before this one's open.
+        local.session = None;
         if let Err(refusal) = lock(&self.worker.started_keys).admit(key) {
             // docs/DESIGN.md §12 invariant 2: never two sessions with one key on this worker.
             return Self::fail(me, refusal.to_string());
@@ -104,14 +109,11 @@ impl WorkerSpecialistRole {
             }
             Ok(session) => {
                 local.cancel = Some(session.cancel_token());
-                let forward = keel_actors::runtime::feed_session(session, me.clone());
                 // Services (the hook bridge's session token) end with the session however it ends.
                 let (worker, attempt) = (Arc::clone(&self.worker), self.attempt);
-                let forward = async move {
-                    forward.await;
+                local.session = Some(SessionEvents::new(session, move || {
                     worker.config.harnesses.session_ended(attempt);
-                };
-                tokio::spawn(forward.instrument(self.span.clone()));
+                }));
             }
         }
     }
@@ -223,10 +225,18 @@ impl Role for WorkerSpecialistRole {
         flow
     }
 
+    async fn own_input(&self, local: &mut WorkerLocal) -> SpecialistInput {
+        match local.session.as_mut() {
+            Some(session) => session.next_input().await,
+            None => std::future::pending().await,
+        }
+    }
+
     fn stopped(&self, _me: &SpecialistInbox, local: &mut WorkerLocal) {
         self.close_session_tools();
         if let Some(c) = local.cancel.take() {
             c.cancel();
         }
+        local.session = None;
     }
 }

@@ -46,7 +46,7 @@ pub trait Role: Send + Sync + Sized + 'static {
     type M: Machine + Send + 'static;
     /// Per-actor host state (a running session's cancel switch, an unacknowledged result).
     type Local: Send + 'static;
-    /// The machine's own address, as its hooks hand it to what feeds it later (timers, forwarders):
+    /// The machine's own address, as its hooks hand it to what feeds it later (timers, tool calls):
     /// a [`MachineRef`] under [`MachineActor`], an [`Inbox`](crate::runtime::Inbox) on a task.
     type Addr: Send + Sync + 'static;
 
@@ -75,6 +75,18 @@ pub trait Role: Send + Sync + Sized + 'static {
     /// The machine stopped by its role's [`Flow::Stop`] (not on a kill or a panic): release what
     /// `local` holds.
     fn stopped(&self, _me: &Self::Addr, _local: &mut Self::Local) {}
+
+    /// The next input that `local` produces itself, between steps: a specialist's running session
+    /// and its events. The task host ([`crate::runtime::task_host`]) awaits it beside its inbox,
+    /// the inbox first, so a session's events reach the machine without a forwarding task and a
+    /// second queue; it must be cancel safe (the host drops it whenever the inbox answers first).
+    /// Never ready by default, and never polled under [`MachineActor`].
+    fn own_input<'a>(
+        &'a self,
+        _local: &'a mut Self::Local,
+    ) -> impl Future<Output = <Self::M as Machine>::Input> + Send + 'a {
+        std::future::pending()
+    }
 }
 
 /// The ractor actor hosting one machine under a [`Role`].

@@ -1,6 +1,6 @@
 //! The runtime's tracing spans: one per run, one per task attempt (a child of its run's), entered
 //! around every machine step and effect of that run or attempt, and carried into the tasks the runtime
-//! spawns for them (session forwarders, context loads, group commits). Every log line emitted inside
+//! spawns for them (context loads, group commits). Every log line emitted inside
 //! names its run and task, in the human format (`run{run=..}:task{task=..}:`) and in JSON (`spans`).
 //!
 //! Cost: a span is created once per run and once per attempt; each step clones and enters it (a

@@ -21,8 +21,9 @@ use std::task::Poll;
 use tokio::sync::{Notify, mpsc};
 use tracing::Instrument;
 
-/// The address of a machine hosted on its own task: what its feeders (timers, the session's event
-/// forwarder, tool calls, the node's routing) hold to deliver its inputs, and what stops it hard.
+/// The address of a machine hosted on its own task: what its feeders (timers, tool calls, the
+/// node's routing) hold to deliver its inputs, and what stops it hard. A specialist's session
+/// events do not come through it: the task reads them itself ([`Role::own_input`]).
 pub struct Inbox<I> {
     tx: mpsc::UnboundedSender<I>,
     kill: Arc<Notify>,
@@ -46,8 +47,7 @@ impl<I> std::fmt::Debug for Inbox<I> {
 }
 
 impl<I> Inbox<I> {
-    /// Queue one input. False once the task has ended: a feeder then knows nobody listens (a
-    /// session's forwarder cancels its session rather than run it unobserved).
+    /// Queue one input. False once the task has ended: a feeder then knows nobody listens.
     pub fn send(&self, input: I) -> bool {
         self.tx.send(input).is_ok()
     }
@@ -179,9 +179,14 @@ where
     let end = {
         let work = async {
             loop {
-                // The task holds its own address, so the channel never closes under it.
-                let Some(input) = rx.recv().await else {
-                    return HostedEnd::Stopped("inbox closed".into());
+                let input = tokio::select! {
+                    biased;
+                    // The task holds its own address, so the channel never closes under it.
+                    input = rx.recv() => match input {
+                        Some(input) => input,
+                        None => return HostedEnd::Stopped("inbox closed".into()),
+                    },
+                    input = role.own_input(&mut state.local) => input,
                 };
                 if let Flow::Stop(reason) = step(role, me, &mut state, input).await {
                     return HostedEnd::Stopped(reason);

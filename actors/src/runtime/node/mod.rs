@@ -13,8 +13,8 @@
 //! - A specialist attempt is a task of its own, not an actor ([`crate::runtime::task_host`]): its
 //!   end reaches the supervisor machine through [`Node::specialist_ended`].
 //! - Every spawned task ends by itself: timers fire once (from the node's one timer task, which
-//!   ends with the node, `timers.rs`), forwarders end at the session's terminal event or when the
-//!   specialist is gone, commits end with their transaction.
+//!   ends with the node, `timers.rs`), a session's events are read by its specialist's own task,
+//!   commits end with their transaction.
 
 mod checkpoint_role;
 mod coordinator_role;

@@ -1,5 +1,5 @@
 //! Hosting one specialist attempt: starting its task ([`crate::runtime::task_host`]; no ractor
-//! actor), running its harness session and streaming the session's events into it.
+//! actor), running its harness session and reading the session's events on that same task.
 
 use super::{EXIT_REASON, LiveSpecialist, Node, lock, spawn};
 use crate::effect::SpecialistEffect;
@@ -9,6 +9,7 @@ use crate::message::{CoordinatorMsg, SpecialistInput, SpecialistReply, Specialis
 use crate::report::{AttemptResult, FailureKind, SubtaskFailure};
 use crate::runtime::harnesses::{SubagentAnswer, SubagentEvent};
 use crate::runtime::machine_actor::{Flow, MachineActorState, Role};
+use crate::runtime::session_feed::SessionEvents;
 use crate::runtime::task_host::{SpecialistInbox, host_on_task};
 use crate::runtime::{RuntimeEvent, spans};
 use crate::specialist::Specialist;
@@ -133,6 +134,8 @@ impl Node {
 #[derive(Default)]
 pub(crate) struct SpecialistLocal {
     cancel: Option<CancelToken>,
+    /// The running session, read on this task ([`Role::own_input`]).
+    session: Option<SessionEvents>,
     /// What the progress view was last told of the session's usage.
     usage: crate::runtime::UsageSeen,
     /// The agent profile the session runs as (what the `SubagentStop` hooks match).
@@ -217,6 +220,9 @@ impl SpecialistRole {
                 return;
             }
         }
+        // A session before this one has ended (a new start follows its terminal event); its
+        // services end before this one's open.
+        local.session = None;
         let mut spec = spec;
         local.agent = spec.agent.clone();
         let decided = self.start_decided.clone();
@@ -302,16 +308,12 @@ impl SpecialistRole {
                 if let Some(live) = lock(&self.node.specialists).get_mut(&self.attempt) {
                     live.cancel = Some(session.cancel_token());
                 }
-                let me = me.clone();
                 tracing::debug!("harness session started");
                 let (node, attempt) = (Arc::clone(&self.node), self.attempt);
-                let forward = crate::runtime::session_feed::feed_session(session, me);
                 // Services (the hook bridge's session token) end with the session however it ends.
-                let forward = async move {
-                    forward.await;
+                local.session = Some(SessionEvents::new(session, move || {
                     node.harnesses.session_ended(attempt);
-                };
-                spawn(forward.instrument(self.span.clone()));
+                }));
             }
         }
     }
@@ -490,10 +492,18 @@ impl Role for SpecialistRole {
         flow
     }
 
+    async fn own_input(&self, local: &mut SpecialistLocal) -> SpecialistInput {
+        match local.session.as_mut() {
+            Some(session) => session.next_input().await,
+            None => std::future::pending().await,
+        }
+    }
+
     fn stopped(&self, me: &SpecialistInbox, local: &mut SpecialistLocal) {
         if let Some(c) = local.cancel.take() {
             c.cancel();
         }
+        local.session = None;
         self.close_session_tools();
         let mut live = lock(&self.node.specialists);
         if live.get(&self.attempt).is_some_and(|s| s.inbox.same(me)) {
