@@ -216,6 +216,24 @@ fn git_shas_and_uuids_are_not_secrets() {
 }
 
 #[test]
+fn keels_own_ids_and_keys_are_not_secrets() {
+    // An attempt's idempotency key as `keel show TASK --json` prints it: it was redacted as a
+    // secret assigned to a key.
+    unchanged(
+        r#""idempotency_key": "start/01M8WFF513E9ZT1MJERM19PS4P/01M8WFF5134FE222T43HMEXYF9/1""#,
+    );
+    unchanged("escalation_key=01M8WFF513E9ZT1MJERM19PS4P");
+    // What is not made of ULIDs, words and numbers alone is still read as a value.
+    let scrubbed = Scrubber::new().scrub("api_key=01M8WFF513E9ZT1MJERM19PS4P/Zx9qT7bV3mK8pL2w");
+    assert_ne!(
+        scrubbed.text,
+        "api_key=01M8WFF513E9ZT1MJERM19PS4P/Zx9qT7bV3mK8pL2w"
+    );
+    let scrubbed = Scrubber::new().scrub("api_key=start/01m8wff513e9zt1mjerm19ps4p/1");
+    assert_ne!(scrubbed.text, "api_key=start/01m8wff513e9zt1mjerm19ps4p/1");
+}
+
+#[test]
 fn ordinary_code_is_not_a_secret() {
     unchanged("password = get_password_from_vault();");
     unchanged("const MAX_TOKENS: u32 = 4096;");

@@ -12,7 +12,7 @@
 //!    ingest"); the regex's captures are read only inside a match;
 //! 3. one regex of `NAME = value` assignments, kept only when the name sounds secret **and** the value
 //!    looks like one (length, character classes, entropy): the name alone is not enough, so
-//!    `api_key = os.environ["API_KEY"]`, a git sha and a UUID pass untouched.
+//!    `api_key = os.environ["API_KEY"]`, a git sha, a UUID and keel's own ids pass untouched.
 //!
 //! Before any regex, a gate over the text's three-byte windows (a bitmap holding one window of each
 //! literal) and then one Aho-Corasick pass look for the literals every match of a shape contains
@@ -890,7 +890,8 @@ fn is_placeholder(value: &str) -> bool {
 }
 
 /// Whether an assignment's value looks like a secret by its shape alone: long enough, mixed, random
-/// enough, and not one of the common shapes of ordinary values (paths, URLs, dotted code, UUIDs, shas).
+/// enough, and not one of the common shapes of ordinary values (paths, URLs, dotted code, UUIDs,
+/// shas, keel's ULIDs and the keys made of them).
 pub(crate) fn looks_like_secret(value: &str) -> bool {
     let len = value.chars().count();
     if len < 16 || is_placeholder(value) {
@@ -904,7 +905,12 @@ pub(crate) fn looks_like_secret(value: &str) -> bool {
     {
         return false;
     }
-    if is_uuid(value) || is_sha(value) || is_dotted_identifier(value) || is_wordy(value) {
+    if is_uuid(value)
+        || is_sha(value)
+        || is_dotted_identifier(value)
+        || is_wordy(value)
+        || is_id_path(value)
+    {
         return false;
     }
     let digits = value.bytes().filter(u8::is_ascii_digit).count();
@@ -923,6 +929,42 @@ fn is_uuid(value: &str) -> bool {
             .iter()
             .zip([8usize, 4, 4, 4, 12])
             .all(|(p, n)| p.len() == n && p.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// keel's own ids and the keys made of them: a ULID (`01M8WFF5134FE222T43HMEXYF9`, how keel prints
+/// run, task and escalation ids) or a path of ULIDs, lowercase words and numbers with at least one
+/// ULID (an attempt's idempotency key, `start/RUN/TASK/1`). Identifiers, not credentials, as a
+/// UUID is: without this `"idempotency_key": "start/..."` in a task's JSON reads as a secret
+/// assigned to a key.
+fn is_id_path(value: &str) -> bool {
+    let mut ulids = 0usize;
+    let all_parts_plain = value.split('/').all(|part| {
+        if is_ulid(part) {
+            ulids += 1;
+            true
+        } else {
+            !part.is_empty()
+                && (part
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b == b'_' || b == b'-')
+                    || (part.len() <= 10 && part.bytes().all(|b| b.is_ascii_digit())))
+        }
+    });
+    all_parts_plain && ulids > 0
+}
+
+/// A ULID as keel prints it: 26 characters of Crockford's base32 in upper case, the first at most
+/// `7` (a 128-bit value).
+fn is_ulid(value: &str) -> bool {
+    let bytes = value.as_bytes();
+    bytes.len() == 26
+        && matches!(bytes[0], b'0'..=b'7')
+        && bytes.iter().all(|b| {
+            matches!(
+                b,
+                b'0'..=b'9' | b'A'..=b'H' | b'J' | b'K' | b'M' | b'N' | b'P'..=b'T' | b'V'..=b'Z'
+            )
+        })
 }
 
 /// A git or content sha: 40 or 64 hex digits (an identifier, not a credential, in ordinary text).
