@@ -30,6 +30,7 @@ import asyncio
 import json
 import operator
 import os
+import resource
 import signal
 import sqlite3
 import subprocess
@@ -160,14 +161,23 @@ def config() -> dict:
     return {"configurable": {"thread_id": str(uuid.uuid4())}}
 
 
-def sequential(n: int, runs: int, mode: str, data: Path) -> tuple[float, float | None]:
-    """Seconds for `runs` runs one after the other, and bytes stored per run (None without a store)."""
+def cpu_seconds() -> float:
+    """The CPU time this process has used so far, user and system, over all its threads (aiosqlite's
+    and the checkpointer's included), as keel bench measures its own."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def sequential(n: int, runs: int, mode: str, data: Path) -> tuple[float, float | None, float]:
+    """Seconds for `runs` runs one after the other, bytes stored per run (None without a store), and
+    the CPU seconds they took."""
     if mode == "none":
         graph = build()
+        cpu = cpu_seconds()
         started = time.perf_counter()
         for _ in range(runs):
             check(graph.invoke(run_input(n), config()), n)
-        return time.perf_counter() - started, None
+        return time.perf_counter() - started, None, cpu_seconds() - cpu
     path = fresh_db(data, "seq")
     try:
         conn = sqlite3.connect(str(path), check_same_thread=False)
@@ -176,18 +186,21 @@ def sequential(n: int, runs: int, mode: str, data: Path) -> tuple[float, float |
         conn.commit()
         graph = build(saver)
         empty = db_bytes(path)
+        cpu = cpu_seconds()
         started = time.perf_counter()
         for _ in range(runs):
             check(graph.invoke(run_input(n), config(), durability="sync"), n)
         secs = time.perf_counter() - started
+        cpu = cpu_seconds() - cpu
         conn.close()  # The last connection checkpoints the WAL into the file.
-        return secs, (db_bytes(path) - empty) / runs
+        return secs, (db_bytes(path) - empty) / runs, cpu
     finally:
         remove_db(path)
 
 
-async def in_flight(n: int, runs: int, flight: int, mode: str, data: Path) -> tuple[float, float | None]:
-    """Seconds for `runs` runs with at most `flight` at once (asyncio), and bytes stored per run."""
+async def in_flight(n: int, runs: int, flight: int, mode: str, data: Path) -> tuple[float, float | None, float]:
+    """Seconds for `runs` runs with at most `flight` at once (asyncio), bytes stored per run, and the
+    CPU seconds they took."""
     gate = asyncio.Semaphore(flight)
 
     async def one(graph, durable: bool) -> None:
@@ -200,9 +213,10 @@ async def in_flight(n: int, runs: int, flight: int, mode: str, data: Path) -> tu
 
     if mode == "none":
         graph = build(asynchronous=True)
+        cpu = cpu_seconds()
         started = time.perf_counter()
         await asyncio.gather(*(one(graph, False) for _ in range(runs)))
-        return time.perf_counter() - started, None
+        return time.perf_counter() - started, None, cpu_seconds() - cpu
     path = fresh_db(data, "flight")
     try:
         async with aiosqlite.connect(str(path)) as conn:
@@ -210,10 +224,12 @@ async def in_flight(n: int, runs: int, flight: int, mode: str, data: Path) -> tu
             await saver.setup()
             graph = build(saver, asynchronous=True)
             empty = db_bytes(path)
+            cpu = cpu_seconds()
             started = time.perf_counter()
             await asyncio.gather(*(one(graph, True) for _ in range(runs)))
             secs = time.perf_counter() - started
-        return secs, (db_bytes(path) - empty) / runs
+            cpu = cpu_seconds() - cpu
+        return secs, (db_bytes(path) - empty) / runs, cpu
     finally:
         remove_db(path)
 
@@ -227,9 +243,9 @@ def throughput(args: argparse.Namespace) -> None:
             sequential(n, 2, mode, data)
             for flight in (1, args.in_flight):
                 if flight == 1:
-                    secs, per_run = sequential(n, args.runs, mode, data)
+                    secs, per_run, cpu = sequential(n, args.runs, mode, data)
                 else:
-                    secs, per_run = asyncio.run(in_flight(n, args.runs, flight, mode, data))
+                    secs, per_run, cpu = asyncio.run(in_flight(n, args.runs, flight, mode, data))
                 print(
                     json.dumps(
                         {
@@ -240,6 +256,7 @@ def throughput(args: argparse.Namespace) -> None:
                             "runs": args.runs,
                             "runs_per_s": args.runs / secs,
                             "us_per_specialist": secs * 1e6 / (args.runs * n),
+                            "cpu_us_per_specialist": cpu * 1e6 / (args.runs * n),
                             "bytes_per_run": per_run,
                         }
                     ),

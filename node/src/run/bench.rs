@@ -116,6 +116,10 @@ pub(super) fn config(work: &std::path::Path, n: u32, in_flight: u32) -> RuntimeC
 struct Measured {
     runs_per_s: f64,
     us_per_specialist: f64,
+    /// The process's CPU time (user and system, every thread: the runtime's workers, the store
+    /// writer, the instant sessions) over the measured runs, per specialist: the CPU
+    /// figure, measured by the same command as the throughput.
+    cpu_us_per_specialist: f64,
     commits_per_run: f64,
     /// What the store file grew by from before the first run to after the runtime's shutdown,
     /// divided by the runs.
@@ -142,6 +146,7 @@ async fn measure(n: u32, in_flight: u32, runs: u32, exclusive: bool) -> anyhow::
     let empty = file_size(&store_path)?;
     #[allow(clippy::disallowed_methods)] // A benchmark reads the clock by definition.
     let started = Instant::now();
+    let cpu_before = cpu_seconds()?;
     let mut handles = Vec::new();
     for _ in 0..runs {
         // `submit` waits for a slot: at most `in_flight` runs are hosted at once.
@@ -159,6 +164,7 @@ async fn measure(n: u32, in_flight: u32, runs: u32, exclusive: bool) -> anyhow::
         check(h.await??.status)?;
     }
     let secs = started.elapsed().as_secs_f64();
+    let cpu = cpu_seconds()? - cpu_before;
     #[allow(clippy::cast_precision_loss)] // A count of commits far below 2^52.
     let commits_per_run = rt.commits() as f64 / f64::from(runs);
     if let Ok(rt) = Arc::try_unwrap(rt) {
@@ -170,9 +176,24 @@ async fn measure(n: u32, in_flight: u32, runs: u32, exclusive: bool) -> anyhow::
     Ok(Measured {
         runs_per_s: f64::from(runs) / secs,
         us_per_specialist: secs * 1e6 / f64::from(runs * n),
+        cpu_us_per_specialist: cpu * 1e6 / f64::from(runs * n),
         commits_per_run,
         bytes_per_run,
     })
+}
+
+/// The CPU time this process has used so far, user and system, over all its threads.
+fn cpu_seconds() -> anyhow::Result<f64> {
+    use nix::sys::resource::{UsageWho, getrusage};
+    let usage = getrusage(UsageWho::RUSAGE_SELF).context("reading the process's CPU time")?;
+    let seconds = |t: nix::sys::time::TimeVal| {
+        #[allow(clippy::cast_precision_loss)] // Seconds of CPU time far below 2^52.
+        let whole = t.tv_sec() as f64;
+        #[allow(clippy::cast_precision_loss)] // Below one million.
+        let micros = t.tv_usec() as f64;
+        whole + micros / 1e6
+    };
+    Ok(seconds(usage.user_time()) + seconds(usage.system_time()))
 }
 
 fn file_size(path: &std::path::Path) -> anyhow::Result<u64> {
@@ -219,9 +240,10 @@ pub(crate) fn bench(
                 let m = measure(n, flight, runs, exclusive).await?;
                 if !json {
                     outln!(
-                        "N={n:<3} in flight={flight:<2} runs={runs:<4} {:>9.1} runs/s {:>9.1} µs/specialist {:>6.1} commits/run {:>9.0} bytes/run",
+                        "N={n:<3} in flight={flight:<2} runs={runs:<4} {:>9.1} runs/s {:>9.1} µs/specialist {:>7.1} µs CPU/specialist {:>6.1} commits/run {:>9.0} bytes/run",
                         m.runs_per_s,
                         m.us_per_specialist,
+                        m.cpu_us_per_specialist,
                         m.commits_per_run,
                         m.bytes_per_run
                     )?;
@@ -235,7 +257,7 @@ pub(crate) fn bench(
         let v: Vec<_> = rows
             .iter()
             .map(|(n, f, m)| {
-                serde_json::json!({"specialists": n, "in_flight": f, "runs_per_s": m.runs_per_s, "us_per_specialist": m.us_per_specialist, "commits_per_run": m.commits_per_run, "bytes_per_run": m.bytes_per_run})
+                serde_json::json!({"specialists": n, "in_flight": f, "runs_per_s": m.runs_per_s, "us_per_specialist": m.us_per_specialist, "cpu_us_per_specialist": m.cpu_us_per_specialist, "commits_per_run": m.commits_per_run, "bytes_per_run": m.bytes_per_run})
             })
             .collect();
         outln!("{}", serde_json::Value::Array(v))?;
