@@ -222,15 +222,21 @@ fn keels_own_ids_and_keys_are_not_secrets() {
     unchanged(
         r#""idempotency_key": "start/01M8WFF513E9ZT1MJERM19PS4P/01M8WFF5134FE222T43HMEXYF9/1""#,
     );
-    unchanged("escalation_key=01M8WFF513E9ZT1MJERM19PS4P");
-    // What is not made of ULIDs, words and numbers alone is still read as a value.
-    let scrubbed = Scrubber::new().scrub("api_key=01M8WFF513E9ZT1MJERM19PS4P/Zx9qT7bV3mK8pL2w");
-    assert_ne!(
-        scrubbed.text,
-        "api_key=01M8WFF513E9ZT1MJERM19PS4P/Zx9qT7bV3mK8pL2w"
-    );
-    let scrubbed = Scrubber::new().scrub("api_key=start/01m8wff513e9zt1mjerm19ps4p/1");
-    assert_ne!(scrubbed.text, "api_key=start/01m8wff513e9zt1mjerm19ps4p/1");
+    unchanged("lease_key=start/01M8WFF513E9ZT1MJERM19PS4P/2");
+    // What is not a word, then keel's ULIDs and numbers, is still read as a value: a bare ULID-shaped
+    // token (a random 128-bit secret in Crockford's base32 has that shape), a path with a mixed-case
+    // part, a lowercase ULID, a ULID whose time is not a plausible one, a path without the word.
+    for value in [
+        "01M8WFF513E9ZT1MJERM19PS4P",
+        "start/01M8WFF513E9ZT1MJERM19PS4P/Zx9qT7bV3mK8pL2w",
+        "start/01m8wff513e9zt1mjerm19ps4p/1",
+        "start/7ZX9QT7BV3MK8PL2WQ4RJ6HN5C/1",
+        "01M8WFF513E9ZT1MJERM19PS4P/01M8WFF5134FE222T43HMEXYF9",
+    ] {
+        let text = format!("api_key={value}");
+        let scrubbed = Scrubber::new().scrub(&text);
+        assert_ne!(scrubbed.text, text, "{value} passed as keel's own key");
+    }
 }
 
 #[test]

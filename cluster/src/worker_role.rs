@@ -68,13 +68,13 @@ impl WorkerSpecialistRole {
         key: IdempotencyKey,
         spec: SessionSpec,
     ) {
-        // A session before this one has ended (a new start follows its terminal event); its
-        // services end before this one's open.
-        local.session = None;
         if let Err(refusal) = lock(&self.worker.started_keys).admit(key) {
             // docs/DESIGN.md §12 invariant 2: never two sessions with one key on this worker.
             return Self::fail(me, refusal.to_string());
         }
+        // A session before this one has ended (a new start follows its terminal event); its
+        // services end before this one's open.
+        local.session = None;
         let harnesses = &self.worker.config.harnesses;
         let Some(harness) = harnesses.get(self.harness) else {
             return Self::fail(

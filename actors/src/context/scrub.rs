@@ -12,7 +12,7 @@
 //!    ingest"); the regex's captures are read only inside a match;
 //! 3. one regex of `NAME = value` assignments, kept only when the name sounds secret **and** the value
 //!    looks like one (length, character classes, entropy): the name alone is not enough, so
-//!    `api_key = os.environ["API_KEY"]`, a git sha, a UUID and keel's own ids pass untouched.
+//!    `api_key = os.environ["API_KEY"]`, a git sha, a UUID and keel's own keys pass untouched.
 //!
 //! Before any regex, a gate over the text's three-byte windows (a bitmap holding one window of each
 //! literal) and then one Aho-Corasick pass look for the literals every match of a shape contains
@@ -891,7 +891,7 @@ fn is_placeholder(value: &str) -> bool {
 
 /// Whether an assignment's value looks like a secret by its shape alone: long enough, mixed, random
 /// enough, and not one of the common shapes of ordinary values (paths, URLs, dotted code, UUIDs,
-/// shas, keel's ULIDs and the keys made of them).
+/// shas, the keys keel makes of its own ids).
 pub(crate) fn looks_like_secret(value: &str) -> bool {
     let len = value.chars().count();
     if len < 16 || is_placeholder(value) {
@@ -931,40 +931,62 @@ fn is_uuid(value: &str) -> bool {
             .all(|(p, n)| p.len() == n && p.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
-/// keel's own ids and the keys made of them: a ULID (`01M8WFF5134FE222T43HMEXYF9`, how keel prints
-/// run, task and escalation ids) or a path of ULIDs, lowercase words and numbers with at least one
-/// ULID (an attempt's idempotency key, `start/RUN/TASK/1`). Identifiers, not credentials, as a
-/// UUID is: without this `"idempotency_key": "start/..."` in a task's JSON reads as a secret
-/// assigned to a key.
+/// A key keel makes of its own ids, as an attempt's idempotency key (`start/RUN/TASK/1`): a
+/// lowercase word, then ULIDs minted by keel and numbers, at least one ULID. An identifier, not a
+/// credential, as a UUID is: without this `"idempotency_key": "start/..."` in a task's JSON reads
+/// as a secret assigned to a key. A bare ULID is not exempt: a random 128-bit token written in
+/// Crockford's base32 has exactly its shape, so only the keyed path, with a ULID whose time is a
+/// plausible one, passes.
 fn is_id_path(value: &str) -> bool {
+    let mut parts = value.split('/');
+    let Some(word) = parts.next() else {
+        return false;
+    };
+    if word.is_empty() || !word.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') {
+        return false;
+    }
     let mut ulids = 0usize;
-    let all_parts_plain = value.split('/').all(|part| {
-        if is_ulid(part) {
+    let rest_plain = parts.all(|part| {
+        if is_minted_ulid(part) {
             ulids += 1;
             true
         } else {
-            !part.is_empty()
-                && (part
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b == b'_' || b == b'-')
-                    || (part.len() <= 10 && part.bytes().all(|b| b.is_ascii_digit())))
+            !part.is_empty() && part.len() <= 10 && part.bytes().all(|b| b.is_ascii_digit())
         }
     });
-    all_parts_plain && ulids > 0
+    rest_plain && ulids > 0
 }
 
-/// A ULID as keel prints it: 26 characters of Crockford's base32 in upper case, the first at most
-/// `7` (a 128-bit value).
-fn is_ulid(value: &str) -> bool {
+/// A ULID as keel mints and prints its ids: 26 characters of Crockford's base32 in upper case
+/// whose first 48 bits, the time in milliseconds, fall between 2020 and 2100 (a random 26-character
+/// token of the same alphabet does so about twice in a thousand).
+fn is_minted_ulid(value: &str) -> bool {
+    const FROM_MS: u64 = 1_577_836_800_000; // 2020-01-01
+    const UNTIL_MS: u64 = 4_102_444_800_000; // 2100-01-01
     let bytes = value.as_bytes();
-    bytes.len() == 26
-        && matches!(bytes[0], b'0'..=b'7')
-        && bytes.iter().all(|b| {
-            matches!(
-                b,
-                b'0'..=b'9' | b'A'..=b'H' | b'J' | b'K' | b'M' | b'N' | b'P'..=b'T' | b'V'..=b'Z'
-            )
-        })
+    if bytes.len() != 26 {
+        return false;
+    }
+    let mut millis = 0u64;
+    for (i, b) in bytes.iter().enumerate() {
+        let Some(digit) = crockford_digit(*b) else {
+            return false;
+        };
+        if i < 10 {
+            // Ten characters carry 50 bits; a ULID's first is at most 7, so the time fits in 48.
+            millis = (millis << 5) | u64::from(digit);
+        }
+    }
+    matches!(bytes[0], b'0'..=b'7') && (FROM_MS..UNTIL_MS).contains(&millis)
+}
+
+/// The value of one upper-case character of Crockford's base32 (no I, L, O or U).
+fn crockford_digit(b: u8) -> Option<u8> {
+    const ALPHABET: &[u8; 32] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
+    ALPHABET
+        .iter()
+        .position(|&c| c == b)
+        .and_then(|i| u8::try_from(i).ok())
 }
 
 /// A git or content sha: 40 or 64 hex digits (an identifier, not a credential, in ordinary text).

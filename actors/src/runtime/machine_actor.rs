@@ -80,7 +80,10 @@ pub trait Role: Send + Sync + Sized + 'static {
     /// and its events. The task host ([`crate::runtime::task_host`]) awaits it beside its inbox,
     /// the inbox first, so a session's events reach the machine without a forwarding task and a
     /// second queue; it must be cancel safe (the host drops it whenever the inbox answers first).
-    /// Never ready by default, and never polled under [`MachineActor`].
+    /// The inbox always goes first: an input queued there while a step ran (a pause's cancel, an
+    /// acknowledgement) reaches the machine before session events that were already waiting, where
+    /// the forwarding task it replaces gave about arrival order. Never ready by default, and never
+    /// polled under [`MachineActor`].
     fn own_input<'a>(
         &'a self,
         _local: &'a mut Self::Local,
