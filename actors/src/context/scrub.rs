@@ -973,11 +973,12 @@ fn is_minted_ulid(value: &str) -> bool {
             return false;
         };
         if i < 10 {
-            // Ten characters carry 50 bits; a ULID's first is at most 7, so the time fits in 48.
+            // The first ten characters carry the time (50 bits; a first character above 7, which
+            // no 128-bit value has, puts it far past the range below).
             millis = (millis << 5) | u64::from(digit);
         }
     }
-    matches!(bytes[0], b'0'..=b'7') && (FROM_MS..UNTIL_MS).contains(&millis)
+    (FROM_MS..UNTIL_MS).contains(&millis)
 }
 
 /// The value of one upper-case character of Crockford's base32 (no I, L, O or U).

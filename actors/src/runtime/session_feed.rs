@@ -9,7 +9,8 @@ use keel_harness::{HarnessError, HarnessEvent, RunningSession, TokenCounts};
 
 /// A specialist's running session, held by the specialist's task ([`crate::runtime::Role::own_input`]):
 /// its events become the machine's inputs in the task that runs the machine, with no forwarding
-/// task and no second queue between them (two fewer wake-ups a session, one task fewer). The
+/// task and no second queue between them (one task fewer a session, one queue hop fewer an
+/// event). The
 /// session ends once: at its terminal event, when its events stop without one (reported as a
 /// failed session), or when the holder is dropped (the task stopped, was killed or panicked), which
 /// cancels a session still running rather than leave it unobserved. Each way runs `on_end` once.

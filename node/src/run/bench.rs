@@ -210,8 +210,8 @@ fn check(status: RunStatus) -> anyhow::Result<()> {
     }
 }
 
-/// `keel bench`: print a table of runs/s and µs per specialist for each fan-out, sequential and with
-/// `in_flight` runs at once.
+/// `keel bench`: print a table of runs/s, wall and CPU µs per specialist, commits and bytes per run
+/// for each fan-out, sequential and with `in_flight` runs at once.
 pub(crate) fn bench(
     fan_outs: &[u32],
     runs: u32,
