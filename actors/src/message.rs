@@ -636,6 +636,13 @@ pub struct FollowUpRequest {
 pub enum SupervisorInput {
     /// A message.
     Msg(SupervisorMsg),
+    /// The messages one coordinator step sent (a dispatch's admissions), handled in order as if
+    /// each came alone, in one input; the answers to the coordinator are emitted before the other
+    /// effects (spawns, timers), so a host delivers them as one coordinator input.
+    ///
+    /// # Delivery
+    /// Local only (a host batches what one coordinator step sent); never on the wire.
+    Msgs(Vec<SupervisorMsg>),
     /// A timer it set fired.
     Timer(SupervisorTimer),
 }

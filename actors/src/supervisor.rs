@@ -738,6 +738,13 @@ impl Machine for Supervisor {
         out: &mut Vec<Effect>,
     ) {
         match input {
+            SupervisorInput::Msgs(msgs) => {
+                let first = out.len();
+                for msg in msgs {
+                    self.handle(SupervisorInput::Msg(msg), now, rng, out);
+                }
+                answers_first(&mut out[first..]);
+            }
             SupervisorInput::Msg(SupervisorMsg::OpenRun { run, budget }) => {
                 self.open_run(run, budget);
             }
@@ -830,6 +837,14 @@ impl Machine for Supervisor {
             }
         }
     }
+}
+
+/// Puts the effects that answer a coordinator ahead of the others, each group in its order: one
+/// step's admissions then reach their coordinator as one input, before the specialists they
+/// admitted are spawned (as a lone admission's answer is sent before its spawn).
+fn answers_first(effects: &mut [Effect]) {
+    // A stable sort on one key: the answers keep their order, and so does the rest.
+    effects.sort_by_key(|e| !matches!(e, Effect::Send(Envelope::Coordinator { .. })));
 }
 
 impl Supervisor {

@@ -138,6 +138,63 @@ fn admits_with_the_requested_agents_model_and_sets_a_deadline() {
     assert_eq!(s.live_count(), 1);
 }
 
+/// A dispatch's admissions as one input do what they do one by one (the same answers, spawns and
+/// timers, each group in order), with every answer to the coordinator ahead of the spawns: a host
+/// then hands the coordinator the answers as one input before any specialist it admitted starts.
+#[test]
+fn a_batch_of_admissions_answers_first_and_otherwise_acts_as_one_by_one() {
+    let msgs = |input: SupervisorInput| match input {
+        SupervisorInput::Msg(m) => m,
+        other => panic!("not a message: {other:?}"),
+    };
+    let batch: Vec<SupervisorMsg> = (1..=3).map(|t| msgs(admit(t, 1, None, 10))).collect();
+    let mut one_by_one = Supervisor::new(config());
+    let mut together = Supervisor::new(config());
+    let mut rng = SplitMix64(1);
+    let (mut alone, mut batched) = (Vec::new(), Vec::new());
+    one_by_one.handle(open(None), 0, &mut rng, &mut Vec::new());
+    together.handle(open(None), 0, &mut rng, &mut Vec::new());
+    for m in batch.clone() {
+        one_by_one.handle(SupervisorInput::Msg(m), 5, &mut SplitMix64(2), &mut alone);
+    }
+    together.handle(
+        SupervisorInput::Msgs(batch),
+        5,
+        &mut SplitMix64(2),
+        &mut batched,
+    );
+
+    let answers = |effects: &[Effect]| -> Vec<Effect> {
+        effects
+            .iter()
+            .filter(|e| matches!(e, Effect::Send(Envelope::Coordinator { .. })))
+            .cloned()
+            .collect()
+    };
+    let rest = |effects: &[Effect]| -> Vec<Effect> {
+        effects
+            .iter()
+            .filter(|e| !matches!(e, Effect::Send(Envelope::Coordinator { .. })))
+            .cloned()
+            .collect()
+    };
+    assert_eq!(answers(&batched).len(), 3, "{batched:?}");
+    assert_eq!(answers(&batched), answers(&alone));
+    assert_eq!(rest(&batched), rest(&alone));
+    // The answers lead; one at a time, the second answer came after the first spawn.
+    assert!(
+        batched[..3]
+            .iter()
+            .all(|e| matches!(e, Effect::Send(Envelope::Coordinator { .. })))
+    );
+    assert!(
+        !alone[..3]
+            .iter()
+            .all(|e| matches!(e, Effect::Send(Envelope::Coordinator { .. })))
+    );
+    assert_eq!(together.live_count(), 3);
+}
+
 #[test]
 fn a_repeated_admit_gets_the_same_answer_and_no_second_spawn() {
     let (s, out) = check(

@@ -278,12 +278,21 @@ impl Checker {
         }
     }
 
-    /// An input reaches a coordinator.
+    /// An input reaches a coordinator (several messages of one input: each in order).
     pub fn coordinator_input(&mut self, _event: u64, _run: RunId, input: &CoordinatorInput) {
-        if let CoordinatorInput::Msg(CoordinatorMsg::Specialist {
+        match input {
+            CoordinatorInput::Msg(msg) => self.late_result(msg),
+            CoordinatorInput::Msgs(msgs) => msgs.iter().for_each(|m| self.late_result(m)),
+            _ => {}
+        }
+    }
+
+    /// A result for a step that accepted another attempt's report: a late one.
+    fn late_result(&mut self, msg: &CoordinatorMsg) {
+        if let CoordinatorMsg::Specialist {
             from,
             reply: SpecialistReply::Finished(_),
-        }) = input
+        } = msg
             && let Some(step) = self.step_of(*from)
             && let Some(accepted) = self.observed.accepted_reports.get(&(from.run, step))
             && !accepted.is_empty()

@@ -80,7 +80,48 @@ impl World {
         for effect in out.drain(..) {
             self.coord_effect(Some(run), effect);
         }
+        self.flush_outbox();
         self.coord_effects = out;
+    }
+
+    /// Delivers the held messages to one run's coordinator: one as it is, several as one input.
+    fn flush_coordinator_outbox(&mut self) {
+        let Some((run, mut msgs)) = self.outbox.coordinator.take() else {
+            return;
+        };
+        let input = if msgs.len() == 1 {
+            msgs.pop().map(CoordinatorInput::Msg)
+        } else {
+            Some(CoordinatorInput::Msgs(msgs))
+        };
+        if let Some(input) = input {
+            let inc = Some(self.coord_inc);
+            self.schedule(self.now, Ev::Coord { run, input, inc });
+        }
+    }
+
+    /// Delivers what the step just executed sent and held back (see [`Outbox`]), unless the node
+    /// crashed in the middle of its effects (then it went with the node).
+    fn flush_outbox(&mut self) {
+        let Outbox {
+            supervisor,
+            coordinator,
+        } = std::mem::take(&mut self.outbox);
+        if self.coord.is_none() {
+            return;
+        }
+        self.outbox.coordinator = coordinator;
+        self.flush_coordinator_outbox();
+        let inc = Some(self.coord_inc);
+        let mut supervisor = supervisor;
+        let input = match supervisor.len() {
+            0 => None,
+            1 => supervisor.pop().map(SupervisorInput::Msg),
+            _ => Some(SupervisorInput::Msgs(supervisor)),
+        };
+        if let Some(input) = input {
+            self.schedule(self.now, Ev::Sup { input, inc });
+        }
     }
 
     /// A specialist's result for a run no coordinator here has: if the run ended (its end rode in
@@ -118,6 +159,7 @@ impl World {
         for effect in out {
             self.coord_effect(None, effect);
         }
+        self.flush_outbox();
     }
 
     pub(super) fn deliver_ckpt(&mut self, input: CheckpointInput) {
@@ -130,6 +172,7 @@ impl World {
         for effect in out {
             self.coord_effect(None, effect);
         }
+        self.flush_outbox();
     }
 
     /// Executes one effect of a coordinator-node machine. `from_run` names the coordinator that
@@ -165,6 +208,10 @@ impl World {
         self.checker
             .coord_effect(self.event_no, self.now, from_run, &effect, sup);
         let inc = Some(self.coord_inc);
+        if !matches!(effect, Effect::Send(Envelope::Coordinator { .. })) {
+            // Only consecutive messages to one coordinator travel together, as in the runtime.
+            self.flush_coordinator_outbox();
+        }
         match effect {
             Effect::Send(Envelope::Coordinator {
                 run,
@@ -186,22 +233,18 @@ impl World {
                     );
                 }
             }
+            Effect::Send(Envelope::Coordinator { run, msg }) => {
+                match &mut self.outbox.coordinator {
+                    Some((to, msgs)) if *to == run => msgs.push(msg),
+                    _ => {
+                        self.flush_coordinator_outbox();
+                        self.outbox.coordinator = Some((run, vec![msg]));
+                    }
+                }
+            }
+            Effect::Send(Envelope::Supervisor(msg)) => self.outbox.supervisor.push(msg),
             Effect::Send(envelope) => match envelope {
-                Envelope::Coordinator { run, msg } => self.schedule(
-                    self.now,
-                    Ev::Coord {
-                        run,
-                        input: CoordinatorInput::Msg(msg),
-                        inc,
-                    },
-                ),
-                Envelope::Supervisor(msg) => self.schedule(
-                    self.now,
-                    Ev::Sup {
-                        input: SupervisorInput::Msg(msg),
-                        inc,
-                    },
-                ),
+                Envelope::Coordinator { .. } | Envelope::Supervisor(_) => {}
                 Envelope::Checkpoint(msg) => self.schedule(
                     self.now,
                     Ev::Ckpt {
@@ -338,4 +381,13 @@ impl World {
             Frame::ToWorker(ToWorker::ContextRows { attempt, rows }),
         );
     }
+}
+
+/// One coordinator-node step's messages held back until its effects are executed, so they reach
+/// their machine as the runtime's `Node::execute_node` delivers them: everything for the
+/// supervisor as one input, consecutive messages for one run's coordinator as one input.
+#[derive(Debug, Default)]
+pub(super) struct Outbox {
+    supervisor: Vec<SupervisorMsg>,
+    coordinator: Option<(RunId, Vec<CoordinatorMsg>)>,
 }

@@ -262,6 +262,7 @@ fn sup_input_name(i: &SupervisorInput) -> String {
             }
             SupervisorMsg::CloseRun { run } => format!("close-run {}", short(run.0)),
         },
+        SupervisorInput::Msgs(msgs) => format!("{} messages", msgs.len()),
         SupervisorInput::Timer(t) => match t {
             keel_actors::SupervisorTimer::Deadline(a) => format!("deadline {}", attempt_short(a)),
         },

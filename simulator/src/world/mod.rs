@@ -128,6 +128,9 @@ pub struct World {
     cluster: ClusterCounts,
     stale_spawns_refused: u64,
     coord_effects: Vec<Effect>,
+    /// What the coordinator-node machine's step being executed sent to machines that get one
+    /// step's messages as one input, as the runtime delivers them (`coordinator_node.rs`).
+    outbox: coordinator_node::Outbox,
     spec_effects: Vec<SpecialistEffect>,
     /// Host stages so far (the operator's marks, the asks' rows, the gated calls' audit rows): the
     /// next host ticket.
@@ -245,6 +248,7 @@ impl World {
             cluster: ClusterCounts::default(),
             stale_spawns_refused: 0,
             coord_effects: Vec::new(),
+            outbox: coordinator_node::Outbox::default(),
             spec_effects: Vec::new(),
             host_stages: 0,
             operator_pending: 0,

@@ -37,7 +37,10 @@ use crate::host::HostError;
 use crate::ids::AttemptId;
 use crate::machine::Millis;
 use crate::message::RecoveredRun;
-use crate::message::{CheckpointInput, CoordinatorInput, SpecialistMsg, SupervisorInput};
+use crate::message::{
+    CheckpointInput, CoordinatorInput, CoordinatorMsg, SpecialistMsg, SupervisorInput,
+    SupervisorMsg,
+};
 use crate::persist::CommitBatch;
 use crate::report::SubagentReport;
 use crate::runtime::clock::{OsEntropy, wall_clock_ms};
@@ -267,8 +270,36 @@ impl Node {
 
     /// Execute the effects of a coordinator-node machine (coordinator, supervisor, checkpoint);
     /// `hosting` is the generation of the coordinator that emitted them (`None` for the others).
+    ///
+    /// One step's messages to one machine travel as one mailbox message: its messages to the
+    /// supervisor as one [`SupervisorInput::Msgs`] (a dispatch's admissions), and its consecutive
+    /// messages to one run's coordinator as one [`CoordinatorInput::Msgs`] (the supervisor's answers
+    /// to those admissions, which it emits ahead of its other effects).
     pub(crate) async fn execute_node(self: &Arc<Self>, effects: Vec<Effect>, hosting: Option<u64>) {
+        let mut to_supervisor = Vec::new();
+        let mut to_coordinator: Option<(RunId, Vec<CoordinatorMsg>)> = None;
         for effect in effects {
+            let effect = match effect {
+                Effect::Send(Envelope::Supervisor(msg)) => {
+                    to_supervisor.push(msg);
+                    continue;
+                }
+                Effect::Send(Envelope::Coordinator { run, msg }) => {
+                    match &mut to_coordinator {
+                        Some((to, msgs)) if *to == run => msgs.push(msg),
+                        other => {
+                            if let Some((to, msgs)) = other.replace((run, vec![msg])) {
+                                self.route_to_coordinator(to, msgs);
+                            }
+                        }
+                    }
+                    continue;
+                }
+                other => other,
+            };
+            if let Some((run, msgs)) = to_coordinator.take() {
+                self.route_to_coordinator(run, msgs);
+            }
             match effect {
                 Effect::Send(envelope) => self.route(envelope),
                 Effect::Persist(batch) => self.persist(batch),
@@ -322,6 +353,25 @@ impl Node {
                 }
                 Effect::Emit(event) => self.lifecycle(event, hosting),
             }
+        }
+        if let Some((run, msgs)) = to_coordinator {
+            self.route_to_coordinator(run, msgs);
+        }
+        self.route_to_supervisor(to_supervisor);
+    }
+
+    /// Deliver one step's messages to the supervisor: one as it is, several as one input, in order.
+    fn route_to_supervisor(&self, mut msgs: Vec<SupervisorMsg>) {
+        let input = match msgs.len() {
+            0 => return,
+            1 => match msgs.pop() {
+                Some(msg) => SupervisorInput::Msg(msg),
+                None => return,
+            },
+            _ => SupervisorInput::Msgs(msgs),
+        };
+        if let Some(s) = self.supervisor.get() {
+            let _ = s.send_message(crate::runtime::Deliver(input));
         }
     }
 }
