@@ -5,7 +5,9 @@
 
 use crate::wire::ToCoordinator;
 use crate::worker::{EXIT_REASON, WorkerShared, lock};
-use keel_actors::runtime::{Flow, Role, SessionEvents, SpecialistInbox, UsageSeen, wall_clock_ms};
+use keel_actors::runtime::{
+    Flow, Role, SessionEvents, SessionServices, SpecialistInbox, UsageSeen, wall_clock_ms,
+};
 use keel_actors::{
     AttemptId, IdempotencyKey, Specialist, SpecialistEffect, SpecialistInput, SpecialistStart,
 };
@@ -86,6 +88,12 @@ impl WorkerSpecialistRole {
             );
         };
         let mut spec = harnesses.prepare(spec, self.attempt);
+        // From here the services `prepare` opened end with this guard, even if the task is killed
+        // while the harness starts.
+        let services = {
+            let (worker, attempt) = (Arc::clone(&self.worker), self.attempt);
+            SessionServices::new(move || worker.config.harnesses.session_ended(attempt))
+        };
         // keel's session tools, when this worker serves the MCP endpoint: a call becomes the
         // specialist's input here, its reply crosses to the coordinator and the answer comes back.
         let deliver = {
@@ -104,16 +112,13 @@ impl WorkerSpecialistRole {
         }
         match harness.start(spec).await {
             Err(e) => {
-                harnesses.session_ended(self.attempt);
+                drop(services);
                 Self::fail(me, format!("the session could not start: {e}"));
             }
             Ok(session) => {
                 local.cancel = Some(session.cancel_token());
                 // Services (the hook bridge's session token) end with the session however it ends.
-                let (worker, attempt) = (Arc::clone(&self.worker), self.attempt);
-                local.session = Some(SessionEvents::new(session, move || {
-                    worker.config.harnesses.session_ended(attempt);
-                }));
+                local.session = Some(SessionEvents::new(session, services));
             }
         }
     }

@@ -84,7 +84,7 @@ pub use policy::{
     guard_service,
 };
 pub use remote::{RemoteHosts, RemoteInbox};
-pub use session_feed::{SessionEvents, UsageSeen};
+pub use session_feed::{SessionEvents, SessionServices, UsageSeen};
 pub use spans::SPAN_TARGET;
 pub use task_host::{HostedEnd, Inbox, SpecialistInbox, host_on_task};
 

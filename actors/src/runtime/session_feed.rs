@@ -13,19 +13,46 @@ use keel_harness::{HarnessError, HarnessEvent, RunningSession, TokenCounts};
 /// event). The
 /// session ends once: at its terminal event, when its events stop without one (reported as a
 /// failed session), or when the holder is dropped (the task stopped, was killed or panicked), which
-/// cancels a session still running rather than leave it unobserved. Each way runs `on_end` once.
+/// cancels a session still running rather than leave it unobserved. Each way ends the session's
+/// [`SessionServices`] once.
 pub struct SessionEvents {
     session: Option<RunningSession>,
-    on_end: Option<Box<dyn FnOnce() + Send + Sync>>,
+    services: Option<SessionServices>,
+}
+
+/// What a host opened for one attempt's session before starting it (the hook bridge's token,
+/// registered by [`crate::runtime::HarnessSet::prepare`]), ended exactly once when this drops.
+/// Taken right after `prepare`, it ends them however the start goes: the harness refused the
+/// session, the session ran and ended (it is handed to [`SessionEvents`]), or the specialist's
+/// task was killed while the harness was still starting (the start's future dropped with it).
+#[must_use = "dropping it ends the session's services at once"]
+pub struct SessionServices {
+    end: Option<Box<dyn FnOnce() + Send + Sync>>,
+}
+
+impl SessionServices {
+    /// Services that `end` closes.
+    pub fn new(end: impl FnOnce() + Send + Sync + 'static) -> Self {
+        Self {
+            end: Some(Box::new(end)),
+        }
+    }
+}
+
+impl Drop for SessionServices {
+    fn drop(&mut self) {
+        if let Some(end) = self.end.take() {
+            end();
+        }
+    }
 }
 
 impl SessionEvents {
-    /// Reads `session`; `on_end` runs once when it ends however it ends (the services opened for
-    /// it, such as the hook bridge's token, end with it).
-    pub fn new(session: RunningSession, on_end: impl FnOnce() + Send + Sync + 'static) -> Self {
+    /// Reads `session`; its `services` end once when it ends however it ends.
+    pub fn new(session: RunningSession, services: SessionServices) -> Self {
         Self {
             session: Some(session),
-            on_end: Some(Box::new(on_end)),
+            services: Some(services),
         }
     }
 
@@ -68,9 +95,7 @@ impl SessionEvents {
         {
             session.cancel();
         }
-        if let Some(on_end) = self.on_end.take() {
-            on_end();
-        }
+        drop(self.services.take());
     }
 }
 
@@ -128,9 +153,12 @@ mod tests {
     fn counted(session: RunningSession) -> (SessionEvents, Arc<AtomicU32>) {
         let ends = Arc::new(AtomicU32::new(0));
         let seen = Arc::clone(&ends);
-        let events = SessionEvents::new(session, move || {
-            seen.fetch_add(1, Ordering::SeqCst);
-        });
+        let events = SessionEvents::new(
+            session,
+            SessionServices::new(move || {
+                seen.fetch_add(1, Ordering::SeqCst);
+            }),
+        );
         (events, ends)
     }
 

@@ -9,7 +9,7 @@ use crate::message::{CoordinatorMsg, SpecialistInput, SpecialistReply, Specialis
 use crate::report::{AttemptResult, FailureKind, SubtaskFailure};
 use crate::runtime::harnesses::{SubagentAnswer, SubagentEvent};
 use crate::runtime::machine_actor::{Flow, MachineActorState, Role};
-use crate::runtime::session_feed::SessionEvents;
+use crate::runtime::session_feed::{SessionEvents, SessionServices};
 use crate::runtime::task_host::{SpecialistInbox, host_on_task};
 use crate::runtime::{RuntimeEvent, spans};
 use crate::specialist::Specialist;
@@ -280,6 +280,12 @@ impl SpecialistRole {
             spec.prompt.push_str(&policy_note(&note));
         }
         let mut spec = self.node.harnesses.prepare(spec, self.attempt);
+        // From here the services `prepare` opened end with this guard, even if the task is killed
+        // while the harness starts.
+        let services = {
+            let (node, attempt) = (Arc::clone(&self.node), self.attempt);
+            SessionServices::new(move || node.harnesses.session_ended(attempt))
+        };
         let deliver = {
             let me = me.clone();
             Box::new(move |call| Self::feed_tool_call(&me, call))
@@ -295,7 +301,7 @@ impl SpecialistRole {
         self.node.sessions_started.fetch_add(1, Ordering::Relaxed);
         match harness.start(spec).await {
             Err(e) => {
-                self.node.harnesses.session_ended(self.attempt);
+                drop(services);
                 Self::feed(
                     me,
                     SpecialistInput::Harness(HarnessEvent::Failed(HarnessError::system(format!(
@@ -309,11 +315,8 @@ impl SpecialistRole {
                     live.cancel = Some(session.cancel_token());
                 }
                 tracing::debug!("harness session started");
-                let (node, attempt) = (Arc::clone(&self.node), self.attempt);
                 // Services (the hook bridge's session token) end with the session however it ends.
-                local.session = Some(SessionEvents::new(session, move || {
-                    node.harnesses.session_ended(attempt);
-                }));
+                local.session = Some(SessionEvents::new(session, services));
             }
         }
     }
@@ -560,6 +563,92 @@ mod tests {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(node.sessions_started.load(Ordering::Relaxed), 0);
+    }
+
+    /// A harness whose start never completes (a CLI that hangs before its first line).
+    struct HangingStart;
+
+    impl keel_harness::Harness for HangingStart {
+        fn kind(&self) -> keel_harness::HarnessKind {
+            keel_harness::HarnessKind::Scripted
+        }
+
+        fn start(
+            &self,
+            _spec: keel_harness::SessionSpec,
+        ) -> keel_harness::session::BoxFuture<
+            '_,
+            Result<keel_harness::RunningSession, keel_harness::StartError>,
+        > {
+            Box::pin(std::future::pending())
+        }
+    }
+
+    /// A session service counting what it is told (the hook bridge registers and revokes a token).
+    #[derive(Default)]
+    struct Counted {
+        starting: std::sync::atomic::AtomicU32,
+        ended: std::sync::atomic::AtomicU32,
+    }
+
+    impl crate::runtime::SessionService for Counted {
+        fn session_starting(&self, _attempt: AttemptId, _spec: &mut keel_harness::SessionSpec) {
+            self.starting.fetch_add(1, Ordering::SeqCst);
+        }
+
+        fn session_ended(&self, _attempt: AttemptId) {
+            self.ended.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Polls `done` every 10 ms for at most 5 s.
+    async fn eventually(done: impl Fn() -> bool) -> bool {
+        for _ in 0..500 {
+            if done() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        done()
+    }
+
+    /// A specialist killed while its harness is still starting ends the services its start opened
+    /// (the hook bridge's token would otherwise stay valid for a session that never ran).
+    #[tokio::test]
+    async fn a_kill_while_the_harness_starts_ends_the_sessions_services() {
+        let (_dir, work, store) = workspace();
+        let mut c = crate::runtime::RuntimeConfig::default();
+        c.supervisor.agents = vec![crate::runtime::scripted::scripted_agent()];
+        c.specialist.working_dir = work.clone();
+        let counted = Arc::new(Counted::default());
+        let harnesses = crate::runtime::HarnessSet::new()
+            .with(keel_harness::HarnessKind::Scripted, Arc::new(HangingStart))
+            .with_service(Arc::clone(&counted) as Arc<dyn crate::runtime::SessionService>);
+        let rt = crate::runtime::Runtime::start(Arc::clone(&store), harnesses, c)
+            .await
+            .unwrap()
+            .0;
+        let node = Arc::clone(&rt.node);
+        let start = scripted_start();
+        let attempt = start.attempt;
+        node.host_specialist(start, Span::none(), None);
+        assert!(
+            eventually(|| counted.starting.load(Ordering::SeqCst) == 1).await,
+            "the session's start never reached its services"
+        );
+        assert_eq!(counted.ended.load(Ordering::SeqCst), 0, "nothing ended yet");
+        let inbox = lock(&node.specialists)
+            .get(&attempt)
+            .map(|s| s.inbox.clone())
+            .unwrap();
+        inbox.kill();
+        assert!(
+            eventually(|| counted.ended.load(Ordering::SeqCst) == 1).await,
+            "the killed start left its services open"
+        );
+        assert!(eventually(|| lock(&node.specialists).is_empty()).await);
+        assert_eq!(counted.ended.load(Ordering::SeqCst), 1, "ended once");
+        rt.shutdown().await;
     }
 
     /// Before a pause, the same call hosts the attempt (the refusal above is the pause's doing).
