@@ -153,6 +153,15 @@ impl<'a> WriteBatch<'a> {
         Self::default()
     }
 
+    /// An empty batch with room for `writes` staged writes: a staged write is a few hundred bytes,
+    /// so a batch grown by doubling copies each of them again at every step (a group commit of a
+    /// few hundred writes, on the store writer's thread).
+    pub fn with_capacity(writes: usize) -> Self {
+        Self {
+            items: Vec::with_capacity(writes),
+        }
+    }
+
     /// Adds a staged write; its result will be at the same index in the commit's results.
     pub fn push(&mut self, write: StagedWrite<'a>) -> &mut Self {
         self.items.push(write);

@@ -84,9 +84,10 @@ impl HostError {
 /// # Errors
 /// [`HostError::Stage`] or [`HostError::Commit`]; nothing of the batch is written then.
 pub fn commit(store: &Store, batch: &CommitBatch) -> Result<(), HostError> {
-    let mut writes = WriteBatch::new();
+    let ops = batch.stages.iter().map(|s| s.ops.len()).sum();
+    let mut writes = WriteBatch::with_capacity(ops);
     // The run of each write, so a write the store refuses is laid at its run's door.
-    let mut runs = Vec::new();
+    let mut runs = Vec::with_capacity(ops);
     for (run, op) in batch.ops() {
         let scope = store.run(run);
         let staged = op.stage(&scope).map_err(|source| HostError::Stage {
