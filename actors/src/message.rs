@@ -588,11 +588,12 @@ pub enum CoordinatorInput {
     /// A message.
     Msg(CoordinatorMsg),
     /// Several messages of one sender from one of its steps (a specialist's log rows and its
-    /// result), handled in order exactly as if each came alone, in one input: one mailbox message
-    /// and one message of stages to the checkpoint writer instead of one each.
+    /// result; the supervisor's answers to a dispatch's admissions; any machine's consecutive
+    /// messages to one run), handled in order exactly as if each came alone, in one input: one
+    /// mailbox message and one message of stages to the checkpoint writer instead of one each.
     ///
     /// # Delivery
-    /// Local only (a host batches what one specialist it hosts sent at once); never on the wire.
+    /// Local only (a host batches what one machine it hosts sent at once); never on the wire.
     Msgs(Vec<CoordinatorMsg>),
     /// A timer it set fired.
     Timer(CoordinatorTimer),
@@ -638,7 +639,7 @@ pub enum SupervisorInput {
     Msg(SupervisorMsg),
     /// The messages one coordinator step sent (a dispatch's admissions), handled in order as if
     /// each came alone, in one input; the answers to the coordinator are emitted before the other
-    /// effects (spawns, timers), so a host delivers them as one coordinator input.
+    /// effects (spawns, stops, timers), so a host delivers them as one coordinator input.
     ///
     /// # Delivery
     /// Local only (a host batches what one coordinator step sent); never on the wire.

@@ -88,11 +88,11 @@ impl WorkerSpecialistRole {
             );
         };
         let mut spec = harnesses.prepare(spec, self.attempt);
-        // From here the services `prepare` opened end with this guard, even if the task is killed
-        // while the harness starts.
+        // From here what the start opens (the services' tokens, the session tools' token) ends
+        // with this guard, even if the task is killed while the harness starts.
         let services = {
             let (worker, attempt) = (Arc::clone(&self.worker), self.attempt);
-            SessionServices::new(move || worker.config.harnesses.session_ended(attempt))
+            SessionServices::new(move || worker.config.harnesses.end_session(attempt))
         };
         // keel's session tools, when this worker serves the MCP endpoint: a call becomes the
         // specialist's input here, its reply crosses to the coordinator and the answer comes back.

@@ -260,6 +260,17 @@ impl HarnessSet {
         }
     }
 
+    /// Ends everything a start opened for `attempt`'s session: the services' (the hook bridge's
+    /// token) and keel's session tools on the node's endpoint (the MCP token). What a
+    /// [`crate::runtime::SessionServices`] guard calls, so a session's tokens end with it also when
+    /// its specialist's task is killed (a kill skips the role's `stopped`).
+    pub fn end_session(&self, attempt: AttemptId) {
+        self.session_ended(attempt);
+        if let Some(endpoint) = &self.session_endpoint {
+            endpoint.close(attempt);
+        }
+    }
+
     /// The harness for `kind`, if the node has one.
     pub fn get(&self, kind: HarnessKind) -> Option<Arc<dyn Harness>> {
         self.harnesses.get(&kind).cloned()

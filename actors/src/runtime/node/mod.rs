@@ -272,15 +272,21 @@ impl Node {
     /// `hosting` is the generation of the coordinator that emitted them (`None` for the others).
     ///
     /// One step's messages to one machine travel as one mailbox message: its messages to the
-    /// supervisor as one [`SupervisorInput::Msgs`] (a dispatch's admissions), and its consecutive
-    /// messages to one run's coordinator as one [`CoordinatorInput::Msgs`] (the supervisor's answers
-    /// to those admissions, which it emits ahead of its other effects).
+    /// supervisor as one [`SupervisorInput::Msgs`] (a dispatch's admissions), sent after its other
+    /// effects, and its consecutive messages to one run's coordinator (no other effect between
+    /// them) as one [`CoordinatorInput::Msgs`] (the supervisor's answers to those admissions, which
+    /// it emits ahead of its other effects; a checkpoint writer's failures of one message's
+    /// stages).
     pub(crate) async fn execute_node(self: &Arc<Self>, effects: Vec<Effect>, hosting: Option<u64>) {
         let mut to_supervisor = Vec::new();
         let mut to_coordinator: Option<(RunId, Vec<CoordinatorMsg>)> = None;
         for effect in effects {
             let effect = match effect {
                 Effect::Send(Envelope::Supervisor(msg)) => {
+                    // Only consecutive messages to one coordinator travel together.
+                    if let Some((run, msgs)) = to_coordinator.take() {
+                        self.route_to_coordinator(run, msgs);
+                    }
                     to_supervisor.push(msg);
                     continue;
                 }

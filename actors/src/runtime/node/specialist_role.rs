@@ -280,11 +280,11 @@ impl SpecialistRole {
             spec.prompt.push_str(&policy_note(&note));
         }
         let mut spec = self.node.harnesses.prepare(spec, self.attempt);
-        // From here the services `prepare` opened end with this guard, even if the task is killed
-        // while the harness starts.
+        // From here what the start opens (the services' tokens, the session tools' token) ends
+        // with this guard, even if the task is killed while the harness starts.
         let services = {
             let (node, attempt) = (Arc::clone(&self.node), self.attempt);
-            SessionServices::new(move || node.harnesses.session_ended(attempt))
+            SessionServices::new(move || node.harnesses.end_session(attempt))
         };
         let deliver = {
             let me = me.clone();
@@ -601,6 +601,38 @@ mod tests {
         }
     }
 
+    /// A session-tools endpoint counting the tokens it holds open (keel-mcp's registry).
+    #[derive(Debug, Default)]
+    struct CountedEndpoint {
+        open: std::sync::atomic::AtomicI32,
+    }
+
+    impl crate::SessionEndpoint for CountedEndpoint {
+        fn open(
+            &self,
+            _attempt: AttemptId,
+            _deliver: crate::session_tool::DeliverToolCall,
+        ) -> Result<crate::session_tool::SessionAccess, crate::session_tool::EndpointUnavailable>
+        {
+            self.open.fetch_add(1, Ordering::SeqCst);
+            Ok(crate::session_tool::SessionAccess {
+                url: "http://127.0.0.1:9/mcp".into(),
+                token: "t".into(),
+            })
+        }
+
+        fn close(&self, _attempt: AttemptId) {
+            // Idempotent, as the registry's: a close of a closed token changes nothing.
+            let _ = self
+                .open
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                    (n > 0).then(|| n - 1)
+                });
+        }
+
+        fn answer(&self, _attempt: AttemptId, _call_id: &str, _answer: crate::SessionAnswer) {}
+    }
+
     /// Polls `done` every 10 ms for at most 5 s.
     async fn eventually(done: impl Fn() -> bool) -> bool {
         for _ in 0..500 {
@@ -612,8 +644,9 @@ mod tests {
         done()
     }
 
-    /// A specialist killed while its harness is still starting ends the services its start opened
-    /// (the hook bridge's token would otherwise stay valid for a session that never ran).
+    /// A specialist killed while its harness is still starting ends what its start opened (the
+    /// hook bridge's and the session tools' tokens would otherwise stay valid for a session that
+    /// never ran).
     #[tokio::test]
     async fn a_kill_while_the_harness_starts_ends_the_sessions_services() {
         let (_dir, work, store) = workspace();
@@ -621,9 +654,11 @@ mod tests {
         c.supervisor.agents = vec![crate::runtime::scripted::scripted_agent()];
         c.specialist.working_dir = work.clone();
         let counted = Arc::new(Counted::default());
+        let endpoint = Arc::new(CountedEndpoint::default());
         let harnesses = crate::runtime::HarnessSet::new()
             .with(keel_harness::HarnessKind::Scripted, Arc::new(HangingStart))
-            .with_service(Arc::clone(&counted) as Arc<dyn crate::runtime::SessionService>);
+            .with_service(Arc::clone(&counted) as Arc<dyn crate::runtime::SessionService>)
+            .with_session_endpoint(Arc::clone(&endpoint) as Arc<dyn crate::SessionEndpoint>);
         let rt = crate::runtime::Runtime::start(Arc::clone(&store), harnesses, c)
             .await
             .unwrap()
@@ -637,6 +672,11 @@ mod tests {
             "the session's start never reached its services"
         );
         assert_eq!(counted.ended.load(Ordering::SeqCst), 0, "nothing ended yet");
+        assert_eq!(
+            endpoint.open.load(Ordering::SeqCst),
+            1,
+            "the tools' token is open"
+        );
         let inbox = lock(&node.specialists)
             .get(&attempt)
             .map(|s| s.inbox.clone())
@@ -648,6 +688,11 @@ mod tests {
         );
         assert!(eventually(|| lock(&node.specialists).is_empty()).await);
         assert_eq!(counted.ended.load(Ordering::SeqCst), 1, "ended once");
+        assert_eq!(
+            endpoint.open.load(Ordering::SeqCst),
+            0,
+            "the killed start left the session tools' token open"
+        );
         rt.shutdown().await;
     }
 
