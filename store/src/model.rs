@@ -27,7 +27,11 @@ macro_rules! ulid_id {
 
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                write!(f, "{}", ulid::Ulid(self.0))
+                // Encoded on the stack and written as it is (width and precision ignored, as
+                // before): ids are formatted about a dozen times a specialist, and the ULID's own
+                // `Display` goes through two more `write!` levels to the same 26 characters.
+                let mut text = [0u8; ulid::ULID_LEN];
+                f.write_str(ulid::Ulid(self.0).array_to_str(&mut text))
             }
         }
 
@@ -574,4 +578,24 @@ pub struct AgentProfile {
     pub system_prompt: String,
     /// Its ceilings.
     pub limits: AgentLimits,
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // Tests: a panic is the failure report.
+
+    use super::*;
+
+    /// An id reads as its ULID's Crockford text, whatever the value, and parses back to itself.
+    #[test]
+    fn ids_display_as_their_ulid_and_parse_back() {
+        for raw in [0u128, 1, 42, 1 << 80, u128::MAX - 7, u128::MAX] {
+            let text = RunId(raw).to_string();
+            assert_eq!(text, ulid::Ulid(raw).to_string());
+            assert_eq!(text.len(), ulid::ULID_LEN);
+            assert_eq!(text.parse::<RunId>().unwrap(), RunId(raw));
+            assert_eq!(TaskId(raw).to_string(), text);
+            assert_eq!(format!("run {}!", RunId(raw)), format!("run {text}!"));
+        }
+    }
 }
