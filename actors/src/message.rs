@@ -613,6 +613,17 @@ pub enum CoordinatorInput {
     },
 }
 
+impl CoordinatorInput {
+    /// One step's messages as one input: a lone message as itself, several as
+    /// [`CoordinatorInput::Msgs`], none as nothing.
+    pub fn batch(mut msgs: Vec<CoordinatorMsg>) -> Option<Self> {
+        match msgs.len() {
+            0 | 1 => msgs.pop().map(Self::Msg),
+            _ => Some(Self::Msgs(msgs)),
+        }
+    }
+}
+
 /// Most bytes of a follow-up message: the task's rendered brief (the message, its goal, the run's
 /// constraints and the report instruction) must stay under the store's 64 KiB brief limit.
 pub const FOLLOW_UP_BYTES_MAX: usize = 32 * 1024;
@@ -646,6 +657,17 @@ pub enum SupervisorInput {
     Msgs(Vec<SupervisorMsg>),
     /// A timer it set fired.
     Timer(SupervisorTimer),
+}
+
+impl SupervisorInput {
+    /// One step's messages as one input: a lone message as itself, several as
+    /// [`SupervisorInput::Msgs`], none as nothing.
+    pub fn batch(mut msgs: Vec<SupervisorMsg>) -> Option<Self> {
+        match msgs.len() {
+            0 | 1 => msgs.pop().map(Self::Msg),
+            _ => Some(Self::Msgs(msgs)),
+        }
+    }
 }
 
 /// Everything that can happen to the checkpoint machine.

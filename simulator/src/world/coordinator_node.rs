@@ -86,15 +86,9 @@ impl World {
 
     /// Delivers the held messages to one run's coordinator: one as it is, several as one input.
     fn flush_coordinator_outbox(&mut self) {
-        let Some((run, mut msgs)) = self.outbox.coordinator.take() else {
-            return;
-        };
-        let input = if msgs.len() == 1 {
-            msgs.pop().map(CoordinatorInput::Msg)
-        } else {
-            Some(CoordinatorInput::Msgs(msgs))
-        };
-        if let Some(input) = input {
+        if let Some((run, msgs)) = self.outbox.coordinator.take()
+            && let Some(input) = CoordinatorInput::batch(msgs)
+        {
             let inc = Some(self.coord_inc);
             self.schedule(self.now, Ev::Coord { run, input, inc });
         }
@@ -103,23 +97,13 @@ impl World {
     /// Delivers what the step just executed sent and held back (see [`Outbox`]), unless the node
     /// crashed in the middle of its effects (then it went with the node).
     fn flush_outbox(&mut self) {
-        let Outbox {
-            supervisor,
-            coordinator,
-        } = std::mem::take(&mut self.outbox);
         if self.coord.is_none() {
+            self.outbox = Outbox::default();
             return;
         }
-        self.outbox.coordinator = coordinator;
         self.flush_coordinator_outbox();
-        let inc = Some(self.coord_inc);
-        let mut supervisor = supervisor;
-        let input = match supervisor.len() {
-            0 => None,
-            1 => supervisor.pop().map(SupervisorInput::Msg),
-            _ => Some(SupervisorInput::Msgs(supervisor)),
-        };
-        if let Some(input) = input {
+        if let Some(input) = SupervisorInput::batch(std::mem::take(&mut self.outbox.supervisor)) {
+            let inc = Some(self.coord_inc);
             self.schedule(self.now, Ev::Sup { input, inc });
         }
     }
@@ -244,6 +228,7 @@ impl World {
             }
             Effect::Send(Envelope::Supervisor(msg)) => self.outbox.supervisor.push(msg),
             Effect::Send(envelope) => match envelope {
+                // Held in the outbox above.
                 Envelope::Coordinator { .. } | Envelope::Supervisor(_) => {}
                 Envelope::Checkpoint(msg) => self.schedule(
                     self.now,

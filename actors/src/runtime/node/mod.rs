@@ -39,7 +39,6 @@ use crate::machine::Millis;
 use crate::message::RecoveredRun;
 use crate::message::{
     CheckpointInput, CoordinatorInput, CoordinatorMsg, SpecialistMsg, SupervisorInput,
-    SupervisorMsg,
 };
 use crate::persist::CommitBatch;
 use crate::report::SubagentReport;
@@ -281,32 +280,23 @@ impl Node {
         let mut to_supervisor = Vec::new();
         let mut to_coordinator: Option<(RunId, Vec<CoordinatorMsg>)> = None;
         for effect in effects {
-            let effect = match effect {
-                Effect::Send(Envelope::Supervisor(msg)) => {
-                    // Only consecutive messages to one coordinator travel together.
-                    if let Some((run, msgs)) = to_coordinator.take() {
-                        self.route_to_coordinator(run, msgs);
-                    }
-                    to_supervisor.push(msg);
-                    continue;
-                }
-                Effect::Send(Envelope::Coordinator { run, msg }) => {
-                    match &mut to_coordinator {
-                        Some((to, msgs)) if *to == run => msgs.push(msg),
-                        other => {
-                            if let Some((to, msgs)) = other.replace((run, vec![msg])) {
-                                self.route_to_coordinator(to, msgs);
-                            }
+            if let Effect::Send(Envelope::Coordinator { run, msg }) = effect {
+                match &mut to_coordinator {
+                    Some((to, msgs)) if *to == run => msgs.push(msg),
+                    other => {
+                        if let Some((to, msgs)) = other.replace((run, vec![msg])) {
+                            self.route_to_coordinator(to, msgs);
                         }
                     }
-                    continue;
                 }
-                other => other,
-            };
+                continue;
+            }
+            // Only consecutive messages to one coordinator travel together.
             if let Some((run, msgs)) = to_coordinator.take() {
                 self.route_to_coordinator(run, msgs);
             }
             match effect {
+                Effect::Send(Envelope::Supervisor(msg)) => to_supervisor.push(msg),
                 Effect::Send(envelope) => self.route(envelope),
                 Effect::Persist(batch) => self.persist(batch),
                 // Boxed: the spawn's future is large and most effects never await it, so inline it
@@ -363,20 +353,9 @@ impl Node {
         if let Some((run, msgs)) = to_coordinator {
             self.route_to_coordinator(run, msgs);
         }
-        self.route_to_supervisor(to_supervisor);
-    }
-
-    /// Deliver one step's messages to the supervisor: one as it is, several as one input, in order.
-    fn route_to_supervisor(&self, mut msgs: Vec<SupervisorMsg>) {
-        let input = match msgs.len() {
-            0 => return,
-            1 => match msgs.pop() {
-                Some(msg) => SupervisorInput::Msg(msg),
-                None => return,
-            },
-            _ => SupervisorInput::Msgs(msgs),
-        };
-        if let Some(s) = self.supervisor.get() {
+        if let Some(input) = SupervisorInput::batch(to_supervisor)
+            && let Some(s) = self.supervisor.get()
+        {
             let _ = s.send_message(crate::runtime::Deliver(input));
         }
     }
