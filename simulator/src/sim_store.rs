@@ -6,10 +6,13 @@
 use keel_actors::host::HostError;
 use keel_store::{SimDisk, Store, StoreConfig};
 
-/// The coordinator node's store on its simulated disk.
+/// The coordinator node's store on its simulated disks: the store file's and its journal's (the
+/// store is opened as `keel serve` opens it, alone and with its journal, so a crash exercises the
+/// journal's replay as well as redb's recovery).
 #[derive(Debug)]
 pub struct SimStore {
     disk: SimDisk,
+    journal: SimDisk,
     store: Store,
 }
 
@@ -20,8 +23,14 @@ impl SimStore {
     /// [`HostError::Open`] if redb cannot initialise the disk.
     pub fn new() -> Result<Self, HostError> {
         let disk = SimDisk::new();
-        let store = Store::open_backend(disk.clone(), StoreConfig::default())?;
-        Ok(Self { disk, store })
+        let journal = SimDisk::new();
+        let store =
+            Store::open_backend_journaled(disk.clone(), journal.clone(), StoreConfig::default())?;
+        Ok(Self {
+            disk,
+            journal,
+            store,
+        })
     }
 
     /// The store, for the host code and the checker's reads.
@@ -29,9 +38,14 @@ impl SimStore {
         &self.store
     }
 
-    /// The disk, to arm faults.
+    /// The store file's disk, to arm faults.
     pub fn disk(&self) -> &SimDisk {
         &self.disk
+    }
+
+    /// The journal's disk, to arm faults.
+    pub fn journal_disk(&self) -> &SimDisk {
+        &self.journal
     }
 
     /// The machine lost power: reopen from what was synced. Unsynced writes are gone.
@@ -40,8 +54,11 @@ impl SimStore {
     /// [`HostError::Open`] if the synced image does not open (a durability bug).
     pub fn crash_and_reopen(&mut self) -> Result<(), HostError> {
         let disk = self.disk.crash();
-        let store = Store::open_backend(disk.clone(), StoreConfig::default())?;
+        let journal = self.journal.crash();
+        let store =
+            Store::open_backend_journaled(disk.clone(), journal.clone(), StoreConfig::default())?;
         self.disk = disk;
+        self.journal = journal;
         self.store = store;
         Ok(())
     }

@@ -10,6 +10,7 @@ use crate::model::{
     EscalationResolution, GateMark, IdempotencyRecord, ManifestEntry, Run, RunId, SessionLogRow,
     Task, TaskId,
 };
+use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 
 /// A record a staged write takes either owned or borrowed (`Cow`): a caller that keeps its records
@@ -83,7 +84,7 @@ owned_or_borrowed!(
 /// store.commit_group(batch, Durability::Immediate)?;
 /// # Ok(()) }
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[must_use = "a staged write does nothing until it is committed"]
 pub struct StagedWrite<'a> {
     pub(crate) staged: Staged<'a>,
@@ -107,14 +108,16 @@ impl<'a> StagedWrite<'a> {
 }
 
 /// What a staged write touches: one run's rows (keys built from `run` only), or a store-wide profile.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Serialised only into the store's journal (`journal.rs`), which replays it through the same
+/// checks on recovery.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum Staged<'a> {
     Run { run: RunId, op: RunOp<'a> },
     Agent(AgentProfile),
 }
 
 /// A write to one run's rows; the run comes from the scope that staged it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum RunOp<'a> {
     CreateRun(Cow<'a, Run>),
     UpdateRun(Cow<'a, Run>),

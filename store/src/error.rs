@@ -63,6 +63,16 @@ pub enum OpenError {
         /// The row that stopped it (one that does not decode, or cannot be encoded again).
         source: ItemError,
     },
+    /// A record of the store's journal (a commit acknowledged before a crash, not yet in the store
+    /// file) could not be applied on open: nothing of the journal was applied; the journal file
+    /// (`<store>.journal`) is left as it is for a keel that can read it.
+    #[error("cannot replay record {seq} of the store's journal: {reason}")]
+    Journal {
+        /// The record's number.
+        seq: u64,
+        /// Why it did not apply.
+        reason: String,
+    },
     /// The file is a redb database but holds no keel store (opened read-only, nothing to read).
     #[error("the file is a database but not a keel store")]
     NotAStore,

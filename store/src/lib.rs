@@ -44,6 +44,7 @@ mod catalog;
 mod error;
 mod file;
 mod guard;
+mod journal;
 mod known;
 mod limits;
 mod log_segment;

@@ -242,6 +242,14 @@ impl Store {
     }
 
     fn writer_mut(&mut self) -> Result<&mut Database, MaintenanceError> {
+        // Commits only the journal holds are made durable in the file first: maintenance works
+        // on the file's durable state.
+        self.settle_journal().map_err(|e| match e {
+            crate::CommitError::Storage(s) | crate::CommitError::DiskFull(s) => {
+                MaintenanceError::Storage(s)
+            }
+            other => MaintenanceError::Storage(redb::StorageError::Backend(Box::new(other))),
+        })?;
         self.forget_known();
         match &mut self.db {
             Db::Writer(db) => Ok(db),

@@ -13,6 +13,7 @@ use crate::catalog::Catalog;
 use crate::error::{CommitError, OpenError, ReadError, StageError};
 use crate::file::AllocatedFile;
 use crate::guard::guarded;
+use crate::journal::{self, Journal};
 use crate::known::Known;
 use crate::limits::{LimitError, Limits};
 use crate::model::{AgentProfile, RunId};
@@ -39,6 +40,12 @@ pub struct StoreConfig {
     pub limits: Limits,
     /// Who else may open the file while this process has it open.
     pub sharing: Sharing,
+    /// Whether a group commit asked to be [`Durability::Immediate`] is made durable by the store's
+    /// journal (one record appended to `<file>.journal` and synced) rather than by a durable redb
+    /// commit, which then comes every few dozen commits (the `journal` module's doc). Taken only
+    /// with [`Sharing::Exclusive`]: a store shared with readers in other processes must show them
+    /// every commit in its file. Whatever this says, a writable open replays a journal it finds.
+    pub journal: bool,
 }
 
 /// Who else may open a store file while a writer has it open. A choice with a cost, so it is explicit:
@@ -81,6 +88,32 @@ pub struct Store {
     /// a write against it rather than reading the tables again; held by the one write transaction
     /// under way (redb runs one at a time), cleared whenever a commit does not succeed.
     known: Mutex<Known>,
+    /// The journal that makes commits durable, when the store was opened with one (locked inside
+    /// the one write transaction under way).
+    journal: Option<Mutex<JournalState>>,
+}
+
+/// The journal and whether it can still be trusted: a record whose commit failed and that could
+/// not be voided may be replayed by the next open, so the store takes no further commit.
+#[derive(Debug)]
+struct JournalState {
+    journal: Journal,
+    broken: bool,
+}
+
+/// The key in `meta` of the number of the last journal record a commit holds.
+const JOURNAL_SEQ: &str = "journal_seq";
+
+/// A journal's IO failure as the commit's error (a full disk is [`CommitError::DiskFull`]).
+fn io_error(e: std::io::Error) -> CommitError {
+    CommitError::from(redb::StorageError::Io(e))
+}
+
+/// The journal beside the store file `file`.
+fn journal_path(file: &Path) -> PathBuf {
+    let mut path = file.as_os_str().to_owned();
+    path.push(".journal");
+    PathBuf::from(path)
 }
 
 /// The open database: a writer, or a read-only handle that follows a writer in another process.
@@ -130,7 +163,20 @@ impl Store {
             let db = Database::builder()
                 .set_concurrency_mode(config.sharing.mode())
                 .create_with_backend(AllocatedFile::new(handle)?)?;
-            Self::init(db, config, Some(file.clone()))
+            let journal_file = journal_path(&file);
+            let keep = config.journal && config.sharing == Sharing::Exclusive;
+            let journal: Option<Box<dyn StorageBackend>> = if keep || journal_file.exists() {
+                create_private(&journal_file)?;
+                let handle = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&journal_file)
+                    .map_err(redb::DatabaseError::from)?;
+                Some(Box::new(redb::backends::FileBackend::new(handle)?))
+            } else {
+                None
+            };
+            Self::init(db, config, Some(file.clone()), journal.map(|j| (j, keep)))
         })
     }
 
@@ -158,13 +204,28 @@ impl Store {
             };
             let found = meta.get("store_format")?.map(|g| g.value());
             check_format(found)?;
+            let applied = meta.get(JOURNAL_SEQ)?.map_or(0, |g| g.value());
             drop(meta);
             drop(txn);
+            // Commits only the journal holds are not in the file yet: only a writable open can
+            // replay them, and this handle would show the store without them.
+            let journal_file = journal_path(&file);
+            if journal_file.exists() {
+                let handle =
+                    std::fs::File::open(&journal_file).map_err(redb::DatabaseError::from)?;
+                let backend = redb::backends::FileBackend::new(handle)?;
+                let tail = journal::scan(&backend, applied)
+                    .map_err(|e| OpenError::from(redb::DatabaseError::Storage(e.into())))?;
+                if !tail.is_empty() {
+                    return Err(OpenError::NeedsRecovery);
+                }
+            }
             Ok(Self {
                 db: Db::Reader(db),
                 limits: config.limits,
                 file: Some(file.clone()),
                 known: Mutex::new(Known::default()),
+                journal: None,
             })
         })
     }
@@ -181,11 +242,35 @@ impl Store {
     ) -> Result<Self, OpenError> {
         guarded(None, || {
             let db = Database::builder().create_with_backend(backend)?;
-            Self::init(db, config, None)
+            Self::init(db, config, None, None)
         })
     }
 
-    fn init(db: Database, config: StoreConfig, file: Option<PathBuf>) -> Result<Self, OpenError> {
+    /// [`Store::open_backend`] with its journal on a backend of its own (`config.journal` is
+    /// implied): the simulator passes a second [`crate::SimDisk`], and a crash reopens both.
+    ///
+    /// # Errors
+    /// As [`Store::open_backend`]; a journal record that does not replay gives
+    /// [`OpenError::Journal`].
+    pub fn open_backend_journaled(
+        backend: impl StorageBackend,
+        journal: impl StorageBackend,
+        config: StoreConfig,
+    ) -> Result<Self, OpenError> {
+        guarded(None, || {
+            let db = Database::builder().create_with_backend(backend)?;
+            Self::init(db, config, None, Some((Box::new(journal), true)))
+        })
+    }
+
+    /// Sets the store up (format, tables) and replays its journal, if it has one; `journal` is the
+    /// journal's file and whether commits go on using it.
+    fn init(
+        db: Database,
+        config: StoreConfig,
+        file: Option<PathBuf>,
+        journal: Option<(Box<dyn StorageBackend>, bool)>,
+    ) -> Result<Self, OpenError> {
         let mut txn = db.begin_write()?;
         txn.set_durability(Durability::Immediate)?;
         {
@@ -219,12 +304,72 @@ impl Store {
             txn.open_table(tables::RUN_AGENTS)?;
         }
         txn.commit()?;
-        Ok(Self {
+        let mut store = Self {
             db: Db::Writer(db),
             limits: config.limits,
             file,
             known: Mutex::new(Known::default()),
-        })
+            journal: None,
+        };
+        if let Some((file, keep)) = journal {
+            let next = store.replay(&*file)?;
+            if keep {
+                let journal = Journal::new(file, next)
+                    .map_err(|e| OpenError::from(redb::DatabaseError::Storage(e.into())))?;
+                store.journal = Some(Mutex::new(JournalState {
+                    journal,
+                    broken: false,
+                }));
+            }
+        }
+        Ok(store)
+    }
+
+    /// Applies, in one durable transaction, the journal's records that no durable commit holds
+    /// yet, through the same checks as any commit; answers the number the next record takes.
+    fn replay(&self, file: &dyn StorageBackend) -> Result<u64, OpenError> {
+        let Db::Writer(db) = &self.db else {
+            return Err(OpenError::NeedsRecovery);
+        };
+        let applied = {
+            let txn = db.begin_read()?;
+            let meta = txn.open_table(tables::META)?;
+            meta.get(JOURNAL_SEQ)?.map_or(0, |g| g.value())
+        };
+        let records = journal::scan(file, applied)
+            .map_err(|e| OpenError::from(redb::DatabaseError::Storage(e.into())))?;
+        let Some(last) = records.last().map(|r| r.seq) else {
+            return Ok(applied + 1);
+        };
+        let mut txn = db.begin_write()?;
+        txn.set_durability(Durability::Immediate)?;
+        {
+            let mut known = self.known();
+            known.clear();
+            let mut writer = Writer::open(&txn, &self.limits, &mut known);
+            for record in &records {
+                let (writes, _): (Vec<StagedWrite<'static>>, usize) =
+                    bincode::serde::decode_from_slice(&record.payload, bincode::config::standard())
+                        .map_err(|e| OpenError::Journal {
+                            seq: record.seq,
+                            reason: e.to_string(),
+                        })?;
+                for write in &writes {
+                    writer.apply(write).map_err(|f| OpenError::Journal {
+                        seq: record.seq,
+                        reason: f.at(0).to_string(),
+                    })?;
+                }
+            }
+            writer.finish().map_err(|e| OpenError::Journal {
+                seq: last,
+                reason: e.to_string(),
+            })?;
+            known.clear();
+        }
+        txn.open_table(tables::META)?.insert(JOURNAL_SEQ, last)?;
+        txn.commit()?;
+        Ok(last + 1)
     }
 
     /// The store file (`None` on a custom backend): what errors about the file name.
@@ -296,7 +441,7 @@ impl Store {
         write: StagedWrite<'_>,
         durability: Durability,
     ) -> Result<Applied, CommitError> {
-        self.in_write_txn(durability, |writer| {
+        self.in_write_txn(durability, std::slice::from_ref(&write), |writer| {
             writer.apply(&write).map_err(|f| f.at(0))
         })
     }
@@ -339,7 +484,7 @@ impl Store {
                 limit: self.limits.batch_items_max,
             }));
         }
-        self.in_write_txn(durability, |writer| {
+        self.in_write_txn(durability, &batch.items, |writer| {
             let mut applied = Vec::with_capacity(batch.items.len());
             for (index, write) in batch.items.iter().enumerate() {
                 applied.push(writer.apply(write).map_err(|f| f.at(index))?);
@@ -349,9 +494,16 @@ impl Store {
     }
 
     /// Runs `work` in one write transaction with `durability`; commits if it succeeds, aborts if not.
+    /// `writes` are what `work` applies, for the journal's record when the store has a journal.
+    ///
+    /// With a journal, every commit is a non-durable redb commit whose writes are appended to the
+    /// journal (and synced when `durability` is `Immediate`) before it commits, except the
+    /// `Immediate` commit that comes when [`Journal::durable_due`]: a durable redb commit, after
+    /// which the journal starts over.
     fn in_write_txn<R>(
         &self,
         durability: Durability,
+        writes: &[StagedWrite<'_>],
         work: impl FnOnce(&mut Writer<'_>) -> Result<R, CommitError>,
     ) -> Result<R, CommitError> {
         let Db::Writer(db) = &self.db else {
@@ -359,7 +511,23 @@ impl Store {
         };
         guarded(self.file(), || {
             let mut txn = db.begin_write()?;
-            txn.set_durability(durability)?;
+            // Held for the whole transaction, so records are in commit order.
+            let mut journal = self
+                .journal
+                .as_ref()
+                .map(|j| j.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+            if journal.as_ref().is_some_and(|j| j.broken) {
+                return Err(CommitError::NeedsReopen);
+            }
+            let durable = matches!(durability, Durability::Immediate);
+            let journaled = journal
+                .as_ref()
+                .is_some_and(|j| !(durable && j.journal.durable_due()));
+            txn.set_durability(if journaled {
+                Durability::None
+            } else {
+                durability
+            })?;
             let mut known = self.known();
             known.bound();
             let mut writer = Writer::open(&txn, &self.limits, &mut known);
@@ -370,17 +538,47 @@ impl Store {
                     Err(e)
                 }
             };
+            let mut appended = None;
+            let outcome = outcome.and_then(|done| {
+                if let Some(state) = journal.as_mut().filter(|_| journaled) {
+                    let seq = state.journal.next_seq();
+                    txn.open_table(tables::META)?.insert(JOURNAL_SEQ, seq)?;
+                    let record = state.journal.append_with(durable, |buf| {
+                        bincode::serde::encode_into_std_write(
+                            writes,
+                            buf,
+                            bincode::config::standard(),
+                        )
+                        .map(drop)
+                        .map_err(|e| std::io::Error::other(e.to_string()))
+                    });
+                    appended = Some(record.map_err(io_error)?);
+                }
+                Ok(done)
+            });
             match outcome {
                 Ok((result, finished)) => match txn.commit() {
                     Ok(()) => {
                         for run in finished {
                             known.forget_run(run);
                         }
+                        if let Some(state) = journal.as_mut()
+                            && !journaled
+                        {
+                            // A durable redb commit holds every record so far.
+                            state.journal.restart();
+                        }
                         Ok(result)
                     }
                     Err(e) => {
                         // What this transaction taught the cache was never committed.
                         known.clear();
+                        // Nor may the next open replay it.
+                        if let (Some(at), Some(state)) = (appended, journal.as_mut())
+                            && state.journal.void(at).is_err()
+                        {
+                            state.broken = true;
+                        }
                         Err(e.into())
                     }
                 },
@@ -392,6 +590,34 @@ impl Store {
                     Err(e)
                 }
             }
+        })
+    }
+
+    /// Makes every commit so far durable in the store file (a durable redb commit of nothing) if
+    /// the journal holds any the file does not; the journal starts over. Maintenance calls it
+    /// before it takes the database.
+    ///
+    /// # Errors
+    /// As a commit's.
+    pub(crate) fn settle_journal(&self) -> Result<(), CommitError> {
+        let (Db::Writer(db), Some(journal)) = (&self.db, &self.journal) else {
+            return Ok(());
+        };
+        guarded(self.file(), || {
+            let mut txn = db.begin_write()?;
+            // Taken inside the transaction, as a commit takes it: no record can be appended
+            // between this durable commit and the journal's start over.
+            let mut state = journal
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if !state.journal.pending() {
+                let _ = txn.abort();
+                return Ok(());
+            }
+            txn.set_durability(Durability::Immediate)?;
+            txn.commit()?;
+            state.journal.restart();
+            Ok(())
         })
     }
 

@@ -148,15 +148,18 @@ pub(crate) fn init_logs(section: &LogSection, format: Option<LogFormat>) {
 /// two fdatasyncs a commit instead of one (docs/STORE.md, "Sharing").
 pub(crate) const SHARED: Sharing = Sharing::WithReaders;
 
-/// How `keel serve` and a coordinator daemon (`keel node` with its API) open the home's store: alone, one fdatasync a commit. No other process can
+/// How `keel serve` and a coordinator daemon (`keel node` with its API) open the home's store: alone, with its journal (one fdatasync of one appended record a commit). No other process can
 /// open the file then; the read commands on the home go through the server instead
 /// (`server.json`, [`crate::serve::discovery`]).
 pub(crate) const SERVED: Sharing = Sharing::Exclusive;
 
-/// The configuration a writer opens the store with.
+/// The configuration a writer opens the store with: alone, with the store's journal (a commit is
+/// durable once its record is synced to `keel.redb.journal`, and the store file gets a durable
+/// commit every few dozen commits); shared, without (readers in other processes read the file).
 pub(crate) fn writer_config(sharing: Sharing) -> StoreConfig {
     StoreConfig {
         sharing,
+        journal: sharing == Sharing::Exclusive,
         ..StoreConfig::default()
     }
 }

@@ -8,7 +8,7 @@ use keel_actors::{
     AttemptId, CheckpointInput, CheckpointWriter, Coordinator, CoordinatorInput, CoordinatorMsg,
     Effect, Envelope, Machine, SpecialistMsg, Supervisor, SupervisorInput, SupervisorMsg, TimerKey,
 };
-use keel_store::RunId;
+use keel_store::{RunId, SimDisk};
 
 use crate::config::DiskFault;
 use crate::mutation::Mutation;
@@ -311,23 +311,36 @@ impl World {
     ) -> Result<(), (String, Option<keel_store::RunId>)> {
         self.commits += 1;
         let fault = self.disk_fault_armed.take();
-        match fault {
-            Some(DiskFault::FailedSync) => self.store.disk().fail_next_syncs(1),
-            Some(DiskFault::Full) => self.store.disk().set_write_budget(Some(0)),
-            None => {}
+        // The store file and its journal share the node's one disk: a fault is armed on both (the
+        // commit syncs one of them: the journal, or the file when its durable commit is due), and
+        // what this commit did not meet is cleared after it.
+        let disks = [self.store.disk().clone(), self.store.journal_disk().clone()];
+        for disk in &disks {
+            match fault {
+                Some(DiskFault::FailedSync) => disk.fail_next_syncs(1),
+                Some(DiskFault::Full) => disk.set_write_budget(Some(0)),
+                None => {}
+            }
         }
-        let syncs = self.store.disk().syncs();
+        let syncs: u64 = disks.iter().map(SimDisk::syncs).sum();
         let outcome = host::store::commit(self.store.store(), batch);
+        if fault == Some(DiskFault::FailedSync) {
+            for disk in &disks {
+                disk.fail_next_syncs(0);
+            }
+        }
         if fault == Some(DiskFault::Full) {
             let disk_full = matches!(
                 outcome,
                 Err(HostError::Commit(keel_store::CommitError::DiskFull(_)))
             );
-            let synced = self.store.disk().syncs() != syncs;
+            let synced = disks.iter().map(SimDisk::syncs).sum::<u64>() != syncs;
             self.checker
                 .full_disk_commit(self.event_no, disk_full, synced);
             // Space is free again: the retry of the checkpoint writer may succeed.
-            self.store.disk().set_write_budget(None);
+            for disk in &disks {
+                disk.set_write_budget(None);
+            }
         }
         match outcome {
             Ok(()) => Ok(()),

@@ -1,0 +1,216 @@
+//! The store's journal (store opened with `journal`): a commit is durable once its record is
+//! synced, whatever redb's file holds; a crash loses nothing acknowledged and replays nothing
+//! twice; a read-only open refuses a store whose journal holds commits the file does not.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use keel_store::*;
+
+const RUN: u128 = 1 << 90;
+const ROOT: u128 = RUN + 1;
+
+fn journaled() -> StoreConfig {
+    StoreConfig {
+        journal: true,
+        ..StoreConfig::default()
+    }
+}
+
+/// Creates the run and its root task, durably.
+fn create(store: &Store) {
+    let scope = store.run(RunId(RUN));
+    let mut batch = WriteBatch::new();
+    batch.push(scope.stage_create_run(run(RUN)).unwrap());
+    batch.push(scope.stage_create_task(task(RUN, ROOT, None)).unwrap());
+    store.commit_group(batch, Durability::Immediate).unwrap();
+}
+
+/// Commits log row `n` of the root task alone, durably (as a group commit of one).
+fn log(store: &Store, n: u64) -> Applied {
+    let scope = store.run(RunId(RUN));
+    store
+        .commit_one(
+            scope.stage_append_log(TaskId(ROOT), log_row(n)).unwrap(),
+            Durability::Immediate,
+        )
+        .unwrap()
+}
+
+/// The root task's log as sequence numbers and the row numbers they hold.
+fn logged(store: &Store) -> Vec<(u64, String)> {
+    store
+        .run(RunId(RUN))
+        .log_rows_after(TaskId(ROOT), 0, 10_000)
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|r| (r.seq, r.value.summary))
+        .collect()
+}
+
+fn expected(rows: u64) -> Vec<(u64, String)> {
+    (1..=rows).map(|n| (n, log_row(n).summary)).collect()
+}
+
+#[test]
+fn acknowledged_commits_survive_a_crash_the_store_file_never_saw() {
+    let disk = SimDisk::new();
+    let journal = SimDisk::new();
+    let store = Store::open_backend_journaled(disk.clone(), journal.clone(), journaled()).unwrap();
+    create(&store);
+    for n in 1..=10 {
+        log(&store, n);
+    }
+    assert!(journal.syncs() >= 11, "each commit synced its record");
+    // The power goes while the store is open (a close would make its commits durable in the
+    // file): only what was synced is there. The store file alone does not hold the ten rows (their
+    // pages never reached it durably)...
+    let (crashed, crashed_journal) = (disk.crash(), journal.crash());
+    let alone = Store::open_backend_journaled(disk.crash(), SimDisk::new(), journaled()).unwrap();
+    let rows_alone = alone
+        .run(RunId(RUN))
+        .log_rows_after(TaskId(ROOT), 0, 100)
+        .map_or(0, |rows| rows.items.len());
+    assert!(rows_alone < 10, "the file alone holds {rows_alone} rows");
+    drop(store);
+    // ...the file with its journal does.
+    let (disk, journal) = (crashed, crashed_journal);
+    let store = Store::open_backend_journaled(disk.clone(), journal.clone(), journaled()).unwrap();
+    assert_eq!(logged(&store), expected(10));
+    // And the sequence goes on where it ended.
+    assert_eq!(log(&store, 11), Applied::LogAppended { seq: 11 });
+}
+
+#[test]
+fn a_crash_after_the_durable_commit_replays_only_the_records_after_it() {
+    let disk = SimDisk::new();
+    let journal = SimDisk::new();
+    let store = Store::open_backend_journaled(disk.clone(), journal.clone(), journaled()).unwrap();
+    create(&store);
+    let file_syncs = disk.syncs();
+    // Past the count that makes one commit a durable commit of the store file, and then some.
+    for n in 1..=150 {
+        log(&store, n);
+    }
+    assert!(
+        disk.syncs() > file_syncs,
+        "the store file got its durable commits"
+    );
+    let (disk, journal) = (disk.crash(), journal.crash());
+    let store = Store::open_backend_journaled(disk.clone(), journal.clone(), journaled()).unwrap();
+    assert_eq!(logged(&store), expected(150));
+    // Crash again at once: the replay was made durable; nothing is applied twice.
+    let (disk, journal) = (disk.crash(), journal.crash());
+    let store = Store::open_backend_journaled(disk, journal, journaled()).unwrap();
+    assert_eq!(logged(&store), expected(150));
+}
+
+#[test]
+fn a_closed_store_reopens_without_replaying_what_its_close_made_durable() {
+    let disk = SimDisk::new();
+    let journal = SimDisk::new();
+    let store = Store::open_backend_journaled(disk.clone(), journal.clone(), journaled()).unwrap();
+    create(&store);
+    for n in 1..=5 {
+        log(&store, n);
+    }
+    // A clean close: redb makes the pending commits durable in the file; the journal still holds
+    // their records, which the file now says it holds.
+    drop(store);
+    let store = Store::open_backend_journaled(disk.clone(), journal.clone(), journaled()).unwrap();
+    assert_eq!(logged(&store), expected(5));
+    drop(store);
+    let (disk, journal) = (disk.crash(), journal.crash());
+    let store = Store::open_backend_journaled(disk, journal, journaled()).unwrap();
+    assert_eq!(logged(&store), expected(5));
+}
+
+#[test]
+fn a_commit_whose_record_never_synced_fails_and_is_not_there_after_a_crash() {
+    let disk = SimDisk::new();
+    let journal = SimDisk::new();
+    let store = Store::open_backend_journaled(disk.clone(), journal.clone(), journaled()).unwrap();
+    create(&store);
+    log(&store, 1);
+    journal.fail_next_syncs(1);
+    let scope = store.run(RunId(RUN));
+    let failed = store.commit_one(
+        scope.stage_append_log(TaskId(ROOT), log_row(2)).unwrap(),
+        Durability::Immediate,
+    );
+    assert!(failed.is_err(), "{failed:?}");
+    // Nothing of it is visible, and the next commit takes its sequence number.
+    assert_eq!(logged(&store), expected(1));
+    assert_eq!(log(&store, 2), Applied::LogAppended { seq: 2 });
+    let (disk, journal) = (disk.crash(), journal.crash());
+    let store = Store::open_backend_journaled(disk, journal, journaled()).unwrap();
+    assert_eq!(logged(&store), expected(2));
+}
+
+#[test]
+fn a_power_loss_during_a_record_keeps_every_commit_before_it() {
+    let disk = SimDisk::new();
+    let journal = SimDisk::new();
+    let store = Store::open_backend_journaled(disk.clone(), journal.clone(), journaled()).unwrap();
+    create(&store);
+    for n in 1..=3 {
+        log(&store, n);
+    }
+    // The power goes during the next record's write: its sync returns, nothing more is durable.
+    journal.schedule_power_loss(Some(0));
+    log(&store, 4);
+    let (disk, journal) = (disk.crash(), journal.crash());
+    let store = Store::open_backend_journaled(disk, journal, journaled()).unwrap();
+    assert_eq!(logged(&store), expected(3));
+}
+
+#[test]
+fn a_read_only_open_refuses_a_store_whose_journal_holds_commits_and_a_writer_replays_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keel.redb");
+    let store = Store::open_with(&path, journaled()).unwrap();
+    create(&store);
+    for n in 1..=7 {
+        log(&store, n);
+    }
+    // The files as a crash would leave them: the store file without the seven commits (they are
+    // in redb's memory), the journal with them.
+    let copy = dir.path().join("copy.redb");
+    std::fs::copy(&path, &copy).unwrap();
+    std::fs::copy(
+        dir.path().join("keel.redb.journal"),
+        dir.path().join("copy.redb.journal"),
+    )
+    .unwrap();
+    drop(store);
+    let refused = Store::open_read_only(&copy, StoreConfig::default());
+    assert!(
+        matches!(refused, Err(OpenError::NeedsRecovery)),
+        "{refused:?}"
+    );
+    // A writable open, even one without a journal of its own, replays it.
+    let store = Store::open_with(&copy, StoreConfig::default()).unwrap();
+    assert_eq!(logged(&store), expected(7));
+    drop(store);
+    let reader = Store::open_read_only(&copy, StoreConfig::default()).unwrap();
+    assert_eq!(logged(&reader), expected(7));
+}
+
+#[test]
+fn maintenance_works_on_a_file_that_holds_every_commit_the_journal_held() {
+    let disk = SimDisk::new();
+    let journal = SimDisk::new();
+    let mut store =
+        Store::open_backend_journaled(disk.clone(), journal.clone(), journaled()).unwrap();
+    create(&store);
+    for n in 1..=5 {
+        log(&store, n);
+    }
+    store.check_integrity().unwrap();
+    // The store file alone (an empty journal beside it) holds all five.
+    let store = Store::open_backend_journaled(disk.crash(), SimDisk::new(), journaled()).unwrap();
+    assert_eq!(logged(&store), expected(5));
+}
