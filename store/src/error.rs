@@ -322,6 +322,12 @@ pub enum CommitError {
     /// The store was opened with [`crate::Store::open_read_only`].
     #[error("the store is open read-only")]
     ReadOnly,
+    /// A commit failed after its journal record was written, and the record could not be voided:
+    /// the next open of the store may replay it. This handle takes no further commit, and must not
+    /// be opened again by this process (a retry of the failed commit would then apply it twice):
+    /// restart the process, whose open replays or drops the record.
+    #[error("a failed commit's journal record could not be voided; restart the process")]
+    JournalBroken,
     /// The commit itself failed (the final write or sync).
     #[error("commit failed: {0}")]
     Commit(redb::CommitError),

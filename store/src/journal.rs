@@ -34,7 +34,8 @@ use redb::StorageBackend;
 
 /// The first four bytes of every record: "KJN1".
 const MAGIC: u32 = 0x4b4a_4e31;
-/// Bytes of a record's header: magic, payload length (u32), sequence number (u64), CRC-32, zero.
+/// Bytes of a record's header: magic, payload length (u32), sequence number (u64), CRC-32, and the
+/// epoch (u32) of the open that wrote it.
 pub(crate) const HEADER: usize = 24;
 /// A payload longer than this is not a record (a reader's guard against a garbage length; a batch
 /// is bounded far below it by the store's limits).
@@ -60,6 +61,8 @@ pub(crate) struct Journal {
     next_seq: u64,
     /// Records appended since the last durable redb commit.
     since_durable: u32,
+    /// The epoch of this open, written into every record.
+    epoch: u32,
     /// The record being written, reused from commit to commit.
     buf: Vec<u8>,
 }
@@ -74,6 +77,16 @@ impl std::fmt::Debug for Journal {
     }
 }
 
+/// Why an append failed.
+#[derive(Debug)]
+pub(crate) enum AppendError {
+    /// Nothing of the record can be replayed (it was never written, or its header was
+    /// overwritten durably).
+    Failed(io::Error),
+    /// The record was written and could not be voided: the next open may replay it.
+    Unvoided,
+}
+
 /// One record read back: its number and its payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Record {
@@ -81,21 +94,25 @@ pub(crate) struct Record {
     pub(crate) payload: Vec<u8>,
 }
 
-fn crc(len: u32, seq: u64, payload: &[u8]) -> u32 {
+fn crc(len: u32, seq: u64, epoch: u32, payload: &[u8]) -> u32 {
     let mut hasher = crc32fast::Hasher::new();
     hasher.update(&len.to_le_bytes());
     hasher.update(&seq.to_le_bytes());
+    hasher.update(&epoch.to_le_bytes());
     hasher.update(payload);
     hasher.finalize()
 }
 
-/// The records of a journal after `applied`, in order: from the start of the file, records whose
-/// number is at most `applied` are skipped (a durable commit holds them), the next numbers are
-/// taken, and the first record that is torn, damaged, or out of sequence ends the journal.
+/// The records of a journal after `applied` written under `epoch`, in order: from the start of
+/// the file, records whose number is at most `applied` are skipped (a durable commit holds them),
+/// the next numbers are taken, and the first record that is torn, damaged, out of sequence or of
+/// another epoch ends the journal. Every writable open of a store moves its epoch on (in `meta`),
+/// so records left by an earlier open of another file (a store file restored or deleted beside its
+/// journal) never match the file's own.
 ///
 /// # Errors
 /// The file's reads.
-pub(crate) fn scan(file: &dyn StorageBackend, applied: u64) -> io::Result<Vec<Record>> {
+pub(crate) fn scan(file: &dyn StorageBackend, applied: u64, epoch: u32) -> io::Result<Vec<Record>> {
     let len = file.len()?;
     let mut at = 0u64;
     let mut records = Vec::new();
@@ -109,10 +126,15 @@ pub(crate) fn scan(file: &dyn StorageBackend, applied: u64) -> io::Result<Vec<Re
         };
         let mut seq_bytes = [0u8; 8];
         seq_bytes.copy_from_slice(&header[8..16]);
-        let (magic, payload_len, seq, sum) =
-            (field(0), field(4), u64::from_le_bytes(seq_bytes), field(16));
+        let (magic, payload_len, seq, sum, record_epoch) = (
+            field(0),
+            field(4),
+            u64::from_le_bytes(seq_bytes),
+            field(16),
+            field(20),
+        );
         let end = at + HEADER as u64 + u64::from(payload_len);
-        if magic != MAGIC || payload_len > PAYLOAD_MAX || end > len {
+        if magic != MAGIC || payload_len > PAYLOAD_MAX || end > len || record_epoch != epoch {
             break;
         }
         let expected = applied + 1 + records.len() as u64;
@@ -121,7 +143,7 @@ pub(crate) fn scan(file: &dyn StorageBackend, applied: u64) -> io::Result<Vec<Re
         }
         let mut payload = vec![0u8; payload_len as usize];
         file.read(at + HEADER as u64, &mut payload)?;
-        if crc(payload_len, seq, &payload) != sum {
+        if crc(payload_len, seq, epoch, &payload) != sum {
             break;
         }
         if seq > applied {
@@ -138,7 +160,11 @@ impl Journal {
     ///
     /// # Errors
     /// The file's length.
-    pub(crate) fn new(file: Box<dyn StorageBackend>, next_seq: u64) -> io::Result<Self> {
+    pub(crate) fn new(
+        file: Box<dyn StorageBackend>,
+        next_seq: u64,
+        epoch: u32,
+    ) -> io::Result<Self> {
         let filled = file.len()?;
         Ok(Self {
             file,
@@ -146,6 +172,7 @@ impl Journal {
             filled,
             next_seq,
             since_durable: 0,
+            epoch,
             buf: Vec::new(),
         })
     }
@@ -180,7 +207,7 @@ impl Journal {
     /// The file's writes and sync; a payload over the record limit is `InvalidInput`. Nothing is
     /// counted as appended then.
     #[cfg(test)]
-    pub(crate) fn append(&mut self, payload: &[u8], sync: bool) -> io::Result<u64> {
+    pub(crate) fn append(&mut self, payload: &[u8], sync: bool) -> Result<u64, AppendError> {
         self.append_with(sync, |buf| {
             buf.extend_from_slice(payload);
             Ok(())
@@ -196,28 +223,40 @@ impl Journal {
         &mut self,
         sync: bool,
         write: impl FnOnce(&mut Vec<u8>) -> io::Result<()>,
-    ) -> io::Result<u64> {
+    ) -> Result<u64, AppendError> {
         self.buf.clear();
         self.buf.resize(HEADER, 0);
-        write(&mut self.buf)?;
+        write(&mut self.buf).map_err(AppendError::Failed)?;
         let payload_len = u32::try_from(self.buf.len() - HEADER)
             .ok()
             .filter(|l| *l <= PAYLOAD_MAX)
             .ok_or_else(|| {
-                io::Error::new(io::ErrorKind::InvalidInput, "journal record too large")
+                AppendError::Failed(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "journal record too large",
+                ))
             })?;
         let seq = self.next_seq;
-        let sum = crc(payload_len, seq, &self.buf[HEADER..]);
+        let sum = crc(payload_len, seq, self.epoch, &self.buf[HEADER..]);
         self.buf[0..4].copy_from_slice(&MAGIC.to_le_bytes());
         self.buf[4..8].copy_from_slice(&payload_len.to_le_bytes());
         self.buf[8..16].copy_from_slice(&seq.to_le_bytes());
         self.buf[16..20].copy_from_slice(&sum.to_le_bytes());
+        self.buf[20..24].copy_from_slice(&self.epoch.to_le_bytes());
         let at = self.end;
         let end = at + self.buf.len() as u64;
-        self.fill_to(end)?;
-        self.file.write(at, &self.buf)?;
-        if sync {
-            self.file.sync_data()?;
+        self.fill_to(end).map_err(AppendError::Failed)?;
+        let written = self
+            .file
+            .write(at, &self.buf)
+            .and_then(|()| if sync { self.file.sync_data() } else { Ok(()) });
+        if let Err(e) = written {
+            // Part of the record may reach the disk later all the same; the commit is reported
+            // failed, so it must never be replayed.
+            return Err(match self.unwrite(at) {
+                Ok(()) => AppendError::Failed(e),
+                Err(_) => AppendError::Unvoided,
+            });
         }
         self.end = end;
         self.next_seq += 1;
@@ -232,12 +271,20 @@ impl Journal {
     /// The file's write or sync: the record may then still be replayed by the next open, so the
     /// store refuses further commits.
     pub(crate) fn void(&mut self, at: u64) -> io::Result<()> {
-        self.file.write(at, &[0u8; HEADER])?;
-        self.file.sync_data()?;
+        self.unwrite(at)?;
         self.end = at;
         self.next_seq -= 1;
         self.since_durable = self.since_durable.saturating_sub(1);
         Ok(())
+    }
+
+    /// Overwrites the header of a record whose append failed and syncs that.
+    ///
+    /// # Errors
+    /// The write's or the sync's: the record may be replayed by the next open.
+    fn unwrite(&mut self, at: u64) -> io::Result<()> {
+        self.file.write(at, &[0u8; HEADER])?;
+        self.file.sync_data()
     }
 
     /// Writes zeros from what is filled up to at least `end`, a step at a time, so the record's own
@@ -266,7 +313,7 @@ mod tests {
     use crate::SimDisk;
 
     fn journal(disk: &SimDisk, next: u64) -> Journal {
-        Journal::new(Box::new(disk.clone()), next).unwrap()
+        Journal::new(Box::new(disk.clone()), next, 7).unwrap()
     }
 
     #[test]
@@ -276,15 +323,17 @@ mod tests {
         for i in 1..=5u8 {
             j.append(&[i; 100], true).unwrap();
         }
-        let all = scan(&disk, 0).unwrap();
+        let all = scan(&disk, 0, 7).unwrap();
         assert_eq!(
             all.iter().map(|r| r.seq).collect::<Vec<_>>(),
             [1, 2, 3, 4, 5]
         );
         assert_eq!(all[2].payload, vec![3u8; 100]);
-        let tail = scan(&disk, 3).unwrap();
+        let tail = scan(&disk, 3, 7).unwrap();
         assert_eq!(tail.iter().map(|r| r.seq).collect::<Vec<_>>(), [4, 5]);
-        assert!(scan(&disk, 5).unwrap().is_empty());
+        assert!(scan(&disk, 5, 7).unwrap().is_empty());
+        // Another open's epoch: none of them.
+        assert!(scan(&disk, 0, 8).unwrap().is_empty());
     }
 
     #[test]
@@ -297,7 +346,7 @@ mod tests {
         // A durable commit holds 1..=4; one shorter record follows from the start.
         j.restart();
         j.append(&[9; 10], true).unwrap();
-        let tail = scan(&disk, 4).unwrap();
+        let tail = scan(&disk, 4, 7).unwrap();
         assert_eq!(tail.len(), 1);
         assert_eq!((tail[0].seq, tail[0].payload.clone()), (5, vec![9u8; 10]));
         // Records of the same length: the old ones after the new are skipped, not taken.
@@ -308,7 +357,7 @@ mod tests {
         }
         j.restart();
         j.append(&[7; 50], true).unwrap();
-        let tail = scan(&disk, 3).unwrap();
+        let tail = scan(&disk, 3, 7).unwrap();
         assert_eq!(tail.iter().map(|r| r.seq).collect::<Vec<_>>(), [4]);
     }
 
@@ -322,7 +371,7 @@ mod tests {
         assert_eq!(first, 0);
         // One byte of the second record's payload changed: the journal ends after the first.
         disk.write(second + HEADER as u64 + 10, &[0xff]).unwrap();
-        assert_eq!(scan(&disk, 0).unwrap().len(), 1);
+        assert_eq!(scan(&disk, 0, 7).unwrap().len(), 1);
         // A record that never reached the disk: the crash keeps only what was synced.
         let disk = SimDisk::new();
         let mut j = journal(&disk, 1);
@@ -330,7 +379,7 @@ mod tests {
         disk.fail_next_syncs(1);
         assert!(j.append(&[2; 64], true).is_err());
         let after = disk.crash();
-        assert_eq!(scan(&after, 0).unwrap().len(), 1);
+        assert_eq!(scan(&after, 0, 7).unwrap().len(), 1);
     }
 
     #[test]
@@ -340,9 +389,9 @@ mod tests {
         j.append(&[1; 20], true).unwrap();
         let at = j.append(&[2; 20], true).unwrap();
         j.void(at).unwrap();
-        assert_eq!(scan(&disk, 0).unwrap().len(), 1);
+        assert_eq!(scan(&disk, 0, 7).unwrap().len(), 1);
         j.append(&[3; 20], true).unwrap();
-        let all = scan(&disk, 0).unwrap();
+        let all = scan(&disk, 0, 7).unwrap();
         assert_eq!(all.iter().map(|r| r.seq).collect::<Vec<_>>(), [1, 2]);
         assert_eq!(all[1].payload, vec![3u8; 20]);
     }

@@ -13,7 +13,7 @@ use crate::catalog::Catalog;
 use crate::error::{CommitError, OpenError, ReadError, StageError};
 use crate::file::AllocatedFile;
 use crate::guard::guarded;
-use crate::journal::{self, Journal};
+use crate::journal::{self, AppendError, Journal};
 use crate::known::Known;
 use crate::limits::{LimitError, Limits};
 use crate::model::{AgentProfile, RunId};
@@ -30,8 +30,10 @@ use crate::writer::Writer;
 /// format-2 row is a format-3 row without a state, so the upgrade only adds the table); 4, a task's
 /// session-log rows staged in one commit stored as one segment under the first row's key
 /// (`log_segment`: a format-3 log is a format-4 log of single rows, so the upgrade moves nothing; an
-/// older keel refuses the file rather than misread a segment).
-pub const STORE_FORMAT: u64 = 4;
+/// older keel refuses the file rather than misread a segment); 5, the journal (`journal`): a store
+/// written alone may hold commits only in `<file>.journal`, which an older keel would not replay
+/// (the upgrade moves nothing).
+pub const STORE_FORMAT: u64 = 5;
 
 /// How a store is opened. A struct rather than arguments so later options do not break callers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -99,10 +101,57 @@ pub struct Store {
 struct JournalState {
     journal: Journal,
     broken: bool,
+    /// Where the record of the commit under way starts, from its append until its transaction
+    /// has committed: a commit that did not get there (it failed, or panicked inside redb) has
+    /// its record voided before anything else uses the journal, and when the store is dropped.
+    unconfirmed: Option<u64>,
 }
+
+impl JournalState {
+    /// Voids the record of a commit that never committed, if there is one; a record that cannot
+    /// be voided breaks the journal (the next open may replay it).
+    fn void_unconfirmed(&mut self) {
+        if let Some(at) = self.unconfirmed.take()
+            && self.journal.void(at).is_err()
+        {
+            self.broken = true;
+        }
+    }
+}
+
+/// The first byte of every journal record's payload: how the staged writes after it are encoded
+/// (bincode 2, standard configuration, of `[StagedWrite]`). A record of another version does not
+/// replay: the open fails with [`OpenError::Journal`] rather than misread it.
+const JOURNAL_PAYLOAD_VERSION: u8 = 1;
 
 /// The key in `meta` of the number of the last journal record a commit holds.
 const JOURNAL_SEQ: &str = "journal_seq";
+/// The key in `meta` of the epoch the journal's records are written under: every writable open
+/// with a journal moves it on, durably, before its first record (`journal::scan`).
+const JOURNAL_EPOCH: &str = "journal_epoch";
+
+/// The journal's number and epoch as `meta` holds them (0 and 0 for a store that never had one).
+fn journal_marks(
+    meta: &impl ReadableTable<&'static str, u64>,
+) -> Result<(u64, u32), redb::StorageError> {
+    let seq = meta.get(JOURNAL_SEQ)?.map_or(0, |g| g.value());
+    let epoch = meta.get(JOURNAL_EPOCH)?.map_or(0, |g| g.value());
+    Ok((seq, u32::try_from(epoch % (1 << 32)).unwrap_or(0)))
+}
+
+impl Drop for Store {
+    /// A commit that panicked inside redb after its record was synced left the record
+    /// unconfirmed: it is voided before the handle goes, so an open of the store after this one
+    /// does not replay what was reported failed.
+    fn drop(&mut self) {
+        if let Some(journal) = self.journal.as_mut() {
+            journal
+                .get_mut()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .void_unconfirmed();
+        }
+    }
+}
 
 /// A journal's IO failure as the commit's error (a full disk is [`CommitError::DiskFull`]).
 fn io_error(e: std::io::Error) -> CommitError {
@@ -204,7 +253,7 @@ impl Store {
             };
             let found = meta.get("store_format")?.map(|g| g.value());
             check_format(found)?;
-            let applied = meta.get(JOURNAL_SEQ)?.map_or(0, |g| g.value());
+            let (applied, epoch) = journal_marks(&meta)?;
             drop(meta);
             drop(txn);
             // Commits only the journal holds are not in the file yet: only a writable open can
@@ -214,7 +263,7 @@ impl Store {
                 let handle =
                     std::fs::File::open(&journal_file).map_err(redb::DatabaseError::from)?;
                 let backend = redb::backends::FileBackend::new(handle)?;
-                let tail = journal::scan(&backend, applied)
+                let tail = journal::scan(&backend, applied, epoch)
                     .map_err(|e| OpenError::from(redb::DatabaseError::Storage(e.into())))?;
                 if !tail.is_empty() {
                     return Err(OpenError::NeedsRecovery);
@@ -312,13 +361,14 @@ impl Store {
             journal: None,
         };
         if let Some((file, keep)) = journal {
-            let next = store.replay(&*file)?;
+            let (next, epoch) = store.replay(&*file)?;
             if keep {
-                let journal = Journal::new(file, next)
+                let journal = Journal::new(file, next, epoch)
                     .map_err(|e| OpenError::from(redb::DatabaseError::Storage(e.into())))?;
                 store.journal = Some(Mutex::new(JournalState {
                     journal,
                     broken: false,
+                    unconfirmed: None,
                 }));
             }
         }
@@ -326,21 +376,21 @@ impl Store {
     }
 
     /// Applies, in one durable transaction, the journal's records that no durable commit holds
-    /// yet, through the same checks as any commit; answers the number the next record takes.
-    fn replay(&self, file: &dyn StorageBackend) -> Result<u64, OpenError> {
+    /// yet, through the same checks as any commit, and moves the journal's epoch on in the same
+    /// transaction; answers the number the next record takes and the new epoch.
+    fn replay(&self, file: &dyn StorageBackend) -> Result<(u64, u32), OpenError> {
         let Db::Writer(db) = &self.db else {
             return Err(OpenError::NeedsRecovery);
         };
-        let applied = {
+        let (applied, epoch) = {
             let txn = db.begin_read()?;
             let meta = txn.open_table(tables::META)?;
-            meta.get(JOURNAL_SEQ)?.map_or(0, |g| g.value())
+            journal_marks(&meta)?
         };
-        let records = journal::scan(file, applied)
+        let records = journal::scan(file, applied, epoch)
             .map_err(|e| OpenError::from(redb::DatabaseError::Storage(e.into())))?;
-        let Some(last) = records.last().map(|r| r.seq) else {
-            return Ok(applied + 1);
-        };
+        let last = records.last().map_or(applied, |r| r.seq);
+        let next_epoch = epoch.wrapping_add(1);
         let mut txn = db.begin_write()?;
         txn.set_durability(Durability::Immediate)?;
         {
@@ -348,12 +398,22 @@ impl Store {
             known.clear();
             let mut writer = Writer::open(&txn, &self.limits, &mut known);
             for record in &records {
+                let Some((&JOURNAL_PAYLOAD_VERSION, body)) = record.payload.split_first() else {
+                    return Err(OpenError::Journal {
+                        seq: record.seq,
+                        reason: format!(
+                            "payload version {:?}, this keel reads {JOURNAL_PAYLOAD_VERSION}",
+                            record.payload.first()
+                        ),
+                    });
+                };
                 let (writes, _): (Vec<StagedWrite<'static>>, usize) =
-                    bincode::serde::decode_from_slice(&record.payload, bincode::config::standard())
-                        .map_err(|e| OpenError::Journal {
+                    bincode::serde::decode_from_slice(body, bincode::config::standard()).map_err(
+                        |e| OpenError::Journal {
                             seq: record.seq,
                             reason: e.to_string(),
-                        })?;
+                        },
+                    )?;
                 for write in &writes {
                     writer.apply(write).map_err(|f| OpenError::Journal {
                         seq: record.seq,
@@ -367,9 +427,13 @@ impl Store {
             })?;
             known.clear();
         }
-        txn.open_table(tables::META)?.insert(JOURNAL_SEQ, last)?;
+        {
+            let mut meta = txn.open_table(tables::META)?;
+            meta.insert(JOURNAL_SEQ, last)?;
+            meta.insert(JOURNAL_EPOCH, u64::from(next_epoch))?;
+        }
         txn.commit()?;
-        Ok(last + 1)
+        Ok((last + 1, next_epoch))
     }
 
     /// The store file (`None` on a custom backend): what errors about the file name.
@@ -516,13 +580,15 @@ impl Store {
                 .journal
                 .as_ref()
                 .map(|j| j.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
-            if journal.as_ref().is_some_and(|j| j.broken) {
-                return Err(CommitError::NeedsReopen);
+            if let Some(state) = journal.as_mut() {
+                state.void_unconfirmed();
+                if state.broken {
+                    return Err(CommitError::JournalBroken);
+                }
             }
             let durable = matches!(durability, Durability::Immediate);
-            let journaled = journal
-                .as_ref()
-                .is_some_and(|j| !(durable && j.journal.durable_due()));
+            // When the durable redb commit is due, this commit is it, whatever it asked for.
+            let journaled = journal.as_ref().is_some_and(|j| !j.journal.durable_due());
             txn.set_durability(if journaled {
                 Durability::None
             } else {
@@ -538,12 +604,12 @@ impl Store {
                     Err(e)
                 }
             };
-            let mut appended = None;
             let outcome = outcome.and_then(|done| {
                 if let Some(state) = journal.as_mut().filter(|_| journaled) {
                     let seq = state.journal.next_seq();
                     txn.open_table(tables::META)?.insert(JOURNAL_SEQ, seq)?;
                     let record = state.journal.append_with(durable, |buf| {
+                        buf.push(JOURNAL_PAYLOAD_VERSION);
                         bincode::serde::encode_into_std_write(
                             writes,
                             buf,
@@ -552,7 +618,14 @@ impl Store {
                         .map(drop)
                         .map_err(|e| std::io::Error::other(e.to_string()))
                     });
-                    appended = Some(record.map_err(io_error)?);
+                    match record {
+                        Ok(at) => state.unconfirmed = Some(at),
+                        Err(AppendError::Failed(e)) => return Err(io_error(e)),
+                        Err(AppendError::Unvoided) => {
+                            state.broken = true;
+                            return Err(CommitError::JournalBroken);
+                        }
+                    }
                 }
                 Ok(done)
             });
@@ -562,11 +635,12 @@ impl Store {
                         for run in finished {
                             known.forget_run(run);
                         }
-                        if let Some(state) = journal.as_mut()
-                            && !journaled
-                        {
-                            // A durable redb commit holds every record so far.
-                            state.journal.restart();
+                        if let Some(state) = journal.as_mut() {
+                            state.unconfirmed = None;
+                            if !journaled {
+                                // A durable redb commit holds every record so far.
+                                state.journal.restart();
+                            }
                         }
                         Ok(result)
                     }
@@ -574,10 +648,8 @@ impl Store {
                         // What this transaction taught the cache was never committed.
                         known.clear();
                         // Nor may the next open replay it.
-                        if let (Some(at), Some(state)) = (appended, journal.as_mut())
-                            && state.journal.void(at).is_err()
-                        {
-                            state.broken = true;
+                        if let Some(state) = journal.as_mut() {
+                            state.void_unconfirmed();
                         }
                         Err(e.into())
                     }

@@ -1030,8 +1030,8 @@ fn a_store_from_a_newer_keel_is_refused() {
     assert!(matches!(
         Store::open(&path),
         Err(OpenError::StoreFromFuture {
-            found: 5,
-            supported: 4
+            found: 6,
+            supported: 5
         })
     ));
 }

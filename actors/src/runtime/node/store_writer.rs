@@ -133,7 +133,12 @@ fn poisons(e: &HostError) -> bool {
     match e {
         HostError::Commit(c) => !matches!(
             c,
-            CommitError::BatchTooLarge(_) | CommitError::Item { .. } | CommitError::ReadOnly
+            CommitError::BatchTooLarge(_)
+                | CommitError::Item { .. }
+                | CommitError::ReadOnly
+                // Opened again, the store would replay the failed commit's record, and the retry
+                // would apply it twice: only a new process may open it.
+                | CommitError::JournalBroken
         ),
         HostError::Stage { .. } | HostError::Refused { .. } | HostError::TooManyTasks(_) => false,
         _ => true,
