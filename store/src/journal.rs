@@ -16,17 +16,18 @@
 //!
 //! The order within a journaled commit: the writes are applied in the transaction (a write that
 //! fails its checks fails the commit with nothing journaled), then the record is appended and
-//! synced, then the transaction commits. A failed append aborts the transaction; a commit that
-//! fails after its record was synced voids the record (its header overwritten and synced) so no
-//! later open replays what this one reported failed.
+//! synced, then the transaction commits. A failed append aborts the transaction; a record whose
+//! append or commit failed after it was written is voided (its header overwritten and synced) so
+//! no later open replays what this one reported failed.
 //!
 //! The file: records back to back from offset 0, each a [`HEADER`]-byte header (magic, payload
 //! length, sequence number, CRC-32 of the length, sequence number and payload) and the payload.
 //! Starting over only moves the write position back to 0: the bytes after the new records are
 //! records a durable commit already holds (their numbers are at most the one in `meta`) or the torn
 //! remains of one, and a reader stops at the first record that is neither valid nor the next
-//! number. The file's blocks are written with zeros ahead of the records (as the store file's are,
-//! see `file.rs`), so a record's sync writes data, not a change of the file's size.
+//! number, or of another epoch (every writable open moves the epoch on). The file's blocks are
+//! written with zeros ahead of the records, a MiB at a time (as the store file's are, see
+//! `file.rs`), so most records' syncs write data, not a change of the file's size.
 
 use std::io;
 
