@@ -561,10 +561,18 @@ mod tests {
         let status = proc.wait().await.unwrap();
         assert!(status.success());
         // `setsid` may still be between its fork and its exec when the shell has exited, so the
-        // leftover is looked for a few times (bounded) rather than once.
+        // leftover is looked for a few times (bounded) rather than once, until it runs `sleep`
+        // (in the middle of its exec its environment, which carries the tag, cannot be read).
+        let exec_done = |pids: &[u32]| {
+            !pids.is_empty()
+                && pids.iter().all(|pid| {
+                    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                        .is_ok_and(|comm| comm.trim() == "sleep")
+                })
+        };
         let mut left = processes_tagged(&tag);
         for _ in 0..150 {
-            if !left.is_empty() {
+            if exec_done(&left) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
