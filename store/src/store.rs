@@ -591,6 +591,9 @@ impl Store {
             let journaled = journal.as_ref().is_some_and(|j| !j.journal.durable_due());
             txn.set_durability(if journaled {
                 Durability::None
+            } else if journal.is_some() {
+                // The journal starts over after this commit: it must hold every record so far.
+                Durability::Immediate
             } else {
                 durability
             })?;

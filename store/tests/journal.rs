@@ -220,3 +220,24 @@ fn maintenance_works_on_a_file_that_holds_every_commit_the_journal_held() {
     let store = Store::open_backend_journaled(disk.crash(), SimDisk::new(), journaled()).unwrap();
     assert_eq!(logged(&store), expected(5));
 }
+
+#[test]
+fn the_due_durable_commit_is_durable_even_when_it_asked_for_none() {
+    let disk = SimDisk::new();
+    let journal = SimDisk::new();
+    let store = Store::open_backend_journaled(disk.clone(), journal.clone(), journaled()).unwrap();
+    create(&store);
+    let scope = store.run(RunId(RUN));
+    // Past the count that makes a commit the durable one, every commit asking for `None`.
+    for n in 1..=70 {
+        store
+            .commit_one(
+                scope.stage_append_log(TaskId(ROOT), log_row(n)).unwrap(),
+                Durability::None,
+            )
+            .unwrap();
+    }
+    log(&store, 71);
+    let store = Store::open_backend_journaled(disk.crash(), journal.crash(), journaled()).unwrap();
+    assert_eq!(logged(&store), expected(71));
+}
