@@ -161,6 +161,23 @@ pub enum ReadError {
     /// The store file's pages are damaged (redb reported them corrupt, or panicked on them).
     #[error(transparent)]
     Corrupt(#[from] Corruption),
+    /// Commits the journal held could not be committed to redb for the read to see them (the
+    /// store's journal keeps them: reopening the store replays them).
+    #[error("commits held by the journal could not be made readable: {0}")]
+    Journal(Box<CommitError>),
+}
+
+impl ReadError {
+    /// A failure to make the journal's commits readable, as the read's error: a storage failure
+    /// stays one (`NeedsReopen` after an earlier IO error), damage stays [`ReadError::Corrupt`].
+    pub(crate) fn from_publish(e: CommitError) -> Self {
+        match e {
+            CommitError::Storage(s) | CommitError::DiskFull(s) => s.into(),
+            CommitError::NeedsReopen => Self::NeedsReopen,
+            CommitError::Corrupt(c) => Self::Corrupt(c),
+            other => Self::Journal(Box::new(other)),
+        }
+    }
 }
 
 impl CarriesCorruption for ReadError {
@@ -328,6 +345,16 @@ pub enum CommitError {
     /// restart the process, whose open replays or drops the record.
     #[error("a failed commit's journal record could not be voided; restart the process")]
     JournalBroken,
+    /// A journal record this process acknowledged did not apply again when the transaction that
+    /// held it was rebuilt (after a commit that failed partway, or a failed redb commit): reopen
+    /// the store, whose replay reports the same record as [`OpenError::Journal`] if it persists.
+    #[error("journal record {seq} did not apply again: {reason}")]
+    Journal {
+        /// The record's number.
+        seq: u64,
+        /// Why.
+        reason: String,
+    },
     /// The commit itself failed (the final write or sync).
     #[error("commit failed: {0}")]
     Commit(redb::CommitError),

@@ -1,24 +1,30 @@
-//! The store's journal: what makes a group commit durable without a durable redb commit.
+//! The store's journal: what makes a group commit durable without a redb commit.
 //!
 //! A durable redb commit writes every page the commit touched (about 25 of them, scattered over the
 //! file, for a group commit of `keel bench`) and syncs them: most of a sequential run's wait, and a
-//! `pwrite` a page on the store writer's thread. With a journal, a group commit is applied to redb
-//! as a non-durable commit (visible to every reader of this process at once; its pages stay in
-//! redb's write buffer) and made durable by appending its staged writes, encoded, as one record at
-//! the end of this file and syncing that: one sequential write. Every [`DURABLE_EVERY`] commits (or
-//! once the journal holds [`JOURNAL_BYTES_MAX`]) a commit is a durable redb commit again, which
-//! writes each page once however many commits touched it, and the journal starts over.
+//! `pwrite` a page on the store writer's thread. Even a non-durable redb commit copies every page
+//! it touches into new pages (zeroed, then filled), because the next transaction may not change a
+//! committed page in place. With a journal, a group commit applies its writes to one redb write
+//! transaction that stays open from commit to commit, and is made durable by appending its staged
+//! writes, encoded, as one record at the end of this file and syncing that: one sequential write.
+//! The open transaction is committed when something needs it in redb: a read of this process (a
+//! non-durable commit, so the read sees every acknowledged commit), or, every [`DURABLE_EVERY`]
+//! commits (or once the journal holds [`JOURNAL_BYTES_MAX`]), a durable redb commit, which writes
+//! each page once however many commits touched it; the journal then starts over.
 //!
 //! Recovery: every journaled commit also writes its record's sequence number into the store's
 //! `meta` table, so whatever redb made durable (a durable commit, or the promotion of pending
 //! non-durable commits redb does when a database closes) says which records it holds. A writable
-//! open replays, in order and in one durable transaction, the records after that number.
+//! open replays, in order and in one durable transaction, the records after that number. Within a
+//! process, a lost open transaction (a commit whose writes failed their checks partway, a failed
+//! append, a failed redb commit) is rebuilt the same way: a new transaction replays the records the
+//! committed state does not hold, up to the last one appended.
 //!
-//! The order within a journaled commit: the writes are applied in the transaction (a write that
-//! fails its checks fails the commit with nothing journaled), then the record is appended and
-//! synced, then the transaction commits. A failed append aborts the transaction; a record whose
-//! append or commit failed after it was written is voided (its header overwritten and synced) so
-//! no later open replays what this one reported failed.
+//! The order within a journaled commit: the writes are applied in the open transaction (a write
+//! that fails its checks fails the commit with nothing journaled, and the transaction, which may
+//! hold part of it, is dropped), then the record is appended and synced: only then is the commit
+//! acknowledged. A record whose append failed after part of it was written is voided (its header
+//! overwritten and synced) so no later open replays what this one reported failed.
 //!
 //! The file: records back to back from offset 0, each a [`HEADER`]-byte header (magic, payload
 //! length, sequence number, CRC-32 of the length, sequence number and payload) and the payload.
@@ -183,6 +189,21 @@ impl Journal {
         self.next_seq
     }
 
+    /// The number of the last record appended (0 before the first of a store's life).
+    pub(crate) fn last_seq(&self) -> u64 {
+        self.next_seq.saturating_sub(1)
+    }
+
+    /// The file, to read the records back (`scan`) when a transaction holding them was lost.
+    pub(crate) fn file(&self) -> &dyn StorageBackend {
+        &*self.file
+    }
+
+    /// The epoch this open writes its records under.
+    pub(crate) fn epoch(&self) -> u32 {
+        self.epoch
+    }
+
     /// Whether the next commit should be a durable redb commit (and the journal start over).
     pub(crate) fn durable_due(&self) -> bool {
         self.since_durable >= DURABLE_EVERY || self.end >= JOURNAL_BYTES_MAX
@@ -201,7 +222,7 @@ impl Journal {
 
     /// Appends `payload` as record [`Journal::next_seq`], synced when `sync` (a commit asked to be
     /// durable; an unsynced record becomes durable with the next synced one, as a non-durable redb
-    /// commit does with the next durable one); answers where it starts (for [`Journal::void`]).
+    /// commit does with the next durable one); answers where it starts.
     /// Only once this returns is a synced commit durable.
     ///
     /// # Errors
@@ -263,20 +284,6 @@ impl Journal {
         self.next_seq += 1;
         self.since_durable += 1;
         Ok(at)
-    }
-
-    /// The record appended at `at` must never be replayed (its commit failed after it was
-    /// synced): its header is overwritten with zeros and synced, and it is forgotten.
-    ///
-    /// # Errors
-    /// The file's write or sync: the record may then still be replayed by the next open, so the
-    /// store refuses further commits.
-    pub(crate) fn void(&mut self, at: u64) -> io::Result<()> {
-        self.unwrite(at)?;
-        self.end = at;
-        self.next_seq -= 1;
-        self.since_durable = self.since_durable.saturating_sub(1);
-        Ok(())
     }
 
     /// Overwrites the header of a record whose append failed and syncs that.
@@ -381,20 +388,6 @@ mod tests {
         assert!(j.append(&[2; 64], true).is_err());
         let after = disk.crash();
         assert_eq!(scan(&after, 0, 7).unwrap().len(), 1);
-    }
-
-    #[test]
-    fn a_voided_record_is_never_read_and_its_number_is_taken_again() {
-        let disk = SimDisk::new();
-        let mut j = journal(&disk, 1);
-        j.append(&[1; 20], true).unwrap();
-        let at = j.append(&[2; 20], true).unwrap();
-        j.void(at).unwrap();
-        assert_eq!(scan(&disk, 0, 7).unwrap().len(), 1);
-        j.append(&[3; 20], true).unwrap();
-        let all = scan(&disk, 0, 7).unwrap();
-        assert_eq!(all.iter().map(|r| r.seq).collect::<Vec<_>>(), [1, 2]);
-        assert_eq!(all[1].payload, vec![3u8; 20]);
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use redb::{
     ConcurrencyMode, Database, Durability, ReadOnlyDatabase, ReadableDatabase, ReadableTable,
-    StorageBackend,
+    StorageBackend, WriteTransaction,
 };
 
 use crate::batch::{Applied, Staged, StagedWrite, WriteBatch};
@@ -95,27 +95,37 @@ pub struct Store {
     journal: Option<Mutex<JournalState>>,
 }
 
-/// The journal and whether it can still be trusted: a record whose commit failed and that could
-/// not be voided may be replayed by the next open, so the store takes no further commit.
-#[derive(Debug)]
+/// The journal, the redb write transaction that holds the records not yet committed to redb, and
+/// whether the journal can still be trusted: a record of a failed commit that could not be voided
+/// may be replayed by the next open, so the store takes no further commit.
 struct JournalState {
     journal: Journal,
     broken: bool,
-    /// Where the record of the commit under way starts, from its append until its transaction
-    /// has committed: a commit that did not get there (it failed, or panicked inside redb) has
-    /// its record voided before anything else uses the journal, and when the store is dropped.
-    unconfirmed: Option<u64>,
+    /// The write transaction that stays open from commit to commit, holding every record appended
+    /// since redb last committed (none between a commit of it and the next journaled commit).
+    open: Option<WriteTransaction>,
+    /// The last record redb's committed state holds, as far as this process knows: when no
+    /// transaction is open and records after it were appended, the transaction that held them was
+    /// lost and the next use replays them (`Store::reapply`).
+    held: u64,
+}
+
+impl std::fmt::Debug for JournalState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JournalState")
+            .field("journal", &self.journal)
+            .field("broken", &self.broken)
+            .field("open", &self.open.is_some())
+            .field("held", &self.held)
+            .finish()
+    }
 }
 
 impl JournalState {
-    /// Voids the record of a commit that never committed, if there is one; a record that cannot
-    /// be voided breaks the journal (the next open may replay it).
-    fn void_unconfirmed(&mut self) {
-        if let Some(at) = self.unconfirmed.take()
-            && self.journal.void(at).is_err()
-        {
-            self.broken = true;
-        }
+    /// Whether acknowledged records are neither in redb's committed state nor in an open
+    /// transaction (the transaction that held them was dropped or failed to commit).
+    fn lacks_records(&self) -> bool {
+        self.open.is_none() && self.held < self.journal.last_seq()
     }
 }
 
@@ -140,15 +150,17 @@ fn journal_marks(
 }
 
 impl Drop for Store {
-    /// A commit that panicked inside redb after its record was synced left the record
-    /// unconfirmed: it is voided before the handle goes, so an open of the store after this one
-    /// does not replay what was reported failed.
+    /// The open transaction's records are committed to redb (non-durably; redb makes its pending
+    /// commits durable when the database closes, right after), so a clean close leaves a file that
+    /// needs no replay. If that fails the journal still holds them for the next open.
     fn drop(&mut self) {
         if let Some(journal) = self.journal.as_mut() {
-            journal
+            let state = journal
                 .get_mut()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .void_unconfirmed();
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(txn) = state.open.take() {
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| txn.commit()));
+            }
         }
     }
 }
@@ -368,7 +380,8 @@ impl Store {
                 store.journal = Some(Mutex::new(JournalState {
                     journal,
                     broken: false,
-                    unconfirmed: None,
+                    open: None,
+                    held: next.saturating_sub(1),
                 }));
             }
         }
@@ -398,28 +411,10 @@ impl Store {
             known.clear();
             let mut writer = Writer::open(&txn, &self.limits, &mut known);
             for record in &records {
-                let Some((&JOURNAL_PAYLOAD_VERSION, body)) = record.payload.split_first() else {
-                    return Err(OpenError::Journal {
-                        seq: record.seq,
-                        reason: format!(
-                            "payload version {:?}, this keel reads {JOURNAL_PAYLOAD_VERSION}",
-                            record.payload.first()
-                        ),
-                    });
-                };
-                let (writes, _): (Vec<StagedWrite<'static>>, usize) =
-                    bincode::serde::decode_from_slice(body, bincode::config::standard()).map_err(
-                        |e| OpenError::Journal {
-                            seq: record.seq,
-                            reason: e.to_string(),
-                        },
-                    )?;
-                for write in &writes {
-                    writer.apply(write).map_err(|f| OpenError::Journal {
-                        seq: record.seq,
-                        reason: f.at(0).to_string(),
-                    })?;
-                }
+                apply_record(&mut writer, record).map_err(|reason| OpenError::Journal {
+                    seq: record.seq,
+                    reason,
+                })?;
             }
             writer.finish().map_err(|e| OpenError::Journal {
                 seq: last,
@@ -559,11 +554,6 @@ impl Store {
 
     /// Runs `work` in one write transaction with `durability`; commits if it succeeds, aborts if not.
     /// `writes` are what `work` applies, for the journal's record when the store has a journal.
-    ///
-    /// With a journal, every commit is a non-durable redb commit whose writes are appended to the
-    /// journal (and synced when `durability` is `Immediate`) before it commits, except the
-    /// `Immediate` commit that comes when [`Journal::durable_due`]: a durable redb commit, after
-    /// which the journal starts over.
     fn in_write_txn<R>(
         &self,
         durability: Durability,
@@ -573,45 +563,92 @@ impl Store {
         let Db::Writer(db) = &self.db else {
             return Err(CommitError::ReadOnly);
         };
-        guarded(self.file(), || {
-            let mut txn = db.begin_write()?;
-            // Held for the whole transaction, so records are in commit order.
-            let mut journal = self
-                .journal
-                .as_ref()
-                .map(|j| j.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
-            if let Some(state) = journal.as_mut() {
-                state.void_unconfirmed();
-                if state.broken {
-                    return Err(CommitError::JournalBroken);
-                }
-            }
-            let durable = matches!(durability, Durability::Immediate);
-            // When the durable redb commit is due, this commit is it, whatever it asked for.
-            let journaled = journal.as_ref().is_some_and(|j| !j.journal.durable_due());
-            txn.set_durability(if journaled {
-                Durability::None
-            } else if journal.is_some() {
-                // The journal starts over after this commit: it must hold every record so far.
-                Durability::Immediate
-            } else {
-                durability
-            })?;
-            let mut known = self.known();
-            known.bound();
+        match &self.journal {
+            None => guarded(self.file(), || self.commit_in_redb(db, durability, work)),
+            Some(journal) => guarded(self.file(), || {
+                self.commit_in_journal(db, journal, durability, writes, work)
+            }),
+        }
+    }
+
+    /// A commit without a journal: its own redb transaction, committed with `durability`.
+    fn commit_in_redb<R>(
+        &self,
+        db: &Database,
+        durability: Durability,
+        work: impl FnOnce(&mut Writer<'_>) -> Result<R, CommitError>,
+    ) -> Result<R, CommitError> {
+        let mut txn = db.begin_write()?;
+        txn.set_durability(durability)?;
+        let mut known = self.known();
+        known.bound();
+        let outcome = {
             let mut writer = Writer::open(&txn, &self.limits, &mut known);
-            let outcome = match work(&mut writer) {
-                Ok(result) => writer.finish().map(|finished| (result, finished)),
-                Err(e) => {
-                    drop(writer);
-                    Err(e)
+            work(&mut writer).and_then(|result| writer.finish().map(|finished| (result, finished)))
+        };
+        let committed = outcome.and_then(|done| txn.commit().map(|()| done).map_err(Into::into));
+        match committed {
+            Ok((result, finished)) => {
+                for run in finished {
+                    known.forget_run(run);
                 }
-            };
-            let outcome = outcome.and_then(|done| {
-                if let Some(state) = journal.as_mut().filter(|_| journaled) {
-                    let seq = state.journal.next_seq();
-                    txn.open_table(tables::META)?.insert(JOURNAL_SEQ, seq)?;
-                    let record = state.journal.append_with(durable, |buf| {
+                Ok(result)
+            }
+            Err(e) => {
+                // What this transaction taught the cache was never committed (an uncommitted
+                // transaction aborts when it is dropped).
+                known.clear();
+                Err(e)
+            }
+        }
+    }
+
+    /// A commit with the journal: `work` applies the writes in the open transaction, then the
+    /// record is appended (and synced when `durability` is `Immediate`), which acknowledges the
+    /// commit; the transaction stays open for the next one. The commit that comes when
+    /// [`Journal::durable_due`] is instead a durable redb commit of the open transaction, after which
+    /// the journal starts over.
+    fn commit_in_journal<R>(
+        &self,
+        db: &Database,
+        journal: &Mutex<JournalState>,
+        durability: Durability,
+        writes: &[StagedWrite<'_>],
+        work: impl FnOnce(&mut Writer<'_>) -> Result<R, CommitError>,
+    ) -> Result<R, CommitError> {
+        // Held for the whole commit, so records are in commit order and the open transaction has
+        // one user.
+        let mut state = journal
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if state.broken {
+            return Err(CommitError::JournalBroken);
+        }
+        let mut txn = self.open_transaction(db, &mut state)?;
+        let mut known = self.known();
+        known.bound();
+        let outcome = {
+            let mut writer = Writer::open(&txn, &self.limits, &mut known);
+            work(&mut writer).and_then(|result| writer.finish().map(|finished| (result, finished)))
+        };
+        // From here until the record is appended, a failure drops `txn` (redb aborts it) with the
+        // records of earlier commits it held: `lacks_records` then has the next use replay them.
+        let outcome = outcome.and_then(|done| {
+            if state.journal.durable_due() {
+                // The journal starts over after this commit: it must hold every record so far,
+                // whatever this commit asked for.
+                txn.set_durability(Durability::Immediate)?;
+                txn.commit()?;
+                state.held = state.journal.last_seq();
+                state.journal.restart();
+                return Ok(done);
+            }
+            let seq = state.journal.next_seq();
+            txn.open_table(tables::META)?.insert(JOURNAL_SEQ, seq)?;
+            let record =
+                state
+                    .journal
+                    .append_with(matches!(durability, Durability::Immediate), |buf| {
                         buf.push(JOURNAL_PAYLOAD_VERSION);
                         bincode::serde::encode_into_std_write(
                             writes,
@@ -621,79 +658,124 @@ impl Store {
                         .map(drop)
                         .map_err(|e| std::io::Error::other(e.to_string()))
                     });
-                    match record {
-                        Ok(at) => state.unconfirmed = Some(at),
-                        Err(AppendError::Failed(e)) => return Err(io_error(e)),
-                        Err(AppendError::Unvoided) => {
-                            state.broken = true;
-                            return Err(CommitError::JournalBroken);
-                        }
-                    }
+            match record {
+                Ok(_) => {
+                    state.open = Some(txn);
+                    Ok(done)
                 }
-                Ok(done)
-            });
-            match outcome {
-                Ok((result, finished)) => match txn.commit() {
-                    Ok(()) => {
-                        for run in finished {
-                            known.forget_run(run);
-                        }
-                        if let Some(state) = journal.as_mut() {
-                            state.unconfirmed = None;
-                            if !journaled {
-                                // A durable redb commit holds every record so far.
-                                state.journal.restart();
-                            }
-                        }
-                        Ok(result)
-                    }
-                    Err(e) => {
-                        // What this transaction taught the cache was never committed.
-                        known.clear();
-                        // Nor may the next open replay it.
-                        if let Some(state) = journal.as_mut() {
-                            state.void_unconfirmed();
-                        }
-                        Err(e.into())
-                    }
-                },
-                Err(e) => {
-                    known.clear();
-                    // The first failure is the one worth reporting; an abort that also fails leaves
-                    // the transaction uncommitted all the same.
-                    let _ = txn.abort();
-                    Err(e)
+                Err(AppendError::Failed(e)) => Err(io_error(e)),
+                Err(AppendError::Unvoided) => {
+                    state.broken = true;
+                    Err(CommitError::JournalBroken)
                 }
             }
-        })
+        });
+        match outcome {
+            Ok((result, finished)) => {
+                for run in finished {
+                    known.forget_run(run);
+                }
+                Ok(result)
+            }
+            Err(e) => {
+                // What the dropped transaction taught the cache is gone with it.
+                known.clear();
+                Err(e)
+            }
+        }
     }
 
-    /// Makes every commit so far durable in the store file (a durable redb commit of nothing) if
-    /// the journal holds any the file does not; the journal starts over. Maintenance calls it
-    /// before it takes the database.
+    /// The transaction the next journaled commit applies its writes in: the open one, or a new
+    /// one (non-durable) that first replays the records a lost one held.
+    fn open_transaction(
+        &self,
+        db: &Database,
+        state: &mut JournalState,
+    ) -> Result<WriteTransaction, CommitError> {
+        if let Some(txn) = state.open.take() {
+            return Ok(txn);
+        }
+        let mut txn = db.begin_write()?;
+        txn.set_durability(Durability::None)?;
+        if state.lacks_records() {
+            self.reapply(&txn, state)?;
+        }
+        Ok(txn)
+    }
+
+    /// Replays into `txn` the journal's records that redb's committed state does not hold (by the
+    /// number in its `meta`), up to the last one appended: the transaction that held them was
+    /// dropped (a commit that failed partway, a failed append or redb commit). The same records,
+    /// through the same checks, as a writable open would replay.
+    fn reapply(&self, txn: &WriteTransaction, state: &JournalState) -> Result<(), CommitError> {
+        let (applied, _) = journal_marks(&txn.open_table(tables::META)?)?;
+        let last = state.journal.last_seq();
+        if applied >= last {
+            return Ok(());
+        }
+        let records = journal::scan(state.journal.file(), applied, state.journal.epoch())
+            .map_err(io_error)?;
+        let mut known = self.known();
+        known.clear();
+        let replayed = {
+            let mut writer = Writer::open(txn, &self.limits, &mut known);
+            let mut replayed = applied;
+            for record in records.iter().filter(|r| r.seq <= last) {
+                apply_record(&mut writer, record).map_err(|reason| CommitError::Journal {
+                    seq: record.seq,
+                    reason,
+                })?;
+                replayed = record.seq;
+            }
+            writer.finish()?;
+            replayed
+        };
+        known.clear();
+        if replayed != last {
+            return Err(CommitError::Journal {
+                seq: replayed + 1,
+                reason: "the journal no longer holds this acknowledged record".to_string(),
+            });
+        }
+        txn.open_table(tables::META)?.insert(JOURNAL_SEQ, last)?;
+        Ok(())
+    }
+
+    /// Commits the open transaction (or replays what a lost one held and commits that) so that
+    /// every acknowledged commit is in redb: non-durably before a read, durably (`durable`) before
+    /// maintenance takes the database, after which the journal starts over.
+    fn publish(&self, durable: bool) -> Result<(), CommitError> {
+        let (Db::Writer(db), Some(journal)) = (&self.db, &self.journal) else {
+            return Ok(());
+        };
+        let mut state = journal
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let needed =
+            state.open.is_some() || state.lacks_records() || (durable && state.journal.pending());
+        if !needed {
+            return Ok(());
+        }
+        let mut txn = self.open_transaction(db, &mut state)?;
+        if durable {
+            txn.set_durability(Durability::Immediate)?;
+        }
+        txn.commit()?;
+        state.held = state.journal.last_seq();
+        if durable {
+            state.journal.restart();
+        }
+        Ok(())
+    }
+
+    /// Makes every commit so far durable in the store file (a durable redb commit) if the journal
+    /// holds any the file does not; the journal starts over. Maintenance calls it before it takes
+    /// the database.
     ///
     /// # Errors
     /// As a commit's.
     pub(crate) fn settle_journal(&self) -> Result<(), CommitError> {
-        let (Db::Writer(db), Some(journal)) = (&self.db, &self.journal) else {
-            return Ok(());
-        };
-        guarded(self.file(), || {
-            let mut txn = db.begin_write()?;
-            // Taken inside the transaction, as a commit takes it: no record can be appended
-            // between this durable commit and the journal's start over.
-            let mut state = journal
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if !state.journal.pending() {
-                let _ = txn.abort();
-                return Ok(());
-            }
-            txn.set_durability(Durability::Immediate)?;
-            txn.commit()?;
-            state.journal.restart();
-            Ok(())
-        })
+        guarded(self.file(), || self.publish(true))
     }
 
     /// The writer's cache, for the one write transaction under way. A panic caught by the guard
@@ -730,12 +812,32 @@ impl Store {
         guarded(self.file(), || work(&self.begin_read()?))
     }
 
+    /// A read transaction that sees every acknowledged commit: the journal's open transaction is
+    /// committed (non-durably) first.
     pub(crate) fn begin_read(&self) -> Result<redb::ReadTransaction, ReadError> {
+        self.publish(false).map_err(ReadError::from_publish)?;
         Ok(match &self.db {
             Db::Writer(db) => db.begin_read()?,
             Db::Reader(db) => db.begin_read()?,
         })
     }
+}
+
+/// Applies the writes of one journal record through `writer`; the reason it does not, as text.
+fn apply_record(writer: &mut Writer<'_>, record: &journal::Record) -> Result<(), String> {
+    let Some((&JOURNAL_PAYLOAD_VERSION, body)) = record.payload.split_first() else {
+        return Err(format!(
+            "payload version {:?}, this keel reads {JOURNAL_PAYLOAD_VERSION}",
+            record.payload.first()
+        ));
+    };
+    let (writes, _): (Vec<StagedWrite<'static>>, usize) =
+        bincode::serde::decode_from_slice(body, bincode::config::standard())
+            .map_err(|e| e.to_string())?;
+    for write in &writes {
+        writer.apply(write).map_err(|f| f.at(0).to_string())?;
+    }
+    Ok(())
 }
 
 /// Creates the store file 0600 if it does not exist (redb would create it with the process's umask,

@@ -241,3 +241,81 @@ fn the_due_durable_commit_is_durable_even_when_it_asked_for_none() {
     let store = Store::open_backend_journaled(disk.crash(), journal.crash(), journaled()).unwrap();
     assert_eq!(logged(&store), expected(71));
 }
+
+/// A group whose first write applies and whose second fails its checks, after journaled commits
+/// the open transaction holds: the group fails whole, and neither its first write nor any earlier
+/// commit is lost (the transaction they shared is rebuilt from the journal).
+#[test]
+fn a_group_that_fails_partway_loses_only_itself_in_the_open_transaction() {
+    let disk = SimDisk::new();
+    let journal = SimDisk::new();
+    let store = Store::open_backend_journaled(disk.clone(), journal.clone(), journaled()).unwrap();
+    create(&store);
+    for n in 1..=5 {
+        log(&store, n);
+    }
+    let scope = store.run(RunId(RUN));
+    let mut batch = WriteBatch::new();
+    batch.push(scope.stage_append_log(TaskId(ROOT), log_row(6)).unwrap());
+    // The root task exists: creating it again fails at apply time, after the log row applied.
+    batch.push(scope.stage_create_task(task(RUN, ROOT, None)).unwrap());
+    let failed = store.commit_group(batch, Durability::Immediate);
+    assert!(
+        matches!(failed, Err(CommitError::Item { index: 1, .. })),
+        "{failed:?}"
+    );
+    // Commits after the failure go on from the last acknowledged one, with every earlier one.
+    assert_eq!(log(&store, 6), Applied::LogAppended { seq: 6 });
+    log(&store, 7);
+    assert_eq!(logged(&store), expected(7));
+    // And so does a crash: the journal replays exactly the acknowledged commits.
+    let (disk, journal) = (disk.crash(), journal.crash());
+    let store = Store::open_backend_journaled(disk, journal, journaled()).unwrap();
+    assert_eq!(logged(&store), expected(7));
+}
+
+/// A failed record sync after journaled commits: the failed commit is reported and never
+/// visible, the commits before it are (in this process, and after a crash), and the store takes
+/// commits again.
+#[test]
+fn a_failed_append_loses_only_its_own_commit_in_the_open_transaction() {
+    let disk = SimDisk::new();
+    let journal = SimDisk::new();
+    let store = Store::open_backend_journaled(disk.clone(), journal.clone(), journaled()).unwrap();
+    create(&store);
+    for n in 1..=3 {
+        log(&store, n);
+    }
+    journal.fail_next_syncs(1);
+    let scope = store.run(RunId(RUN));
+    let failed = store.commit_one(
+        scope.stage_append_log(TaskId(ROOT), log_row(4)).unwrap(),
+        Durability::Immediate,
+    );
+    assert!(failed.is_err(), "{failed:?}");
+    assert_eq!(logged(&store), expected(3));
+    assert_eq!(log(&store, 4), Applied::LogAppended { seq: 4 });
+    let (disk, journal) = (disk.crash(), journal.crash());
+    let store = Store::open_backend_journaled(disk, journal, journaled()).unwrap();
+    assert_eq!(logged(&store), expected(4));
+}
+
+/// A read in between journaled commits sees every acknowledged commit (the open transaction is
+/// committed for it), and commits after the read go on in a new one.
+#[test]
+fn reads_between_journaled_commits_see_every_acknowledged_commit() {
+    let disk = SimDisk::new();
+    let journal = SimDisk::new();
+    let store = Store::open_backend_journaled(disk.clone(), journal.clone(), journaled()).unwrap();
+    create(&store);
+    for n in 1..=40 {
+        log(&store, n);
+        if n % 7 == 0 {
+            assert_eq!(logged(&store), expected(n));
+        }
+    }
+    assert_eq!(logged(&store), expected(40));
+    let (disk, journal) = (disk.crash(), journal.crash());
+    let store = Store::open_backend_journaled(disk, journal, journaled()).unwrap();
+    assert_eq!(logged(&store), expected(40));
+}
