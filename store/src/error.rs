@@ -127,7 +127,8 @@ impl CarriesCorruption for OpenError {
     }
 }
 
-/// A read failed. Reads never change the store.
+/// A read failed. Reads never change what the store holds (a read of a store with a journal may
+/// commit the journal's open transaction first, so that it sees every acknowledged commit).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ReadError {
@@ -161,21 +162,18 @@ pub enum ReadError {
     /// The store file's pages are damaged (redb reported them corrupt, or panicked on them).
     #[error(transparent)]
     Corrupt(#[from] Corruption),
-    /// Commits the journal held could not be committed to redb for the read to see them (the
-    /// store's journal keeps them: reopening the store replays them).
-    #[error("commits held by the journal could not be made readable: {0}")]
-    Journal(Box<CommitError>),
 }
 
 impl ReadError {
-    /// A failure to make the journal's commits readable, as the read's error: a storage failure
-    /// stays one (`NeedsReopen` after an earlier IO error), damage stays [`ReadError::Corrupt`].
+    /// A failure to commit the journal's open transaction for a read, as the read's error. An IO
+    /// failure stays one (redb then refuses further IO, so the next read is `NeedsReopen`); any
+    /// other (redb discarded its allocator state after a failed commit, a record that did not
+    /// apply again) is [`ReadError::NeedsReopen`] at once: a writer opened again replays the
+    /// journal, and the node reopens its store on exactly this error.
     pub(crate) fn from_publish(e: CommitError) -> Self {
         match e {
             CommitError::Storage(s) | CommitError::DiskFull(s) => s.into(),
-            CommitError::NeedsReopen => Self::NeedsReopen,
-            CommitError::Corrupt(c) => Self::Corrupt(c),
-            other => Self::Journal(Box::new(other)),
+            _ => Self::NeedsReopen,
         }
     }
 }
@@ -339,15 +337,16 @@ pub enum CommitError {
     /// The store was opened with [`crate::Store::open_read_only`].
     #[error("the store is open read-only")]
     ReadOnly,
-    /// A commit failed after its journal record was written, and the record could not be voided:
+    /// A commit's journal record was partly written, its append failed, and it could not be voided:
     /// the next open of the store may replay it. This handle takes no further commit, and must not
     /// be opened again by this process (a retry of the failed commit would then apply it twice):
     /// restart the process, whose open replays or drops the record.
     #[error("a failed commit's journal record could not be voided; restart the process")]
     JournalBroken,
-    /// A journal record this process acknowledged did not apply again when the transaction that
-    /// held it was rebuilt (after a commit that failed partway, or a failed redb commit): reopen
-    /// the store, whose replay reports the same record as [`OpenError::Journal`] if it persists.
+    /// A journal record this process acknowledged did not apply again when the open transaction
+    /// that held it was rebuilt (after a group that failed its checks partway, or a failed
+    /// append): reopen the store, whose replay reports the same record as [`OpenError::Journal`]
+    /// if it persists.
     #[error("journal record {seq} did not apply again: {reason}")]
     Journal {
         /// The record's number.

@@ -16,9 +16,10 @@
 //! `meta` table, so whatever redb made durable (a durable commit, or the promotion of pending
 //! non-durable commits redb does when a database closes) says which records it holds. A writable
 //! open replays, in order and in one durable transaction, the records after that number. Within a
-//! process, a lost open transaction (a commit whose writes failed their checks partway, a failed
-//! append, a failed redb commit) is rebuilt the same way: a new transaction replays the records the
-//! committed state does not hold, up to the last one appended.
+//! process, an open transaction dropped because a group failed its checks partway, or its record's
+//! append failed, is rebuilt the same way: a new transaction replays the records the committed
+//! state does not hold, up to the last one appended. After a failed redb commit redb takes no new
+//! write transaction: the store is opened again, and the open replays.
 //!
 //! The order within a journaled commit: the writes are applied in the open transaction (a write
 //! that fails its checks fails the commit with nothing journaled, and the transaction, which may

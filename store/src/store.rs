@@ -19,7 +19,7 @@ use crate::limits::{LimitError, Limits};
 use crate::model::{AgentProfile, RunId};
 use crate::scope::RunScope;
 use crate::tables;
-use crate::writer::Writer;
+use crate::writer::{Failure, Writer};
 
 /// The store format this build writes into the `meta` table. Bumped only when the table layout (not a
 /// record's shape: that is the codec's schema version) changes incompatibly: an older keel refuses a
@@ -90,8 +90,9 @@ pub struct Store {
     /// a write against it rather than reading the tables again; held by the one write transaction
     /// under way (redb runs one at a time), cleared whenever a commit does not succeed.
     known: Mutex<Known>,
-    /// The journal that makes commits durable, when the store was opened with one (locked inside
-    /// the one write transaction under way).
+    /// The journal that makes commits durable, when the store was opened with one, with the
+    /// write transaction it keeps open (locked before a commit begins its transaction, and by a
+    /// read before it begins its own).
     journal: Option<Mutex<JournalState>>,
 }
 
@@ -411,10 +412,7 @@ impl Store {
             known.clear();
             let mut writer = Writer::open(&txn, &self.limits, &mut known);
             for record in &records {
-                apply_record(&mut writer, record).map_err(|reason| OpenError::Journal {
-                    seq: record.seq,
-                    reason,
-                })?;
+                apply_record(&mut writer, record).map_err(|f| f.into_open(record.seq))?;
             }
             writer.finish().map_err(|e| OpenError::Journal {
                 seq: last,
@@ -717,20 +715,20 @@ impl Store {
             .map_err(io_error)?;
         let mut known = self.known();
         known.clear();
-        let replayed = {
+        let replayed = (|| {
             let mut writer = Writer::open(txn, &self.limits, &mut known);
             let mut replayed = applied;
             for record in records.iter().filter(|r| r.seq <= last) {
-                apply_record(&mut writer, record).map_err(|reason| CommitError::Journal {
-                    seq: record.seq,
-                    reason,
-                })?;
+                apply_record(&mut writer, record).map_err(|f| f.into_commit(record.seq))?;
                 replayed = record.seq;
             }
             writer.finish()?;
-            replayed
-        };
+            Ok::<_, CommitError>(replayed)
+        })();
+        // What the replay taught the cache is only good once it is committed with the rest; a
+        // commit after this one learns it again from the transaction.
         known.clear();
+        let replayed = replayed?;
         if replayed != last {
             return Err(CommitError::Journal {
                 seq: replayed + 1,
@@ -823,19 +821,56 @@ impl Store {
     }
 }
 
-/// Applies the writes of one journal record through `writer`; the reason it does not, as text.
-fn apply_record(writer: &mut Writer<'_>, record: &journal::Record) -> Result<(), String> {
+/// Why a journal record did not apply.
+enum RecordFailure {
+    /// The storage under the transaction failed (IO, a full disk, damage): not the record's fault.
+    Storage(CommitError),
+    /// The record itself: another payload version, a payload that does not decode, or a write
+    /// its checks refuse.
+    Record(String),
+}
+
+impl RecordFailure {
+    /// As a commit's error: a storage failure as itself, the record's as [`CommitError::Journal`].
+    fn into_commit(self, seq: u64) -> CommitError {
+        match self {
+            Self::Storage(e) => e,
+            Self::Record(reason) => CommitError::Journal { seq, reason },
+        }
+    }
+
+    /// As an open's error: a storage failure as the database's, the record's as
+    /// [`OpenError::Journal`].
+    fn into_open(self, seq: u64) -> OpenError {
+        match self {
+            Self::Storage(CommitError::Storage(e) | CommitError::DiskFull(e)) => {
+                OpenError::from(redb::DatabaseError::Storage(e))
+            }
+            Self::Storage(other) => OpenError::Journal {
+                seq,
+                reason: other.to_string(),
+            },
+            Self::Record(reason) => OpenError::Journal { seq, reason },
+        }
+    }
+}
+
+/// Applies the writes of one journal record through `writer`.
+fn apply_record(writer: &mut Writer<'_>, record: &journal::Record) -> Result<(), RecordFailure> {
     let Some((&JOURNAL_PAYLOAD_VERSION, body)) = record.payload.split_first() else {
-        return Err(format!(
+        return Err(RecordFailure::Record(format!(
             "payload version {:?}, this keel reads {JOURNAL_PAYLOAD_VERSION}",
             record.payload.first()
-        ));
+        )));
     };
     let (writes, _): (Vec<StagedWrite<'static>>, usize) =
         bincode::serde::decode_from_slice(body, bincode::config::standard())
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| RecordFailure::Record(e.to_string()))?;
     for write in &writes {
-        writer.apply(write).map_err(|f| f.at(0).to_string())?;
+        writer.apply(write).map_err(|f| match f {
+            Failure::Commit(e) => RecordFailure::Storage(e),
+            Failure::Item(item) => RecordFailure::Record(item.to_string()),
+        })?;
     }
     Ok(())
 }
