@@ -585,20 +585,7 @@ impl Store {
             work(&mut writer).and_then(|result| writer.finish().map(|finished| (result, finished)))
         };
         let committed = outcome.and_then(|done| txn.commit().map(|()| done).map_err(Into::into));
-        match committed {
-            Ok((result, finished)) => {
-                for run in finished {
-                    known.forget_run(run);
-                }
-                Ok(result)
-            }
-            Err(e) => {
-                // What this transaction taught the cache was never committed (an uncommitted
-                // transaction aborts when it is dropped).
-                known.clear();
-                Err(e)
-            }
-        }
+        settled(&mut known, committed)
     }
 
     /// A commit with the journal: `work` applies the writes in the open transaction, then the
@@ -668,19 +655,7 @@ impl Store {
                 }
             }
         });
-        match outcome {
-            Ok((result, finished)) => {
-                for run in finished {
-                    known.forget_run(run);
-                }
-                Ok(result)
-            }
-            Err(e) => {
-                // What the dropped transaction taught the cache is gone with it.
-                known.clear();
-                Err(e)
-            }
-        }
+        settled(&mut known, outcome)
     }
 
     /// The transaction the next journaled commit applies its writes in: the open one, or a new
@@ -818,6 +793,27 @@ impl Store {
             Db::Writer(db) => db.begin_read()?,
             Db::Reader(db) => db.begin_read()?,
         })
+    }
+}
+
+/// The writer's cache after a commit: a committed one forgets the runs it finished; one that did
+/// not commit forgets all its transaction taught it (the transaction is dropped, and redb aborts
+/// it, or it was the journal's open one and is rebuilt from the journal).
+fn settled<R>(
+    known: &mut Known,
+    outcome: Result<(R, Vec<u128>), CommitError>,
+) -> Result<R, CommitError> {
+    match outcome {
+        Ok((result, finished)) => {
+            for run in finished {
+                known.forget_run(run);
+            }
+            Ok(result)
+        }
+        Err(e) => {
+            known.clear();
+            Err(e)
+        }
     }
 }
 
