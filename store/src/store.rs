@@ -124,7 +124,8 @@ impl std::fmt::Debug for JournalState {
 
 impl JournalState {
     /// Whether acknowledged records are neither in redb's committed state nor in an open
-    /// transaction (the transaction that held them was dropped or failed to commit).
+    /// transaction (the transaction that held them was dropped, or its commit failed: then redb
+    /// takes no new write transaction and the store must be opened again, which replays them).
     fn lacks_records(&self) -> bool {
         self.open.is_none() && self.held < self.journal.last_seq()
     }
@@ -678,7 +679,7 @@ impl Store {
 
     /// Replays into `txn` the journal's records that redb's committed state does not hold (by the
     /// number in its `meta`), up to the last one appended: the transaction that held them was
-    /// dropped (a commit that failed partway, a failed append or redb commit). The same records,
+    /// dropped (a group that failed its checks partway, a failed append). The same records,
     /// through the same checks, as a writable open would replay.
     fn reapply(&self, txn: &WriteTransaction, state: &JournalState) -> Result<(), CommitError> {
         let (applied, _) = journal_marks(&txn.open_table(tables::META)?)?;

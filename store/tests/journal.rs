@@ -19,6 +19,34 @@ fn journaled() -> StoreConfig {
     }
 }
 
+/// The store as `keel serve` opens one, on `disk` and `journal` as they are.
+fn open(disk: &SimDisk, journal: &SimDisk) -> Store {
+    Store::open_backend_journaled(disk.clone(), journal.clone(), journaled()).unwrap()
+}
+
+/// A store on two fresh simulated disks: its file's and its journal's.
+fn fresh() -> (SimDisk, SimDisk, Store) {
+    let (disk, journal) = (SimDisk::new(), SimDisk::new());
+    let store = open(&disk, &journal);
+    (disk, journal, store)
+}
+
+/// The power goes: the store opened again on what both disks had synced.
+fn crash(disk: &SimDisk, journal: &SimDisk) -> (SimDisk, SimDisk, Store) {
+    let (disk, journal) = (disk.crash(), journal.crash());
+    let store = open(&disk, &journal);
+    (disk, journal, store)
+}
+
+/// Commits log row `n` of the root task alone, durably, and answers what the commit did.
+fn try_log(store: &Store, n: u64) -> Result<Applied, CommitError> {
+    let scope = store.run(RunId(RUN));
+    store.commit_one(
+        scope.stage_append_log(TaskId(ROOT), log_row(n)).unwrap(),
+        Durability::Immediate,
+    )
+}
+
 /// Creates the run and its root task, durably.
 fn create(store: &Store) {
     let scope = store.run(RunId(RUN));
@@ -30,13 +58,7 @@ fn create(store: &Store) {
 
 /// Commits log row `n` of the root task alone, durably (as a group commit of one).
 fn log(store: &Store, n: u64) -> Applied {
-    let scope = store.run(RunId(RUN));
-    store
-        .commit_one(
-            scope.stage_append_log(TaskId(ROOT), log_row(n)).unwrap(),
-            Durability::Immediate,
-        )
-        .unwrap()
+    try_log(store, n).unwrap()
 }
 
 /// The root task's log as sequence numbers and the row numbers they hold.
@@ -57,9 +79,7 @@ fn expected(rows: u64) -> Vec<(u64, String)> {
 
 #[test]
 fn acknowledged_commits_survive_a_crash_the_store_file_never_saw() {
-    let disk = SimDisk::new();
-    let journal = SimDisk::new();
-    let store = Store::open_backend_journaled(disk.clone(), journal.clone(), journaled()).unwrap();
+    let (disk, journal, store) = fresh();
     create(&store);
     for n in 1..=10 {
         log(&store, n);
@@ -78,7 +98,7 @@ fn acknowledged_commits_survive_a_crash_the_store_file_never_saw() {
     drop(store);
     // ...the file with its journal does.
     let (disk, journal) = (crashed, crashed_journal);
-    let store = Store::open_backend_journaled(disk.clone(), journal.clone(), journaled()).unwrap();
+    let store = open(&disk, &journal);
     assert_eq!(logged(&store), expected(10));
     // And the sequence goes on where it ended.
     assert_eq!(log(&store, 11), Applied::LogAppended { seq: 11 });
@@ -86,9 +106,7 @@ fn acknowledged_commits_survive_a_crash_the_store_file_never_saw() {
 
 #[test]
 fn a_crash_after_the_durable_commit_replays_only_the_records_after_it() {
-    let disk = SimDisk::new();
-    let journal = SimDisk::new();
-    let store = Store::open_backend_journaled(disk.clone(), journal.clone(), journaled()).unwrap();
+    let (disk, journal, store) = fresh();
     create(&store);
     let file_syncs = disk.syncs();
     // Past the count that makes one commit a durable commit of the store file, and then some.
@@ -99,20 +117,16 @@ fn a_crash_after_the_durable_commit_replays_only_the_records_after_it() {
         disk.syncs() > file_syncs,
         "the store file got its durable commits"
     );
-    let (disk, journal) = (disk.crash(), journal.crash());
-    let store = Store::open_backend_journaled(disk.clone(), journal.clone(), journaled()).unwrap();
+    let (disk, journal, store) = crash(&disk, &journal);
     assert_eq!(logged(&store), expected(150));
     // Crash again at once: the replay was made durable; nothing is applied twice.
-    let (disk, journal) = (disk.crash(), journal.crash());
-    let store = Store::open_backend_journaled(disk, journal, journaled()).unwrap();
+    let (_, _, store) = crash(&disk, &journal);
     assert_eq!(logged(&store), expected(150));
 }
 
 #[test]
 fn a_closed_store_reopens_without_replaying_what_its_close_made_durable() {
-    let disk = SimDisk::new();
-    let journal = SimDisk::new();
-    let store = Store::open_backend_journaled(disk.clone(), journal.clone(), journaled()).unwrap();
+    let (disk, journal, store) = fresh();
     create(&store);
     for n in 1..=5 {
         log(&store, n);
@@ -120,47 +134,37 @@ fn a_closed_store_reopens_without_replaying_what_its_close_made_durable() {
     // A clean close: redb makes the pending commits durable in the file; the journal still holds
     // their records, which the file now says it holds.
     drop(store);
-    let store = Store::open_backend_journaled(disk.clone(), journal.clone(), journaled()).unwrap();
+    let store = open(&disk, &journal);
     assert_eq!(logged(&store), expected(5));
     drop(store);
-    let (disk, journal) = (disk.crash(), journal.crash());
-    let store = Store::open_backend_journaled(disk, journal, journaled()).unwrap();
+    let (_, _, store) = crash(&disk, &journal);
     assert_eq!(logged(&store), expected(5));
 }
 
 #[test]
 fn a_commit_whose_record_never_synced_fails_and_is_not_there_after_a_crash() {
-    let disk = SimDisk::new();
-    let journal = SimDisk::new();
-    let store = Store::open_backend_journaled(disk.clone(), journal.clone(), journaled()).unwrap();
+    let (disk, journal, store) = fresh();
     create(&store);
     log(&store, 1);
     journal.fail_next_syncs(1);
-    let scope = store.run(RunId(RUN));
-    let failed = store.commit_one(
-        scope.stage_append_log(TaskId(ROOT), log_row(2)).unwrap(),
-        Durability::Immediate,
-    );
+    let failed = try_log(&store, 2);
     assert!(failed.is_err(), "{failed:?}");
     // Nothing of it is visible.
     assert_eq!(logged(&store), expected(1));
     // The node opens a store again after a failed commit (without a crash): the failed commit's
     // record, perhaps on the disk after all, is not replayed...
     drop(store);
-    let store = Store::open_backend_journaled(disk.clone(), journal.clone(), journaled()).unwrap();
+    let store = open(&disk, &journal);
     assert_eq!(logged(&store), expected(1));
     // ...so its retry is applied once.
     assert_eq!(log(&store, 2), Applied::LogAppended { seq: 2 });
-    let (disk, journal) = (disk.crash(), journal.crash());
-    let store = Store::open_backend_journaled(disk, journal, journaled()).unwrap();
+    let (_, _, store) = crash(&disk, &journal);
     assert_eq!(logged(&store), expected(2));
 }
 
 #[test]
 fn a_power_loss_during_a_record_keeps_every_commit_before_it() {
-    let disk = SimDisk::new();
-    let journal = SimDisk::new();
-    let store = Store::open_backend_journaled(disk.clone(), journal.clone(), journaled()).unwrap();
+    let (disk, journal, store) = fresh();
     create(&store);
     for n in 1..=3 {
         log(&store, n);
@@ -168,8 +172,7 @@ fn a_power_loss_during_a_record_keeps_every_commit_before_it() {
     // The power goes during the next record's write: its sync returns, nothing more is durable.
     journal.schedule_power_loss(Some(0));
     log(&store, 4);
-    let (disk, journal) = (disk.crash(), journal.crash());
-    let store = Store::open_backend_journaled(disk, journal, journaled()).unwrap();
+    let (_, _, store) = crash(&disk, &journal);
     assert_eq!(logged(&store), expected(3));
 }
 
@@ -207,10 +210,7 @@ fn a_read_only_open_refuses_a_store_whose_journal_holds_commits_and_a_writer_rep
 
 #[test]
 fn maintenance_works_on_a_file_that_holds_every_commit_the_journal_held() {
-    let disk = SimDisk::new();
-    let journal = SimDisk::new();
-    let mut store =
-        Store::open_backend_journaled(disk.clone(), journal.clone(), journaled()).unwrap();
+    let (disk, _journal, mut store) = fresh();
     create(&store);
     for n in 1..=5 {
         log(&store, n);
@@ -223,9 +223,7 @@ fn maintenance_works_on_a_file_that_holds_every_commit_the_journal_held() {
 
 #[test]
 fn the_due_durable_commit_is_durable_even_when_it_asked_for_none() {
-    let disk = SimDisk::new();
-    let journal = SimDisk::new();
-    let store = Store::open_backend_journaled(disk.clone(), journal.clone(), journaled()).unwrap();
+    let (disk, journal, store) = fresh();
     create(&store);
     let scope = store.run(RunId(RUN));
     // Past the count that makes a commit the durable one, every commit asking for `None`.
@@ -238,7 +236,7 @@ fn the_due_durable_commit_is_durable_even_when_it_asked_for_none() {
             .unwrap();
     }
     log(&store, 71);
-    let store = Store::open_backend_journaled(disk.crash(), journal.crash(), journaled()).unwrap();
+    let (_, _, store) = crash(&disk, &journal);
     assert_eq!(logged(&store), expected(71));
 }
 
@@ -247,9 +245,7 @@ fn the_due_durable_commit_is_durable_even_when_it_asked_for_none() {
 /// commit is lost (the transaction they shared is rebuilt from the journal).
 #[test]
 fn a_group_that_fails_partway_loses_only_itself_in_the_open_transaction() {
-    let disk = SimDisk::new();
-    let journal = SimDisk::new();
-    let store = Store::open_backend_journaled(disk.clone(), journal.clone(), journaled()).unwrap();
+    let (disk, journal, store) = fresh();
     create(&store);
     for n in 1..=5 {
         log(&store, n);
@@ -269,8 +265,7 @@ fn a_group_that_fails_partway_loses_only_itself_in_the_open_transaction() {
     log(&store, 7);
     assert_eq!(logged(&store), expected(7));
     // And so does a crash: the journal replays exactly the acknowledged commits.
-    let (disk, journal) = (disk.crash(), journal.crash());
-    let store = Store::open_backend_journaled(disk, journal, journaled()).unwrap();
+    let (_, _, store) = crash(&disk, &journal);
     assert_eq!(logged(&store), expected(7));
 }
 
@@ -279,24 +274,17 @@ fn a_group_that_fails_partway_loses_only_itself_in_the_open_transaction() {
 /// commits again.
 #[test]
 fn a_failed_append_loses_only_its_own_commit_in_the_open_transaction() {
-    let disk = SimDisk::new();
-    let journal = SimDisk::new();
-    let store = Store::open_backend_journaled(disk.clone(), journal.clone(), journaled()).unwrap();
+    let (disk, journal, store) = fresh();
     create(&store);
     for n in 1..=3 {
         log(&store, n);
     }
     journal.fail_next_syncs(1);
-    let scope = store.run(RunId(RUN));
-    let failed = store.commit_one(
-        scope.stage_append_log(TaskId(ROOT), log_row(4)).unwrap(),
-        Durability::Immediate,
-    );
+    let failed = try_log(&store, 4);
     assert!(failed.is_err(), "{failed:?}");
     assert_eq!(logged(&store), expected(3));
     assert_eq!(log(&store, 4), Applied::LogAppended { seq: 4 });
-    let (disk, journal) = (disk.crash(), journal.crash());
-    let store = Store::open_backend_journaled(disk, journal, journaled()).unwrap();
+    let (_, _, store) = crash(&disk, &journal);
     assert_eq!(logged(&store), expected(4));
 }
 
@@ -304,9 +292,7 @@ fn a_failed_append_loses_only_its_own_commit_in_the_open_transaction() {
 /// committed for it), and commits after the read go on in a new one.
 #[test]
 fn reads_between_journaled_commits_see_every_acknowledged_commit() {
-    let disk = SimDisk::new();
-    let journal = SimDisk::new();
-    let store = Store::open_backend_journaled(disk.clone(), journal.clone(), journaled()).unwrap();
+    let (disk, journal, store) = fresh();
     create(&store);
     for n in 1..=40 {
         log(&store, n);
@@ -315,7 +301,6 @@ fn reads_between_journaled_commits_see_every_acknowledged_commit() {
         }
     }
     assert_eq!(logged(&store), expected(40));
-    let (disk, journal) = (disk.crash(), journal.crash());
-    let store = Store::open_backend_journaled(disk, journal, journaled()).unwrap();
+    let (_, _, store) = crash(&disk, &journal);
     assert_eq!(logged(&store), expected(40));
 }
