@@ -5,8 +5,6 @@
 //! TASK`, `keel logs TASK`, `keel tree RUN`), which start from a bare task id and must find its run.
 //! It has no write methods.
 
-use redb::ReadableTable;
-
 use crate::codec;
 use crate::error::ReadError;
 use crate::model::{

@@ -53,6 +53,7 @@ mod read;
 mod redaction;
 mod scope;
 mod sim_disk;
+mod snapshot;
 mod store;
 mod tables;
 mod task_state;

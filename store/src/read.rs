@@ -4,13 +4,14 @@
 
 use std::collections::BTreeMap;
 
-use redb::{ReadTransaction, ReadableTable, ReadableTableMetadata, TableDefinition};
+use redb::TableDefinition;
 
 use crate::codec;
 use crate::error::ReadError;
 use crate::limits::{LimitError, Limits};
 use crate::log_segment;
 use crate::model::{Run, RunId, SessionLogRow, Task, TaskId};
+use crate::snapshot::{Snapshot, View};
 use crate::tables::{self, Row, name};
 use crate::task_state::States;
 
@@ -62,7 +63,7 @@ pub(crate) fn check_limit(limits: &Limits, n: u32) -> Result<usize, ReadError> {
     Ok(usize::try_from(n).unwrap_or(usize::MAX))
 }
 
-pub(crate) fn get_run(txn: &ReadTransaction, run: RunId) -> Result<Run, ReadError> {
+pub(crate) fn get_run(txn: &Snapshot<'_>, run: RunId) -> Result<Run, ReadError> {
     let table = txn.open_table(tables::RUNS)?;
     let plans = Plans::open(txn)?;
     match table.get(run.0)? {
@@ -76,14 +77,14 @@ pub(crate) fn get_run(txn: &ReadTransaction, run: RunId) -> Result<Run, ReadErro
 
 /// The plans table of a read, to put each run's plan back into its row (store format 2 keeps it
 /// beside the row). Absent in a format-1 store opened read-only, whose rows still hold their plans.
-pub(crate) struct Plans(Option<redb::ReadOnlyTable<u128, Row>>);
+pub(crate) struct Plans<'s>(Option<View<'s, u128, Row>>);
 
 /// A table a store of an older format opened read-only may not have (a read-only open does not
 /// upgrade): `None` then.
-pub(crate) fn table_if_any<K: redb::Key + 'static, V: redb::Value + 'static>(
-    txn: &ReadTransaction,
+pub(crate) fn table_if_any<'s, K: redb::Key + 'static, V: redb::Value + 'static>(
+    txn: &'s Snapshot<'_>,
     definition: TableDefinition<'static, K, V>,
-) -> Result<Option<redb::ReadOnlyTable<K, V>>, ReadError> {
+) -> Result<Option<View<'s, K, V>>, ReadError> {
     match txn.open_table(definition) {
         Ok(table) => Ok(Some(table)),
         Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
@@ -91,8 +92,8 @@ pub(crate) fn table_if_any<K: redb::Key + 'static, V: redb::Value + 'static>(
     }
 }
 
-impl Plans {
-    pub(crate) fn open(txn: &ReadTransaction) -> Result<Self, ReadError> {
+impl<'s> Plans<'s> {
+    pub(crate) fn open(txn: &'s Snapshot<'_>) -> Result<Self, ReadError> {
         table_if_any(txn, tables::RUN_PLANS).map(Self)
     }
 
@@ -116,13 +117,13 @@ impl Plans {
 
 /// Whether the store's open-runs index can be trusted in this read: the store is of format 2 or
 /// later (a format-1 store opened read-only has none).
-fn open_runs_indexed(txn: &ReadTransaction) -> Result<bool, ReadError> {
+fn open_runs_indexed(txn: &Snapshot<'_>) -> Result<bool, ReadError> {
     let meta = txn.open_table(tables::META)?;
     let format = meta.get("store_format")?.map_or(0, |g| g.value());
     Ok(format >= crate::upgrade::FORMAT_OPEN_RUNS_INDEX)
 }
 
-pub(crate) fn get_task(txn: &ReadTransaction, run: RunId, task: TaskId) -> Result<Task, ReadError> {
+pub(crate) fn get_task(txn: &Snapshot<'_>, run: RunId, task: TaskId) -> Result<Task, ReadError> {
     let table = txn.open_table(tables::TASKS)?;
     match table.get((run.0, task.0))? {
         None => Err(ReadError::NotFound {
@@ -137,11 +138,7 @@ pub(crate) fn get_task(txn: &ReadTransaction, run: RunId, task: TaskId) -> Resul
     }
 }
 
-pub(crate) fn require_task(
-    txn: &ReadTransaction,
-    run: RunId,
-    task: TaskId,
-) -> Result<(), ReadError> {
+pub(crate) fn require_task(txn: &Snapshot<'_>, run: RunId, task: TaskId) -> Result<(), ReadError> {
     let table = txn.open_table(tables::TASKS)?;
     if table.get((run.0, task.0))?.is_none() {
         return Err(ReadError::NotFound {
@@ -153,7 +150,7 @@ pub(crate) fn require_task(
 }
 
 pub(crate) fn tasks_of_run(
-    txn: &ReadTransaction,
+    txn: &Snapshot<'_>,
     run: RunId,
     after: Option<TaskId>,
     limit: usize,
@@ -190,7 +187,7 @@ pub(crate) fn tasks_of_run(
     Ok(Listing { items, more })
 }
 
-pub(crate) fn all_tasks(txn: &ReadTransaction, limit: usize) -> Result<Listing<Task>, ReadError> {
+pub(crate) fn all_tasks(txn: &Snapshot<'_>, limit: usize) -> Result<Listing<Task>, ReadError> {
     let table = txn.open_table(tables::TASKS)?;
     let states = States::open(txn)?;
     let mut items = Vec::new();
@@ -211,7 +208,7 @@ pub(crate) fn all_tasks(txn: &ReadTransaction, limit: usize) -> Result<Listing<T
     Ok(Listing { items, more })
 }
 
-pub(crate) fn runs(txn: &ReadTransaction, limit: usize) -> Result<Listing<Run>, ReadError> {
+pub(crate) fn runs(txn: &Snapshot<'_>, limit: usize) -> Result<Listing<Run>, ReadError> {
     let table = txn.open_table(tables::RUNS)?;
     let plans = Plans::open(txn)?;
     let mut items = Vec::new();
@@ -232,7 +229,7 @@ pub(crate) fn runs(txn: &ReadTransaction, limit: usize) -> Result<Listing<Run>, 
 /// count is the table's length (kept by redb) less the runs at or after the page's last one, which
 /// are counted by key only from the first page down to it (none for the first page).
 pub(crate) fn runs_newest_first(
-    txn: &ReadTransaction,
+    txn: &Snapshot<'_>,
     before: Option<RunId>,
     limit: usize,
 ) -> Result<RunPage, ReadError> {
@@ -268,7 +265,7 @@ pub(crate) fn runs_newest_first(
 /// Every run that is not terminal, in id order (oldest first), at most `limit` of them, however
 /// many terminal runs the store holds: read through the open-runs index, one row per open run (a
 /// format-1 store opened read-only has no index: every run row is read).
-pub(crate) fn open_runs(txn: &ReadTransaction, limit: usize) -> Result<Listing<Run>, ReadError> {
+pub(crate) fn open_runs(txn: &Snapshot<'_>, limit: usize) -> Result<Listing<Run>, ReadError> {
     if !open_runs_indexed(txn)? {
         return open_runs_scanned(txn, limit);
     }
@@ -287,7 +284,7 @@ pub(crate) fn open_runs(txn: &ReadTransaction, limit: usize) -> Result<Listing<R
 }
 
 /// [`open_runs`] without the index: every run row decoded.
-fn open_runs_scanned(txn: &ReadTransaction, limit: usize) -> Result<Listing<Run>, ReadError> {
+fn open_runs_scanned(txn: &Snapshot<'_>, limit: usize) -> Result<Listing<Run>, ReadError> {
     let table = txn.open_table(tables::RUNS)?;
     let mut items = Vec::new();
     let mut more = false;
@@ -307,7 +304,7 @@ fn open_runs_scanned(txn: &ReadTransaction, limit: usize) -> Result<Listing<Run>
 }
 
 /// The run with the highest id: the newest, as run ids are ULIDs that sort by creation time.
-pub(crate) fn latest_run(txn: &ReadTransaction) -> Result<Option<Run>, ReadError> {
+pub(crate) fn latest_run(txn: &Snapshot<'_>) -> Result<Option<Run>, ReadError> {
     let table = txn.open_table(tables::RUNS)?;
     let Some(entry) = table.iter()?.next_back() else {
         return Ok(None);
@@ -318,7 +315,7 @@ pub(crate) fn latest_run(txn: &ReadTransaction) -> Result<Option<Run>, ReadError
 }
 
 pub(crate) fn children(
-    txn: &ReadTransaction,
+    txn: &Snapshot<'_>,
     run: RunId,
     parent: TaskId,
     limit: usize,
@@ -340,7 +337,7 @@ pub(crate) fn children(
 }
 
 pub(crate) fn ancestors(
-    txn: &ReadTransaction,
+    txn: &Snapshot<'_>,
     run: RunId,
     task: TaskId,
     max: usize,
@@ -357,7 +354,7 @@ pub(crate) fn ancestors(
 }
 
 pub(crate) fn tree(
-    txn: &ReadTransaction,
+    txn: &Snapshot<'_>,
     run: RunId,
     limit: usize,
 ) -> Result<Listing<TreeNode>, ReadError> {
@@ -390,7 +387,7 @@ pub(crate) fn tree(
 /// The last `n` rows of a task's log, oldest first: entries read from the end, each expanded into
 /// its rows (a segment holds several, see `log_segment`).
 pub(crate) fn last_log_rows(
-    txn: &ReadTransaction,
+    txn: &Snapshot<'_>,
     run: RunId,
     task: TaskId,
     n: usize,
@@ -420,7 +417,7 @@ pub(crate) fn last_log_rows(
 /// The rows of a task's log numbered after `after`, at most `limit`, oldest first. A segment
 /// holding `after + 1` starts before it, so the read starts at the last entry at or before it.
 pub(crate) fn log_rows_after(
-    txn: &ReadTransaction,
+    txn: &Snapshot<'_>,
     run: RunId,
     task: TaskId,
     after: u64,
@@ -458,7 +455,7 @@ pub(crate) fn log_rows_after(
 }
 
 pub(crate) fn seq_rows<T: crate::codec::Record>(
-    txn: &ReadTransaction,
+    txn: &Snapshot<'_>,
     def: TableDefinition<'_, tables::RunSeq, Row>,
     table_name: &'static str,
     run: RunId,
@@ -486,7 +483,7 @@ pub(crate) fn seq_rows<T: crate::codec::Record>(
     Ok(Listing { items, more })
 }
 
-pub(crate) fn locate_task(txn: &ReadTransaction, task: TaskId) -> Result<RunId, ReadError> {
+pub(crate) fn locate_task(txn: &Snapshot<'_>, task: TaskId) -> Result<RunId, ReadError> {
     let table = txn.open_table(tables::TASK_RUN)?;
     match table.get(task.0)? {
         None => Err(ReadError::NotFound {

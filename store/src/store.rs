@@ -18,6 +18,7 @@ use crate::known::Known;
 use crate::limits::{LimitError, Limits};
 use crate::model::{AgentProfile, RunId};
 use crate::scope::RunScope;
+use crate::snapshot::Snapshot;
 use crate::tables;
 use crate::writer::{Failure, Writer};
 
@@ -776,14 +777,45 @@ impl Store {
         self.known.clear_poison();
     }
 
-    /// Runs `work` in one read transaction, guarded: a damaged page (redb's `Corrupted`, or a panic
-    /// inside redb) comes back as [`ReadError::Corrupt`] naming the file. Every read of the
-    /// catalog and of a run's scope goes through here.
+    /// Runs `work` on a snapshot holding every acknowledged commit, guarded: a damaged page (redb's
+    /// `Corrupted`, or a panic inside redb) comes back as [`ReadError::Corrupt`] naming the file.
+    /// Every read of the catalog and of a run's scope goes through here.
+    ///
+    /// A journaled store that holds commits redb has not committed yet (its open transaction, or
+    /// records a dropped one held) is read in that open transaction, under the journal's lock, and
+    /// it stays open: a read costs no commit. Otherwise `work` gets a read transaction, and the
+    /// lock is not held while it runs.
     pub(crate) fn read<T>(
         &self,
-        work: impl FnOnce(&redb::ReadTransaction) -> Result<T, ReadError>,
+        work: impl FnOnce(&Snapshot<'_>) -> Result<T, ReadError>,
     ) -> Result<T, ReadError> {
-        guarded(self.file(), || work(&self.begin_read()?))
+        guarded(self.file(), || {
+            if let (Db::Writer(db), Some(journal)) = (&self.db, &self.journal) {
+                let mut state = journal
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if state.open.is_some() || state.lacks_records() {
+                    let txn = self
+                        .open_transaction(db, &mut state)
+                        .map_err(ReadError::from_publish)?;
+                    let outcome = work(&Snapshot::Open(&txn));
+                    // A read that met a failing or damaged store (or redb refusing it) gives the
+                    // transaction up, and the next commit or read rebuilds it from the journal; a
+                    // row that is missing, too many or undecodable says nothing against it.
+                    if matches!(
+                        outcome,
+                        Ok(_)
+                            | Err(ReadError::NotFound { .. }
+                                | ReadError::TooManyRows(_)
+                                | ReadError::Decode(_))
+                    ) {
+                        state.open = Some(txn);
+                    }
+                    return outcome;
+                }
+            }
+            work(&Snapshot::Committed(self.begin_read()?))
+        })
     }
 
     /// A read transaction that sees every acknowledged commit: the journal's open transaction is
@@ -897,5 +929,52 @@ fn check_format(found: Option<u64>) -> Result<(), OpenError> {
             supported: u8::try_from(STORE_FORMAT).unwrap_or(u8::MAX),
         }),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::model::{Budget, Run, RunStatus};
+    use crate::sim_disk::SimDisk;
+
+    /// Whether the journal holds an open transaction now.
+    fn is_open(store: &Store) -> bool {
+        let journal = store.journal.as_ref().unwrap();
+        journal.lock().unwrap().open.is_some()
+    }
+
+    /// A read between journaled commits reads the open transaction and leaves it open (a read
+    /// used to commit it: a redb commit per read); the next commit goes on in it.
+    #[test]
+    fn a_read_leaves_the_open_transaction_open() {
+        let config = StoreConfig {
+            journal: true,
+            ..StoreConfig::default()
+        };
+        let store = Store::open_backend_journaled(SimDisk::new(), SimDisk::new(), config).unwrap();
+        let id = RunId(1 << 90);
+        let scope = store.run(id);
+        let run = Run {
+            id,
+            brief: "brief".into(),
+            plan: None,
+            status: RunStatus::Running,
+            budget: Budget::default(),
+            created_ms: 1,
+            updated_ms: 1,
+            config_snapshot: String::new(),
+            outcome: None,
+        };
+        let mut batch = WriteBatch::new();
+        batch.push(scope.stage_create_run(run).unwrap());
+        store.commit_group(batch, Durability::Immediate).unwrap();
+        assert!(is_open(&store));
+        assert_eq!(scope.get().unwrap().id, id);
+        assert!(is_open(&store), "the read committed the open transaction");
+        assert_eq!(scope.get().unwrap().brief, "brief");
+        assert!(is_open(&store));
     }
 }

@@ -11,12 +11,12 @@
 //! order), so the head/state line is the same in the row and in the state: a state decoded from the
 //! `task_states` table replaces exactly the fields a full row's tail holds.
 
-use redb::{ReadOnlyTable, ReadTransaction};
 use serde::{Deserialize, Serialize};
 
 use crate::codec;
 use crate::error::ReadError;
 use crate::model::{Attachment, ObservedSession, RunId, Task, TaskId, TaskKind, TaskStatus};
+use crate::snapshot::{Snapshot, View};
 use crate::tables::{self, Row, name};
 
 /// The fields of a task that change after its creation, in [`Task`]'s order (its encoding's tail).
@@ -169,10 +169,10 @@ impl TaskHead {
 
 /// The state table of a read, to put each task's newest state over its row. Absent in a format-2
 /// store opened read-only, whose rows are whole.
-pub(crate) struct States(Option<ReadOnlyTable<tables::RunPair, Row>>);
+pub(crate) struct States<'s>(Option<View<'s, tables::RunPair, Row>>);
 
-impl States {
-    pub(crate) fn open(txn: &ReadTransaction) -> Result<Self, ReadError> {
+impl<'s> States<'s> {
+    pub(crate) fn open(txn: &'s Snapshot<'_>) -> Result<Self, ReadError> {
         crate::read::table_if_any(txn, tables::TASK_STATES).map(Self)
     }
 

@@ -288,8 +288,8 @@ fn a_failed_append_loses_only_its_own_commit_in_the_open_transaction() {
     assert_eq!(logged(&store), expected(4));
 }
 
-/// A read in between journaled commits sees every acknowledged commit (the open transaction is
-/// committed for it), and commits after the read go on in a new one.
+/// A read in between journaled commits sees every acknowledged commit (it reads the open
+/// transaction), and commits after the read go on in the same one.
 #[test]
 fn reads_between_journaled_commits_see_every_acknowledged_commit() {
     let (disk, journal, store) = fresh();
@@ -303,4 +303,28 @@ fn reads_between_journaled_commits_see_every_acknowledged_commit() {
     assert_eq!(logged(&store), expected(40));
     let (_, _, store) = crash(&disk, &journal);
     assert_eq!(logged(&store), expected(40));
+}
+
+/// A read right after a group that failed partway (which dropped the open transaction) rebuilds
+/// the transaction from the journal to read it: it sees every acknowledged commit and not the
+/// failed group's first write, and later commits and a crash keep exactly the acknowledged ones.
+#[test]
+fn a_read_after_a_failed_group_rebuilds_the_open_transaction_without_it() {
+    let (disk, journal, store) = fresh();
+    create(&store);
+    for n in 1..=5 {
+        log(&store, n);
+    }
+    let scope = store.run(RunId(RUN));
+    let mut batch = WriteBatch::new();
+    batch.push(scope.stage_append_log(TaskId(ROOT), log_row(6)).unwrap());
+    batch.push(scope.stage_create_task(task(RUN, ROOT, None)).unwrap());
+    assert!(store.commit_group(batch, Durability::Immediate).is_err());
+    for _ in 0..2 {
+        assert_eq!(logged(&store), expected(5));
+    }
+    log(&store, 6);
+    assert_eq!(logged(&store), expected(6));
+    let (_, _, store) = crash(&disk, &journal);
+    assert_eq!(logged(&store), expected(6));
 }
