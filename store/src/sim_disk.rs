@@ -21,9 +21,9 @@ use redb::StorageBackend;
 #[derive(Debug, Default)]
 struct DiskState {
     /// What reads see: the page cache over the disk.
-    volatile: Vec<u8>,
+    volatile: Image,
     /// What survives a crash: the image at the last successful sync.
-    durable: Vec<u8>,
+    durable: Image,
     /// Writes or growth past this length fail with `StorageFull`.
     capacity: Option<u64>,
     /// Bytes that may still be written before writes fail with `StorageFull`.
@@ -133,16 +133,108 @@ fn all_zero(data: &[u8]) -> bool {
 }
 
 /// Applies one pending operation to an image; `bytes` are the pending bytes it indexes into.
-fn apply(image: &mut Vec<u8>, op: &Pending, bytes: &[u8]) {
+fn apply(image: &mut Image, op: &Pending, bytes: &[u8]) {
     match *op {
-        Pending::Write { offset, at, len } => {
-            let end = offset + len;
-            if end > image.len() {
-                image.resize(end, 0);
+        Pending::Write { offset, at, len } => image.write(offset, &bytes[at..at + len]),
+        Pending::SetLen(len) => image.resize(len),
+    }
+}
+
+/// Bytes of one block of an [`Image`]: redb's page size, so a page write touches one block.
+const BLOCK: usize = 4096;
+
+/// The bytes of a file, held in blocks of [`BLOCK`] bytes, a block never written being zeros
+/// with nothing allocated. The store's file and journal are written with zeros far ahead of their
+/// data (a MiB of the journal at a time, more of the store file), which a flat `Vec<u8>` zeroed on
+/// every growth, copied on every reallocation and again at every crash: a sixth of the
+/// simulator's instructions. Blocks are shared between images (a crash's two images, a clone)
+/// and copied only when one of them writes to a shared block.
+#[derive(Clone, Debug, Default)]
+struct Image {
+    /// The file's length in bytes.
+    len: usize,
+    /// Block `i` holds bytes `i * BLOCK ..`; `None` is a block of zeros. Never more blocks than
+    /// the length needs.
+    blocks: Vec<Option<Arc<[u8; BLOCK]>>>,
+}
+
+impl Image {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Grows the file with zeros or cuts it: bytes past a cut read as zeros if it grows again.
+    fn resize(&mut self, len: usize) {
+        if len < self.len {
+            self.blocks.truncate(len.div_ceil(BLOCK));
+            let tail = len % BLOCK;
+            if tail != 0
+                && let Some(Some(block)) = self.blocks.last_mut()
+            {
+                Arc::make_mut(block)[tail..].fill(0);
             }
-            image[offset..end].copy_from_slice(&bytes[at..at + len]);
+        } else {
+            self.blocks.resize(len.div_ceil(BLOCK), None);
         }
-        Pending::SetLen(len) => image.resize(len, 0),
+        self.len = len;
+    }
+
+    /// Writes `data` at `offset`, growing the file if it ends past it.
+    fn write(&mut self, offset: usize, data: &[u8]) {
+        let end = offset + data.len();
+        if end > self.len {
+            self.resize(end);
+        }
+        let mut at = offset;
+        let mut rest = data;
+        while !rest.is_empty() {
+            let (index, within) = (at / BLOCK, at % BLOCK);
+            let n = rest.len().min(BLOCK - within);
+            let block = self.blocks[index].get_or_insert_with(|| Arc::new([0; BLOCK]));
+            Arc::make_mut(block)[within..within + n].copy_from_slice(&rest[..n]);
+            at += n;
+            rest = &rest[n..];
+        }
+    }
+
+    /// Reads `out.len()` bytes at `offset`; `false` (nothing read) if they run past the end.
+    fn read(&self, offset: usize, out: &mut [u8]) -> bool {
+        if offset
+            .checked_add(out.len())
+            .is_none_or(|end| end > self.len)
+        {
+            return false;
+        }
+        let mut at = offset;
+        let mut filled = 0;
+        while filled < out.len() {
+            let (index, within) = (at / BLOCK, at % BLOCK);
+            let n = (out.len() - filled).min(BLOCK - within);
+            let target = &mut out[filled..filled + n];
+            match &self.blocks[index] {
+                Some(block) => target.copy_from_slice(&block[within..within + n]),
+                None => target.fill(0),
+            }
+            at += n;
+            filled += n;
+        }
+        true
+    }
+}
+
+impl PartialEq for Image {
+    /// The same bytes, whichever blocks are allocated.
+    fn eq(&self, other: &Self) -> bool {
+        self.len == other.len
+            && self
+                .blocks
+                .iter()
+                .zip(&other.blocks)
+                .all(|pair| match pair {
+                    (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a[..] == b[..],
+                    (Some(block), None) | (None, Some(block)) => all_zero(&block[..]),
+                    (None, None) => true,
+                })
     }
 }
 
@@ -289,16 +381,11 @@ impl StorageBackend for SimDisk {
 
     fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), io::Error> {
         let s = self.lock();
-        let start = to_usize(offset)?;
-        let end = start
-            .checked_add(out.len())
-            .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
-        let src = s
-            .volatile
-            .get(start..end)
-            .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
-        out.copy_from_slice(src);
-        Ok(())
+        if s.volatile.read(to_usize(offset)?, out) {
+            Ok(())
+        } else {
+            Err(io::Error::from(io::ErrorKind::UnexpectedEof))
+        }
     }
 
     fn set_len(&self, len: u64) -> Result<(), io::Error> {
@@ -310,7 +397,7 @@ impl StorageBackend for SimDisk {
             return Err(full());
         }
         let len = to_usize(len)?;
-        s.volatile.resize(len, 0);
+        s.volatile.resize(len);
         s.remember(Pending::SetLen(len));
         Ok(())
     }
@@ -363,14 +450,11 @@ impl StorageBackend for SimDisk {
         // kept as one (the store's journal writes its file's blocks with zeros ahead, a MiB at a
         // time, which would otherwise be copied into the pending log and again at the sync).
         if start >= s.volatile.len() && all_zero(data) {
-            s.volatile.resize(end, 0);
+            s.volatile.resize(end);
             s.remember(Pending::SetLen(end));
             return Ok(());
         }
-        if end > s.volatile.len() {
-            s.volatile.resize(end, 0);
-        }
-        s.volatile[start..end].copy_from_slice(data);
+        s.volatile.write(start, data);
         s.remember_write(start, data);
         Ok(())
     }
@@ -379,6 +463,56 @@ impl StorageBackend for SimDisk {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The bytes of an image, end to end.
+    fn bytes(image: &Image) -> Vec<u8> {
+        let mut out = vec![0xAA; image.len()];
+        assert!(image.read(0, &mut out));
+        out
+    }
+
+    #[test]
+    fn an_image_reads_as_the_flat_bytes_it_was_written_with() {
+        let mut image = Image::default();
+        let mut flat = Vec::new();
+        // A write across three blocks, one far past the end (a hole of zeros), a cut inside a
+        // block, then growth again: the cut-off bytes come back as zeros.
+        let steps: [(usize, usize, u8); 4] = [
+            (100, 2 * BLOCK + 50, 1),
+            (9 * BLOCK + 7, 10, 2),
+            (BLOCK - 1, 2, 3),
+            (0, 1, 4),
+        ];
+        for (offset, len, byte) in steps {
+            image.write(offset, &vec![byte; len]);
+            if flat.len() < offset + len {
+                flat.resize(offset + len, 0);
+            }
+            flat[offset..offset + len].fill(byte);
+        }
+        assert_eq!(bytes(&image), flat);
+        image.resize(BLOCK + 10);
+        flat.truncate(BLOCK + 10);
+        image.resize(3 * BLOCK);
+        flat.resize(3 * BLOCK, 0);
+        assert_eq!(bytes(&image), flat);
+        let mut past = [0u8; 2];
+        assert!(!image.read(3 * BLOCK - 1, &mut past));
+        assert!(image.read(3 * BLOCK - 2, &mut past));
+    }
+
+    #[test]
+    fn images_are_equal_by_their_bytes_not_their_blocks() {
+        let mut written = Image::default();
+        written.write(0, &[0; BLOCK]);
+        let mut grown = Image::default();
+        grown.resize(BLOCK);
+        assert_eq!(written, grown);
+        let copy = written.clone();
+        written.write(5, &[1]);
+        assert_ne!(written, copy, "a write to a shared block changed its clone");
+        assert_eq!(bytes(&copy), vec![0; BLOCK]);
+    }
 
     #[test]
     fn a_crash_keeps_only_synced_bytes() {
