@@ -89,23 +89,21 @@ impl Ev {
         let _ = match self {
             Ev::Submit(spec) => write!(s, "submit run={}", short(spec.run.0)),
             Ev::Coord { run, input, .. } => {
-                write!(s, "coord run={} {}", short(run.0), coord_input_name(input))
+                write!(s, "coord run={} ", short(run.0)).and_then(|()| coord_input_name(s, input))
             }
-            Ev::Sup { input, .. } => write!(s, "supervisor {}", sup_input_name(input)),
-            Ev::Ckpt { input, .. } => write!(s, "checkpoint {}", ckpt_input_name(input)),
+            Ev::Sup { input, .. } => s
+                .write_str("supervisor ")
+                .and_then(|()| sup_input_name(s, input)),
+            Ev::Ckpt { input, .. } => s
+                .write_str("checkpoint ")
+                .and_then(|()| ckpt_input_name(s, input)),
             Ev::Spec {
                 node,
                 attempt,
                 input,
                 ..
-            } => {
-                write!(
-                    s,
-                    "spec {node} {} {}",
-                    attempt_short(attempt),
-                    spec_input_name(input)
-                )
-            }
+            } => write!(s, "spec {node} {} ", attempt_short(attempt))
+                .and_then(|()| spec_input_name(s, input)),
             Ev::Frame {
                 to,
                 label,
@@ -174,18 +172,23 @@ fn attempt_short(a: &AttemptId) -> AttemptShort {
     AttemptShort((a.task.0 & 0xffff_ffff) as u32, a.attempt)
 }
 
-fn coord_input_name(i: &CoordinatorInput) -> String {
+fn coord_input_name(s: &mut String, i: &CoordinatorInput) -> std::fmt::Result {
+    use std::fmt::Write as _;
     match i {
         CoordinatorInput::Msg(m) => match m {
-            CoordinatorMsg::Accept(_) => "accept".into(),
+            CoordinatorMsg::Accept(_) => s.write_str("accept"),
             CoordinatorMsg::Specialist { from, reply } => {
-                let what = match reply {
-                    keel_actors::SpecialistReply::Logs { rows } => format!("logs({})", rows.len()),
+                write!(s, "from {} ", attempt_short(from))?;
+                match reply {
+                    keel_actors::SpecialistReply::Logs { rows } => {
+                        write!(s, "logs({})", rows.len())
+                    }
                     keel_actors::SpecialistReply::Spend { spent_micros } => {
-                        format!("spend({spent_micros})")
+                        write!(s, "spend({spent_micros})")
                     }
                     keel_actors::SpecialistReply::Finished(r) => {
-                        format!(
+                        write!(
+                            s,
                             "finished({})",
                             if r.outcome.is_ok() {
                                 "report"
@@ -195,129 +198,142 @@ fn coord_input_name(i: &CoordinatorInput) -> String {
                         )
                     }
                     keel_actors::SpecialistReply::Delegate { turn, .. } => {
-                        format!("delegate({turn})")
+                        write!(s, "delegate({turn})")
                     }
                     keel_actors::SpecialistReply::Tool { call_id, request } => {
-                        format!("tool({call_id} {})", request.tool())
+                        write!(s, "tool({call_id} {})", request.tool())
                     }
-                };
-                format!("from {} {what}", attempt_short(from))
+                }
             }
             CoordinatorMsg::EscalationAnswered { escalation, task } => {
-                format!(
+                write!(
+                    s,
                     "escalation-answered({} {})",
                     short(escalation.0),
                     short(task.0)
                 )
             }
-            CoordinatorMsg::Durable { ticket } => format!("durable({ticket})"),
-            CoordinatorMsg::PersistFailed { ticket, .. } => format!("persist-failed({ticket})"),
+            CoordinatorMsg::Durable { ticket } => write!(s, "durable({ticket})"),
+            CoordinatorMsg::PersistFailed { ticket, .. } => write!(s, "persist-failed({ticket})"),
             CoordinatorMsg::Admission { attempt, answer } => {
-                format!(
+                write!(
+                    s,
                     "admission {} {}",
                     attempt_short(attempt),
                     if answer.is_ok() { "ok" } else { "refused" }
                 )
             }
             CoordinatorMsg::Verdict { attempt, verdict } => {
-                format!("verdict {} {verdict:?}", attempt_short(attempt))
+                write!(s, "verdict {} {verdict:?}", attempt_short(attempt))
             }
             CoordinatorMsg::AttemptLost { attempt, .. } => {
-                format!("attempt-lost {}", attempt_short(attempt))
+                write!(s, "attempt-lost {}", attempt_short(attempt))
             }
-            CoordinatorMsg::BudgetTripped { .. } => "budget-tripped".into(),
-            CoordinatorMsg::Cancel { .. } => "cancel".into(),
-            CoordinatorMsg::CancelTask { task, .. } => format!("cancel-task {}", short(task.0)),
-            CoordinatorMsg::FollowUp(f) => format!("follow-up on {}", short(f.parent.0)),
+            CoordinatorMsg::BudgetTripped { .. } => s.write_str("budget-tripped"),
+            CoordinatorMsg::Cancel { .. } => s.write_str("cancel"),
+            CoordinatorMsg::CancelTask { task, .. } => write!(s, "cancel-task {}", short(task.0)),
+            CoordinatorMsg::FollowUp(f) => write!(s, "follow-up on {}", short(f.parent.0)),
         },
-        CoordinatorInput::Msgs(msgs) => format!("{} messages", msgs.len()),
-        CoordinatorInput::Timer(t) => format!("timer {t:?}"),
-        CoordinatorInput::Recovered(_) => "recovered".into(),
+        CoordinatorInput::Msgs(msgs) => write!(s, "{} messages", msgs.len()),
+        CoordinatorInput::Timer(t) => write!(s, "timer {t:?}"),
+        CoordinatorInput::Recovered(_) => s.write_str("recovered"),
         CoordinatorInput::Reopened { follow_up, .. } => {
-            format!("reopened for a follow-up on {}", short(follow_up.parent.0))
+            write!(
+                s,
+                "reopened for a follow-up on {}",
+                short(follow_up.parent.0)
+            )
         }
     }
 }
 
-fn sup_input_name(i: &SupervisorInput) -> String {
+fn sup_input_name(s: &mut String, i: &SupervisorInput) -> std::fmt::Result {
+    use std::fmt::Write as _;
     match i {
         SupervisorInput::Msg(m) => match m {
-            SupervisorMsg::OpenRun { run, .. } => format!("open-run {}", short(run.0)),
-            SupervisorMsg::Admit(r) => format!("admit {}", attempt_short(&r.attempt)),
+            SupervisorMsg::OpenRun { run, .. } => write!(s, "open-run {}", short(run.0)),
+            SupervisorMsg::Admit(r) => write!(s, "admit {}", attempt_short(&r.attempt)),
             SupervisorMsg::Spend {
                 attempt,
                 spent_micros,
-            } => format!("spend {} {spent_micros}", attempt_short(attempt)),
+            } => write!(s, "spend {} {spent_micros}", attempt_short(attempt)),
             SupervisorMsg::Settle {
                 attempt, outcome, ..
             } => {
-                format!(
+                write!(
+                    s,
                     "settle {} {}",
                     attempt_short(attempt),
                     if outcome.is_ok() { "ok" } else { "failed" }
                 )
             }
             SupervisorMsg::SpecialistDown { attempt, .. } => {
-                format!("down {}", attempt_short(attempt))
+                write!(s, "down {}", attempt_short(attempt))
             }
-            SupervisorMsg::CloseRun { run } => format!("close-run {}", short(run.0)),
+            SupervisorMsg::CloseRun { run } => write!(s, "close-run {}", short(run.0)),
         },
-        SupervisorInput::Msgs(msgs) => format!("{} messages", msgs.len()),
+        SupervisorInput::Msgs(msgs) => write!(s, "{} messages", msgs.len()),
         SupervisorInput::Timer(t) => match t {
-            keel_actors::SupervisorTimer::Deadline(a) => format!("deadline {}", attempt_short(a)),
+            keel_actors::SupervisorTimer::Deadline(a) => write!(s, "deadline {}", attempt_short(a)),
         },
     }
 }
 
-fn ckpt_input_name(i: &CheckpointInput) -> String {
+fn ckpt_input_name(s: &mut String, i: &CheckpointInput) -> std::fmt::Result {
+    use std::fmt::Write as _;
     match i {
-        CheckpointInput::Msg(keel_actors::CheckpointMsg::Stage(s)) => {
-            format!("stage {} #{}", short(s.run.0), s.ticket)
+        CheckpointInput::Msg(keel_actors::CheckpointMsg::Stage(stage)) => {
+            write!(s, "stage {} #{}", short(stage.run.0), stage.ticket)
         }
         CheckpointInput::Msg(keel_actors::CheckpointMsg::Stages(stages)) => {
             let tickets: Vec<String> = stages.iter().map(|s| format!("#{}", s.ticket)).collect();
             let run = stages.first().map_or(0, |s| s.run.0);
-            format!("stages {} {}", short(run), tickets.join(","))
+            write!(s, "stages {} {}", short(run), tickets.join(","))
         }
         CheckpointInput::Msg(keel_actors::CheckpointMsg::Riding(stages)) => {
             let tickets: Vec<String> = stages.iter().map(|s| format!("#{}", s.ticket)).collect();
             let run = stages.first().map_or(0, |s| s.run.0);
-            format!("riding {} {}", short(run), tickets.join(","))
+            write!(s, "riding {} {}", short(run), tickets.join(","))
         }
-        CheckpointInput::Committed(id) => format!("committed {}", id.0),
-        CheckpointInput::CommitFailed { id, .. } => format!("commit-failed {}", id.0),
-        CheckpointInput::Refused { id, run, .. } => format!("commit-refused {} {run}", id.0),
-        CheckpointInput::Timer(t) => format!("timer {t:?}"),
-        CheckpointInput::Abandon { .. } => "abandon".into(),
+        CheckpointInput::Committed(id) => write!(s, "committed {}", id.0),
+        CheckpointInput::CommitFailed { id, .. } => write!(s, "commit-failed {}", id.0),
+        CheckpointInput::Refused { id, run, .. } => write!(s, "commit-refused {} {run}", id.0),
+        CheckpointInput::Timer(t) => write!(s, "timer {t:?}"),
+        CheckpointInput::Abandon { .. } => s.write_str("abandon"),
     }
 }
 
-fn spec_input_name(i: &SpecialistInput) -> String {
+fn spec_input_name(s: &mut String, i: &SpecialistInput) -> std::fmt::Result {
+    use std::fmt::Write as _;
     match i {
-        SpecialistInput::Begin => "begin".into(),
-        SpecialistInput::Msg(SpecialistMsg::Ack) => "ack".into(),
-        SpecialistInput::Msg(SpecialistMsg::Cancel { .. }) => "cancel".into(),
-        SpecialistInput::Msg(SpecialistMsg::Delegated { turn, .. }) => format!("delegated {turn}"),
+        SpecialistInput::Begin => s.write_str("begin"),
+        SpecialistInput::Msg(SpecialistMsg::Ack) => s.write_str("ack"),
+        SpecialistInput::Msg(SpecialistMsg::Cancel { .. }) => s.write_str("cancel"),
+        SpecialistInput::Msg(SpecialistMsg::Delegated { turn, .. }) => {
+            write!(s, "delegated {turn}")
+        }
         SpecialistInput::Msg(SpecialistMsg::ToolAnswer { call_id, .. }) => {
-            format!("tool-answer {call_id}")
+            write!(s, "tool-answer {call_id}")
         }
         SpecialistInput::ToolCall(call) => {
-            format!("tool-call {} {}", call.call_id, call.request.tool())
+            write!(s, "tool-call {} {}", call.call_id, call.request.tool())
         }
         SpecialistInput::ContextLoaded(r) => {
-            format!("context-loaded {}", if r.is_ok() { "ok" } else { "err" })
+            write!(s, "context-loaded {}", if r.is_ok() { "ok" } else { "err" })
         }
         SpecialistInput::Harness(e) => match e {
-            HarnessEvent::Started { .. } => "harness started".into(),
-            HarnessEvent::Text { .. } => "harness text".into(),
-            HarnessEvent::SentBack { .. } => "harness sent back".into(),
-            HarnessEvent::ToolUse { id, .. } => format!("harness tool_use {id}"),
-            HarnessEvent::ToolResult { id, .. } => format!("harness tool_result {id}"),
-            HarnessEvent::Usage(_) => "harness usage".into(),
-            HarnessEvent::Finished { stop_reason, .. } => format!("harness finished {stop_reason}"),
-            HarnessEvent::Failed(e) => format!("harness failed {}", e.category),
+            HarnessEvent::Started { .. } => s.write_str("harness started"),
+            HarnessEvent::Text { .. } => s.write_str("harness text"),
+            HarnessEvent::SentBack { .. } => s.write_str("harness sent back"),
+            HarnessEvent::ToolUse { id, .. } => write!(s, "harness tool_use {id}"),
+            HarnessEvent::ToolResult { id, .. } => write!(s, "harness tool_result {id}"),
+            HarnessEvent::Usage(_) => s.write_str("harness usage"),
+            HarnessEvent::Finished { stop_reason, .. } => {
+                write!(s, "harness finished {stop_reason}")
+            }
+            HarnessEvent::Failed(e) => write!(s, "harness failed {}", e.category),
         },
-        SpecialistInput::SessionSecret(_) => "session secret".into(),
-        SpecialistInput::Timer(t) => format!("timer {t:?}"),
+        SpecialistInput::SessionSecret(_) => s.write_str("session secret"),
+        SpecialistInput::Timer(t) => write!(s, "timer {t:?}"),
     }
 }
