@@ -7,10 +7,11 @@
 //! committed page in place. With a journal, a group commit applies its writes to one redb write
 //! transaction that stays open from commit to commit, and is made durable by appending its staged
 //! writes, encoded, as one record at the end of this file and syncing that: one sequential write.
-//! The open transaction is committed when something needs it in redb: a read of this process (a
-//! non-durable commit, so the read sees every acknowledged commit), or, every [`DURABLE_EVERY`]
-//! commits (or once the journal holds [`JOURNAL_BYTES_MAX`]), a durable redb commit, which writes
-//! each page once however many commits touched it; the journal then starts over.
+//! A read of this process reads the open transaction itself (`snapshot.rs`), so it sees every
+//! acknowledged commit and commits nothing. The open transaction is committed every
+//! [`DURABLE_EVERY`] commits (or once the journal holds [`JOURNAL_BYTES_MAX`]), or before
+//! maintenance, as a durable redb commit, which writes each page once however many commits touched
+//! it; the journal then starts over.
 //!
 //! Recovery: every journaled commit also writes its record's sequence number into the store's
 //! `meta` table, so whatever redb made durable (a durable commit, or the promotion of pending

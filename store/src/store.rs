@@ -717,7 +717,8 @@ impl Store {
     }
 
     /// Commits the open transaction (or replays what a lost one held and commits that) so that
-    /// every acknowledged commit is in redb: non-durably before a read, durably (`durable`) before
+    /// every acknowledged commit is in redb: non-durably before a redb read transaction is handed
+    /// out ([`Store::begin_read`]: maintenance's copy, tests), durably (`durable`) before
     /// maintenance takes the database, after which the journal starts over.
     fn publish(&self, durable: bool) -> Result<(), CommitError> {
         let (Db::Writer(db), Some(journal)) = (&self.db, &self.journal) else {
