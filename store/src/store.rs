@@ -905,21 +905,30 @@ fn apply_record(writer: &mut Writer<'_>, record: &journal::Record) -> Result<(),
     Ok(())
 }
 
-/// Creates the store file 0600 if it does not exist (redb would create it with the process's umask,
-/// 0644 on most systems, readable by every local user). An existing file is left alone.
+/// Creates the store file (or its journal) 0600 if it does not exist (redb would create it with the
+/// process's umask, 0644 on most systems, readable by every local user), and syncs the directory
+/// that holds it: the new file's entry is the directory's data, and without the sync a power loss
+/// could lose the file with the commits already made durable in it. An existing file is left alone.
 fn create_private(file: &Path) -> Result<(), OpenError> {
     use std::os::unix::fs::OpenOptionsExt;
+    let io = |e| OpenError::from(redb::DatabaseError::Storage(redb::StorageError::Io(e)));
     match std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .open(file)
     {
-        Ok(_) => Ok(()),
+        Ok(_) => {
+            let dir = match file.parent() {
+                Some(dir) if !dir.as_os_str().is_empty() => dir,
+                _ => Path::new("."),
+            };
+            std::fs::File::open(dir)
+                .and_then(|dir| dir.sync_all())
+                .map_err(io)
+        }
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(OpenError::from(redb::DatabaseError::Storage(
-            redb::StorageError::Io(e),
-        ))),
+        Err(e) => Err(io(e)),
     }
 }
 
