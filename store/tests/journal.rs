@@ -56,6 +56,16 @@ fn create(store: &Store) {
     store.commit_group(batch, Durability::Immediate).unwrap();
 }
 
+/// A group that fails partway: log row `n` applies, then creating the root task again fails its
+/// checks (the task exists), so the group fails whole with its first write already applied.
+fn fail_partway(store: &Store, n: u64) -> Result<Vec<Applied>, CommitError> {
+    let scope = store.run(RunId(RUN));
+    let mut batch = WriteBatch::new();
+    batch.push(scope.stage_append_log(TaskId(ROOT), log_row(n)).unwrap());
+    batch.push(scope.stage_create_task(task(RUN, ROOT, None)).unwrap());
+    store.commit_group(batch, Durability::Immediate)
+}
+
 /// Commits log row `n` of the root task alone, durably (as a group commit of one).
 fn log(store: &Store, n: u64) -> Applied {
     try_log(store, n).unwrap()
@@ -250,12 +260,7 @@ fn a_group_that_fails_partway_loses_only_itself_in_the_open_transaction() {
     for n in 1..=5 {
         log(&store, n);
     }
-    let scope = store.run(RunId(RUN));
-    let mut batch = WriteBatch::new();
-    batch.push(scope.stage_append_log(TaskId(ROOT), log_row(6)).unwrap());
-    // The root task exists: creating it again fails at apply time, after the log row applied.
-    batch.push(scope.stage_create_task(task(RUN, ROOT, None)).unwrap());
-    let failed = store.commit_group(batch, Durability::Immediate);
+    let failed = fail_partway(&store, 6);
     assert!(
         matches!(failed, Err(CommitError::Item { index: 1, .. })),
         "{failed:?}"
@@ -315,11 +320,7 @@ fn a_read_after_a_failed_group_rebuilds_the_open_transaction_without_it() {
     for n in 1..=5 {
         log(&store, n);
     }
-    let scope = store.run(RunId(RUN));
-    let mut batch = WriteBatch::new();
-    batch.push(scope.stage_append_log(TaskId(ROOT), log_row(6)).unwrap());
-    batch.push(scope.stage_create_task(task(RUN, ROOT, None)).unwrap());
-    assert!(store.commit_group(batch, Durability::Immediate).is_err());
+    assert!(fail_partway(&store, 6).is_err());
     for _ in 0..2 {
         assert_eq!(logged(&store), expected(5));
     }
