@@ -907,28 +907,31 @@ fn apply_record(writer: &mut Writer<'_>, record: &journal::Record) -> Result<(),
 
 /// Creates the store file (or its journal) 0600 if it does not exist (redb would create it with the
 /// process's umask, 0644 on most systems, readable by every local user), and syncs the directory
-/// that holds it: the new file's entry is the directory's data, and without the sync a power loss
-/// could lose the file with the commits already made durable in it. An existing file is left alone.
+/// that holds it: the file's entry is the directory's data, and without the sync a power loss could
+/// lose a new file with the commits already made durable in it; a failed sync fails the open. The
+/// directory is synced for an existing file too (one fsync an open, its failure ignored), since the
+/// open that created it may have died before its own sync. An existing file's mode is left alone.
 fn create_private(file: &Path) -> Result<(), OpenError> {
     use std::os::unix::fs::OpenOptionsExt;
     let io = |e| OpenError::from(redb::DatabaseError::Storage(redb::StorageError::Io(e)));
-    match std::fs::OpenOptions::new()
+    let created = match std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .open(file)
     {
-        Ok(_) => {
-            let dir = match file.parent() {
-                Some(dir) if !dir.as_os_str().is_empty() => dir,
-                _ => Path::new("."),
-            };
-            std::fs::File::open(dir)
-                .and_then(|dir| dir.sync_all())
-                .map_err(io)
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(io(e)),
+        Ok(_) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
+        Err(e) => return Err(io(e)),
+    };
+    let dir = match file.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    match std::fs::File::open(dir).and_then(|dir| dir.sync_all()) {
+        Err(e) if created => Err(io(e)),
+        // For a file that was there, the sync is a second chance, not a condition of the open.
+        _ => Ok(()),
     }
 }
 
