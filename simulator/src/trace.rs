@@ -1,6 +1,6 @@
 //! The run's trace: one line per event, folded into a hash as it is written. Two runs of one seed must
 //! produce the same hash (docs/DESIGN.md §12, invariant 11); the lines themselves are kept only when asked
-//! (a replay), because formatting is the sweep's main cost after the machines themselves.
+//! (a replay), because formatting is one of the sweep's larger costs.
 
 /// FNV-1a, 64-bit: tiny, stable across platforms and Rust versions (unlike `DefaultHasher`, whose
 /// algorithm is unspecified), and good enough to tell two traces apart.

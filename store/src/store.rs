@@ -960,7 +960,7 @@ mod tests {
     }
 
     /// A read between journaled commits reads the open transaction and leaves it open (a read
-    /// used to commit it: a redb commit per read); the next commit goes on in it.
+    /// used to commit it: a redb commit per read), read after read.
     #[test]
     fn a_read_leaves_the_open_transaction_open() {
         let config = StoreConfig {
