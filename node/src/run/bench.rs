@@ -227,10 +227,7 @@ pub(crate) fn bench(
             "fan-outs must be 1..={FAN_OUT_MAX} and in-flight 1..={IN_FLIGHT_MAX}"
         ));
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = super::tokio_runtime()?;
     let mut rows = Vec::new();
     rt.block_on(async {
         for &n in fan_outs {

@@ -173,10 +173,7 @@ pub(crate) fn bench_hook(calls: u32, json: bool) -> anyhow::Result<()> {
     if calls == 0 || calls > HOOK_CALLS_MAX {
         return Err(anyhow!("hook calls must be 1..={HOOK_CALLS_MAX}"));
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = super::tokio_runtime()?;
     let mut timings = rt.block_on(async {
         measure(3).await?; // warm-up, not counted
         measure(calls).await

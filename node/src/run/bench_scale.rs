@@ -371,10 +371,7 @@ pub(crate) fn bench_scale(
     };
     let home = crate::home::Home::locate(Some(home_dir))?;
     home.init()?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = super::tokio_runtime()?;
     let s = rt.block_on(measure(home.dir(), stored_runs, fan_out))?;
     if json {
         outln!("{}", serde_json::to_string(&s)?)?;

@@ -50,10 +50,7 @@ async fn next(events: &mut mpsc::Receiver<RuntimeEvent>) -> anyhow::Result<Runti
 
 /// `keel demo`.
 pub(crate) fn demo(home: &Home) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = super::tokio_runtime()?;
     rt.block_on(async {
         let store = super::open_writer(home)?;
         let scratch = home.dir().join("demo");

@@ -75,13 +75,44 @@ pub(crate) struct RunArgs {
     pub(crate) log_format: Option<LogFormat>,
 }
 
+/// The async runtime every `keel` command runs on (a node, a server, a run, the benches). Its
+/// workers leave one CPU to the store writer: that one thread executes every group commit, and
+/// every run waits on its acknowledgements. With as many workers as CPUs it waited for a CPU
+/// behind them (on two CPUs, a third of its time runnable and not running); with one CPU left to
+/// it, that wait is gone and a specialist costs less CPU, fewer wake-ups crossing threads
+/// (docs/PERFORMANCE.md, "A CPU for the store writer"). `TOKIO_WORKER_THREADS` sets the count.
 pub(crate) fn tokio_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let workers = worker_threads(std::env::var_os(WORKER_THREADS_ENV).as_deref(), cpus)?;
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(workers)
         .enable_all()
         .build()
         .context("starting the async runtime")
 }
+
+/// The environment variable that sets the runtime's worker count (tokio's own name for it; keel
+/// reads it itself so that a bad value is an error, not a panic).
+const WORKER_THREADS_ENV: &str = "TOKIO_WORKER_THREADS";
+
+/// How many runtime workers: `set` (the environment's value) when given, else one fewer than the
+/// CPUs, at least one.
+fn worker_threads(set: Option<&std::ffi::OsStr>, cpus: usize) -> anyhow::Result<usize> {
+    let Some(set) = set else {
+        return Ok(cpus.saturating_sub(1).max(1));
+    };
+    set.to_str()
+        .and_then(|s| s.trim().parse::<usize>().ok())
+        .filter(|n| (1..=WORKER_THREADS_MAX).contains(n))
+        .ok_or_else(|| {
+            anyhow!(
+                "{WORKER_THREADS_ENV} must be a whole number from 1 to {WORKER_THREADS_MAX}, got {set:?}"
+            )
+        })
+}
+
+/// The most workers `TOKIO_WORKER_THREADS` may ask for (each is an OS thread with its own stack).
+const WORKER_THREADS_MAX: usize = 1024;
 
 /// Environment variables that set the log filter, in the order they are looked at; the first one
 /// set wins over `[log] level`.
@@ -824,4 +855,30 @@ pub(crate) fn model_server(
         server.shutdown().await?;
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod runtime_tests {
+    use super::worker_threads;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn the_workers_leave_the_store_writer_a_cpu() {
+        assert_eq!(worker_threads(None, 1).ok(), Some(1));
+        assert_eq!(worker_threads(None, 2).ok(), Some(1));
+        assert_eq!(worker_threads(None, 16).ok(), Some(15));
+    }
+
+    #[test]
+    fn the_environment_sets_the_count_and_a_bad_value_is_an_error() {
+        assert_eq!(worker_threads(Some(OsStr::new("3")), 2).ok(), Some(3));
+        assert_eq!(worker_threads(Some(OsStr::new(" 2 ")), 8).ok(), Some(2));
+        for bad in ["0", "-1", "two", "", "1025"] {
+            let e = worker_threads(Some(OsStr::new(bad)), 2)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(e.contains("TOKIO_WORKER_THREADS"), "{bad:?}: {e}");
+        }
+    }
 }
