@@ -2,7 +2,7 @@
 //! store, hosting its coordinator in a run slot, and stopping the node.
 
 use super::NodeStore;
-use super::node::{CheckpointRole, CoordinatorRole, HostedRun, Node, RunEnd, SupervisorRole, lock};
+use super::node::{CoordinatorRole, HostedRun, Node, RunEnd, SupervisorRole, WriterInput, lock};
 use super::pause::Halt;
 use super::{
     Deliver, HarnessSet, HostWriteError, MachineActor, MachineActorState, OsEntropy, ResumeError,
@@ -97,7 +97,8 @@ fn with_credentials_registered(
 }
 
 impl Runtime {
-    /// Start the node's supervisor and checkpoint actors on `store`. The returned channel carries
+    /// Start the node's supervisor actor and its store writer thread (hosting the checkpoint
+    /// writer) on `store`. The returned channel carries
     /// [`RuntimeEvent`]s; drop it if nobody listens.
     ///
     /// Every specialist's scrubber gets the values of the credentials `harnesses` names registered, so
@@ -150,39 +151,23 @@ impl Runtime {
             entropy: Mutex::new(entropy),
             started_keys: Mutex::new(crate::host::StartedKeys::default()),
             sessions_started: AtomicU64::new(0),
-            writer: Mutex::new(None),
             remote: OnceLock::new(),
             timers: super::node::Timers::start(),
         });
-        let (writes, batches) = std::sync::mpsc::channel();
+        let (inputs, queue) = std::sync::mpsc::channel();
         let weak = Arc::downgrade(&node);
-        // redb's commit blocks on fsync: the node's one store writer is a thread of its own.
+        let checkpoint = CheckpointWriter::new(config.checkpoint.clone());
+        // redb's commit blocks on fsync: the node's one store writer is a thread of its own, and
+        // it hosts the checkpoint writer machine whose commits it runs.
         #[allow(clippy::disallowed_methods)]
         let writer = std::thread::Builder::new()
             .name("keel-store-writer".into())
-            .spawn(move || super::node::store_writer(weak, batches));
+            .spawn(move || super::node::store_writer(weak, queue, checkpoint, checkpoint_rng));
         let store_writer = writer.map_err(|e| SpawnError {
             what: "store writer",
             detail: e.to_string(),
         })?;
-        *lock(&node.writer) = Some(writes);
-        let (checkpoint, _) = Actor::spawn(
-            None,
-            MachineActor::new(CheckpointRole {
-                node: Arc::clone(&node),
-            }),
-            MachineActorState::new(
-                CheckpointWriter::new(config.checkpoint.clone()),
-                checkpoint_rng,
-                (),
-            ),
-        )
-        .await
-        .map_err(|e| SpawnError {
-            what: "checkpoint",
-            detail: e.to_string(),
-        })?;
-        let _ = node.checkpoint.set(checkpoint);
+        let _ = node.checkpoint.set(inputs);
         let (supervisor, _) = Actor::spawn(
             None,
             MachineActor::new(SupervisorRole {
@@ -417,16 +402,13 @@ impl Runtime {
         if let Some(s) = self.node.supervisor.get() {
             s.stop(Some("node shutdown".into()));
         }
-        if let Some(c) = self.node.checkpoint.get() {
-            let _ = c
-                .stop_and_wait(Some("node shutdown".into()), Some(Duration::from_secs(5)))
-                .await;
+        // The store writer ends after the commit under way; the inputs queued behind are dropped
+        // (their coordinators are stopped). Joined so a process that exits after this leaves no
+        // commit, and no reference to the store, on a thread it does not wait for (a store closed
+        // mid-commit needs a repair).
+        if let Some(writer) = self.node.checkpoint.get() {
+            let _ = writer.send(WriterInput::Shutdown);
         }
-        // Closing the queue ends the writer thread once it has done the commits it was given; a
-        // commit handed over later finds no queue and fails as "the store writer thread is gone".
-        // Joined so a process that exits after this leaves no commit, and no reference to the
-        // store, on a thread it does not wait for (a store closed mid-commit needs a repair).
-        drop(lock(&self.node.writer).take());
         let thread = self.store_writer;
         let _ = tokio::task::spawn_blocking(move || thread.join()).await;
     }

@@ -2,13 +2,14 @@
 //! executed for real (docs/DESIGN.md §3, §4). It is the real-IO twin of the simulator's world loop and the
 //! only module of the crate that awaits, spawns, reads the wall clock or draws OS entropy.
 //!
-//! - One actor per node-wide machine: a coordinator per run, one supervisor, one checkpoint writer.
+//! - One actor per node-wide machine: a coordinator per run, one supervisor. The checkpoint writer
+//!   is hosted on the store writer thread that runs its commits (`node/store_writer.rs`).
 //!   A specialist attempt is no actor: it is hosted on a plain tokio task with the same role hooks
 //!   (`task_host.rs`, a ractor actor's cost per attempt was a fifth of a fan-out's CPU), and the end
 //!   of that task (an exit, a kill, a panic) becomes a `SupervisorMsg::SpecialistDown` input of the
 //!   supervisor unless it was the machine's own exit: the machine decides what follows.
 //! - `Persist` effects become one redb write transaction per group commit (`Durability::Immediate`),
-//!   executed off the actor thread; only the checkpoint actor's effects write.
+//!   executed on the store writer thread; only the checkpoint writer's effects write.
 //! - `StartHarness` starts a session through keel-harness; its events stream back into the
 //!   specialist's mailbox and its replies go to the coordinator as messages.
 //! - Timers are tokio sleeps that deliver the machine's timer input.

@@ -3,7 +3,7 @@
 //! is full (every run stops at once; its waiters hear why).
 
 use super::node::{Node, RunEnd, lock};
-use super::{Deliver, MachineRef, PauseReason, Runtime, RuntimeEvent, wall_clock_ms};
+use super::{MachineRef, PauseReason, Runtime, RuntimeEvent, wall_clock_ms};
 use crate::host::decide;
 use crate::message::{CheckpointInput, SpecialistMsg};
 use crate::runtime::task_host::SpecialistInbox;
@@ -177,11 +177,9 @@ impl Node {
             ends.push((run, lock(&self.waiters).remove(&run).unwrap_or_default()));
         }
         // Nothing decided before the pause may be written after the runs are taken up again.
-        if let Some(checkpoint) = self.checkpoint.get() {
-            let _ = checkpoint.send_message(Deliver(CheckpointInput::Abandon {
-                reason: format!("the node paused: {reason}"),
-            }));
-        }
+        self.to_checkpoint(CheckpointInput::Abandon {
+            reason: format!("the node paused: {reason}"),
+        });
         let deadline = tokio::time::Instant::now() + HALT_MARKS_WAIT;
         while self.commits_in_flight.load(Ordering::Acquire) > 0
             && tokio::time::Instant::now() < deadline

@@ -1,13 +1,13 @@
-//! The coordinator node: the shared routing table, the effect executors, and the four roles that host
-//! the machines (coordinator per run, one supervisor, one checkpoint writer, one specialist per attempt).
+//! The coordinator node: the shared routing table, the effect executors, and the hosts of the
+//! machines (coordinator per run, one supervisor, one checkpoint writer, one specialist per attempt).
 //!
 //! Files: `routing.rs` (delivering envelopes, host stages, lifecycle events), `store_writer.rs`
-//! (the thread that commits), `timers.rs` (the machines' timers), one file per role (`coordinator_role.rs`, `supervisor_role.rs`,
-//! `checkpoint_role.rs`, `specialist_role.rs`).
+//! (the thread that hosts the checkpoint writer and commits), `timers.rs` (the machines' timers),
+//! one file per actor role (`coordinator_role.rs`, `supervisor_role.rs`, `specialist_role.rs`).
 //!
 //! Rules these files keep:
-//! - Only the checkpoint role writes the store, and only through [`crate::host::store::commit`] of a batch its
-//!   machine emitted. Specialists read their context rows; nothing else touches redb.
+//! - Only the store writer thread writes the store, and only through [`crate::host::store::commit`]
+//!   of a batch its checkpoint writer machine emitted. Specialists read their context rows; nothing else touches redb.
 //! - Specialists never address anyone but their coordinator: their replies are routed by the
 //!   [`crate::ReplyTo`] the machine holds.
 //! - A specialist attempt is a task of its own, not an actor ([`crate::runtime::task_host`]): its
@@ -16,7 +16,6 @@
 //!   ends with the node, `timers.rs`), a session's events are read by its specialist's own task,
 //!   commits end with their transaction.
 
-mod checkpoint_role;
 mod coordinator_role;
 mod routing;
 pub(crate) mod specialist_role;
@@ -24,13 +23,11 @@ mod store_writer;
 mod supervisor_role;
 mod timers;
 
-pub(crate) use checkpoint_role::CheckpointRole;
 pub(crate) use coordinator_role::CoordinatorRole;
-pub(crate) use store_writer::store_writer;
+pub(crate) use store_writer::{WriterInput, store_writer};
 pub(crate) use supervisor_role::SupervisorRole;
 pub(crate) use timers::Timers;
 
-use crate::checkpoint::CheckpointWriter;
 use crate::coordinator::Coordinator;
 use crate::effect::{Effect, Envelope, TimerKey};
 use crate::host::HostError;
@@ -40,7 +37,6 @@ use crate::message::RecoveredRun;
 use crate::message::{
     CheckpointInput, CoordinatorInput, CoordinatorMsg, SpecialistMsg, SupervisorInput,
 };
-use crate::persist::CommitBatch;
 use crate::report::SubagentReport;
 use crate::runtime::clock::{OsEntropy, wall_clock_ms};
 use crate::runtime::machine_actor::MachineRef;
@@ -122,7 +118,9 @@ pub(crate) struct Node {
     pub(crate) run_spans: Mutex<BTreeMap<RunId, Span>>,
     pub(crate) specialists: Mutex<BTreeMap<AttemptId, LiveSpecialist>>,
     pub(crate) supervisor: OnceLock<MachineRef<Supervisor>>,
-    pub(crate) checkpoint: OnceLock<MachineRef<CheckpointWriter>>,
+    /// The store writer thread's queue: the inputs of the checkpoint writer it hosts
+    /// ([`store_writer`]), and at shutdown its end.
+    pub(crate) checkpoint: OnceLock<std::sync::mpsc::Sender<WriterInput>>,
     pub(crate) waiters: Mutex<BTreeMap<RunId, Vec<Waiter>>>,
     /// Tool calls waiting for a human's approval, by escalation ([`crate::runtime::ApprovalDesk`]).
     pub(crate) approvals: Mutex<BTreeMap<keel_store::EscalationId, oneshot::Sender<String>>>,
@@ -155,9 +153,6 @@ pub(crate) struct Node {
     pub(crate) entropy: Mutex<OsEntropy>,
     pub(crate) started_keys: Mutex<crate::host::StartedKeys>,
     pub(crate) sessions_started: AtomicU64,
-    /// The store writer thread's queue (see [`store_writer`]): set at start, taken (closed) by
-    /// `Runtime::shutdown` so the thread ends once it has done the commits it was given.
-    pub(crate) writer: Mutex<Option<std::sync::mpsc::Sender<(CommitBatch, tracing::Span)>>>,
     /// The cluster layer that hosts specialists on other nodes, once attached.
     pub(crate) remote: OnceLock<crate::runtime::remote::Remote>,
     /// The machines' timers (see [`Timers`]).
@@ -267,7 +262,30 @@ impl Node {
         self.timers.set(at, deliver);
     }
 
-    /// Execute the effects of a coordinator-node machine (coordinator, supervisor, checkpoint);
+    /// Fire the machine timer `key` at host time `at`: its input goes to its machine then.
+    pub(crate) fn set_timer(self: &Arc<Self>, key: TimerKey, at: Millis) {
+        let node = Arc::clone(self);
+        self.timer(at, move || match key {
+            TimerKey::Coordinator(run, t) => {
+                if node.frozen.load(Ordering::Acquire) {
+                    return; // a frozen coordinator gets nothing more
+                }
+                if let Some(c) = node.coordinator(run) {
+                    let _ = c.send_message(crate::runtime::Deliver(CoordinatorInput::Timer(t)));
+                }
+            }
+            TimerKey::Supervisor(t) => {
+                if let Some(s) = node.supervisor.get() {
+                    let _ = s.send_message(crate::runtime::Deliver(SupervisorInput::Timer(t)));
+                }
+            }
+            TimerKey::Checkpoint(t) => {
+                node.to_checkpoint(CheckpointInput::Timer(t));
+            }
+        });
+    }
+
+    /// Execute the effects of a coordinator-node machine (coordinator, supervisor);
     /// `hosting` is the generation of the coordinator that emitted them (`None` for the others).
     ///
     /// One step's messages to one machine travel as one mailbox message: its messages to the
@@ -278,27 +296,22 @@ impl Node {
     /// stages).
     pub(crate) async fn execute_node(self: &Arc<Self>, effects: Vec<Effect>, hosting: Option<u64>) {
         let mut to_supervisor = Vec::new();
-        let mut to_coordinator: Option<(RunId, Vec<CoordinatorMsg>)> = None;
+        let mut to_coordinator = ToCoordinator::default();
         for effect in effects {
             if let Effect::Send(Envelope::Coordinator { run, msg }) = effect {
-                match &mut to_coordinator {
-                    Some((to, msgs)) if *to == run => msgs.push(msg),
-                    other => {
-                        if let Some((to, msgs)) = other.replace((run, vec![msg])) {
-                            self.route_to_coordinator(to, msgs);
-                        }
-                    }
-                }
+                to_coordinator.push(self, run, msg);
                 continue;
             }
             // Only consecutive messages to one coordinator travel together.
-            if let Some((run, msgs)) = to_coordinator.take() {
-                self.route_to_coordinator(run, msgs);
-            }
+            to_coordinator.flush(self);
             match effect {
                 Effect::Send(Envelope::Supervisor(msg)) => to_supervisor.push(msg),
                 Effect::Send(envelope) => self.route(envelope),
-                Effect::Persist(batch) => self.persist(batch),
+                // Only the checkpoint writer commits, and it runs on the store writer thread
+                // (`execute_checkpoint`).
+                Effect::Persist(batch) => {
+                    tracing::error!(commit = ?batch.id, "a commit asked for outside the checkpoint writer; dropped");
+                }
                 // Boxed: the spawn's future is large and most effects never await it, so inline it
                 // would make every coordinator and checkpoint step's future (moved on each poll
                 // set-up) as large as a spawn.
@@ -318,45 +331,42 @@ impl Node {
                         }
                     });
                 }
-                Effect::SetTimer { key, at } => {
-                    let node = Arc::clone(self);
-                    self.timer(at, move || match key {
-                        TimerKey::Coordinator(run, t) => {
-                            if node.frozen.load(Ordering::Acquire) {
-                                return; // a frozen coordinator gets nothing more
-                            }
-                            if let Some(c) = node.coordinator(run) {
-                                let _ = c.send_message(crate::runtime::Deliver(
-                                    CoordinatorInput::Timer(t),
-                                ));
-                            }
-                        }
-                        TimerKey::Supervisor(t) => {
-                            if let Some(s) = node.supervisor.get() {
-                                let _ = s.send_message(crate::runtime::Deliver(
-                                    SupervisorInput::Timer(t),
-                                ));
-                            }
-                        }
-                        TimerKey::Checkpoint(t) => {
-                            if let Some(c) = node.checkpoint.get() {
-                                let _ = c.send_message(crate::runtime::Deliver(
-                                    CheckpointInput::Timer(t),
-                                ));
-                            }
-                        }
-                    });
-                }
+                Effect::SetTimer { key, at } => self.set_timer(key, at),
                 Effect::Emit(event) => self.lifecycle(event, hosting),
             }
         }
-        if let Some((run, msgs)) = to_coordinator {
-            self.route_to_coordinator(run, msgs);
-        }
+        to_coordinator.flush(self);
         if let Some(input) = SupervisorInput::batch(to_supervisor)
             && let Some(s) = self.supervisor.get()
         {
             let _ = s.send_message(crate::runtime::Deliver(input));
+        }
+    }
+}
+
+/// One machine step's consecutive messages to one run's coordinator, delivered as one input
+/// ([`Node::route_to_coordinator`]); a message to another run, or any other effect in between,
+/// sends what was gathered first.
+#[derive(Default)]
+pub(crate) struct ToCoordinator(Option<(RunId, Vec<CoordinatorMsg>)>);
+
+impl ToCoordinator {
+    /// Gather `msg` for `run`'s coordinator.
+    pub(crate) fn push(&mut self, node: &Node, run: RunId, msg: CoordinatorMsg) {
+        match &mut self.0 {
+            Some((to, msgs)) if *to == run => msgs.push(msg),
+            other => {
+                if let Some((to, msgs)) = other.replace((run, vec![msg])) {
+                    node.route_to_coordinator(to, msgs);
+                }
+            }
+        }
+    }
+
+    /// Send what was gathered.
+    pub(crate) fn flush(&mut self, node: &Node) {
+        if let Some((run, msgs)) = self.0.take() {
+            node.route_to_coordinator(run, msgs);
         }
     }
 }

@@ -64,15 +64,12 @@ impl Node {
                 }
             }
             Envelope::Checkpoint(m) => {
-                let Some(c) = self.checkpoint.get() else {
-                    return;
-                };
                 if !from_coordinator(&m) {
-                    let _ = c.send_message(crate::runtime::Deliver(CheckpointInput::Msg(m)));
+                    self.to_checkpoint(CheckpointInput::Msg(m));
                     return;
                 }
                 // Checked and sent under the gate (see `freeze`): a coordinator's stage reaches the
-                // checkpoint actor before the pause marks are read and staged, or not at all, so
+                // checkpoint writer before the pause marks are read and staged, or not at all, so
                 // nothing it decides after them is written over them (a paused run set back to
                 // running, its spend or a cancel written after the pause).
                 let _gate = lock(&self.freeze_gate);
@@ -80,7 +77,7 @@ impl Node {
                     tracing::debug!("a coordinator's stage after the node froze, dropped");
                     return;
                 }
-                let _ = c.send_message(crate::runtime::Deliver(CheckpointInput::Msg(m)));
+                self.to_checkpoint(CheckpointInput::Msg(m));
             }
         }
     }
@@ -108,7 +105,7 @@ impl Node {
     }
 
     /// Freeze the node's coordinators: they get no more messages or timers, and their stages are
-    /// no longer sent to the checkpoint actor (a stage already sent is written first, see
+    /// no longer sent to the checkpoint writer (a stage already sent is written first, see
     /// [`Node::settle_stages`]). A pause, and the pause the node starts by itself, freeze before
     /// they read a run's rows to mark it.
     pub(crate) fn freeze(&self) {
@@ -116,7 +113,7 @@ impl Node {
         self.frozen.store(true, Ordering::Release);
     }
 
-    /// Wait (at most `wait`) until every stage sent to the checkpoint actor before now is
+    /// Wait (at most `wait`) until every stage sent to the checkpoint writer before now is
     /// written: an empty stage of the host's own queues behind them, and is answered only after
     /// they are. After [`Node::freeze`], the rows a pause reads then are the coordinators' last.
     pub(crate) async fn settle_stages(&self, run: RunId, wait: Duration) {
@@ -126,7 +123,7 @@ impl Node {
     }
 }
 
-/// Whether a message to the checkpoint actor carries a coordinator's stage.
+/// Whether a message to the checkpoint writer carries a coordinator's stage.
 fn from_coordinator(msg: &CheckpointMsg) -> bool {
     match msg {
         CheckpointMsg::Stage(stage) => stage.owner == StageOwner::Coordinator,
@@ -143,7 +140,7 @@ impl Node {
         }
     }
 
-    /// Make a stage of the host's own durable through the checkpoint actor (the only writer) and wait
+    /// Make a stage of the host's own durable through the checkpoint writer (the only writer) and wait
     /// for its answer, at most `wait`.
     pub(crate) async fn stage_host(
         &self,
@@ -162,10 +159,10 @@ impl Node {
         })));
         match tokio::time::timeout(wait, rx).await {
             Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err("the checkpoint actor is gone".into()),
+            Ok(Err(_)) => Err("the checkpoint writer is gone".into()),
             Err(_) => {
                 lock(&self.host_acks).remove(&ticket);
-                Err(format!("no answer from the checkpoint actor in {wait:?}"))
+                Err(format!("no answer from the checkpoint writer in {wait:?}"))
             }
         }
     }

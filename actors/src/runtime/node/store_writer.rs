@@ -1,39 +1,159 @@
-//! The store writer: the one thread that executes the checkpoint machine's group commits and
-//! answers the checkpoint actor. A failed commit poisons the store handle (redb refuses it from
-//! then on), so the next commit opens the store again first; a full disk pauses the node's runs
-//! at once (see [`Node::halt`]) instead of retrying writes that cannot succeed.
+//! The store writer: the one thread that hosts the checkpoint writer machine and executes its group
+//! commits. A failed commit poisons the store handle (redb refuses it from then on), so the next
+//! commit opens the store again first; a full disk pauses the node's runs at once (see
+//! [`Node::halt`]) instead of retrying writes that cannot succeed.
+//!
+//! The machine lives on this thread, not on an actor of the async runtime: a commit's outcome goes
+//! straight back into it and the next commit starts at once, where an actor's commit waited for
+//! the outcome to cross to a runtime worker, wait its turn there, and the next batch to cross
+//! back (docs/PERFORMANCE.md, "The checkpoint writer on the store writer thread").
 
-use super::Node;
+use super::{Node, ToCoordinator};
+use crate::checkpoint::CheckpointWriter;
+use crate::effect::{Effect, Envelope};
 use crate::host::{self, HostError};
+use crate::machine::Machine;
 use crate::message::CheckpointInput;
 use crate::persist::{CommitBatch, PersistOp};
 use crate::runtime::PauseReason;
+use crate::runtime::clock::{MonotonicMillis, OsEntropy};
 use crate::runtime::{RuntimeEvent, spans};
 use keel_store::CommitError;
-use std::sync::Arc;
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::{Arc, Weak};
 
-/// The store writer: one OS thread that executes the checkpoint machine's group commits, one at a
-/// time (the machine keeps at most one in flight), and answers the checkpoint actor. A thread of its
-/// own rather than a `spawn_blocking` per commit: redb's commit blocks on fsync, and handing each
-/// commit to tokio's blocking pool (a task, a pool wake-up, a join) costs more than the commit's own
-/// CPU. It holds the node weakly, so it ends when the node is gone (its queue's sender with it).
+/// What reaches the store writer thread.
+pub(crate) enum WriterInput {
+    /// An input of the checkpoint writer it hosts.
+    Checkpoint(CheckpointInput),
+    /// The node shuts down: the thread ends after the commit under way, and the inputs queued
+    /// behind this one are dropped (their coordinators are stopped already).
+    Shutdown,
+}
+
+/// Most inputs taken from the queue while a commit's outcome waits to go into the machine (see
+/// [`store_writer`]): a bound, so a flood of inputs cannot hold an outcome back for ever.
+const INPUTS_BEFORE_OUTCOME_MAX: usize = 4096;
+
+/// The store writer thread's body: hosts the checkpoint writer `machine` with its stream `rng`,
+/// executes its effects, and runs each commit it asks for on this thread (redb's commit blocks on
+/// fsync). A commit's outcome goes into the machine once the inputs that arrived during the commit
+/// have (at most [`INPUTS_BEFORE_OUTCOME_MAX`] of them), so their stages wait in the machine's queue
+/// and all go into the next commit. It holds the node weakly and ends when the node is gone, on
+/// [`WriterInput::Shutdown`], or when the machine panics (logged; the node then writes nothing
+/// more and its runs' stages go unanswered, as when its actor died before this thread hosted it).
 pub(crate) fn store_writer(
-    node: std::sync::Weak<Node>,
-    batches: std::sync::mpsc::Receiver<(CommitBatch, tracing::Span)>,
+    node: Weak<Node>,
+    inputs: Receiver<WriterInput>,
+    machine: CheckpointWriter,
+    rng: OsEntropy,
 ) {
-    while let Ok((batch, span)) = batches.recv() {
+    let mut hosted = Hosted {
+        machine,
+        clock: MonotonicMillis::default(),
+        rng,
+    };
+    let mut outcomes: VecDeque<CheckpointInput> = VecDeque::new();
+    let mut taken_before_outcome = 0usize;
+    let mut commits = Vec::new();
+    loop {
+        let next = if outcomes.is_empty() {
+            inputs.recv().ok()
+        } else if taken_before_outcome >= INPUTS_BEFORE_OUTCOME_MAX {
+            None
+        } else {
+            match inputs.try_recv() {
+                Ok(input) => Some(input),
+                Err(TryRecvError::Empty) => None,
+                Err(TryRecvError::Disconnected) => return,
+            }
+        };
+        let input = match next {
+            Some(WriterInput::Checkpoint(input)) => {
+                taken_before_outcome += 1;
+                input
+            }
+            Some(WriterInput::Shutdown) => return,
+            None => match outcomes.pop_front() {
+                Some(outcome) => {
+                    taken_before_outcome = 0;
+                    outcome
+                }
+                // The queue is closed (the node is gone).
+                None => return,
+            },
+        };
         let Some(node) = node.upgrade() else {
             return;
         };
-        span.in_scope(|| node.commit_now(batch));
+        let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            hosted.step(&node, input, &mut commits)
+        }));
+        if stepped.is_err() {
+            tracing::error!("the checkpoint writer panicked; this node writes nothing more");
+            return;
+        }
+        // The machine keeps at most one commit in flight: this is at most one.
+        for batch in commits.drain(..) {
+            outcomes.push_back(node.commit_now(batch));
+        }
+    }
+}
+
+/// The checkpoint writer machine with its injected clock and stream, as an actor's state held them.
+struct Hosted {
+    machine: CheckpointWriter,
+    clock: MonotonicMillis,
+    rng: OsEntropy,
+}
+
+impl Hosted {
+    /// One input through the machine; its effects executed, its commits left in `commits`.
+    fn step(&mut self, node: &Arc<Node>, input: CheckpointInput, commits: &mut Vec<CommitBatch>) {
+        let now = self.clock.now();
+        let mut effects = Vec::new();
+        self.machine.handle(input, now, &mut self.rng, &mut effects);
+        node.execute_checkpoint(effects, commits);
     }
 }
 
 impl Node {
-    /// One group commit, handed to the store writer thread (redb's commit blocks on fsync); its
-    /// completion goes back to the checkpoint machine, which keeps at most one commit in flight.
-    pub(crate) fn persist(self: &Arc<Self>, batch: CommitBatch) {
+    /// Hand the checkpoint writer an input; false when the store writer thread is gone.
+    pub(crate) fn to_checkpoint(&self, input: CheckpointInput) -> bool {
+        self.checkpoint
+            .get()
+            .is_some_and(|tx| tx.send(WriterInput::Checkpoint(input)).is_ok())
+    }
+
+    /// Execute the checkpoint writer's effects on the store writer thread: its answers to
+    /// coordinators (consecutive ones to one run as one input) and to the host, its timers; its
+    /// commits are left in `commits` for the thread to run.
+    fn execute_checkpoint(self: &Arc<Self>, effects: Vec<Effect>, commits: &mut Vec<CommitBatch>) {
+        let mut to_coordinator = ToCoordinator::default();
+        for effect in effects {
+            if let Effect::Send(Envelope::Coordinator { run, msg }) = effect {
+                to_coordinator.push(self, run, msg);
+                continue;
+            }
+            to_coordinator.flush(self);
+            match effect {
+                Effect::Persist(batch) => commits.push(batch),
+                Effect::SetTimer { key, at } => self.set_timer(key, at),
+                Effect::Send(envelope) => self.route(envelope),
+                Effect::Emit(event) => self.lifecycle(event, None),
+                Effect::SpawnSpecialist(_) | Effect::StopSpecialist { .. } => {
+                    tracing::error!("the checkpoint writer asked for a specialist; ignored");
+                }
+            }
+        }
+        to_coordinator.flush(self);
+    }
+
+    /// Execute one group commit on the calling thread (the store writer's): the checkpoint
+    /// writer's input that answers it.
+    fn commit_now(self: &Arc<Self>, batch: CommitBatch) -> CheckpointInput {
         self.commits_in_flight.fetch_add(1, Ordering::AcqRel);
         self.commits_total.fetch_add(1, Ordering::Relaxed);
         // One run's commit runs in that run's span; a commit shared by several runs in its own.
@@ -42,23 +162,7 @@ impl Node {
             Some(run) if batch.stages.iter().all(|s| s.run == run) => self.run_span(run),
             _ => spans::commit_span(batch.stages.len()),
         };
-        let id = batch.id;
-        let sent = match &*super::lock(&self.writer) {
-            Some(tx) => tx.send((batch, span)).is_ok(),
-            None => false,
-        };
-        if !sent {
-            self.committed(
-                id,
-                Err(("the store writer thread is gone".into(), None)),
-                Vec::new(),
-            );
-        }
-    }
-
-    /// Execute one group commit on the calling thread (the store writer's) and answer the
-    /// checkpoint actor.
-    fn commit_now(self: &Arc<Self>, batch: CommitBatch) {
+        let _entered = span.enter();
         // Every op, superseded or not: an escalation is never superseded, and `all_ops` is a plain
         // walk where `ops` first indexes the replaced rows.
         let escalations: Vec<RuntimeEvent> = batch
@@ -94,15 +198,6 @@ impl Node {
         if let Some(observer) = &self.config.observer {
             observer.commit_ended(began.elapsed(), result.is_ok());
         }
-        self.committed(id, result, escalations);
-    }
-
-    fn committed(
-        &self,
-        id: crate::persist::CommitId,
-        result: Result<(), (String, Option<keel_store::RunId>)>,
-        escalations: Vec<RuntimeEvent>,
-    ) {
         let input = match result {
             Ok(()) => {
                 for e in escalations {
@@ -119,10 +214,8 @@ impl Node {
                 CheckpointInput::CommitFailed { id, error }
             }
         };
-        if let Some(c) = self.checkpoint.get() {
-            let _ = c.send_message(crate::runtime::Deliver(input));
-        }
         self.commits_in_flight.fetch_sub(1, Ordering::AcqRel);
+        input
     }
 }
 
