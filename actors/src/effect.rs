@@ -84,12 +84,22 @@ pub enum Effect {
         /// Why, one line.
         reason: String,
     },
-    /// Fire this timer at `at` (host time). Timers are never cancelled: a machine ignores a stale firing.
+    /// Fire this timer at `at` (host time). A machine ignores a stale firing, so a host may fire a
+    /// timer that was cancelled.
     SetTimer {
         /// Which timer.
         key: TimerKey,
         /// When.
         at: Millis,
+    },
+    /// Every pending firing of this timer is no longer wanted: the host may drop them. Only a
+    /// bound on what a host holds: a host that fires them anyway is correct (the machine ignores
+    /// them), and the simulator does, so the machines' staleness checks stay exercised. The
+    /// supervisor cancels an attempt's deadline when the attempt ends: a node that runs thousands
+    /// of specialists a second would otherwise hold each one's deadline for its whole timeout.
+    CancelTimer {
+        /// Which timer.
+        key: TimerKey,
     },
     /// Tell observers.
     Emit(LifecycleEvent),

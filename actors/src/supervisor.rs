@@ -391,6 +391,7 @@ impl Supervisor {
         let doomed: Vec<AttemptId> = self.live.range(run_range(run)).map(|(a, _)| *a).collect();
         for attempt in doomed {
             if let Some(live) = self.live.remove(&attempt) {
+                out.push(cancel_deadline(attempt));
                 if let Some(ledger) = self.ledgers.get_mut(&run) {
                     ledger.reserved_micros =
                         ledger.reserved_micros.saturating_sub(live.reserved_micros);
@@ -625,9 +626,16 @@ impl Supervisor {
         }
     }
 
-    /// End a live attempt: release its slot, settle its spend. Returns what it was.
-    fn settle_live(&mut self, attempt: AttemptId, spent_micros: u64) -> Option<Live> {
+    /// End a live attempt: release its slot, settle its spend, cancel its deadline. Returns what it
+    /// was.
+    fn settle_live(
+        &mut self,
+        attempt: AttemptId,
+        spent_micros: u64,
+        out: &mut Vec<Effect>,
+    ) -> Option<Live> {
         let live = self.live.remove(&attempt)?;
+        out.push(cancel_deadline(attempt));
         if let Some(ledger) = self.ledgers.get_mut(&attempt.run) {
             ledger.reserved_micros = ledger.reserved_micros.saturating_sub(live.reserved_micros);
             ledger.spent_micros = ledger
@@ -647,7 +655,7 @@ impl Supervisor {
         rng: &mut dyn Entropy,
         out: &mut Vec<Effect>,
     ) {
-        let Some(live) = self.settle_live(attempt, 0) else {
+        let Some(live) = self.settle_live(attempt, 0, out) else {
             return;
         };
         out.push(Effect::StopSpecialist {
@@ -765,7 +773,7 @@ impl Machine for Supervisor {
                 spent_micros,
                 outcome,
             }) => {
-                let live = self.settle_live(attempt, spent_micros);
+                let live = self.settle_live(attempt, spent_micros, out);
                 if let Err(failure) = outcome {
                     // Even for an attempt already lost or settled, a failure gets an answer: the
                     // coordinator must never wait for a verdict that does not come.
@@ -813,7 +821,7 @@ impl Machine for Supervisor {
                 let doomed: Vec<AttemptId> =
                     self.live.range(run_range(run)).map(|(a, _)| *a).collect();
                 for attempt in doomed {
-                    self.settle_live(attempt, 0);
+                    self.settle_live(attempt, 0, out);
                     out.push(Effect::StopSpecialist {
                         attempt,
                         reason: "run closed".into(),
@@ -867,5 +875,12 @@ impl Supervisor {
                 tripped: false,
             },
         );
+    }
+}
+
+/// The effect that drops `attempt`'s pending deadline at the host (see [`Effect::CancelTimer`]).
+fn cancel_deadline(attempt: AttemptId) -> Effect {
+    Effect::CancelTimer {
+        key: TimerKey::Supervisor(SupervisorTimer::Deadline(attempt)),
     }
 }

@@ -767,7 +767,9 @@ async fn dropping_a_session_stops_its_tools() {
             None => panic!("session ended early"),
         }
     }
-    for _ in 0..100 {
+    // Up to 5 s for the tool's process to show: under a loaded machine (the whole suite at once)
+    // 2 s was once not enough for bash to start it.
+    for _ in 0..250 {
         if process_alive(&format!("sleep {marker}")) {
             break;
         }

@@ -333,6 +333,8 @@ impl World {
                         SpecialistInput::Msg(SpecialistMsg::Cancel { reason }),
                     ));
                 }
+                // Fired anyway: the machines must ignore a stale timer.
+                Effect::CancelTimer { .. } => {}
                 Effect::SetTimer { key, at } => {
                     let ev = match key {
                         TimerKey::Coordinator(_, t) => Ev::Coord(CoordinatorInput::Timer(t)),

@@ -272,6 +272,9 @@ impl World {
             Effect::StopSpecialist { attempt, reason } => {
                 self.send_to_specialist(attempt, SpecialistMsg::Cancel { reason });
             }
+            // Every timer fires here, cancelled or not: a machine must ignore a stale firing, and
+            // firing them keeps that checked. Cancelling is the runtime's bound on what it holds.
+            Effect::CancelTimer { .. } => {}
             Effect::SetTimer { key, at } => match key {
                 TimerKey::Coordinator(run, t) => self.schedule(
                     at,

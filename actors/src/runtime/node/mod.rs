@@ -257,15 +257,16 @@ impl Node {
         }
     }
 
-    /// Fire `deliver` at host time `at` (timers are never cancelled; machines ignore stale ones).
+    /// Fire `deliver` at host time `at` (a host timer of its own: a grace period, a specialist's
+    /// timer on its task; a machine's goes through [`Node::set_timer`]).
     pub(crate) fn timer(&self, at: Millis, deliver: impl FnOnce() + Send + 'static) {
-        self.timers.set(at, deliver);
+        self.timers.set(at, None, deliver);
     }
 
     /// Fire the machine timer `key` at host time `at`: its input goes to its machine then.
     pub(crate) fn set_timer(self: &Arc<Self>, key: TimerKey, at: Millis) {
         let node = Arc::clone(self);
-        self.timer(at, move || match key {
+        self.timers.set(at, Some(key), move || match key {
             TimerKey::Coordinator(run, t) => {
                 if node.frozen.load(Ordering::Acquire) {
                     return; // a frozen coordinator gets nothing more
@@ -332,6 +333,7 @@ impl Node {
                     });
                 }
                 Effect::SetTimer { key, at } => self.set_timer(key, at),
+                Effect::CancelTimer { key } => self.timers.cancel(key),
                 Effect::Emit(event) => self.lifecycle(event, hosting),
             }
         }

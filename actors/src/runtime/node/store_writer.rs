@@ -141,6 +141,7 @@ impl Node {
             match effect {
                 Effect::Persist(batch) => commits.push(batch),
                 Effect::SetTimer { key, at } => self.set_timer(key, at),
+                Effect::CancelTimer { key } => self.timers.cancel(key),
                 Effect::Send(envelope) => self.route(envelope),
                 Effect::Emit(event) => self.lifecycle(event, None),
                 Effect::SpawnSpecialist(_) | Effect::StopSpecialist { .. } => {
