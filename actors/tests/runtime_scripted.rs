@@ -716,3 +716,34 @@ async fn an_input_a_paused_runs_coordinator_gets_after_the_pause_writes_nothing_
     rt.shutdown().await;
     drop(handle);
 }
+
+/// After `shutdown` the node lets go of its store while the async runtime lives on (an embedding
+/// application goes on running): pending timers, which hold the node, are dropped with it, so the
+/// store is closed with the caller's last handle. Before, a specialist's deadline held the node
+/// (and the store open) for its whole timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_go_of_the_store_while_the_async_runtime_goes_on() {
+    let (_dir, work, store) = workspace();
+    let (rt, _events) = start(&store, config(&work)).await;
+    let plan = scripted::fan_out_plan(3, |i| format!("echo part {i}")).unwrap();
+    let handle = submit(&rt, "survey", plan).await;
+    let outcome = tokio::time::timeout(Duration::from_secs(60), handle.finished())
+        .await
+        .expect("the run finishes")
+        .unwrap();
+    assert_eq!(outcome.status, RunStatus::Completed, "{}", outcome.outcome);
+    rt.shutdown().await;
+    let mut released = false;
+    for _ in 0..250 {
+        if Arc::strong_count(&store) == 1 {
+            released = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        released,
+        "the store is still held {} times after shutdown",
+        Arc::strong_count(&store) - 1
+    );
+}

@@ -411,5 +411,8 @@ impl Runtime {
         }
         let thread = self.store_writer;
         let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        // Pending timers hold the node: dropped now, so the node (and its store) goes with the
+        // last handle rather than with the async runtime.
+        self.node.timers.close();
     }
 }

@@ -69,6 +69,22 @@ impl Timers {
     }
 }
 
+impl Timers {
+    /// Drop every pending timer and end the task: the node shuts down. A machine timer's delivery
+    /// holds the node, so until then the node could not be dropped (nor its store closed) while the
+    /// async runtime it ran on lives on.
+    pub(crate) fn close(&self) {
+        self.shared.closed.store(true, Ordering::Release);
+        let dropped = {
+            let mut pending = self.shared.lock();
+            pending.keyed.clear();
+            std::mem::take(&mut pending.due)
+        };
+        drop(dropped);
+        self.shared.wake.notify_one();
+    }
+}
+
 impl Drop for Timers {
     fn drop(&mut self) {
         self.shared.closed.store(true, Ordering::Release);
@@ -136,9 +152,27 @@ impl Pending {
     }
 }
 
+/// Drops the pending timers when the timer task ends or is dropped (the runtime drops its tasks
+/// as it shuts down). A machine timer's delivery holds the node, and the node holds the queue: were
+/// they kept, the node would never be dropped, nor its store closed cleanly.
+struct DropPending(Arc<Shared>);
+
+impl Drop for DropPending {
+    fn drop(&mut self) {
+        let dropped = {
+            let mut pending = self.0.lock();
+            pending.keyed.clear();
+            std::mem::take(&mut pending.due)
+        };
+        // Outside the lock: the last of them may drop the node, and with it this queue's handle.
+        drop(dropped);
+    }
+}
+
 /// Fires every timer at its deadline, in deadline order (then in the order they were set), each
 /// outside the queue's lock.
 async fn drive(shared: Arc<Shared>) {
+    let _drop_pending = DropPending(Arc::clone(&shared));
     let mut fire = Vec::new();
     // The deadline whose sleep has just ended: fired then even if the wall clock reads a little
     // earlier (the sleep's clock and the wall clock may differ).
