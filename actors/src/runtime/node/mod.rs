@@ -299,12 +299,9 @@ impl Node {
         let mut to_supervisor = Vec::new();
         let mut to_coordinator = ToCoordinator::default();
         for effect in effects {
-            if let Effect::Send(Envelope::Coordinator { run, msg }) = effect {
-                to_coordinator.push(self, run, msg);
+            let Some(effect) = to_coordinator.gather(self, effect) else {
                 continue;
-            }
-            // Only consecutive messages to one coordinator travel together.
-            to_coordinator.flush(self);
+            };
             match effect {
                 Effect::Send(Envelope::Supervisor(msg)) => to_supervisor.push(msg),
                 Effect::Send(envelope) => self.route(envelope),
@@ -353,8 +350,19 @@ impl Node {
 pub(crate) struct ToCoordinator(Option<(RunId, Vec<CoordinatorMsg>)>);
 
 impl ToCoordinator {
+    /// Gather `effect` if it is a message to a coordinator; else send what was gathered (only
+    /// consecutive messages to one coordinator travel together) and hand `effect` back.
+    pub(crate) fn gather(&mut self, node: &Node, effect: Effect) -> Option<Effect> {
+        if let Effect::Send(Envelope::Coordinator { run, msg }) = effect {
+            self.push(node, run, msg);
+            return None;
+        }
+        self.flush(node);
+        Some(effect)
+    }
+
     /// Gather `msg` for `run`'s coordinator.
-    pub(crate) fn push(&mut self, node: &Node, run: RunId, msg: CoordinatorMsg) {
+    fn push(&mut self, node: &Node, run: RunId, msg: CoordinatorMsg) {
         match &mut self.0 {
             Some((to, msgs)) if *to == run => msgs.push(msg),
             other => {

@@ -10,7 +10,7 @@
 
 use super::{Node, ToCoordinator};
 use crate::checkpoint::CheckpointWriter;
-use crate::effect::{Effect, Envelope};
+use crate::effect::Effect;
 use crate::host::{self, HostError};
 use crate::machine::Machine;
 use crate::message::CheckpointInput;
@@ -133,11 +133,9 @@ impl Node {
     fn execute_checkpoint(self: &Arc<Self>, effects: Vec<Effect>, commits: &mut Vec<CommitBatch>) {
         let mut to_coordinator = ToCoordinator::default();
         for effect in effects {
-            if let Effect::Send(Envelope::Coordinator { run, msg }) = effect {
-                to_coordinator.push(self, run, msg);
+            let Some(effect) = to_coordinator.gather(self, effect) else {
                 continue;
-            }
-            to_coordinator.flush(self);
+            };
             match effect {
                 Effect::Persist(batch) => commits.push(batch),
                 Effect::SetTimer { key, at } => self.set_timer(key, at),
