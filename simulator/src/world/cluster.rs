@@ -118,11 +118,11 @@ impl World {
                     self.schedule(
                         self.now,
                         Ev::Sup {
-                            input: SupervisorInput::Msg(SupervisorMsg::SpecialistDown {
+                            input: Box::new(SupervisorInput::Msg(SupervisorMsg::SpecialistDown {
                                 attempt,
                                 reason,
                                 panicked,
-                            }),
+                            })),
                             inc: Some(self.coord_inc),
                         },
                     );

@@ -90,7 +90,14 @@ impl World {
             && let Some(input) = CoordinatorInput::batch(msgs)
         {
             let inc = Some(self.coord_inc);
-            self.schedule(self.now, Ev::Coord { run, input, inc });
+            self.schedule(
+                self.now,
+                Ev::Coord {
+                    run,
+                    input: Box::new(input),
+                    inc,
+                },
+            );
         }
     }
 
@@ -104,7 +111,13 @@ impl World {
         self.flush_coordinator_outbox();
         if let Some(input) = SupervisorInput::batch(std::mem::take(&mut self.outbox.supervisor)) {
             let inc = Some(self.coord_inc);
-            self.schedule(self.now, Ev::Sup { input, inc });
+            self.schedule(
+                self.now,
+                Ev::Sup {
+                    input: Box::new(input),
+                    inc,
+                },
+            );
         }
     }
 
@@ -211,7 +224,7 @@ impl World {
                     self.schedule(
                         self.now,
                         Ev::Sup {
-                            input: SupervisorInput::Msg(msg),
+                            input: Box::new(SupervisorInput::Msg(msg)),
                             inc,
                         },
                     );
@@ -280,14 +293,14 @@ impl World {
                     at,
                     Ev::Coord {
                         run,
-                        input: CoordinatorInput::Timer(t),
+                        input: Box::new(CoordinatorInput::Timer(t)),
                         inc,
                     },
                 ),
                 TimerKey::Supervisor(t) => self.schedule(
                     at,
                     Ev::Sup {
-                        input: SupervisorInput::Timer(t),
+                        input: Box::new(SupervisorInput::Timer(t)),
                         inc,
                     },
                 ),

@@ -19,12 +19,14 @@ pub(super) enum Ev {
     /// (lost with the node), `None` for messages from the network (delivered to whoever is up).
     Coord {
         run: RunId,
-        input: CoordinatorInput,
+        /// Boxed, as the supervisor's: the largest inputs by far, and every event moves through
+        /// the agenda and the step by value (an event was 256 bytes with them inline).
+        input: Box<CoordinatorInput>,
         inc: Option<u32>,
     },
     /// An input for the supervisor.
     Sup {
-        input: SupervisorInput,
+        input: Box<SupervisorInput>,
         inc: Option<u32>,
     },
     /// An input for the checkpoint writer.

@@ -528,13 +528,13 @@ impl World {
                 if inc.is_some_and(|i| i != self.coord_inc) || self.coord.is_none() {
                     return;
                 }
-                self.deliver_coord(run, input);
+                self.deliver_coord(run, *input);
             }
             Ev::Sup { input, inc } => {
                 if inc.is_some_and(|i| i != self.coord_inc) || self.coord.is_none() {
                     return;
                 }
-                self.deliver_sup(input);
+                self.deliver_sup(*input);
             }
             Ev::Ckpt { input, inc } => {
                 if inc != self.coord_inc || self.coord.is_none() {
