@@ -57,7 +57,16 @@ impl Timers {
         key: Option<TimerKey>,
         deliver: impl FnOnce() + Send + 'static,
     ) {
-        let sooner = self.shared.lock().set(at, key, Box::new(deliver));
+        let sooner = {
+            let mut pending = self.shared.lock();
+            // After `close` nothing fires: a timer an actor still sets as it stops is dropped, not
+            // kept (with the node it holds) by a queue no task reads. Checked under the lock that
+            // `close` empties the queue under, so none slips in after it.
+            if self.shared.closed.load(Ordering::Acquire) {
+                return;
+            }
+            pending.set(at, key, Box::new(deliver))
+        };
         if sooner {
             self.shared.wake.notify_one();
         }
