@@ -138,6 +138,53 @@ fn admits_with_the_requested_agents_model_and_sets_a_deadline() {
     assert_eq!(s.live_count(), 1);
 }
 
+/// An attempt that ends (settled, or its run closed) gives back its deadline: the host may drop
+/// the timer instead of holding it for the whole timeout. A second settle cancels nothing more.
+#[test]
+fn an_ended_attempt_cancels_its_deadline() {
+    let deadline = TimerKey::Supervisor(SupervisorTimer::Deadline(attempt(1, 1)));
+    let cancels = |out: &[Effect]| {
+        out.iter()
+            .filter(|e| matches!(e, Effect::CancelTimer { key } if *key == deadline))
+            .count()
+    };
+    let settle = || {
+        SupervisorInput::Msg(SupervisorMsg::Settle {
+            attempt: attempt(1, 1),
+            spent_micros: 0,
+            outcome: Ok(()),
+        })
+    };
+    let (s, out) = check(
+        config(),
+        vec![(0, open(None)), (10, admit(1, 1, None, 0)), (20, settle())],
+    );
+    assert_eq!(cancels(&out), 1, "{out:?}");
+    assert_eq!(s.live_count(), 0);
+    let (_, out) = check(
+        config(),
+        vec![
+            (0, open(None)),
+            (10, admit(1, 1, None, 0)),
+            (20, settle()),
+            (30, settle()),
+        ],
+    );
+    assert_eq!(cancels(&out), 0, "{out:?}");
+    let (_, out) = check(
+        config(),
+        vec![
+            (0, open(None)),
+            (10, admit(1, 1, None, 0)),
+            (
+                20,
+                SupervisorInput::Msg(SupervisorMsg::CloseRun { run: RUN }),
+            ),
+        ],
+    );
+    assert_eq!(cancels(&out), 1, "{out:?}");
+}
+
 /// A dispatch's admissions as one input do what they do one by one (the same answers, spawns and
 /// timers, each group in order), with every answer to the coordinator ahead of the spawns: a host
 /// then hands the coordinator the answers as one input before any specialist it admitted starts.

@@ -379,8 +379,9 @@ impl Runtime {
         }
     }
 
-    /// Stop every actor of the node (after [`Runtime::pause`], or when every run is done), then
-    /// close the store writer's queue and wait for its thread to finish the commits it was given.
+    /// Stop every actor of the node (after [`Runtime::pause`], or when every run is done), then end
+    /// the store writer thread after the commit under way and wait for it, and drop the pending
+    /// timers so the node and its store are let go.
     pub async fn shutdown(self) {
         let coordinators: Vec<_> = lock(&self.node.coordinators)
             .values()

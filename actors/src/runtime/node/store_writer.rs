@@ -120,11 +120,17 @@ impl Hosted {
 }
 
 impl Node {
-    /// Hand the checkpoint writer an input; false when the store writer thread is gone.
-    pub(crate) fn to_checkpoint(&self, input: CheckpointInput) -> bool {
-        self.checkpoint
+    /// Hand the checkpoint writer an input. Once the store writer thread is gone (shut down, or its
+    /// machine panicked) the input is dropped, as a message to a dead actor was: every stage's
+    /// sender waits with a bound or is answered by the store after a restart.
+    pub(crate) fn to_checkpoint(&self, input: CheckpointInput) {
+        let sent = self
+            .checkpoint
             .get()
-            .is_some_and(|tx| tx.send(WriterInput::Checkpoint(input)).is_ok())
+            .is_some_and(|tx| tx.send(WriterInput::Checkpoint(input)).is_ok());
+        if !sent {
+            tracing::debug!("an input for the checkpoint writer after its thread ended, dropped");
+        }
     }
 
     /// Execute the checkpoint writer's effects on the store writer thread: its answers to
