@@ -329,3 +329,155 @@ fn a_read_after_a_failed_group_rebuilds_the_open_transaction_without_it() {
     let (_, _, store) = crash(&disk, &journal);
     assert_eq!(logged(&store), expected(6));
 }
+
+/// Log row `n` of the root task, committed with its sync deferred.
+fn log_unsynced(store: &Store, n: u64) -> UnsyncedCommit {
+    let scope = store.run(RunId(RUN));
+    let mut batch = WriteBatch::new();
+    batch.push(scope.stage_append_log(TaskId(ROOT), log_row(n)).unwrap());
+    let (applied, unsynced) = store.commit_group_unsynced(batch).unwrap();
+    assert_eq!(applied, vec![Applied::LogAppended { seq: n }]);
+    unsynced
+}
+
+#[test]
+fn an_unsynced_commit_is_durable_once_its_sync_succeeds_and_not_before() {
+    let (disk, journal, store) = fresh();
+    create(&store);
+    log(&store, 1);
+    let syncs = journal.syncs();
+    let second = log_unsynced(&store, 2);
+    assert!(second.needs_sync());
+    assert_eq!(journal.syncs(), syncs, "the commit itself did not sync");
+    // The power goes before the sync: the commit is not there.
+    let (_, _, crashed) = crash(&disk, &journal);
+    assert_eq!(logged(&crashed), expected(1));
+    drop(crashed);
+    store.sync_commit(second).unwrap();
+    assert_eq!(journal.syncs(), syncs + 1);
+    let (_, _, store) = crash(&disk, &journal);
+    assert_eq!(logged(&store), expected(2));
+}
+
+#[test]
+fn one_sync_makes_every_unsynced_commit_before_it_durable() {
+    let (disk, journal, store) = fresh();
+    create(&store);
+    let (first, second) = (log_unsynced(&store, 1), log_unsynced(&store, 2));
+    let syncs = journal.syncs();
+    store.sync_commit(second).unwrap();
+    store.sync_commit(first).unwrap();
+    assert_eq!(
+        journal.syncs(),
+        syncs + 1,
+        "the first was covered by the second's sync"
+    );
+    let (_, _, store) = crash(&disk, &journal);
+    assert_eq!(logged(&store), expected(2));
+}
+
+#[test]
+fn a_failed_sync_voids_its_commit_and_every_unsynced_one_after_it() {
+    let (disk, journal, store) = fresh();
+    create(&store);
+    log(&store, 1);
+    let (second, third) = (log_unsynced(&store, 2), log_unsynced(&store, 3));
+    journal.fail_next_syncs(1);
+    assert!(
+        matches!(store.sync_commit(second), Err(CommitError::Storage(_))),
+        "the failed sync is the disk's error"
+    );
+    assert!(matches!(store.sync_commit(third), Err(CommitError::Voided)));
+    // Neither is visible, in this process or after a crash.
+    assert_eq!(logged(&store), expected(1));
+    let (_, _, crashed) = crash(&disk, &journal);
+    assert_eq!(logged(&crashed), expected(1));
+    drop(crashed);
+    // The retry, on the same handle (the journal's file took the failed sync, not redb's), takes
+    // the same number, in a record of the same length at the same place: the voided third record,
+    // right after it, must not read as its successor.
+    log(&store, 2);
+    let (disk, journal, store) = crash(&disk, &journal);
+    assert_eq!(logged(&store), expected(2));
+    log(&store, 3);
+    let (_, _, store) = crash(&disk, &journal);
+    assert_eq!(logged(&store), expected(3));
+}
+
+#[test]
+fn a_read_sees_an_unsynced_commit_only_once_it_is_synced() {
+    let (disk, journal, store) = fresh();
+    create(&store);
+    let first = log_unsynced(&store, 1);
+    let syncs = journal.syncs();
+    assert_eq!(logged(&store), expected(1));
+    assert_eq!(
+        journal.syncs(),
+        syncs + 1,
+        "the read synced the commit first"
+    );
+    // The read's sync covered it: the commit's own sync has nothing left to do.
+    store.sync_commit(first).unwrap();
+    assert_eq!(journal.syncs(), syncs + 1);
+    let (_, _, store) = crash(&disk, &journal);
+    assert_eq!(logged(&store), expected(1));
+}
+
+#[test]
+fn the_due_durable_commit_syncs_the_unsynced_commits_before_it() {
+    let (disk, journal, store) = fresh();
+    create(&store);
+    let mut unsynced = Vec::new();
+    // Past the count that makes one commit a durable commit of the store file.
+    for n in 1..=100 {
+        unsynced.push(log_unsynced(&store, n));
+    }
+    assert!(
+        unsynced.iter().any(|u| !u.needs_sync()),
+        "one of them was the durable commit"
+    );
+    for u in unsynced {
+        store.sync_commit(u).unwrap();
+    }
+    let (_, _, store) = crash(&disk, &journal);
+    assert_eq!(logged(&store), expected(100));
+}
+
+#[test]
+fn a_failed_sync_before_the_due_durable_commit_fails_that_commit_and_voids_the_others() {
+    let (disk, journal, store) = fresh();
+    create(&store);
+    let mut unsynced = Vec::new();
+    let mut n = 0;
+    // Unsynced commits up to the one that will be the durable commit of the store file.
+    loop {
+        n += 1;
+        let scope = store.run(RunId(RUN));
+        let mut batch = WriteBatch::new();
+        batch.push(scope.stage_append_log(TaskId(ROOT), log_row(n)).unwrap());
+        if n > 1 {
+            journal.fail_next_syncs(1);
+        }
+        match store.commit_group_unsynced(batch) {
+            Ok((_, u)) => {
+                journal.fail_next_syncs(0);
+                assert!(
+                    u.needs_sync(),
+                    "no sync failed, so no durable commit came yet"
+                );
+                unsynced.push(u);
+            }
+            Err(e) => {
+                assert!(matches!(e, CommitError::Storage(_)), "{e:?}");
+                break;
+            }
+        }
+        assert!(n < 200, "no durable commit came");
+    }
+    for u in unsynced {
+        assert!(matches!(store.sync_commit(u), Err(CommitError::Voided)));
+    }
+    assert_eq!(logged(&store), expected(0));
+    let (_, _, store) = crash(&disk, &journal);
+    assert_eq!(logged(&store), expected(0));
+}
