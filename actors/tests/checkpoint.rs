@@ -688,3 +688,174 @@ fn the_host_lays_a_refused_write_at_its_runs_door() {
     let kept = store.run(RunId(2)).checkpoint().unwrap().unwrap();
     assert_eq!(kept.state, "two");
 }
+
+fn id(n: u64) -> CommitId {
+    CommitId(base() + n)
+}
+
+#[test]
+fn an_applied_commit_lets_the_next_one_start_and_acknowledgements_stay_in_order() {
+    check(
+        CheckpointConfig::default(),
+        vec![
+            (stage(1, 1, 1), commit(1, &[1])),
+            (CheckpointInput::Applied(id(1)), Seen::default()),
+            // The first syncs: the next starts at once.
+            (stage(1, 2, 1), commit(2, &[2])),
+            // Two in flight, the second not applied yet: this one waits.
+            (stage(2, 7, 1), Seen::default()),
+            (CheckpointInput::Applied(id(2)), Seen::default()),
+            // Commits become durable in order: the second's completion first is not taken.
+            (CheckpointInput::Committed(id(2)), Seen::default()),
+            (
+                CheckpointInput::Committed(id(1)),
+                Seen {
+                    durable: vec![1],
+                    commits: vec![(3, vec![7])],
+                    ..Seen::default()
+                },
+            ),
+            (CheckpointInput::Committed(id(1)), Seen::default()),
+        ],
+    );
+}
+
+#[test]
+fn a_host_that_answers_committed_alone_keeps_one_commit_in_flight() {
+    check(
+        CheckpointConfig::default(),
+        vec![
+            (stage(1, 1, 1), commit(1, &[1])),
+            (stage(1, 2, 1), Seen::default()),
+            (
+                CheckpointInput::Committed(id(1)),
+                Seen {
+                    durable: vec![1],
+                    commits: vec![(2, vec![2])],
+                    ..Seen::default()
+                },
+            ),
+        ],
+    );
+}
+
+#[test]
+fn when_the_older_of_two_commits_fails_the_newer_one_commits_after_its_retry() {
+    let failed = |n: u64| CheckpointInput::CommitFailed {
+        id: id(n),
+        error: "sync failed".into(),
+    };
+    check(
+        CheckpointConfig::default(),
+        vec![
+            (stage(1, 1, 1), commit(1, &[1])),
+            (CheckpointInput::Applied(id(1)), Seen::default()),
+            (stage(1, 2, 1), commit(2, &[2])),
+            (CheckpointInput::Applied(id(2)), Seen::default()),
+            (stage(1, 3, 1), Seen::default()),
+            // The first's sync fails: its retry waits for the timer, and the second (voided by
+            // the host) goes back to the queue ahead of what queued since.
+            (
+                failed(1),
+                Seen {
+                    timers: 1,
+                    ..Seen::default()
+                },
+            ),
+            // The host's failure of the second, and a late completion of it, are not taken.
+            (failed(2), Seen::default()),
+            (CheckpointInput::Committed(id(2)), Seen::default()),
+            (
+                CheckpointInput::Timer(CheckpointTimer::RetryCommit(id(1))),
+                commit(3, &[1]),
+            ),
+            (
+                CheckpointInput::Committed(id(3)),
+                Seen {
+                    durable: vec![1],
+                    commits: vec![(4, vec![2, 3])],
+                    ..Seen::default()
+                },
+            ),
+            (
+                CheckpointInput::Committed(id(4)),
+                Seen {
+                    durable: vec![3],
+                    ..Seen::default()
+                },
+            ),
+        ],
+    );
+}
+
+#[test]
+fn when_the_older_of_two_commits_fails_for_good_the_newer_ones_stages_of_its_runs_fail_too() {
+    let config = CheckpointConfig {
+        commit_retries_max: 0,
+        ..CheckpointConfig::default()
+    };
+    check(
+        config,
+        vec![
+            (stage(1, 1, 1), commit(1, &[1])),
+            (CheckpointInput::Applied(id(1)), Seen::default()),
+            (
+                CheckpointInput::Msg(CheckpointMsg::Stages(vec![
+                    stage_of(1, 2, 1),
+                    stage_of(2, 5, 1),
+                ])),
+                commit(2, &[2, 5]),
+            ),
+            // Run 1's later stage fails with its earlier one (a prefix of its decisions); run 2's
+            // commits again at once.
+            (
+                CheckpointInput::CommitFailed {
+                    id: id(1),
+                    error: "sync failed".into(),
+                },
+                Seen {
+                    failed: vec![1, 2],
+                    commits: vec![(3, vec![5])],
+                    ..Seen::default()
+                },
+            ),
+        ],
+    );
+}
+
+#[test]
+fn a_newer_commit_refused_while_the_older_one_syncs_fails_only_its_run() {
+    check(
+        CheckpointConfig::default(),
+        vec![
+            (stage(1, 1, 1), commit(1, &[1])),
+            (CheckpointInput::Applied(id(1)), Seen::default()),
+            (
+                CheckpointInput::Msg(CheckpointMsg::Stages(vec![
+                    stage_of(2, 5, 1),
+                    stage_of(3, 6, 1),
+                ])),
+                commit(2, &[5, 6]),
+            ),
+            (
+                CheckpointInput::Refused {
+                    id: id(2),
+                    run: RunId(2),
+                    error: "refused".into(),
+                },
+                Seen {
+                    failed: vec![5],
+                    commits: vec![(3, vec![6])],
+                    ..Seen::default()
+                },
+            ),
+            (
+                CheckpointInput::Committed(id(1)),
+                Seen {
+                    durable: vec![1],
+                    ..Seen::default()
+                },
+            ),
+        ],
+    );
+}

@@ -297,6 +297,7 @@ fn ckpt_input_name(s: &mut String, i: &CheckpointInput) -> std::fmt::Result {
             let run = stages.first().map_or(0, |s| s.run.0);
             write!(s, "riding {} {}", short(run), tickets.join(","))
         }
+        CheckpointInput::Applied(id) => write!(s, "applied {}", id.0),
         CheckpointInput::Committed(id) => write!(s, "committed {}", id.0),
         CheckpointInput::CommitFailed { id, .. } => write!(s, "commit-failed {}", id.0),
         CheckpointInput::Refused { id, run, .. } => write!(s, "commit-refused {} {run}", id.0),
