@@ -58,3 +58,62 @@ fn bench_prints_every_figure_of_every_cell_as_json() {
         assert!(cell["bytes_per_run"].as_f64().unwrap() >= 0.0, "{cell}");
     }
 }
+
+/// Runs in flight on the journaled store as `keel serve` opens it: two commits in flight, the sync
+/// of one beside the next, and the journal's durable commits every 64 among them. A run whose
+/// acknowledgement never came would hang the bench, so the process is given a bound and killed
+/// past it. (A writer that ended the journal's durable commit ahead of a sync under way hung this
+/// in three tries out of three.)
+#[test]
+fn many_runs_in_flight_on_the_journaled_store_all_finish() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .current_dir(dir.path())
+        .args([
+            "--json",
+            "bench",
+            "--fan-out",
+            "16",
+            "--runs",
+            "2000",
+            "--in-flight",
+            "8",
+            "--exclusive-store",
+        ])
+        .env_remove("KEEL_HOME")
+        .env("KEEL_LOG", "error")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut waited = 0;
+    while child.try_wait().unwrap().is_none() {
+        if waited >= 1_800 {
+            child.kill().unwrap();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "keel bench did not finish in 180 s: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        waited += 1;
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "keel bench failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cells: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let in_flight = cells
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["in_flight"].as_u64() == Some(8))
+        .expect("the in-flight cell");
+    assert!(
+        in_flight["runs_per_s"].as_f64().unwrap() > 0.0,
+        "{in_flight}"
+    );
+}
