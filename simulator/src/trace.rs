@@ -114,23 +114,59 @@ impl Trace {
     }
 }
 
-/// Appends `n` in decimal, right-aligned in `width` columns (wider numbers take what they need).
-fn push_right_aligned(s: &mut String, n: u64, width: usize) {
-    let mut digits = [0u8; 20];
-    let mut start = digits.len();
+/// Spaces to pad a right-aligned number with (wider fields than this are never asked for).
+const SPACES: &str = "                    ";
+
+/// The decimal digits of `n`, at the end of `buf`; returns where they start.
+fn digits(buf: &mut [u8; 20], n: u64) -> usize {
+    let mut start = buf.len();
     let mut rest = n;
     loop {
         start -= 1;
         // `rest % 10` is below 10: the cast keeps it whole.
-        digits[start] = b'0' + (rest % 10) as u8;
+        buf[start] = b'0' + (rest % 10) as u8;
         rest /= 10;
         if rest == 0 {
             break;
         }
     }
-    let len = digits.len() - start;
-    s.extend(std::iter::repeat_n(' ', width.saturating_sub(len)));
-    s.extend(digits[start..].iter().map(|d| char::from(*d)));
+    start
+}
+
+/// Appends ASCII bytes as text (digits and hex digits only: they are always valid UTF-8).
+fn push_ascii(s: &mut String, bytes: &[u8]) {
+    if let Ok(text) = std::str::from_utf8(bytes) {
+        s.push_str(text);
+    }
+}
+
+/// Appends `n` in decimal, right-aligned in `width` columns (wider numbers take what they need).
+fn push_right_aligned(s: &mut String, n: u64, width: usize) {
+    let mut buf = [0u8; 20];
+    let start = digits(&mut buf, n);
+    let pad = width.saturating_sub(buf.len() - start);
+    s.push_str(&SPACES[..pad.min(SPACES.len())]);
+    s.extend(std::iter::repeat_n(' ', pad.saturating_sub(SPACES.len())));
+    push_ascii(s, &buf[start..]);
+}
+
+/// Appends `n` in decimal, as `{n}` writes it: the trace's numbers without the formatter's
+/// machinery (one or more per line, and the formatter was a fifth of writing the trace).
+pub(crate) fn push_dec(s: &mut String, n: u64) {
+    let mut buf = [0u8; 20];
+    let start = digits(&mut buf, n);
+    push_ascii(s, &buf[start..]);
+}
+
+/// Appends `n` as eight lowercase hex digits, as `{n:08x}` writes it.
+pub(crate) fn push_hex8(s: &mut String, n: u32) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut buf = [0u8; 8];
+    for (i, b) in buf.iter_mut().enumerate() {
+        // The shift leaves four bits: the index is below 16.
+        *b = HEX[((n >> (28 - 4 * i)) & 0xf) as usize];
+    }
+    push_ascii(s, &buf);
 }
 
 #[cfg(test)]
@@ -173,6 +209,32 @@ mod tests {
             let mut s = String::new();
             push_right_aligned(&mut s, n, width);
             assert_eq!(s, format!("{n:>width$}"));
+        }
+        let mut s = String::new();
+        push_right_aligned(&mut s, 5, 25);
+        assert_eq!(s, format!("{:>25}", 5));
+    }
+
+    #[test]
+    fn numbers_are_what_the_formatter_writes() {
+        for n in [
+            0,
+            1,
+            9,
+            10,
+            4096,
+            1_234_567_890,
+            u64::from(u32::MAX),
+            u64::MAX,
+        ] {
+            let mut s = String::from("x");
+            push_dec(&mut s, n);
+            assert_eq!(s, format!("x{n}"));
+        }
+        for n in [0, 1, 0xab, 0xdead_beef, 0x0102_0304, u32::MAX] {
+            let mut s = String::new();
+            push_hex8(&mut s, n);
+            assert_eq!(s, format!("{n:08x}"));
         }
     }
 }

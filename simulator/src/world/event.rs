@@ -9,6 +9,7 @@ use keel_store::RunId;
 
 use crate::config::Intervention;
 use crate::net::NodeId;
+use crate::trace::{push_dec, push_hex8};
 
 /// Something that happens at a point of virtual time.
 #[derive(Debug)]
@@ -86,257 +87,376 @@ pub(super) enum Ev {
 
 impl Ev {
     /// A compact, stable description for the trace (ids shortened, payloads named, not dumped).
+    /// Written piece by piece rather than through `write!`: a line per event, and the formatter's
+    /// machinery was most of the cost of writing them. The text is what the format strings in the
+    /// comments write.
     pub(super) fn describe(&self, s: &mut String) {
         use std::fmt::Write as _;
-        let _ = match self {
-            Ev::Submit(spec) => write!(s, "submit run={}", short(spec.run.0)),
-            Ev::Coord { run, input, .. } => {
-                write!(s, "coord run={} ", short(run.0)).and_then(|()| coord_input_name(s, input))
+        match self {
+            Ev::Submit(spec) => {
+                s.push_str("submit run=");
+                short(s, spec.run.0);
             }
-            Ev::Sup { input, .. } => s
-                .write_str("supervisor ")
-                .and_then(|()| sup_input_name(s, input)),
-            Ev::Ckpt { input, .. } => s
-                .write_str("checkpoint ")
-                .and_then(|()| ckpt_input_name(s, input)),
+            Ev::Coord { run, input, .. } => {
+                // "coord run={run} {input}"
+                s.push_str("coord run=");
+                short(s, run.0);
+                s.push(' ');
+                coord_input_name(s, input);
+            }
+            Ev::Sup { input, .. } => {
+                s.push_str("supervisor ");
+                sup_input_name(s, input);
+            }
+            Ev::Ckpt { input, .. } => {
+                s.push_str("checkpoint ");
+                ckpt_input_name(s, input);
+            }
             Ev::Spec {
                 node,
                 attempt,
                 input,
                 ..
-            } => write!(s, "spec {node} {} ", attempt_short(attempt))
-                .and_then(|()| spec_input_name(s, input)),
+            } => {
+                // "spec {node} {attempt} {input}"
+                s.push_str("spec ");
+                node_name(s, *node);
+                s.push(' ');
+                attempt_short(s, attempt);
+                s.push(' ');
+                spec_input_name(s, input);
+            }
             Ev::Frame {
                 to,
                 label,
                 attempt,
                 bytes,
-            } => match attempt {
-                Some(a) => write!(
-                    s,
-                    "frame to {to} {label} {} {}B",
-                    attempt_short(a),
-                    bytes.len()
-                ),
-                None => write!(s, "frame to {to} {label}  {}B", bytes.len()),
-            },
-            Ev::HarnessNext { node, attempt, .. } => {
-                write!(s, "harness {node} {}", attempt_short(attempt))
+            } => {
+                // "frame to {to} {label} {attempt} {len}B", or two spaces without an attempt.
+                s.push_str("frame to ");
+                node_name(s, *to);
+                s.push(' ');
+                s.push_str(label);
+                s.push(' ');
+                if let Some(a) = attempt {
+                    attempt_short(s, a);
+                }
+                s.push(' ');
+                dec(s, bytes.len());
+                s.push('B');
             }
-            Ev::Heartbeat { node, .. } => write!(s, "heartbeat {node}"),
-            Ev::MembershipTick { .. } => write!(s, "membership-tick"),
-            Ev::FaultTick => write!(s, "fault-tick"),
-            Ev::Intervene(i) => write!(s, "intervene {i:?}"),
-            Ev::Operator(i) => write!(s, "operator {i:?}"),
+            Ev::HarnessNext { node, attempt, .. } => {
+                s.push_str("harness ");
+                node_name(s, *node);
+                s.push(' ');
+                attempt_short(s, attempt);
+            }
+            Ev::Heartbeat { node, .. } => {
+                s.push_str("heartbeat ");
+                node_name(s, *node);
+            }
+            Ev::MembershipTick { .. } => s.push_str("membership-tick"),
+            Ev::FaultTick => s.push_str("fault-tick"),
+            Ev::Intervene(i) => {
+                let _ = write!(s, "intervene {i:?}");
+            }
+            Ev::Operator(i) => {
+                let _ = write!(s, "operator {i:?}");
+            }
             Ev::ToolTimeout {
                 node,
                 attempt,
                 call_id,
                 ..
-            } => write!(
-                s,
-                "tool-timeout {node} {} {call_id}",
-                attempt_short(attempt)
-            ),
-            Ev::HumanAnswers { run, tries } => {
-                write!(s, "human-answers run={} try={tries}", short(run.0))
+            } => {
+                s.push_str("tool-timeout ");
+                node_name(s, *node);
+                s.push(' ');
+                attempt_short(s, attempt);
+                s.push(' ');
+                s.push_str(call_id);
             }
-            Ev::AuditWait { ticket } => write!(s, "audit-wait #{ticket}"),
-            Ev::Restart(node) => write!(s, "restart {node}"),
-            Ev::Heal => write!(s, "heal"),
-        };
+            Ev::HumanAnswers { run, tries } => {
+                s.push_str("human-answers run=");
+                short(s, run.0);
+                s.push_str(" try=");
+                push_dec(s, u64::from(*tries));
+            }
+            Ev::AuditWait { ticket } => {
+                s.push_str("audit-wait #");
+                push_dec(s, *ticket);
+            }
+            Ev::Restart(node) => {
+                s.push_str("restart ");
+                node_name(s, *node);
+            }
+            Ev::Heal => s.push_str("heal"),
+        }
     }
 }
 
-/// An id shortened to its last 32 bits, written without an allocation of its own.
-struct Short(u32);
-
-impl std::fmt::Display for Short {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:08x}", self.0)
+/// A node as its `Display` writes it (`coord`, `w1`, ...).
+fn node_name(s: &mut String, node: NodeId) {
+    if node == NodeId::COORDINATOR {
+        s.push_str("coord");
+    } else {
+        s.push('w');
+        push_dec(s, u64::from(node.0));
     }
 }
 
-fn short(id: u128) -> Short {
-    Short((id & 0xffff_ffff) as u32)
+/// An id shortened to its last 32 bits, as `{:08x}`.
+fn short(s: &mut String, id: u128) {
+    push_hex8(s, (id & 0xffff_ffff) as u32);
 }
 
-/// An attempt as `task#n`, written without an allocation of its own.
-struct AttemptShort(u32, u32);
-
-impl std::fmt::Display for AttemptShort {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:08x}#{}", self.0, self.1)
-    }
+/// An attempt as `task#n` (the task shortened as by [`short`]).
+fn attempt_short(s: &mut String, a: &AttemptId) {
+    short(s, a.task.0);
+    s.push('#');
+    push_dec(s, u64::from(a.attempt));
 }
 
-fn attempt_short(a: &AttemptId) -> AttemptShort {
-    AttemptShort((a.task.0 & 0xffff_ffff) as u32, a.attempt)
+/// A count or a length in decimal.
+fn dec(s: &mut String, n: usize) {
+    push_dec(s, u64::try_from(n).unwrap_or(u64::MAX));
 }
 
-fn coord_input_name(s: &mut String, i: &CoordinatorInput) -> std::fmt::Result {
+/// `name(n)`.
+fn call(s: &mut String, name: &str, n: u64) {
+    s.push_str(name);
+    s.push('(');
+    push_dec(s, n);
+    s.push(')');
+}
+
+fn coord_input_name(s: &mut String, i: &CoordinatorInput) {
     use std::fmt::Write as _;
     match i {
         CoordinatorInput::Msg(m) => match m {
-            CoordinatorMsg::Accept(_) => s.write_str("accept"),
+            CoordinatorMsg::Accept(_) => s.push_str("accept"),
             CoordinatorMsg::Specialist { from, reply } => {
-                write!(s, "from {} ", attempt_short(from))?;
+                s.push_str("from ");
+                attempt_short(s, from);
+                s.push(' ');
                 match reply {
                     keel_actors::SpecialistReply::Logs { rows } => {
-                        write!(s, "logs({})", rows.len())
+                        call(s, "logs", u64::try_from(rows.len()).unwrap_or(u64::MAX));
                     }
                     keel_actors::SpecialistReply::Spend { spent_micros } => {
-                        write!(s, "spend({spent_micros})")
+                        call(s, "spend", *spent_micros);
                     }
-                    keel_actors::SpecialistReply::Finished(r) => {
-                        write!(
-                            s,
-                            "finished({})",
-                            if r.outcome.is_ok() {
-                                "report"
-                            } else {
-                                "failure"
-                            }
-                        )
-                    }
+                    keel_actors::SpecialistReply::Finished(r) => s.push_str(if r.outcome.is_ok() {
+                        "finished(report)"
+                    } else {
+                        "finished(failure)"
+                    }),
                     keel_actors::SpecialistReply::Delegate { turn, .. } => {
-                        write!(s, "delegate({turn})")
+                        call(s, "delegate", u64::from(*turn));
                     }
                     keel_actors::SpecialistReply::Tool { call_id, request } => {
-                        write!(s, "tool({call_id} {})", request.tool())
+                        s.push_str("tool(");
+                        s.push_str(call_id);
+                        s.push(' ');
+                        s.push_str(request.tool());
+                        s.push(')');
                     }
                 }
             }
             CoordinatorMsg::EscalationAnswered { escalation, task } => {
-                write!(
-                    s,
-                    "escalation-answered({} {})",
-                    short(escalation.0),
-                    short(task.0)
-                )
+                s.push_str("escalation-answered(");
+                short(s, escalation.0);
+                s.push(' ');
+                short(s, task.0);
+                s.push(')');
             }
-            CoordinatorMsg::Durable { ticket } => write!(s, "durable({ticket})"),
-            CoordinatorMsg::PersistFailed { ticket, .. } => write!(s, "persist-failed({ticket})"),
+            CoordinatorMsg::Durable { ticket } => call(s, "durable", *ticket),
+            CoordinatorMsg::PersistFailed { ticket, .. } => call(s, "persist-failed", *ticket),
             CoordinatorMsg::Admission { attempt, answer } => {
-                write!(
-                    s,
-                    "admission {} {}",
-                    attempt_short(attempt),
-                    if answer.is_ok() { "ok" } else { "refused" }
-                )
+                s.push_str("admission ");
+                attempt_short(s, attempt);
+                s.push_str(if answer.is_ok() { " ok" } else { " refused" });
             }
             CoordinatorMsg::Verdict { attempt, verdict } => {
-                write!(s, "verdict {} {verdict:?}", attempt_short(attempt))
+                s.push_str("verdict ");
+                attempt_short(s, attempt);
+                let _ = write!(s, " {verdict:?}");
             }
             CoordinatorMsg::AttemptLost { attempt, .. } => {
-                write!(s, "attempt-lost {}", attempt_short(attempt))
+                s.push_str("attempt-lost ");
+                attempt_short(s, attempt);
             }
-            CoordinatorMsg::BudgetTripped { .. } => s.write_str("budget-tripped"),
-            CoordinatorMsg::Cancel { .. } => s.write_str("cancel"),
-            CoordinatorMsg::CancelTask { task, .. } => write!(s, "cancel-task {}", short(task.0)),
-            CoordinatorMsg::FollowUp(f) => write!(s, "follow-up on {}", short(f.parent.0)),
+            CoordinatorMsg::BudgetTripped { .. } => s.push_str("budget-tripped"),
+            CoordinatorMsg::Cancel { .. } => s.push_str("cancel"),
+            CoordinatorMsg::CancelTask { task, .. } => {
+                s.push_str("cancel-task ");
+                short(s, task.0);
+            }
+            CoordinatorMsg::FollowUp(f) => {
+                s.push_str("follow-up on ");
+                short(s, f.parent.0);
+            }
         },
-        CoordinatorInput::Msgs(msgs) => write!(s, "{} messages", msgs.len()),
-        CoordinatorInput::Timer(t) => write!(s, "timer {t:?}"),
-        CoordinatorInput::Recovered(_) => s.write_str("recovered"),
+        CoordinatorInput::Msgs(msgs) => {
+            dec(s, msgs.len());
+            s.push_str(" messages");
+        }
+        CoordinatorInput::Timer(t) => {
+            let _ = write!(s, "timer {t:?}");
+        }
+        CoordinatorInput::Recovered(_) => s.push_str("recovered"),
         CoordinatorInput::Reopened { follow_up, .. } => {
-            write!(
-                s,
-                "reopened for a follow-up on {}",
-                short(follow_up.parent.0)
-            )
+            s.push_str("reopened for a follow-up on ");
+            short(s, follow_up.parent.0);
         }
     }
 }
 
-fn sup_input_name(s: &mut String, i: &SupervisorInput) -> std::fmt::Result {
-    use std::fmt::Write as _;
+fn sup_input_name(s: &mut String, i: &SupervisorInput) {
     match i {
         SupervisorInput::Msg(m) => match m {
-            SupervisorMsg::OpenRun { run, .. } => write!(s, "open-run {}", short(run.0)),
-            SupervisorMsg::Admit(r) => write!(s, "admit {}", attempt_short(&r.attempt)),
+            SupervisorMsg::OpenRun { run, .. } => {
+                s.push_str("open-run ");
+                short(s, run.0);
+            }
+            SupervisorMsg::Admit(r) => {
+                s.push_str("admit ");
+                attempt_short(s, &r.attempt);
+            }
             SupervisorMsg::Spend {
                 attempt,
                 spent_micros,
-            } => write!(s, "spend {} {spent_micros}", attempt_short(attempt)),
+            } => {
+                s.push_str("spend ");
+                attempt_short(s, attempt);
+                s.push(' ');
+                push_dec(s, *spent_micros);
+            }
             SupervisorMsg::Settle {
                 attempt, outcome, ..
             } => {
-                write!(
-                    s,
-                    "settle {} {}",
-                    attempt_short(attempt),
-                    if outcome.is_ok() { "ok" } else { "failed" }
-                )
+                s.push_str("settle ");
+                attempt_short(s, attempt);
+                s.push_str(if outcome.is_ok() { " ok" } else { " failed" });
             }
             SupervisorMsg::SpecialistDown { attempt, .. } => {
-                write!(s, "down {}", attempt_short(attempt))
+                s.push_str("down ");
+                attempt_short(s, attempt);
             }
-            SupervisorMsg::CloseRun { run } => write!(s, "close-run {}", short(run.0)),
+            SupervisorMsg::CloseRun { run } => {
+                s.push_str("close-run ");
+                short(s, run.0);
+            }
         },
-        SupervisorInput::Msgs(msgs) => write!(s, "{} messages", msgs.len()),
+        SupervisorInput::Msgs(msgs) => {
+            dec(s, msgs.len());
+            s.push_str(" messages");
+        }
         SupervisorInput::Timer(t) => match t {
-            keel_actors::SupervisorTimer::Deadline(a) => write!(s, "deadline {}", attempt_short(a)),
+            keel_actors::SupervisorTimer::Deadline(a) => {
+                s.push_str("deadline ");
+                attempt_short(s, a);
+            }
         },
     }
 }
 
-fn ckpt_input_name(s: &mut String, i: &CheckpointInput) -> std::fmt::Result {
+/// `{verb} {run} #t1,#t2,...`: the stages' run (the first one's, or 0) and their tickets.
+fn stages(s: &mut String, verb: &str, stages: &[keel_actors::Stage]) {
+    s.push_str(verb);
+    s.push(' ');
+    short(s, stages.first().map_or(0, |st| st.run.0));
+    s.push(' ');
+    for (i, stage) in stages.iter().enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        s.push('#');
+        push_dec(s, stage.ticket);
+    }
+}
+
+fn ckpt_input_name(s: &mut String, i: &CheckpointInput) {
     use std::fmt::Write as _;
     match i {
         CheckpointInput::Msg(keel_actors::CheckpointMsg::Stage(stage)) => {
-            write!(s, "stage {} #{}", short(stage.run.0), stage.ticket)
+            s.push_str("stage ");
+            short(s, stage.run.0);
+            s.push_str(" #");
+            push_dec(s, stage.ticket);
         }
-        CheckpointInput::Msg(keel_actors::CheckpointMsg::Stages(stages)) => {
-            let tickets: Vec<String> = stages.iter().map(|s| format!("#{}", s.ticket)).collect();
-            let run = stages.first().map_or(0, |s| s.run.0);
-            write!(s, "stages {} {}", short(run), tickets.join(","))
+        CheckpointInput::Msg(keel_actors::CheckpointMsg::Stages(st)) => stages(s, "stages", st),
+        CheckpointInput::Msg(keel_actors::CheckpointMsg::Riding(st)) => stages(s, "riding", st),
+        CheckpointInput::Committed(id) => {
+            s.push_str("committed ");
+            push_dec(s, id.0);
         }
-        CheckpointInput::Msg(keel_actors::CheckpointMsg::Riding(stages)) => {
-            let tickets: Vec<String> = stages.iter().map(|s| format!("#{}", s.ticket)).collect();
-            let run = stages.first().map_or(0, |s| s.run.0);
-            write!(s, "riding {} {}", short(run), tickets.join(","))
+        CheckpointInput::CommitFailed { id, .. } => {
+            s.push_str("commit-failed ");
+            push_dec(s, id.0);
         }
-        CheckpointInput::Applied(id) => write!(s, "applied {}", id.0),
-        CheckpointInput::Committed(id) => write!(s, "committed {}", id.0),
-        CheckpointInput::CommitFailed { id, .. } => write!(s, "commit-failed {}", id.0),
-        CheckpointInput::Refused { id, run, .. } => write!(s, "commit-refused {} {run}", id.0),
-        CheckpointInput::Timer(t) => write!(s, "timer {t:?}"),
-        CheckpointInput::Abandon { .. } => s.write_str("abandon"),
+        CheckpointInput::Applied(id) => {
+            s.push_str("applied ");
+            push_dec(s, id.0);
+        }
+        CheckpointInput::Refused { id, run, .. } => {
+            let _ = write!(s, "commit-refused {} {run}", id.0);
+        }
+        CheckpointInput::Timer(t) => {
+            let _ = write!(s, "timer {t:?}");
+        }
+        CheckpointInput::Abandon { .. } => s.push_str("abandon"),
     }
 }
 
-fn spec_input_name(s: &mut String, i: &SpecialistInput) -> std::fmt::Result {
+fn spec_input_name(s: &mut String, i: &SpecialistInput) {
     use std::fmt::Write as _;
     match i {
-        SpecialistInput::Begin => s.write_str("begin"),
-        SpecialistInput::Msg(SpecialistMsg::Ack) => s.write_str("ack"),
-        SpecialistInput::Msg(SpecialistMsg::Cancel { .. }) => s.write_str("cancel"),
+        SpecialistInput::Begin => s.push_str("begin"),
+        SpecialistInput::Msg(SpecialistMsg::Ack) => s.push_str("ack"),
+        SpecialistInput::Msg(SpecialistMsg::Cancel { .. }) => s.push_str("cancel"),
         SpecialistInput::Msg(SpecialistMsg::Delegated { turn, .. }) => {
-            write!(s, "delegated {turn}")
+            s.push_str("delegated ");
+            push_dec(s, u64::from(*turn));
         }
         SpecialistInput::Msg(SpecialistMsg::ToolAnswer { call_id, .. }) => {
-            write!(s, "tool-answer {call_id}")
+            s.push_str("tool-answer ");
+            s.push_str(call_id);
         }
         SpecialistInput::ToolCall(call) => {
-            write!(s, "tool-call {} {}", call.call_id, call.request.tool())
+            s.push_str("tool-call ");
+            s.push_str(&call.call_id);
+            s.push(' ');
+            s.push_str(call.request.tool());
         }
-        SpecialistInput::ContextLoaded(r) => {
-            write!(s, "context-loaded {}", if r.is_ok() { "ok" } else { "err" })
-        }
+        SpecialistInput::ContextLoaded(r) => s.push_str(if r.is_ok() {
+            "context-loaded ok"
+        } else {
+            "context-loaded err"
+        }),
         SpecialistInput::Harness(e) => match e {
-            HarnessEvent::Started { .. } => s.write_str("harness started"),
-            HarnessEvent::Text { .. } => s.write_str("harness text"),
-            HarnessEvent::SentBack { .. } => s.write_str("harness sent back"),
-            HarnessEvent::ToolUse { id, .. } => write!(s, "harness tool_use {id}"),
-            HarnessEvent::ToolResult { id, .. } => write!(s, "harness tool_result {id}"),
-            HarnessEvent::Usage(_) => s.write_str("harness usage"),
-            HarnessEvent::Finished { stop_reason, .. } => {
-                write!(s, "harness finished {stop_reason}")
+            HarnessEvent::Started { .. } => s.push_str("harness started"),
+            HarnessEvent::Text { .. } => s.push_str("harness text"),
+            HarnessEvent::SentBack { .. } => s.push_str("harness sent back"),
+            HarnessEvent::ToolUse { id, .. } => {
+                s.push_str("harness tool_use ");
+                s.push_str(id);
             }
-            HarnessEvent::Failed(e) => write!(s, "harness failed {}", e.category),
+            HarnessEvent::ToolResult { id, .. } => {
+                s.push_str("harness tool_result ");
+                s.push_str(id);
+            }
+            HarnessEvent::Usage(_) => s.push_str("harness usage"),
+            HarnessEvent::Finished { stop_reason, .. } => {
+                let _ = write!(s, "harness finished {stop_reason}");
+            }
+            HarnessEvent::Failed(e) => {
+                let _ = write!(s, "harness failed {}", e.category);
+            }
         },
-        SpecialistInput::SessionSecret(_) => s.write_str("session secret"),
-        SpecialistInput::Timer(t) => write!(s, "timer {t:?}"),
+        SpecialistInput::SessionSecret(_) => s.push_str("session secret"),
+        SpecialistInput::Timer(t) => {
+            let _ = write!(s, "timer {t:?}");
+        }
     }
 }
