@@ -190,8 +190,17 @@ impl Image {
         while !rest.is_empty() {
             let (index, within) = (at / BLOCK, at % BLOCK);
             let n = rest.len().min(BLOCK - within);
-            let block = self.blocks[index].get_or_insert_with(|| Arc::new([0; BLOCK]));
-            Arc::make_mut(block)[within..within + n].copy_from_slice(&rest[..n]);
+            let slot = &mut self.blocks[index];
+            // A whole block written over zeros or over a block this image does not own alone: a
+            // new block made from the bytes, rather than zeros or a copy of the shared block, then
+            // overwritten (redb writes whole pages, and after a crash every block is shared with
+            // the durable image).
+            if n == BLOCK && slot.as_mut().is_none_or(|b| Arc::get_mut(b).is_none()) {
+                *slot = Some(whole_block(&rest[..BLOCK]));
+            } else {
+                let block = slot.get_or_insert_with(|| Arc::new([0; BLOCK]));
+                Arc::make_mut(block)[within..within + n].copy_from_slice(&rest[..n]);
+            }
             at += n;
             rest = &rest[n..];
         }
@@ -220,6 +229,19 @@ impl Image {
         }
         true
     }
+}
+
+/// A block holding `bytes` (exactly [`BLOCK`] of them), copied once into its allocation.
+fn whole_block(bytes: &[u8]) -> Arc<[u8; BLOCK]> {
+    let shared: Arc<[u8]> = Arc::from(bytes);
+    // The callers hand exactly one block, so the conversion does not fail; the fallback (a zeroed
+    // block written over) would be slower, not different.
+    Arc::<[u8; BLOCK]>::try_from(shared).unwrap_or_else(|_| {
+        let mut block = Arc::new([0; BLOCK]);
+        let n = bytes.len().min(BLOCK);
+        Arc::make_mut(&mut block)[..n].copy_from_slice(&bytes[..n]);
+        block
+    })
 }
 
 impl PartialEq for Image {
@@ -512,6 +534,24 @@ mod tests {
         written.write(5, &[1]);
         assert_ne!(written, copy, "a write to a shared block changed its clone");
         assert_eq!(bytes(&copy), vec![0; BLOCK]);
+    }
+
+    #[test]
+    fn whole_block_writes_replace_shared_blocks_without_touching_the_clone() {
+        let mut image = Image::default();
+        image.write(0, &vec![1; 3 * BLOCK]);
+        let copy = image.clone();
+        // Whole blocks over a shared one, over a hole, and one straddling two blocks.
+        image.write(BLOCK, &vec![2; BLOCK]);
+        image.write(5 * BLOCK, &vec![3; BLOCK]);
+        image.write(BLOCK / 2, &vec![4; BLOCK]);
+        let mut flat = vec![1; 3 * BLOCK];
+        flat[BLOCK..2 * BLOCK].fill(2);
+        flat.resize(6 * BLOCK, 0);
+        flat[5 * BLOCK..].fill(3);
+        flat[BLOCK / 2..BLOCK / 2 + BLOCK].fill(4);
+        assert_eq!(bytes(&image), flat);
+        assert_eq!(bytes(&copy), vec![1; 3 * BLOCK]);
     }
 
     #[test]
