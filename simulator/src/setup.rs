@@ -14,6 +14,21 @@ pub const LEAD_RUN_PPM: u32 = 250_000;
 /// Most runs one seed submits.
 pub const RANDOM_RUNS_MAX: u64 = 3;
 
+/// The agents every world knows, as (name, harness, model, account): one per harness kind with a
+/// distinct model each. [`agents`] makes their profiles; [`model_of`] reads a model here, without
+/// building every profile for one lookup (it runs at every spawn the checker sees).
+const AGENTS: [(&str, &str, &str, &str); 4] = [
+    (
+        "claude-a",
+        "claude-code",
+        "claude-sonnet-4-5",
+        "acct-anthropic",
+    ),
+    ("codex-a", "codex", "gpt-5-codex", "acct-openai"),
+    ("opencode-a", "opencode", "glm-4.6", "acct-zai"),
+    ("pi-a", "pi", "gemini-2.5-pro", "acct-google"),
+];
+
 /// The agent profiles every world knows: one per harness kind with a distinct model each, so a
 /// harness switch is visible in the model a session gets (docs/DESIGN.md §12, invariant 6).
 pub fn agents() -> Vec<AgentProfile> {
@@ -32,17 +47,10 @@ pub fn agents() -> Vec<AgentProfile> {
             spend_micros_max: None,
         },
     };
-    vec![
-        agent(
-            "claude-a",
-            "claude-code",
-            "claude-sonnet-4-5",
-            "acct-anthropic",
-        ),
-        agent("codex-a", "codex", "gpt-5-codex", "acct-openai"),
-        agent("opencode-a", "opencode", "glm-4.6", "acct-zai"),
-        agent("pi-a", "pi", "gemini-2.5-pro", "acct-google"),
-    ]
+    AGENTS
+        .iter()
+        .map(|(name, harness, model, account)| agent(name, harness, model, account))
+        .collect()
 }
 
 /// The harnesses worker `node` (1-based) has installed, which it advertises in its heartbeats:
@@ -64,11 +72,11 @@ pub fn worker_harnesses(node: u8) -> Vec<keel_harness::HarnessKind> {
 }
 
 /// The model an agent's profile names (what every session of that agent must use).
-pub fn model_of(agent: &str) -> Option<String> {
-    agents()
-        .into_iter()
-        .find(|a| a.name == agent)
-        .map(|a| a.model)
+pub fn model_of(agent: &str) -> Option<&'static str> {
+    AGENTS
+        .iter()
+        .find(|(name, ..)| *name == agent)
+        .map(|(_, _, model, _)| *model)
 }
 
 /// One plan step with a brief that says what it is, for tests and random plans alike.

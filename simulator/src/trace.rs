@@ -133,10 +133,12 @@ fn digits(buf: &mut [u8; 20], n: u64) -> usize {
     start
 }
 
-/// Appends ASCII bytes as text (digits and hex digits only: they are always valid UTF-8).
+/// Appends ASCII bytes as text, a character each (the digits here: one or two handfuls, for which
+/// this is cheaper than checking them as UTF-8 to append them at once).
 fn push_ascii(s: &mut String, bytes: &[u8]) {
-    if let Ok(text) = std::str::from_utf8(bytes) {
-        s.push_str(text);
+    s.reserve(bytes.len());
+    for b in bytes {
+        s.push(char::from(*b));
     }
 }
 

@@ -173,7 +173,7 @@ fn scenario_2_harness_switch_on_rate_limit() {
     assert!(matches!(second.continuity, Continuity::Resume { .. }));
     assert_eq!(sessions[1].preamble.as_deref(), Some("resume"));
     assert_eq!(
-        Some(sessions[1].model.clone()),
+        Some(sessions[1].model.as_str()),
         model_of(&second.agent),
         "model from the new assignee"
     );

@@ -387,7 +387,7 @@ impl Checker {
                 );
                 self.spawn_after_step_cancel(event, start.attempt, &start.brief.step);
                 let profile_model = crate::setup::model_of(&start.assignment.agent);
-                if profile_model.as_deref() != Some(start.assignment.model.as_str()) {
+                if profile_model != Some(start.assignment.model.as_str()) {
                     self.fail(
                         event,
                         Invariant::ModelFromAssignee,
@@ -711,7 +711,7 @@ impl Checker {
         };
         // Invariant 6: the model is the assignee's.
         let profile_model = crate::setup::model_of(&spawn.agent);
-        if profile_model.as_deref() != Some(spec.model.as_str()) {
+        if profile_model != Some(spec.model.as_str()) {
             self.fail(
                 event,
                 Invariant::ModelFromAssignee,

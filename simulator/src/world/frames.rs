@@ -145,20 +145,25 @@ impl World {
         let Some((first, second)) = self.route(from, to) else {
             return;
         };
-        let Some(name) = self.wire.names.get(usize::from(from.0)).cloned() else {
-            self.checker
-                .world_bound(self.event_no, format!("node {from} has no name"));
-            return;
-        };
+        // The name is borrowed, not cloned, for each encoding (a frame is sent every few events).
         let label = frame.label();
         let attempt = frame.attempt();
-        let mut bytes = match frame.encode(PROTOCOL_VERSION, &name) {
-            Ok(bytes) => bytes,
-            Err(e) => {
+        let encoded = self
+            .wire
+            .name(from)
+            .map(|name| frame.encode(PROTOCOL_VERSION, name));
+        let mut bytes = match encoded {
+            Some(Ok(bytes)) => bytes,
+            Some(Err(e)) => {
                 self.checker.fail_protocol(
                     self.event_no,
                     format!("a {label} frame from {from} to {to} could not be encoded: {e}"),
                 );
+                return;
+            }
+            None => {
+                self.checker
+                    .world_bound(self.event_no, format!("node {from} has no name"));
                 return;
             }
         };
@@ -168,7 +173,11 @@ impl World {
         if self.rng.chance(self.profile.version_skew_ppm) {
             // A copy from a node of another protocol version arrives first.
             self.faults.add(FaultKind::VersionSkew);
-            if let Ok(skewed) = frame.encode(PROTOCOL_VERSION.wrapping_add(1), &name) {
+            let skewed = self
+                .wire
+                .name(from)
+                .map(|name| frame.encode(PROTOCOL_VERSION.wrapping_add(1), name));
+            if let Some(Ok(skewed)) = skewed {
                 self.put_frame(first, to, label, attempt, skewed);
             }
         }
