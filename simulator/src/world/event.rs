@@ -37,15 +37,18 @@ pub(super) enum Ev {
     Spec {
         node: NodeId,
         attempt: AttemptId,
-        input: SpecialistInput,
+        /// Boxed: the largest payload left inline (an event was 176 bytes with it), and one
+        /// event in forty is a specialist's.
+        input: Box<SpecialistInput>,
         inc: Option<u32>,
     },
     /// A frame of the wire protocol arrives at a node (`frames.rs`); `label` and `attempt` are what
-    /// the sender knew of it, for the trace.
+    /// the sender knew of it, for the trace (the attempt as the trace writes it: frames are the
+    /// commonest events, and a whole attempt id is 64 bytes of each).
     Frame {
         to: NodeId,
         label: &'static str,
-        attempt: Option<AttemptId>,
+        attempt: Option<AttemptTag>,
         bytes: Vec<u8>,
     },
     /// The next scripted event of a harness session.
@@ -61,17 +64,18 @@ pub(super) enum Ev {
     MembershipTick { inc: u32 },
     /// Roll for partitions, crashes and disk faults.
     FaultTick,
-    /// A scripted intervention of the scenario.
-    Intervene(Intervention),
+    /// A scripted intervention of the scenario (boxed, as the operator's: rare, and large).
+    Intervene(Box<Intervention>),
     /// An operator's intervention the seed drew (the world does not end before it happened).
-    Operator(Intervention),
+    Operator(Box<Intervention>),
     /// The node's endpoint stops waiting for the answer to a session's call of keel's tools.
     ToolTimeout {
         node: NodeId,
         inc: u32,
         attempt: AttemptId,
         session: u64,
-        call_id: String,
+        /// A boxed `str`, a word shorter than a `String`: this variant sets the size of every event.
+        call_id: Box<str>,
     },
     /// A human answers the open escalations of a run (`keel answer`); `tries` counts the looks
     /// that found none open yet.
@@ -139,7 +143,7 @@ impl Ev {
                 s.push_str(label);
                 s.push(' ');
                 if let Some(a) = attempt {
-                    attempt_short(s, a);
+                    a.write(s);
                 }
                 s.push(' ');
                 dec(s, bytes.len());
@@ -195,6 +199,31 @@ impl Ev {
     }
 }
 
+/// An attempt as the trace writes it, `task#n` with the task shortened to its last 32 bits: all a
+/// frame keeps of the attempt it concerns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct AttemptTag {
+    task: u32,
+    attempt: u32,
+}
+
+impl AttemptTag {
+    /// The tag of `a`.
+    pub(super) fn of(a: &AttemptId) -> Self {
+        Self {
+            task: (a.task.0 & 0xffff_ffff) as u32,
+            attempt: a.attempt,
+        }
+    }
+
+    /// Writes it as [`attempt_short`] writes the attempt.
+    fn write(self, s: &mut String) {
+        push_hex8(s, self.task);
+        s.push('#');
+        push_dec(s, u64::from(self.attempt));
+    }
+}
+
 /// A node as its `Display` writes it (`coord`, `w1`, ...).
 fn node_name(s: &mut String, node: NodeId) {
     if node == NodeId::COORDINATOR {
@@ -212,9 +241,7 @@ fn short(s: &mut String, id: u128) {
 
 /// An attempt as `task#n` (the task shortened as by [`short`]).
 fn attempt_short(s: &mut String, a: &AttemptId) {
-    short(s, a.task.0);
-    s.push('#');
-    push_dec(s, u64::from(a.attempt));
+    AttemptTag::of(a).write(s);
 }
 
 /// A count or a length in decimal.
@@ -458,5 +485,15 @@ fn spec_input_name(s: &mut String, i: &SpecialistInput) {
         SpecialistInput::Timer(t) => {
             let _ = write!(s, "timer {t:?}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every event moves by value through the agenda and the step, a few times each: a variant
+    /// that grows past this makes every event pay for it (box its payload instead).
+    #[test]
+    fn an_event_stays_small() {
+        assert!(std::mem::size_of::<super::Ev>() <= 80);
     }
 }

@@ -20,7 +20,7 @@ use crate::net::NodeId;
 use crate::profile::FaultKind;
 
 use super::World;
-use super::event::Ev;
+use super::event::{AttemptTag, Ev};
 
 /// One message crossing the network, before it is encoded.
 pub(super) enum Frame {
@@ -202,7 +202,7 @@ impl World {
             Ev::Frame {
                 to,
                 label,
-                attempt,
+                attempt: attempt.as_ref().map(AttemptTag::of),
                 bytes,
             },
         );

@@ -286,7 +286,7 @@ impl World {
             world.schedule(world.profile.fault_tick_ms, Ev::FaultTick);
         }
         for (at, i) in world.config.interventions.clone() {
-            world.schedule(at, Ev::Intervene(i));
+            world.schedule(at, Ev::Intervene(Box::new(i)));
         }
         world.draw_operator();
         world.schedule(world.config.fault_phase_ms, Ev::Heal);
@@ -373,7 +373,7 @@ impl World {
         }
         for (at, intervention) in drawn {
             self.operator_pending += 1;
-            self.schedule(at, Ev::Operator(intervention));
+            self.schedule(at, Ev::Operator(Box::new(intervention)));
         }
     }
 
@@ -552,7 +552,7 @@ impl World {
                 if !w.up || inc.is_some_and(|i| i != w.inc) {
                     return;
                 }
-                self.deliver_spec(node, attempt, input);
+                self.deliver_spec(node, attempt, *input);
             }
             Ev::Frame { to, bytes, .. } => self.frame_arrives(to, &bytes),
             Ev::HumanAnswers { run, tries } => self.human_answers(run, tries),
@@ -572,10 +572,10 @@ impl World {
             Ev::Heartbeat { node, inc } => self.heartbeat(node, inc),
             Ev::MembershipTick { inc } => self.membership_tick(inc),
             Ev::FaultTick => self.fault_tick(),
-            Ev::Intervene(i) => self.intervene(i),
+            Ev::Intervene(i) => self.intervene(*i),
             Ev::Operator(i) => {
                 self.operator_pending = self.operator_pending.saturating_sub(1);
-                self.intervene(i);
+                self.intervene(*i);
             }
             Ev::AuditWait { ticket } => self.gate_wait_over(ticket),
             Ev::Restart(node) => self.restart(node),

@@ -124,7 +124,7 @@ impl World {
                 Ev::Spec {
                     node: to_node,
                     attempt: to_attempt,
-                    input: SpecialistInput::ToolCall(call),
+                    input: Box::new(SpecialistInput::ToolCall(call)),
                     inc: Some(to_inc),
                 },
             );
@@ -136,7 +136,7 @@ impl World {
                 inc,
                 attempt,
                 session,
-                call_id,
+                call_id: call_id.into_boxed_str(),
             },
         );
     }
@@ -234,7 +234,7 @@ impl World {
             Ev::Spec {
                 node,
                 attempt,
-                input: SpecialistInput::ToolCall(call),
+                input: Box::new(SpecialistInput::ToolCall(call)),
                 inc: Some(inc),
             },
         );

@@ -93,7 +93,7 @@ impl World {
             Ev::Spec {
                 node,
                 attempt,
-                input: SpecialistInput::Begin,
+                input: Box::new(SpecialistInput::Begin),
                 inc: Some(inc),
             },
         );
@@ -164,9 +164,9 @@ impl World {
                     Ev::Spec {
                         node,
                         attempt,
-                        input: SpecialistInput::ContextLoaded(Err(
+                        input: Box::new(SpecialistInput::ContextLoaded(Err(
                             "context rows unreachable (timed out)".into(),
-                        )),
+                        ))),
                         inc: Some(inc),
                     },
                 );
@@ -287,9 +287,9 @@ impl World {
                         Ev::Spec {
                             node,
                             attempt,
-                            input: SpecialistInput::Harness(HarnessEvent::Failed(
+                            input: Box::new(SpecialistInput::Harness(HarnessEvent::Failed(
                                 HarnessError::cancelled(),
-                            )),
+                            ))),
                             inc: Some(inc),
                         },
                     );
@@ -311,7 +311,7 @@ impl World {
                     Ev::Spec {
                         node,
                         attempt,
-                        input: SpecialistInput::Timer(timer),
+                        input: Box::new(SpecialistInput::Timer(timer)),
                         inc: Some(inc),
                     },
                 );
