@@ -125,11 +125,16 @@ impl DiskState {
     }
 }
 
-/// Whether every byte is zero, a word at a time: the journal's fill writes are 64 KiB each, and a
-/// byte-by-byte scan of them was a tenth of the simulator's instructions.
+/// Whether every byte is zero, 64 bytes at a time: the journal's fill writes are 64 KiB each, and a
+/// byte-by-byte scan of them was a tenth of the simulator's instructions. The bytes of a chunk are
+/// OR-ed together without an early exit, which the compiler turns into a few vector instructions
+/// (a 16-byte word at a time, with an exit after each, was still half of a disk write's time).
 fn all_zero(data: &[u8]) -> bool {
-    let (words, tail) = data.as_chunks::<16>();
-    words.iter().all(|w| u128::from_ne_bytes(*w) == 0) && tail.iter().all(|b| *b == 0)
+    let (chunks, tail) = data.as_chunks::<64>();
+    chunks
+        .iter()
+        .all(|c| c.iter().fold(0u8, |acc, b| acc | b) == 0)
+        && tail.iter().all(|b| *b == 0)
 }
 
 /// Applies one pending operation to an image; `bytes` are the pending bytes it indexes into.
@@ -534,6 +539,19 @@ mod tests {
         written.write(5, &[1]);
         assert_ne!(written, copy, "a write to a shared block changed its clone");
         assert_eq!(bytes(&copy), vec![0; BLOCK]);
+    }
+
+    #[test]
+    fn all_zero_finds_a_single_set_byte_anywhere() {
+        for len in [0, 1, 63, 64, 65, 200, 4096] {
+            let mut data = vec![0u8; len];
+            assert!(all_zero(&data));
+            for i in 0..len {
+                data[i] = 1;
+                assert!(!all_zero(&data), "len {len}, byte {i}");
+                data[i] = 0;
+            }
+        }
     }
 
     #[test]
