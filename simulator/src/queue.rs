@@ -2,7 +2,7 @@
 //! scheduled, so two events at the same millisecond always run in the same order for a given seed.
 
 use std::cmp::Ordering;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 
 /// Virtual milliseconds since the start of a simulated run. The world owns the only clock; machines get
 /// `now` as an input.
@@ -48,6 +48,10 @@ impl Ord for Scheduled {
 
 /// A bounded priority queue of events keyed by `(time, seq)`. Determinism comes from the tie-break:
 /// events scheduled for the same millisecond pop in scheduling order.
+///
+/// About half of a world's events are scheduled for the millisecond being run (a local message,
+/// an answer): those wait in a first-in first-out line beside the heap, in `(time, seq)` order
+/// like everything else, and each pop takes the earlier of the line's front and the heap's top.
 #[derive(Debug)]
 pub struct EventQueue<E> {
     heap: BinaryHeap<Scheduled>,
@@ -55,6 +59,11 @@ pub struct EventQueue<E> {
     slots: Vec<Option<E>>,
     /// Free slots, reused before the slots grow.
     free: Vec<usize>,
+    /// Events scheduled for the time of the last pop, sorted by `(time, seq)` (a push joins it
+    /// only when that keeps it sorted; any other goes to the heap).
+    now: VecDeque<(SimMillis, u64, E)>,
+    /// The time of the last pop.
+    popped_ms: SimMillis,
     seq_next: u64,
     len_max: usize,
 }
@@ -66,6 +75,8 @@ impl<E> EventQueue<E> {
             heap: BinaryHeap::new(),
             slots: Vec::new(),
             free: Vec::new(),
+            now: VecDeque::new(),
+            popped_ms: 0,
             seq_next: 0,
             len_max,
         }
@@ -76,13 +87,19 @@ impl<E> EventQueue<E> {
     /// # Errors
     /// [`QueueFull`] when `len_max` events are already pending.
     pub fn push(&mut self, at_ms: SimMillis, event: E) -> Result<u64, QueueFull> {
-        if self.heap.len() >= self.len_max {
+        if self.len() >= self.len_max {
             return Err(QueueFull {
                 len_max: self.len_max,
             });
         }
         let seq = self.seq_next;
         self.seq_next += 1;
+        // `seq` is above every pending one, so the line stays sorted if `at_ms` is not below
+        // its back's.
+        if at_ms == self.popped_ms && self.now.back().is_none_or(|(at, ..)| *at <= at_ms) {
+            self.now.push_back((at_ms, seq, event));
+            return Ok(seq);
+        }
         let slot = match self.free.pop() {
             Some(slot) => {
                 self.slots[slot] = Some(event);
@@ -99,27 +116,44 @@ impl<E> EventQueue<E> {
 
     /// Removes and returns the earliest event with its time.
     pub fn pop(&mut self) -> Option<(SimMillis, E)> {
-        // Every entry of the heap names a filled slot (push fills it, pop and retain empty it
-        // as they remove the entry).
-        let next = self.heap.pop()?;
-        let event = self.slots.get_mut(next.slot)?.take()?;
-        self.free.push(next.slot);
-        Some((next.at_ms, event))
+        let line_first = match (self.now.front(), self.heap.peek()) {
+            (Some(_), None) => true,
+            (Some((at, seq, _)), Some(top)) => (*at, *seq) < (top.at_ms, top.seq),
+            (None, _) => false,
+        };
+        let (at_ms, event) = if line_first {
+            let (at_ms, _, event) = self.now.pop_front()?;
+            (at_ms, event)
+        } else {
+            // Every entry of the heap names a filled slot (push fills it, pop and retain empty
+            // it as they remove the entry).
+            let next = self.heap.pop()?;
+            let event = self.slots.get_mut(next.slot)?.take()?;
+            self.free.push(next.slot);
+            (next.at_ms, event)
+        };
+        self.popped_ms = at_ms;
+        Some((at_ms, event))
     }
 
     /// The time of the earliest pending event.
     pub fn peek_time(&self) -> Option<SimMillis> {
-        self.heap.peek().map(|s| s.at_ms)
+        let line = self.now.front().map(|(at, ..)| *at);
+        let heap = self.heap.peek().map(|s| s.at_ms);
+        match (line, heap) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Pending events.
     pub fn len(&self) -> usize {
-        self.heap.len()
+        self.heap.len() + self.now.len()
     }
 
     /// Whether nothing is pending.
     pub fn is_empty(&self) -> bool {
-        self.heap.is_empty()
+        self.heap.is_empty() && self.now.is_empty()
     }
 
     /// Drops every pending event that `keep` rejects (a crashed node's timers, for instance). Order of
@@ -134,6 +168,7 @@ impl<E> EventQueue<E> {
             }
             kept
         });
+        self.now.retain(|(_, _, e)| keep(e));
     }
 }
 
@@ -170,7 +205,8 @@ mod tests {
         assert_eq!(order, vec![0, 4, 1, 3, 5]);
     }
 
-    /// Pushes, pops and retains interleaved, slots reused: the queue pops what a sorted list of
+    /// Pushes, pops and retains interleaved, slots reused, many pushes at the time of the last
+    /// pop (the line beside the heap) and some before it: the queue pops what a sorted list of
     /// `(time, scheduling order)` says, event by event.
     #[test]
     fn reused_slots_pop_in_the_order_of_a_sorted_reference() {
@@ -178,13 +214,14 @@ mod tests {
         let mut reference: Vec<(u64, u64, u32)> = Vec::new();
         let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
         let mut seq = 0;
-        for i in 0..2_000u32 {
+        let mut last_popped = 0;
+        for i in 0..20_000u32 {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            match x % 7 {
-                0..=2 => {
-                    let at = x % 50;
+            match x % 9 {
+                0..=2 | 7 => {
+                    let at = if x % 9 == 7 { last_popped } else { x % 50 };
                     q.push(at, i).unwrap();
                     reference.push((at, seq, i));
                     seq += 1;
@@ -196,10 +233,34 @@ mod tests {
                 _ => {
                     reference.sort_unstable();
                     let want = (!reference.is_empty()).then(|| reference.remove(0));
-                    assert_eq!(q.pop(), want.map(|(at, _, e)| (at, e)));
+                    assert_eq!(q.peek_time(), want.map(|(at, _, _)| at));
+                    let got = q.pop();
+                    assert_eq!(got, want.map(|(at, _, e)| (at, e)));
+                    if let Some((at, _)) = got {
+                        last_popped = at;
+                    }
                 }
             }
             assert_eq!(q.len(), reference.len());
+            assert_eq!(q.is_empty(), reference.is_empty());
         }
+    }
+
+    /// The same, as the world schedules: never before the time of the last pop, mostly at it.
+    #[test]
+    fn events_at_the_current_time_pop_after_earlier_scheduled_ones_of_that_time() {
+        let mut q = EventQueue::new(16);
+        q.push(5, "heap first").unwrap();
+        q.push(0, "start").unwrap();
+        assert_eq!(q.pop(), Some((0, "start")));
+        q.push(5, "heap second").unwrap();
+        assert_eq!(q.pop(), Some((5, "heap first")));
+        // Now at 5: a push at 5 joins the line, after the heap's event of the same time.
+        q.push(5, "line").unwrap();
+        q.push(6, "later").unwrap();
+        assert_eq!(q.pop(), Some((5, "heap second")));
+        assert_eq!(q.pop(), Some((5, "line")));
+        assert_eq!(q.pop(), Some((6, "later")));
+        assert_eq!(q.pop(), None);
     }
 }
