@@ -57,9 +57,29 @@ impl SimStore {
         let journal = self.journal.crash();
         let store =
             Store::open_backend_journaled(disk.clone(), journal.clone(), StoreConfig::default())?;
+        // The crashed store is dropped here, and it closes as it is dropped: its disks have lost
+        // power first, so the close writes nothing to disks nobody reads again.
+        self.power_off();
         self.disk = disk;
         self.journal = journal;
         self.store = store;
         Ok(())
+    }
+
+    /// Every write to the current disks fails from now on (a full disk, as the store sees it), as
+    /// after a power loss. redb's close, run when the store is dropped, then stops at its first
+    /// write instead of writing and syncing a last commit: the closes of stores whose disks are
+    /// never read again were 3% of a sweep's instructions, and this saves about a third of it.
+    fn power_off(&self) {
+        self.disk.set_capacity(Some(0));
+        self.journal.set_capacity(Some(0));
+    }
+}
+
+/// A world ends as a crash does: the store is dropped with its disks' power off, since nothing
+/// reads them again (the world's report is already made).
+impl Drop for SimStore {
+    fn drop(&mut self) {
+        self.power_off();
     }
 }
