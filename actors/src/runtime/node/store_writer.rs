@@ -36,9 +36,6 @@ use std::time::Instant;
 pub(crate) enum WriterInput {
     /// An input of the checkpoint writer it hosts.
     Checkpoint(CheckpointInput),
-    /// The end of a commit whose sync the store sync thread ran: an input of the checkpoint
-    /// writer too, counted apart so this thread knows when no sync is under way there.
-    Synced(CheckpointInput),
     /// The node shuts down: the thread ends after the commit under way, and the inputs queued
     /// behind this one are dropped (their coordinators are stopped already).
     Shutdown,
@@ -66,12 +63,10 @@ pub(crate) fn store_writer(
         clock: MonotonicMillis::default(),
         rng,
     };
-    let mut outcomes: VecDeque<Outcome> = VecDeque::new();
+    let mut outcomes: VecDeque<CheckpointInput> = VecDeque::new();
     let mut taken_before_outcome = 0usize;
     let mut commits = Vec::new();
     let syncer = Syncer::start(Weak::clone(&node));
-    // Syncs handed to the syncer whose end has not come back yet.
-    let mut syncs_out = 0usize;
     loop {
         let next = if outcomes.is_empty() {
             inputs.recv().ok()
@@ -81,48 +76,26 @@ pub(crate) fn store_writer(
             match inputs.try_recv() {
                 Ok(input) => Some(input),
                 Err(TryRecvError::Empty) => None,
-                Err(TryRecvError::Disconnected) => break,
+                Err(TryRecvError::Disconnected) => return,
             }
-        };
-        let Some(node) = node.upgrade() else {
-            break;
         };
         let input = match next {
             Some(WriterInput::Checkpoint(input)) => {
                 taken_before_outcome += 1;
                 input
             }
-            Some(WriterInput::Synced(input)) => {
-                taken_before_outcome += 1;
-                syncs_out = syncs_out.saturating_sub(1);
-                input
-            }
             Some(WriterInput::Shutdown) => break,
             None => match outcomes.pop_front() {
-                Some(Outcome::Ended(input)) => {
+                Some(outcome) => {
                     taken_before_outcome = 0;
-                    input
-                }
-                Some(Outcome::Applied(job)) => {
-                    taken_before_outcome = 0;
-                    if syncs_out == 0 && hosted.machine.queued() == 0 {
-                        // Nothing waits to be committed behind it: synced here, without the hop
-                        // to the syncer and back (a sequential run's commits).
-                        node.sync_now(job)
-                    } else {
-                        let id = job.id;
-                        match syncer.hand(job) {
-                            Ok(()) => {
-                                syncs_out += 1;
-                                CheckpointInput::Applied(id)
-                            }
-                            Err(job) => node.sync_now(job),
-                        }
-                    }
+                    outcome
                 }
                 // The queue is closed (the node is gone).
                 None => break,
             },
+        };
+        let Some(node) = node.upgrade() else {
+            break;
         };
         let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             hosted.step(&node, input, &mut commits)
@@ -133,25 +106,14 @@ pub(crate) fn store_writer(
         }
         // The machine starts at most one commit a step: this is at most one.
         for batch in commits.drain(..) {
-            outcomes.push_back(node.commit_now(batch));
+            outcomes.push_back(node.commit_now(batch, &syncer));
         }
     }
     // The syncs under way end first, so the store is let go of when this thread ends.
     syncer.stop();
 }
 
-/// What a commit started on this thread leaves for the machine, which takes it once the inputs
-/// that arrived during the commit are in.
-enum Outcome {
-    /// The commit's end (it failed to apply).
-    Ended(CheckpointInput),
-    /// Applied and written to the journal: synced on this thread when nothing waits behind it and
-    /// no sync is under way on the syncer (which must keep commits' ends in order), else handed to
-    /// the syncer, and the machine told it is applied.
-    Applied(SyncJob),
-}
-
-/// A commit applied and written to the journal, waiting for its sync.
+/// A commit applied and written to the journal, waiting for its sync on the store syncer.
 struct SyncJob {
     id: CommitId,
     /// The handle the commit was applied on (its sync must be that handle's), held until the
@@ -186,7 +148,7 @@ impl Syncer {
                         return;
                     };
                     let input = node.sync_now(job);
-                    node.to_writer(WriterInput::Synced(input));
+                    node.to_checkpoint(input);
                 }
             });
         match spawned {
@@ -245,15 +207,10 @@ impl Node {
     /// machine panicked) the input is dropped, as a message to a dead actor was: every stage's
     /// sender waits with a bound or is answered by the store after a restart.
     pub(crate) fn to_checkpoint(&self, input: CheckpointInput) {
-        self.to_writer(WriterInput::Checkpoint(input));
-    }
-
-    /// [`Node::to_checkpoint`] of any input of the store writer thread.
-    fn to_writer(&self, input: WriterInput) {
         let sent = self
             .checkpoint
             .get()
-            .is_some_and(|tx| tx.send(input).is_ok());
+            .is_some_and(|tx| tx.send(WriterInput::Checkpoint(input)).is_ok());
         if !sent {
             tracing::debug!("an input for the checkpoint writer after its thread ended, dropped");
         }
@@ -282,9 +239,10 @@ impl Node {
         to_coordinator.flush(self);
     }
 
-    /// Apply one group commit on the calling thread (the store writer's): its sync to come, or
-    /// its end when it failed.
-    fn commit_now(self: &Arc<Self>, batch: CommitBatch) -> Outcome {
+    /// Apply one group commit on the calling thread (the store writer's) and hand its sync to
+    /// `syncer`: the checkpoint writer's input that answers it so far (`Applied` while the sync is
+    /// under way, or the commit's end when it is durable already or failed).
+    fn commit_now(self: &Arc<Self>, batch: CommitBatch, syncer: &Syncer) -> CheckpointInput {
         self.commits_in_flight.fetch_add(1, Ordering::AcqRel);
         self.commits_total.fetch_add(1, Ordering::Relaxed);
         // One run's commit runs in that run's span; a commit shared by several runs in its own.
@@ -319,17 +277,21 @@ impl Node {
         .unwrap_or_else(|_| Err(HostError::Closed("the commit panicked".into())));
         let (store, commit) = match applied {
             Ok(applied) => applied,
-            Err(e) => return Outcome::Ended(self.commit_ended(id, Err(e), escalations, began)),
+            Err(e) => return self.commit_ended(id, Err(e), escalations, began),
         };
-        // A commit durable already (the journal's durable redb commit) is ended as the others
-        // are: behind the syncs under way, so its `Committed` does not overtake theirs.
-        Outcome::Applied(SyncJob {
+        // A commit durable already (the journal's durable redb commit) still goes through the
+        // syncer, behind the syncs under way: its `Committed` must not overtake theirs.
+        let job = SyncJob {
             id,
             store,
             commit,
             escalations,
             began,
-        })
+        };
+        match syncer.hand(job) {
+            Ok(()) => CheckpointInput::Applied(id),
+            Err(job) => self.sync_now(job),
+        }
     }
 
     /// Sync an applied commit on the calling thread (the store syncer's): the checkpoint writer's
