@@ -9,12 +9,6 @@
 //! row it cannot apply) is one run's permanent failure: that run's stages are answered with it, and
 //! the other runs' stages of the commit go again at once, so one run cannot fail another's writes.
 //!
-//! Two commits may be in flight: once the host says a commit is applied
-//! ([`CheckpointInput::Applied`]: its writes are in, its sync under way) the next one starts, and
-//! the host syncs it after the first. They are acknowledged in order; when the first fails, the
-//! second's stages go back to the head of the queue (the host voids it too) and follow the first's
-//! retry, so a run's writes still commit as a prefix of its decisions.
-//!
 //! Riding stages ([`CheckpointMsg::Riding`]: writes no consequence waits on soon) start no commit of
 //! their own: they wait in the queue, in order with the others, until a stage that needs a commit
 //! arrives or until they have waited [`CheckpointConfig::ride_linger_ms`]. A run's durable commits
@@ -26,9 +20,6 @@ use crate::message::{CheckpointInput, CheckpointMsg, CheckpointTimer, Coordinato
 use crate::persist::{CommitBatch, CommitId, STAGE_OPS_MAX, Stage, StageOwner};
 use keel_store::RunId;
 use std::collections::{BTreeSet, VecDeque};
-
-/// Most commits in flight: one syncing while the next is applied.
-const IN_FLIGHT_MAX: usize = 2;
 
 /// Bounds of the checkpoint writer.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,9 +69,6 @@ struct InFlight {
     retries: u32,
     /// Waiting for the retry timer rather than for the host.
     waiting_retry: bool,
-    /// The host applied it and syncs it now ([`CheckpointInput::Applied`]): the next commit may
-    /// start.
-    applied: bool,
 }
 
 /// The checkpoint writer of a coordinator node (named for its role; the store's `Checkpoint` row is one
@@ -98,9 +86,7 @@ pub struct CheckpointWriter {
     linger: Option<u64>,
     /// Whether the linger bound passed for the riding stages now in `queue`.
     lingered: bool,
-    /// The commits in flight, oldest first (at most [`IN_FLIGHT_MAX`]; a second only behind an
-    /// applied first).
-    in_flight: VecDeque<InFlight>,
+    in_flight: Option<InFlight>,
     next_commit: u64,
     commits_count: u64,
 }
@@ -117,7 +103,7 @@ impl CheckpointWriter {
             queued_ops: 0,
             linger: None,
             lingered: false,
-            in_flight: VecDeque::new(),
+            in_flight: None,
             next_commit: 0,
             commits_count: 0,
         }
@@ -267,8 +253,7 @@ impl CheckpointWriter {
     /// Start the next commit when none is in flight and the queue holds a stage that needs one (or
     /// riding stages that waited their bound, or more riding ops than one commit takes).
     fn flush(&mut self, now: Millis, out: &mut Vec<Effect>) {
-        let room = self.in_flight.len() < IN_FLIGHT_MAX && self.in_flight.iter().all(|f| f.applied);
-        if !room || self.queue.is_empty() {
+        if self.in_flight.is_some() || self.queue.is_empty() {
             return;
         }
         if self.urgent_queued == 0
@@ -312,47 +297,12 @@ impl CheckpointWriter {
             id,
             stages: std::sync::Arc::clone(&stages),
         }));
-        self.in_flight.push_back(InFlight {
+        self.in_flight = Some(InFlight {
             id,
             stages,
             retries: 0,
             waiting_retry: false,
-            applied: false,
         });
-    }
-
-    /// Put `stages` back at the head of the queue, together (they fitted one commit, and a message
-    /// of theirs is never split), ahead of what queued since.
-    fn requeue_first(&mut self, stages: Vec<Stage>) {
-        let last = stages.len().saturating_sub(1);
-        for (i, stage) in stages.into_iter().enumerate().rev() {
-            self.urgent_queued += 1;
-            self.queued_ops += stage.ops.len();
-            self.queue.push_front(Queued {
-                stage,
-                urgent: true,
-                joined: i < last,
-            });
-        }
-    }
-
-    /// The oldest commit in flight failed: the one behind it, if any, is void too (the host syncs
-    /// in order and voids what follows a failed sync), so its stages go back to the head of the
-    /// queue, to commit after the failed one's retry. A late answer for it is ignored.
-    fn requeue_behind_front(&mut self) {
-        if self.in_flight.len() < 2 {
-            return;
-        }
-        if let Some(behind) = self.in_flight.pop_back() {
-            self.requeue_first(behind.stages.to_vec());
-        }
-    }
-
-    /// Where the commit `id` is in flight, if it is (and not waiting for its retry timer).
-    fn position(&self, id: CommitId) -> Option<usize> {
-        self.in_flight
-            .iter()
-            .position(|f| f.id == id && !f.waiting_retry)
     }
 }
 
@@ -392,40 +342,19 @@ impl Machine for CheckpointWriter {
                 self.lingered = true;
                 self.flush(now, out);
             }
-            CheckpointInput::Applied(id) => {
-                let Some(flight) = self
-                    .in_flight
-                    .back_mut()
-                    .filter(|f| f.id == id && !f.waiting_retry)
-                else {
-                    return; // progress of a commit this writer no longer waits for
-                };
-                flight.applied = true;
-                self.flush(now, out);
-            }
             CheckpointInput::Committed(id) => {
-                // Commits become durable in order: only the oldest can be committed.
-                if self.position(id) != Some(0) {
+                let Some(flight) = self.in_flight.take_if(|f| f.id == id && !f.waiting_retry)
+                else {
                     return; // a completion of a commit this writer no longer waits for
-                }
-                let Some(flight) = self.in_flight.pop_front() else {
-                    return;
                 };
                 self.commits_count += 1;
                 Self::answer_durable(&flight.stages, out);
                 self.flush(now, out);
             }
             CheckpointInput::CommitFailed { id, error } => {
-                let Some(at) = self.in_flight.iter().position(|f| f.id == id) else {
+                let Some(flight) = self.in_flight.as_mut().filter(|f| f.id == id) else {
                     return;
                 };
-                if at == 0 {
-                    self.requeue_behind_front();
-                }
-                let Some(flight) = self.in_flight.get_mut(at) else {
-                    return;
-                };
-                flight.applied = false;
                 if flight.retries < self.config.commit_retries_max {
                     let delay = self
                         .config
@@ -439,7 +368,7 @@ impl Machine for CheckpointWriter {
                     });
                     return;
                 }
-                if let Some(flight) = self.in_flight.remove(at) {
+                if let Some(flight) = self.in_flight.take() {
                     let error = format!("commit failed after {} retries: {error}", flight.retries);
                     for stage in flight.stages.iter() {
                         let error = error.clone();
@@ -451,13 +380,8 @@ impl Machine for CheckpointWriter {
                 self.flush(now, out);
             }
             CheckpointInput::Refused { id, run, error } => {
-                let Some(at) = self.position(id) else {
-                    return;
-                };
-                if at == 0 {
-                    self.requeue_behind_front();
-                }
-                let Some(flight) = self.in_flight.remove(at) else {
+                let Some(flight) = self.in_flight.take_if(|f| f.id == id && !f.waiting_retry)
+                else {
                     return;
                 };
                 // The refusal is the run's and permanent: its stages fail (a retry would fail the
@@ -471,12 +395,22 @@ impl Machine for CheckpointWriter {
                     }
                 }
                 self.fail_queued(&BTreeSet::from([run]), &error, true, out);
-                // The other runs' stages commit again at once, ahead of what queued since.
-                self.requeue_first(others);
+                // The other runs' stages commit again at once, ahead of what queued since and
+                // together (they fitted one commit, and a message of theirs is never split).
+                let last = others.len().saturating_sub(1);
+                for (i, stage) in others.into_iter().enumerate().rev() {
+                    self.urgent_queued += 1;
+                    self.queued_ops += stage.ops.len();
+                    self.queue.push_front(Queued {
+                        stage,
+                        urgent: true,
+                        joined: i < last,
+                    });
+                }
                 self.flush(now, out);
             }
             CheckpointInput::Abandon { reason } => {
-                for flight in std::mem::take(&mut self.in_flight) {
+                if let Some(flight) = self.in_flight.take() {
                     for stage in flight.stages.iter() {
                         Self::answer(stage, Err(reason.clone()), out);
                     }
@@ -493,8 +427,8 @@ impl Machine for CheckpointWriter {
                 let next = CommitId(self.next_commit);
                 let Some(flight) = self
                     .in_flight
-                    .iter_mut()
-                    .find(|f| f.id == id && f.waiting_retry)
+                    .as_mut()
+                    .filter(|f| f.id == id && f.waiting_retry)
                 else {
                     return;
                 };

@@ -675,13 +675,6 @@ impl SupervisorInput {
 pub enum CheckpointInput {
     /// A message.
     Msg(CheckpointMsg),
-    /// Progress of [`crate::Effect::Persist`]: the batch's writes are applied and its record
-    /// written, and its sync is under way; [`CheckpointInput::Committed`] or
-    /// [`CheckpointInput::CommitFailed`] follows. The writer may start its next commit meanwhile:
-    /// the host applies it behind this one and makes it durable only after this one, so the two
-    /// are acknowledged in order and a failure of this one fails the next too. A host that
-    /// answers with `Committed` alone (the simulator) keeps one commit in flight.
-    Applied(CommitId),
     /// Completion of [`crate::Effect::Persist`]: the batch's transaction committed durably.
     Committed(CommitId),
     /// Completion of [`crate::Effect::Persist`]: the transaction failed and nothing of it was written.

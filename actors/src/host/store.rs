@@ -10,7 +10,7 @@ use crate::persist::CommitBatch;
 use crate::specialist::context_rows;
 use keel_store::{
     CommitError, Durability, IdempotencyRecord, ReadError, RunId, RunScope, StageError, Store,
-    Task, UnsyncedCommit, WriteBatch,
+    Task, WriteBatch,
 };
 
 /// Rows read per page when listing a run's tasks or idempotency records on recovery.
@@ -84,34 +84,9 @@ impl HostError {
 /// # Errors
 /// [`HostError::Stage`] or [`HostError::Commit`]; nothing of the batch is written then.
 pub fn commit(store: &Store, batch: &CommitBatch) -> Result<(), HostError> {
-    let (writes, runs) = stage(store, batch)?;
-    store
-        .commit_group(writes, Durability::Immediate)
-        .map_err(|e| refusal(e, &runs))?;
-    Ok(())
-}
-
-/// [`commit`] with the sync left to [`Store::sync_commit`] (on another thread, while the next
-/// commit is applied): the commit is durable only once that sync succeeds.
-///
-/// # Errors
-/// As [`commit`].
-pub fn commit_unsynced(store: &Store, batch: &CommitBatch) -> Result<UnsyncedCommit, HostError> {
-    let (writes, runs) = stage(store, batch)?;
-    let (_, unsynced) = store
-        .commit_group_unsynced(writes)
-        .map_err(|e| refusal(e, &runs))?;
-    Ok(unsynced)
-}
-
-/// Every op of `batch` staged through its run's scope, with the run of each write, so a write the
-/// store refuses is laid at its run's door.
-fn stage<'s>(
-    store: &'s Store,
-    batch: &'s CommitBatch,
-) -> Result<(WriteBatch<'s>, Vec<RunId>), HostError> {
     let ops = batch.stages.iter().map(|s| s.ops.len()).sum();
     let mut writes = WriteBatch::with_capacity(ops);
+    // The run of each write, so a write the store refuses is laid at its run's door.
     let mut runs = Vec::with_capacity(ops);
     for (run, op) in batch.ops() {
         let scope = store.run(run);
@@ -123,24 +98,21 @@ fn stage<'s>(
         writes.push(staged);
         runs.push(run);
     }
-    Ok((writes, runs))
-}
-
-/// A failed group commit as the host's error: a write the store refused is its run's
-/// ([`HostError::Refused`]), anything else the store's.
-fn refusal(e: CommitError, runs: &[RunId]) -> HostError {
-    match e {
-        // A stored row that does not decode is damage to the store, not this run's write.
-        CommitError::Item {
-            error: keel_store::ItemError::Decode(_),
-            ..
-        } => HostError::Commit(e),
-        CommitError::Item { index, .. } => match runs.get(index as usize) {
-            Some(&run) => HostError::Refused { run, source: e },
-            None => HostError::Commit(e),
-        },
-        e => HostError::Commit(e),
-    }
+    store
+        .commit_group(writes, Durability::Immediate)
+        .map_err(|e| match e {
+            // A stored row that does not decode is damage to the store, not this run's write.
+            CommitError::Item {
+                error: keel_store::ItemError::Decode(_),
+                ..
+            } => HostError::Commit(e),
+            CommitError::Item { index, .. } => match runs.get(index as usize) {
+                Some(&run) => HostError::Refused { run, source: e },
+                None => HostError::Commit(e),
+            },
+            e => HostError::Commit(e),
+        })?;
+    Ok(())
 }
 
 /// The rows a restarted coordinator of `run` rebuilds from: the run row, its checkpoint, every task

@@ -9,8 +9,8 @@ use std::time::Duration;
 /// A sink for the runtime's measurements. Called on the runtime's own threads (the store writer,
 /// the supervisor's actor): an implementation must be quick and must not block.
 pub trait RuntimeObserver: Send + Sync + std::fmt::Debug {
-    /// A group commit ended (`durable` false when it failed) after `latency`: its write
-    /// transaction on the store writer thread, then its sync on the store sync thread.
+    /// A group commit ended (`durable` false when it failed) after `latency` on the store writer
+    /// thread (the write transaction and its fsync).
     fn commit_ended(&self, latency: Duration, durable: bool);
 
     /// The supervisor refused a spawn, for the reason named by [`refusal_reason`].

@@ -422,10 +422,6 @@ fn ckpt_input_name(s: &mut String, i: &CheckpointInput) {
             s.push_str("commit-failed ");
             push_dec(s, id.0);
         }
-        CheckpointInput::Applied(id) => {
-            s.push_str("applied ");
-            push_dec(s, id.0);
-        }
         CheckpointInput::Refused { id, run, .. } => {
             let _ = write!(s, "commit-refused {} {run}", id.0);
         }

@@ -7,12 +7,6 @@
 //! straight back into it and the next commit starts at once, where an actor's commit waited for
 //! the outcome to cross to a runtime worker, wait its turn there, and the next batch to cross
 //! back (docs/PERFORMANCE.md, "The checkpoint writer on the store writer thread").
-//!
-//! A commit's sync runs on a second thread, the store syncer: this thread applies the writes and
-//! writes the journal record ([`Store::commit_group_unsynced`]), tells the machine the commit is
-//! applied (so it can start the next one, applied here while the first syncs) and hands the sync
-//! over. The syncer answers `Committed` once the sync succeeded, in commit order
-//! (docs/PERFORMANCE.md, "A commit's sync beside the next commit").
 
 use super::{Node, ToCoordinator};
 use crate::checkpoint::CheckpointWriter;
@@ -20,17 +14,15 @@ use crate::effect::Effect;
 use crate::host::{self, HostError};
 use crate::machine::Machine;
 use crate::message::CheckpointInput;
-use crate::persist::CommitId;
 use crate::persist::{CommitBatch, PersistOp};
 use crate::runtime::PauseReason;
 use crate::runtime::clock::{MonotonicMillis, OsEntropy};
 use crate::runtime::{RuntimeEvent, spans};
-use keel_store::{CommitError, Store, UnsyncedCommit};
+use keel_store::CommitError;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, Weak};
-use std::time::Instant;
 
 /// What reaches the store writer thread.
 pub(crate) enum WriterInput {
@@ -66,7 +58,6 @@ pub(crate) fn store_writer(
     let mut outcomes: VecDeque<CheckpointInput> = VecDeque::new();
     let mut taken_before_outcome = 0usize;
     let mut commits = Vec::new();
-    let syncer = Syncer::start(Weak::clone(&node));
     loop {
         let next = if outcomes.is_empty() {
             inputs.recv().ok()
@@ -84,103 +75,29 @@ pub(crate) fn store_writer(
                 taken_before_outcome += 1;
                 input
             }
-            Some(WriterInput::Shutdown) => break,
+            Some(WriterInput::Shutdown) => return,
             None => match outcomes.pop_front() {
                 Some(outcome) => {
                     taken_before_outcome = 0;
                     outcome
                 }
                 // The queue is closed (the node is gone).
-                None => break,
+                None => return,
             },
         };
         let Some(node) = node.upgrade() else {
-            break;
+            return;
         };
         let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             hosted.step(&node, input, &mut commits)
         }));
         if stepped.is_err() {
             tracing::error!("the checkpoint writer panicked; this node writes nothing more");
-            break;
+            return;
         }
-        // The machine starts at most one commit a step: this is at most one.
+        // The machine keeps at most one commit in flight: this is at most one.
         for batch in commits.drain(..) {
-            outcomes.push_back(node.commit_now(batch, &syncer));
-        }
-    }
-    // The syncs under way end first, so the store is let go of when this thread ends.
-    syncer.stop();
-}
-
-/// A commit applied and written to the journal, waiting for its sync on the store syncer.
-struct SyncJob {
-    id: CommitId,
-    /// The handle the commit was applied on (its sync must be that handle's), held until the
-    /// sync ends: a reopen of the store waits for it, so it never replays a record whose sync
-    /// may still fail.
-    store: Arc<Store>,
-    commit: UnsyncedCommit,
-    /// The commit's escalations, announced once it is durable.
-    escalations: Vec<RuntimeEvent>,
-    /// When the commit began, for the observer's commit latency.
-    began: Instant,
-}
-
-/// The store syncer thread: syncs applied commits in order and answers the checkpoint writer.
-/// Without it (the thread could not start) a commit syncs on the store writer thread.
-struct Syncer {
-    jobs: Option<Sender<SyncJob>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Syncer {
-    /// Starts the thread; logs and goes without when it cannot.
-    fn start(node: Weak<Node>) -> Self {
-        let (jobs, queue) = std::sync::mpsc::channel::<SyncJob>();
-        // A sync blocks on the disk: a thread of its own beside the store writer.
-        #[allow(clippy::disallowed_methods)]
-        let spawned = std::thread::Builder::new()
-            .name("keel-store-sync".into())
-            .spawn(move || {
-                while let Ok(job) = queue.recv() {
-                    let Some(node) = node.upgrade() else {
-                        return;
-                    };
-                    let input = node.sync_now(job);
-                    node.to_checkpoint(input);
-                }
-            });
-        match spawned {
-            Ok(thread) => Self {
-                jobs: Some(jobs),
-                thread: Some(thread),
-            },
-            Err(e) => {
-                tracing::warn!(error = %e, "no store sync thread; commits sync on the store writer");
-                Self {
-                    jobs: None,
-                    thread: None,
-                }
-            }
-        }
-    }
-
-    /// Hands `job` to the thread; gives it back if there is none (or it ended).
-    fn hand(&self, job: SyncJob) -> Result<(), SyncJob> {
-        match &self.jobs {
-            Some(jobs) => jobs.send(job).map_err(|e| e.0),
-            None => Err(job),
-        }
-    }
-
-    /// Lets the thread finish the syncs queued and waits for it.
-    fn stop(mut self) {
-        self.jobs = None;
-        if let Some(thread) = self.thread.take()
-            && thread.join().is_err()
-        {
-            tracing::error!("the store sync thread panicked");
+            outcomes.push_back(node.commit_now(batch));
         }
     }
 }
@@ -239,10 +156,9 @@ impl Node {
         to_coordinator.flush(self);
     }
 
-    /// Apply one group commit on the calling thread (the store writer's) and hand its sync to
-    /// `syncer`: the checkpoint writer's input that answers it so far (`Applied` while the sync is
-    /// under way, or the commit's end when it is durable already or failed).
-    fn commit_now(self: &Arc<Self>, batch: CommitBatch, syncer: &Syncer) -> CheckpointInput {
+    /// Execute one group commit on the calling thread (the store writer's): the checkpoint
+    /// writer's input that answers it.
+    fn commit_now(self: &Arc<Self>, batch: CommitBatch) -> CheckpointInput {
         self.commits_in_flight.fetch_add(1, Ordering::AcqRel);
         self.commits_total.fetch_add(1, Ordering::Relaxed);
         // One run's commit runs in that run's span; a commit shared by several runs in its own.
@@ -268,60 +184,11 @@ impl Node {
         let id = batch.id;
         // The observer's commit latency is wall-clock time by nature.
         #[allow(clippy::disallowed_methods)]
-        let began = Instant::now();
-        let applied = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let store = self.store.get()?;
-            let commit = host::store::commit_unsynced(&store, &batch)?;
-            Ok::<_, HostError>((store, commit))
+        let began = std::time::Instant::now();
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            host::store::commit(&*self.store.get()?, &batch)
         }))
         .unwrap_or_else(|_| Err(HostError::Closed("the commit panicked".into())));
-        let (store, commit) = match applied {
-            Ok(applied) => applied,
-            Err(e) => return self.commit_ended(id, Err(e), escalations, began),
-        };
-        // A commit durable already (the journal's durable redb commit) still goes through the
-        // syncer, behind the syncs under way: its `Committed` must not overtake theirs.
-        let job = SyncJob {
-            id,
-            store,
-            commit,
-            escalations,
-            began,
-        };
-        match syncer.hand(job) {
-            Ok(()) => CheckpointInput::Applied(id),
-            Err(job) => self.sync_now(job),
-        }
-    }
-
-    /// Sync an applied commit on the calling thread (the store syncer's): the checkpoint writer's
-    /// input that ends it.
-    fn sync_now(self: &Arc<Self>, job: SyncJob) -> CheckpointInput {
-        let SyncJob {
-            id,
-            store,
-            commit,
-            escalations,
-            began,
-        } = job;
-        let synced =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| store.sync_commit(commit)))
-                .unwrap_or_else(|_| Err(CommitError::Voided))
-                .map_err(HostError::Commit);
-        // Let go of the handle before anyone hears of the outcome: a retry may open it again.
-        drop(store);
-        self.commit_ended(id, synced, escalations, began)
-    }
-
-    /// The end of commit `id`: the store handle poisoned or the node halted by its failure, the
-    /// observer told, its escalations announced once it is durable; the checkpoint writer's input.
-    fn commit_ended(
-        self: &Arc<Self>,
-        id: CommitId,
-        result: Result<(), HostError>,
-        escalations: Vec<RuntimeEvent>,
-        began: Instant,
-    ) -> CheckpointInput {
         let result = result.map_err(|e| {
             if poisons(&e) {
                 self.store.poison();
@@ -367,8 +234,6 @@ fn poisons(e: &HostError) -> bool {
             CommitError::BatchTooLarge(_)
                 | CommitError::Item { .. }
                 | CommitError::ReadOnly
-                // Another failure voided it, and poisoned the handle if it was the disk's.
-                | CommitError::Voided
                 // Opened again, the store would replay the failed commit's record, and the retry
                 // would apply it twice: only a new process may open it.
                 | CommitError::JournalBroken
