@@ -343,12 +343,6 @@ pub enum CommitError {
     /// restart the process, whose open replays or drops the record.
     #[error("a failed commit's journal record could not be voided; restart the process")]
     JournalBroken,
-    /// An unsynced commit ([`crate::Store::commit_group_unsynced`]) was voided before its sync:
-    /// the sync of an earlier commit, or a later commit's write, failed, and nothing of it will be
-    /// replayed. It is not durable; commit it again (on a store opened again if the failure was
-    /// the disk's).
-    #[error("an earlier write failed before this commit was synced; it was voided")]
-    Voided,
     /// A journal record this process acknowledged did not apply again when the open transaction
     /// that held it was rebuilt (after a group that failed its checks partway, or a failed
     /// append): reopen the store, whose replay reports the same record as [`OpenError::Journal`]

@@ -37,9 +37,7 @@
 //! written with zeros ahead of the records, a MiB at a time (as the store file's are, see
 //! `file.rs`), so most records' syncs write data, not a change of the file's size.
 
-use std::collections::VecDeque;
 use std::io;
-use std::sync::Arc;
 
 use redb::StorageBackend;
 
@@ -62,9 +60,7 @@ static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
 
 /// The journal of a store opened with it: the file and where the next record goes.
 pub(crate) struct Journal {
-    /// Shared, so a commit's sync can run on another thread while the next commit appends
-    /// (`Store::sync_commit`).
-    file: Arc<dyn StorageBackend>,
+    file: Box<dyn StorageBackend>,
     /// Where the next record goes.
     end: u64,
     /// Bytes from the start of the file known to exist on it (records or zeros), so a record below
@@ -78,10 +74,6 @@ pub(crate) struct Journal {
     epoch: u32,
     /// The record being written, reused from commit to commit.
     buf: Vec<u8>,
-    /// The records appended without a sync since the last synced one, oldest first: each one's
-    /// number and where it starts. A failed sync voids the first of them, and so all of them
-    /// (a reader stops at the first record that is not valid).
-    unsynced: VecDeque<(u64, u64)>,
 }
 
 impl std::fmt::Debug for Journal {
@@ -90,7 +82,6 @@ impl std::fmt::Debug for Journal {
             .field("end", &self.end)
             .field("next_seq", &self.next_seq)
             .field("since_durable", &self.since_durable)
-            .field("unsynced", &self.unsynced.len())
             .finish_non_exhaustive()
     }
 }
@@ -185,14 +176,13 @@ impl Journal {
     ) -> io::Result<Self> {
         let filled = file.len()?;
         Ok(Self {
-            file: Arc::from(file),
+            file,
             end: 0,
             filled,
             next_seq,
             since_durable: 0,
             epoch,
             buf: Vec::new(),
-            unsynced: VecDeque::new(),
         })
     }
 
@@ -209,73 +199,6 @@ impl Journal {
     /// The file, to read the records back (`scan`) when a transaction holding them was lost.
     pub(crate) fn file(&self) -> &dyn StorageBackend {
         &*self.file
-    }
-
-    /// The file, shared: a sync outside the store's lock uses it (`Store::sync_commit`).
-    pub(crate) fn shared_file(&self) -> Arc<dyn StorageBackend> {
-        Arc::clone(&self.file)
-    }
-
-    /// Whether records were appended since the last sync.
-    pub(crate) fn has_unsynced(&self) -> bool {
-        !self.unsynced.is_empty()
-    }
-
-    /// Whether record `seq` is durable: a sync since its append covered it.
-    pub(crate) fn is_synced(&self, seq: u64) -> bool {
-        self.unsynced.front().is_none_or(|&(first, _)| seq < first)
-    }
-
-    /// A sync that began after record `seq` was appended succeeded: it and every earlier record
-    /// are durable.
-    pub(crate) fn synced_through(&mut self, seq: u64) {
-        while self
-            .unsynced
-            .front()
-            .is_some_and(|&(first, _)| first <= seq)
-        {
-            self.unsynced.pop_front();
-        }
-    }
-
-    /// Syncs the records appended since the last sync, on the calling thread.
-    ///
-    /// # Errors
-    /// The sync's; the records are then not known durable (see [`Journal::void_unsynced`]).
-    pub(crate) fn sync_unsynced(&mut self) -> io::Result<()> {
-        if self.unsynced.is_empty() {
-            return Ok(());
-        }
-        self.file.sync_data()?;
-        self.unsynced.clear();
-        Ok(())
-    }
-
-    /// A sync of the unsynced records failed: each of them is voided (its header overwritten,
-    /// then one sync), so no open replays them, and the journal goes on from where the first
-    /// began. Every header, not only the first: the records after it take the same numbers
-    /// again, and an old one that came to sit right after a new one of the same length would
-    /// otherwise read as its successor. Answers the number of the first record voided, if any was.
-    ///
-    /// # Errors
-    /// [`AppendError::Unvoided`]: the headers could not be voided, and the next open may replay
-    /// those records.
-    pub(crate) fn void_unsynced(&mut self) -> Result<Option<u64>, AppendError> {
-        let Some(&(seq, at)) = self.unsynced.front() else {
-            return Ok(None);
-        };
-        let voided = self
-            .unsynced
-            .iter()
-            .try_for_each(|&(_, start)| self.file.write(start, &[0u8; HEADER]))
-            .and_then(|()| self.file.sync_data());
-        voided.map_err(|_| AppendError::Unvoided)?;
-        let voided = u32::try_from(self.unsynced.len()).unwrap_or(u32::MAX);
-        self.end = at;
-        self.next_seq = seq;
-        self.since_durable = self.since_durable.saturating_sub(voided);
-        self.unsynced.clear();
-        Ok(Some(seq))
     }
 
     /// The epoch this open writes its records under.
@@ -297,7 +220,6 @@ impl Journal {
     pub(crate) fn restart(&mut self) {
         self.end = 0;
         self.since_durable = 0;
-        self.unsynced.clear();
     }
 
     /// Appends `payload` as record [`Journal::next_seq`], synced when `sync` (a commit asked to be
@@ -354,25 +276,25 @@ impl Journal {
             .and_then(|()| if sync { self.file.sync_data() } else { Ok(()) });
         if let Err(e) = written {
             // Part of the record may reach the disk later all the same; the commit is reported
-            // failed, so it must never be replayed. Nor may the unsynced records before it: after
-            // a failed sync a later one may succeed without their pages (the kernel can drop
-            // them), so none of them is known durable, and they are voided with it.
-            self.since_durable += 1;
-            self.unsynced.push_back((seq, at));
-            return Err(match self.void_unsynced() {
-                Ok(_) => AppendError::Failed(e),
-                Err(unvoided) => unvoided,
+            // failed, so it must never be replayed.
+            return Err(match self.unwrite(at) {
+                Ok(()) => AppendError::Failed(e),
+                Err(_) => AppendError::Unvoided,
             });
         }
         self.end = end;
-        if sync {
-            self.unsynced.clear();
-        } else {
-            self.unsynced.push_back((seq, at));
-        }
         self.next_seq += 1;
         self.since_durable += 1;
         Ok(at)
+    }
+
+    /// Overwrites the header of a record whose append failed and syncs that.
+    ///
+    /// # Errors
+    /// The write's or the sync's: the record may be replayed by the next open.
+    fn unwrite(&mut self, at: u64) -> io::Result<()> {
+        self.file.write(at, &[0u8; HEADER])?;
+        self.file.sync_data()
     }
 
     /// Writes zeros from what is filled up to at least `end`, a step at a time, so the record's own

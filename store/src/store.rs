@@ -110,10 +110,6 @@ struct JournalState {
     /// transaction is open and records after it were appended, the transaction that held them was
     /// lost and the next use replays them (`Store::reapply`).
     held: u64,
-    /// Moves on whenever unsynced records are voided (a failed sync or append): an
-    /// [`UnsyncedCommit`] of an earlier generation was voided, and its record number may now be
-    /// another commit's.
-    generation: u64,
 }
 
 impl std::fmt::Debug for JournalState {
@@ -123,7 +119,6 @@ impl std::fmt::Debug for JournalState {
             .field("broken", &self.broken)
             .field("open", &self.open.is_some())
             .field("held", &self.held)
-            .field("generation", &self.generation)
             .finish()
     }
 }
@@ -134,55 +129,6 @@ impl JournalState {
     /// takes no new write transaction and the store must be opened again, which replays them).
     fn lacks_records(&self) -> bool {
         self.open.is_none() && self.held < self.journal.last_seq()
-    }
-
-    /// Syncs the records appended since the last sync, under the lock: before anything that
-    /// must not hold an unsynced commit (a durable redb commit, a read). A failure voids them
-    /// (see [`JournalState::void_unsynced`]).
-    fn sync_unsynced(&mut self, known: &Mutex<Known>) -> Result<(), CommitError> {
-        match self.journal.sync_unsynced() {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                self.void_unsynced(known);
-                Err(io_error(e))
-            }
-        }
-    }
-
-    /// A sync of the unsynced records failed (or an append after them did): they are voided,
-    /// their commits fail ([`Store::sync_commit`] of their generation), the open transaction that
-    /// holds their writes is dropped (the next use replays what the synced records hold) and so
-    /// is what the writer's cache learned. If the journal cannot void them the store takes no
-    /// further commit.
-    fn void_unsynced(&mut self, known: &Mutex<Known>) {
-        self.generation += 1;
-        self.open = None;
-        known
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clear();
-        if self.journal.void_unsynced().is_err() {
-            self.broken = true;
-        }
-    }
-}
-
-/// A journaled commit whose writes are applied and whose record is written but not yet synced
-/// ([`Store::commit_group_unsynced`]): it is durable, and may be acknowledged, only once
-/// [`Store::sync_commit`] says so. The store's next commit can be applied meanwhile, so one
-/// commit's sync overlaps the next one's work.
-#[derive(Debug)]
-#[must_use = "an unsynced commit is not durable until `Store::sync_commit` says so"]
-pub struct UnsyncedCommit {
-    /// The journal's generation and the record's number; `None` when the commit was durable
-    /// already (a store without a journal, or the commit that was a durable redb commit).
-    record: Option<(u64, u64)>,
-}
-
-impl UnsyncedCommit {
-    /// Whether the commit still waits for a sync (false: it is durable already).
-    pub fn needs_sync(&self) -> bool {
-        self.record.is_some()
     }
 }
 
@@ -439,7 +385,6 @@ impl Store {
                     broken: false,
                     open: None,
                     held: next.saturating_sub(1),
-                    generation: 0,
                 }));
             }
         }
@@ -590,84 +535,6 @@ impl Store {
         batch: &WriteBatch<'_>,
         durability: Durability,
     ) -> Result<Vec<Applied>, CommitError> {
-        self.commit_batch_as(batch, durability, false)
-            .map(|(applied, _)| applied)
-    }
-
-    /// [`Store::commit_group`] with its sync left to [`Store::sync_commit`], which may run on
-    /// another thread while this store applies its next commit: the commit is durable, and may be
-    /// acknowledged, only once that sync succeeds. A read of this store ([`Store::run`],
-    /// [`Store::catalog`]) syncs what is unsynced first, so it sees durable commits only. On a
-    /// store without a journal, or when this commit is the journal's durable redb commit, the
-    /// commit is durable when this returns ([`UnsyncedCommit::needs_sync`] is false).
-    ///
-    /// # Errors
-    /// As [`Store::commit_group`]; a failure also voids the unsynced commits before this one (their
-    /// [`Store::sync_commit`] fails), since a failed write may leave their sync in doubt.
-    pub fn commit_group_unsynced(
-        &self,
-        batch: WriteBatch<'_>,
-    ) -> Result<(Vec<Applied>, UnsyncedCommit), CommitError> {
-        self.commit_batch_as(&batch, Durability::Immediate, true)
-    }
-
-    /// Makes an [`UnsyncedCommit`] durable: syncs the journal (outside the store's lock, so the
-    /// next commit applies meanwhile) unless a sync since it covered it already. Syncs are in
-    /// record order, so when this succeeds every earlier commit is durable too.
-    ///
-    /// # Errors
-    /// The sync's IO error ([`CommitError::DiskFull`] / [`CommitError::Storage`]): the commit and
-    /// every unsynced one after it are voided, nothing of them will be replayed, and the store must
-    /// be opened again before it writes (as after any failed commit). [`CommitError::Voided`]: an
-    /// earlier failure voided this commit. [`CommitError::JournalBroken`]: a failed sync could not
-    /// be voided.
-    pub fn sync_commit(&self, commit: UnsyncedCommit) -> Result<(), CommitError> {
-        let (Some((generation, seq)), Some(journal)) = (commit.record, &self.journal) else {
-            return Ok(());
-        };
-        let lock = || {
-            journal
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-        };
-        let file = {
-            let state = lock();
-            if state.generation != generation {
-                return Err(CommitError::Voided);
-            }
-            if state.journal.is_synced(seq) {
-                return Ok(());
-            }
-            if state.broken {
-                return Err(CommitError::JournalBroken);
-            }
-            state.journal.shared_file()
-        };
-        let synced = file.sync_data();
-        let mut state = lock();
-        if state.generation != generation {
-            return Err(CommitError::Voided);
-        }
-        match synced {
-            Ok(()) => {
-                state.journal.synced_through(seq);
-                Ok(())
-            }
-            Err(e) => {
-                state.void_unsynced(&self.known);
-                Err(io_error(e))
-            }
-        }
-    }
-
-    /// [`Store::commit_batch`], its record's sync deferred when `defer` (see
-    /// [`Store::commit_group_unsynced`]).
-    fn commit_batch_as(
-        &self,
-        batch: &WriteBatch<'_>,
-        durability: Durability,
-        defer: bool,
-    ) -> Result<(Vec<Applied>, UnsyncedCommit), CommitError> {
         let count = u64::try_from(batch.items.len()).unwrap_or(u64::MAX);
         if count > self.limits.batch_items_max {
             return Err(CommitError::BatchTooLarge(LimitError {
@@ -676,7 +543,7 @@ impl Store {
                 limit: self.limits.batch_items_max,
             }));
         }
-        self.in_write_txn_as(durability, defer, &batch.items, |writer| {
+        self.in_write_txn(durability, &batch.items, |writer| {
             let mut applied = Vec::with_capacity(batch.items.len());
             for (index, write) in batch.items.iter().enumerate() {
                 applied.push(writer.apply(write).map_err(|f| f.at(index))?);
@@ -693,29 +560,13 @@ impl Store {
         writes: &[StagedWrite<'_>],
         work: impl FnOnce(&mut Writer<'_>) -> Result<R, CommitError>,
     ) -> Result<R, CommitError> {
-        self.in_write_txn_as(durability, false, writes, work)
-            .map(|(result, _)| result)
-    }
-
-    /// [`Store::in_write_txn`], the journal record's sync deferred when `defer`: the answer then
-    /// says which record the caller's [`Store::sync_commit`] must see synced.
-    fn in_write_txn_as<R>(
-        &self,
-        durability: Durability,
-        defer: bool,
-        writes: &[StagedWrite<'_>],
-        work: impl FnOnce(&mut Writer<'_>) -> Result<R, CommitError>,
-    ) -> Result<(R, UnsyncedCommit), CommitError> {
         let Db::Writer(db) = &self.db else {
             return Err(CommitError::ReadOnly);
         };
         match &self.journal {
-            None => guarded(self.file(), || {
-                self.commit_in_redb(db, durability, work)
-                    .map(|result| (result, UnsyncedCommit { record: None }))
-            }),
+            None => guarded(self.file(), || self.commit_in_redb(db, durability, work)),
             Some(journal) => guarded(self.file(), || {
-                self.commit_in_journal(db, journal, durability, defer, writes, work)
+                self.commit_in_journal(db, journal, durability, writes, work)
             }),
         }
     }
@@ -740,9 +591,8 @@ impl Store {
     }
 
     /// A commit with the journal: `work` applies the writes in the open transaction, then the
-    /// record is appended (and synced when `durability` is `Immediate` and the sync is not
-    /// deferred to [`Store::sync_commit`]), which acknowledges the commit; the transaction stays
-    /// open for the next one. The commit that comes when
+    /// record is appended (and synced when `durability` is `Immediate`), which acknowledges the
+    /// commit; the transaction stays open for the next one. The commit that comes when
     /// [`Journal::durable_due`] is instead a durable redb commit of the open transaction, after which
     /// the journal starts over.
     fn commit_in_journal<R>(
@@ -750,10 +600,9 @@ impl Store {
         db: &Database,
         journal: &Mutex<JournalState>,
         durability: Durability,
-        defer: bool,
         writes: &[StagedWrite<'_>],
         work: impl FnOnce(&mut Writer<'_>) -> Result<R, CommitError>,
-    ) -> Result<(R, UnsyncedCommit), CommitError> {
+    ) -> Result<R, CommitError> {
         // Held for the whole commit, so records are in commit order and the open transaction has
         // one user.
         let mut state = journal
@@ -761,11 +610,6 @@ impl Store {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if state.broken {
             return Err(CommitError::JournalBroken);
-        }
-        if state.journal.durable_due() {
-            // The durable redb commit below holds every record so far: one whose sync could
-            // still fail must not become durable behind its commit's back.
-            state.sync_unsynced(&self.known)?;
         }
         let mut txn = self.open_transaction(db, &mut state)?;
         let mut known = self.known();
@@ -784,26 +628,27 @@ impl Store {
                 txn.commit()?;
                 state.held = state.journal.last_seq();
                 state.journal.restart();
-                return Ok((done, None));
+                return Ok(done);
             }
             let seq = state.journal.next_seq();
             txn.open_table(tables::META)?.insert(JOURNAL_SEQ, seq)?;
-            let had_unsynced = state.journal.has_unsynced();
-            let sync = matches!(durability, Durability::Immediate) && !defer;
-            let record = state.journal.append_with(sync, |buf| {
-                buf.push(JOURNAL_PAYLOAD_VERSION);
-                bincode::serde::encode_into_std_write(writes, buf, bincode::config::standard())
-                    .map(drop)
-                    .map_err(|e| std::io::Error::other(e.to_string()))
-            });
-            if record.is_err() && had_unsynced {
-                // The append voided the unsynced records before this one with it.
-                state.generation += 1;
-            }
+            let record =
+                state
+                    .journal
+                    .append_with(matches!(durability, Durability::Immediate), |buf| {
+                        buf.push(JOURNAL_PAYLOAD_VERSION);
+                        bincode::serde::encode_into_std_write(
+                            writes,
+                            buf,
+                            bincode::config::standard(),
+                        )
+                        .map(drop)
+                        .map_err(|e| std::io::Error::other(e.to_string()))
+                    });
             match record {
                 Ok(_) => {
                     state.open = Some(txn);
-                    Ok((done, (!sync).then_some((state.generation, seq))))
+                    Ok(done)
                 }
                 Err(AppendError::Failed(e)) => Err(io_error(e)),
                 Err(AppendError::Unvoided) => {
@@ -812,11 +657,7 @@ impl Store {
                 }
             }
         });
-        let (outcome, record) = match outcome {
-            Ok((done, record)) => (Ok(done), record),
-            Err(e) => (Err(e), None),
-        };
-        settled(&mut known, outcome).map(|result| (result, UnsyncedCommit { record }))
+        settled(&mut known, outcome)
     }
 
     /// The transaction the next journaled commit applies its writes in: the open one, or a new
@@ -886,8 +727,6 @@ impl Store {
         let mut state = journal
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        // What this publishes is read, or made durable, as acknowledged: nothing unsynced.
-        state.sync_unsynced(&self.known)?;
         let needed =
             state.open.is_some() || state.lacks_records() || (durable && state.journal.pending());
         if !needed {
@@ -956,10 +795,6 @@ impl Store {
                 let mut state = journal
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
-                // A read sees durable commits only: an unsynced one is synced first.
-                state
-                    .sync_unsynced(&self.known)
-                    .map_err(ReadError::from_publish)?;
                 if state.open.is_some() || state.lacks_records() {
                     let txn = self
                         .open_transaction(db, &mut state)
