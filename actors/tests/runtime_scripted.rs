@@ -747,3 +747,76 @@ async fn shutdown_lets_go_of_the_store_while_the_async_runtime_goes_on() {
         Arc::strong_count(&store) - 1
     );
 }
+
+/// Counts the group commits that ended, and those that failed.
+#[derive(Debug, Default)]
+struct CommitCounter {
+    ended: std::sync::atomic::AtomicU64,
+    failed: std::sync::atomic::AtomicU64,
+}
+
+impl keel_actors::runtime::RuntimeObserver for CommitCounter {
+    fn commit_ended(&self, _latency: Duration, durable: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.ended.fetch_add(1, Relaxed);
+        if !durable {
+            self.failed.fetch_add(1, Relaxed);
+        }
+    }
+
+    fn spawn_refused(&self, _reason: &'static str) {}
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_journal_sync_fails_its_commits_and_the_run_completes_on_their_retries() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().to_path_buf();
+    let gate = work.join("gate");
+    let (disk, journal) = (keel_store::SimDisk::new(), keel_store::SimDisk::new());
+    let journaled = StoreConfig {
+        journal: true,
+        ..StoreConfig::default()
+    };
+    let open = {
+        let (disk, journal) = (disk.clone(), journal.clone());
+        move || Store::open_backend_journaled(disk.clone(), journal.clone(), journaled)
+    };
+    let store = keel_actors::runtime::NodeStore::reopenable(Arc::new(open().unwrap()), open);
+    let counter = Arc::new(CommitCounter::default());
+    let mut cfg = config(&work);
+    cfg.observer = Some(counter.clone());
+    let (rt, mut events) = Runtime::start(store, harnesses(), cfg).await.unwrap();
+    let handle = submit(&rt, "sync fails", quick_and_gated(&gate, 600)).await;
+    let run = handle.id();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(30), events.recv()).await {
+            Ok(Some(RuntimeEvent::Report { .. })) => break,
+            Ok(Some(_)) => {}
+            other => panic!("no report: {other:?}"),
+        }
+    }
+    // The journal's next sync fails: the commit it was for fails (its record voided) and is
+    // retried on a store opened again.
+    journal.fail_next_syncs(1);
+    std::fs::write(&gate, "open").unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(60), handle.finished())
+        .await
+        .expect("the run finishes")
+        .unwrap();
+    assert_eq!(outcome.status, RunStatus::Completed, "{}", outcome.outcome);
+    let failed = counter.failed.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(failed >= 1, "a commit failed with the sync");
+    let store = rt.store().unwrap();
+    let tasks = store.run(run).tasks(None, 100).unwrap().items;
+    let specialists: Vec<_> = tasks.iter().filter(|t| t.kind != TaskKind::Root).collect();
+    assert_eq!(specialists.len(), 2, "{tasks:?}");
+    assert!(
+        specialists.iter().all(|t| t.status == TaskStatus::Complete),
+        "{tasks:?}"
+    );
+    drop(store);
+    rt.shutdown().await;
+    // What was acknowledged is what the disks hold: the run is complete after a crash too.
+    let crashed = Store::open_backend_journaled(disk.crash(), journal.crash(), journaled).unwrap();
+    assert_eq!(crashed.run(run).get().unwrap().status, RunStatus::Completed);
+}

@@ -59,11 +59,11 @@ fn bench_prints_every_figure_of_every_cell_as_json() {
     }
 }
 
-/// Runs in flight on the journaled store as `keel serve` opens it: two commits in flight, the sync
-/// of one beside the next, and the journal's durable commits every 64 among them. A run whose
-/// acknowledgement never came would hang the bench, so the process is given a bound and killed
-/// past it. (A writer that ended the journal's durable commit ahead of a sync under way hung this
-/// in three tries out of three.)
+/// Runs in flight on the journaled store as `keel serve` opens it, the journal's durable commits
+/// every 64 among their group commits. A run whose acknowledgement never came would hang the bench,
+/// so the process is given a bound and killed past it. (A store writer that ended the durable
+/// commit ahead of a sync under way, in an experiment with two commits in flight, hung it in three
+/// tries out of three.)
 #[test]
 fn many_runs_in_flight_on_the_journaled_store_all_finish() {
     let dir = tempfile::tempdir().unwrap();
