@@ -548,6 +548,17 @@ async fn keel_tests_wait_root(store: &Store, run: keel_store::RunId) -> keel_sto
     panic!("no root task for {run}");
 }
 
+/// Waits (bounded) for the first specialist report among `events`.
+async fn first_report(events: &mut mpsc::Receiver<RuntimeEvent>) {
+    loop {
+        match tokio::time::timeout(Duration::from_secs(30), events.recv()).await {
+            Ok(Some(RuntimeEvent::Report { .. })) => return,
+            Ok(Some(_)) => {}
+            other => panic!("no report: {other:?}"),
+        }
+    }
+}
+
 /// A runtime on a store over a simulated disk, opened again from that disk after a failed write.
 async fn start_on_disk(
     disk: &keel_store::SimDisk,
@@ -572,13 +583,7 @@ async fn a_full_disk_pauses_the_run_at_once_and_it_resumes_once_space_is_free() 
     let plan = quick_and_gated(&gate, 600);
     let handle = submit(&rt, "fill the disk", plan).await;
     let run = handle.id();
-    loop {
-        match tokio::time::timeout(Duration::from_secs(30), events.recv()).await {
-            Ok(Some(RuntimeEvent::Report { .. })) => break,
-            Ok(Some(_)) => {}
-            other => panic!("no report: {other:?}"),
-        }
-    }
+    first_report(&mut events).await;
     // The disk is full from here on: the slow step's next rows cannot be written.
     disk.set_write_budget(Some(0));
     std::fs::write(&gate, "open").unwrap();
@@ -788,13 +793,7 @@ async fn a_failed_journal_sync_fails_its_commits_and_the_run_completes_on_their_
     let (rt, mut events) = Runtime::start(store, harnesses(), cfg).await.unwrap();
     let handle = submit(&rt, "sync fails", quick_and_gated(&gate, 600)).await;
     let run = handle.id();
-    loop {
-        match tokio::time::timeout(Duration::from_secs(30), events.recv()).await {
-            Ok(Some(RuntimeEvent::Report { .. })) => break,
-            Ok(Some(_)) => {}
-            other => panic!("no report: {other:?}"),
-        }
-    }
+    first_report(&mut events).await;
     // The journal's next sync fails: the commit it was for fails (its record voided) and is
     // retried on a store opened again.
     journal.fail_next_syncs(1);
