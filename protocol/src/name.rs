@@ -8,9 +8,17 @@ pub const NODE_NAME_BYTES_MAX: usize = 64;
 
 /// A node's name, as given by `--name` or `[node] name`: 1 to 64 ASCII letters, digits, `.`, `_`
 /// or `-`. A decoded name is checked like a parsed one, so a peer cannot smuggle another shape in.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[serde(try_from = "String")]
 pub struct NodeName(String);
+
+/// As a string, by reference: the same bytes `into = "String"` gave, without the copy of the name
+/// every frame's encoding made.
+impl Serialize for NodeName {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
 
 /// Why a string is not a node name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -299,16 +299,16 @@ pub fn encode<B: Serialize>(from: &NodeName, body: &B) -> Result<Vec<u8>, WireEr
         from: &'a NodeName,
         body: &'a B,
     }
+    // The body is encoded straight after the header, not into a vector of its own and copied.
     let mut bytes = PROTOCOL_VERSION.to_be_bytes().to_vec();
-    let body = bincode::serde::encode_to_vec(EnvelopeRef { from, body }, config())
+    bincode::serde::encode_into_std_write(EnvelopeRef { from, body }, &mut bytes, config())
         .map_err(|e| WireError::Encode(e.to_string()))?;
-    if body.len() + HEADER_BYTES > FRAME_BYTES_MAX {
+    if bytes.len() > FRAME_BYTES_MAX {
         return Err(WireError::Encode(format!(
             "{} bytes exceed the frame limit",
-            body.len() + HEADER_BYTES
+            bytes.len()
         )));
     }
-    bytes.extend_from_slice(&body);
     Ok(bytes)
 }
 

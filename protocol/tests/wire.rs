@@ -294,3 +294,18 @@ proptest! {
         }
     }
 }
+
+/// A frame is the version header, then the sender's name as a string and the body, in bincode's
+/// standard configuration: the bytes every earlier keel of this version wrote and reads.
+#[test]
+fn a_frame_is_the_header_then_the_name_as_a_string_then_the_body() {
+    let body = ToCoordinator::Spawned {
+        attempt: attempt(7, 3),
+    };
+    let mut expected = PROTOCOL_VERSION.to_be_bytes().to_vec();
+    expected.extend(
+        bincode::serde::encode_to_vec(("worker-1".to_string(), &body), bincode::config::standard())
+            .unwrap(),
+    );
+    assert_eq!(wire::encode(&name(), &body).unwrap(), expected);
+}
