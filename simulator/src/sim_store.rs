@@ -8,7 +8,8 @@ use keel_store::{SimDisk, Store, StoreConfig};
 
 /// The coordinator node's store on its simulated disks: the store file's and its journal's (the
 /// store is opened as `keel serve` opens it, alone and with its journal, so a crash exercises the
-/// journal's replay as well as redb's recovery).
+/// journal's replay as well as redb's recovery). Dropping it turns its disks' power off (every
+/// write refused, see `power_off`): a clone of [`SimStore::disk`] kept past the drop sees a full disk.
 #[derive(Debug)]
 pub struct SimStore {
     disk: SimDisk,
