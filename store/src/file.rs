@@ -19,7 +19,18 @@
 //! whole step), redb's own operation goes on as it would without this backend, and its own write
 //! reports a real shortage. A store file written before this backend existed keeps its holes (the
 //! mark starts at the file's length).
+//!
+//! It also gathers redb's page writes until the next sync. A durable redb commit writes every page
+//! it changed with a call of its own, in no order (its write buffer is a hash map): about fifteen
+//! `pwrite`s a run of `keel bench`, each a system call, a page-cache lookup and an `ext4` write of
+//! a page. Held by offset until redb syncs (or reads, resizes or closes the file), they go out as
+//! one write a stretch of adjacent pages, about two a run (docs/PERFORMANCE.md). Nothing redb
+//! relies on changes: a write that was not synced is not durable either way, a read sees every
+//! write before it, and the order of writes between two syncs is free (the kernel's page cache
+//! does not keep it either). A write that fails now fails the sync that sends it, which fails
+//! redb's commit as the write would have; what the failed flush held is dropped with it.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::ops::Bound;
 use std::sync::{Mutex, PoisonError};
@@ -39,27 +50,86 @@ const FILL_STEP_MAX: u64 = 64 << 20;
 /// Zeros are written from this buffer, one write call per chunk.
 static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
 
+/// The most bytes of redb's writes held before a sync: past this they are sent at once, so a
+/// commit larger than this (or non-durable commits' pages that redb writes out to make room in its
+/// cache, with no sync after them) holds a bounded amount of memory.
+const GATHER_MAX: usize = 8 << 20;
+
+/// redb's writes since the last sync, by offset (the module's doc).
+#[derive(Debug, Default)]
+struct Gathered {
+    /// Each write's bytes at its offset. No two overlap: a write that would overlap another at a
+    /// different offset or length sends everything first.
+    writes: BTreeMap<u64, Vec<u8>>,
+    /// The bytes in `writes`.
+    bytes: usize,
+    /// A stretch of adjacent writes joined for one call, kept between flushes so that a warm
+    /// flush allocates nothing.
+    stretch: Vec<u8>,
+}
+
+impl Gathered {
+    /// Whether `[offset, end)` overlaps a held write other than one of exactly that range.
+    fn overlaps(&self, offset: u64, end: u64) -> bool {
+        let before = self
+            .writes
+            .range(..offset)
+            .next_back()
+            .is_some_and(|(o, d)| o.saturating_add(d.len() as u64) > offset);
+        let after = self
+            .writes
+            .range(offset..end)
+            .any(|(o, d)| *o != offset || o.saturating_add(d.len() as u64) != end);
+        before || after
+    }
+}
+
 /// A store file whose blocks are written (with zeros) before redb's commits write into them.
 /// Generic over the backend only so that a test can make the zeros fail; keel opens it over
 /// redb's [`FileBackend`].
 #[derive(Debug)]
-pub(crate) struct AllocatedFile<B = FileBackend> {
+pub(crate) struct AllocatedFile<B: StorageBackend = FileBackend> {
     inner: B,
     /// Every byte at or past this offset was never written through this handle: from the file's
     /// length at open (what is there was written by earlier opens; a sparse part of it stays
     /// sparse) up to what this handle filled.
     filled: Mutex<u64>,
+    /// redb's writes not yet sent (the module's doc).
+    gathered: Mutex<Gathered>,
+    /// Whether redb's writes are held until its syncs ([`FileMode`]).
+    gather: bool,
+    /// Whether zeros are written ahead of redb's writes ([`FileMode`]).
+    fill_ahead: bool,
 }
 
 impl AllocatedFile {
-    /// Wraps an open, writable store file.
+    /// Wraps an open, writable store file, opened as `mode` says.
     ///
     /// # Errors
     /// When redb cannot use the file or its length cannot be read.
-    pub(crate) fn new(file: File) -> Result<Self, DatabaseError> {
+    pub(crate) fn new(file: File, mode: FileMode) -> Result<Self, DatabaseError> {
         let len = file.metadata()?.len();
-        Ok(Self::over(FileBackend::new(file)?, len))
+        let mut this = Self::over(FileBackend::new(file)?, len);
+        this.gather = mode != FileMode::Shared;
+        this.fill_ahead = mode != FileMode::Journaled;
+        Ok(this)
     }
+}
+
+/// How the store file is opened, which decides what [`AllocatedFile`] does with redb's writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FileMode {
+    /// Shared with readers in other processes, which read the file through the kernel and must see
+    /// a commit's pages as soon as redb has written them: writes go straight through, and zeros
+    /// are written ahead (every commit syncs the file).
+    Shared,
+    /// This process alone, every commit synced to the file: writes gathered, zeros ahead.
+    Alone,
+    /// This process alone, commits made durable by the store's journal: writes gathered, and no
+    /// zeros. The file is synced only at a durable redb commit, every few dozen commits, so an
+    /// allocation it waits for is paid once for all of them, while the zeros cost every run their
+    /// copy into the page cache and their write to the disk (docs/PERFORMANCE.md).
+    Journaled,
 }
 
 impl<B: StorageBackend> AllocatedFile<B> {
@@ -68,7 +138,54 @@ impl<B: StorageBackend> AllocatedFile<B> {
         Self {
             inner,
             filled: Mutex::new(filled),
+            gathered: Mutex::new(Gathered::default()),
+            gather: true,
+            fill_ahead: true,
         }
+    }
+
+    /// Sends every held write, one call a stretch of adjacent ones, in the order of their offsets.
+    /// On a failure the rest is dropped with the failed one: the sync (or read, resize, close)
+    /// that asked fails, and with it redb's commit, which redb then does not take as written.
+    fn send(&self) -> Result<(), BackendIoError> {
+        let mut gathered = self.gathered.lock().unwrap_or_else(PoisonError::into_inner);
+        if gathered.writes.is_empty() {
+            return Ok(());
+        }
+        let writes = std::mem::take(&mut gathered.writes);
+        gathered.bytes = 0;
+        let mut stretch = std::mem::take(&mut gathered.stretch);
+        let result = self.send_stretches(writes, &mut stretch);
+        stretch.clear();
+        // Kept for the next flush unless a rare large commit grew it past the bound.
+        if stretch.capacity() <= GATHER_MAX {
+            gathered.stretch = stretch;
+        }
+        result
+    }
+
+    fn send_stretches(
+        &self,
+        writes: BTreeMap<u64, Vec<u8>>,
+        stretch: &mut Vec<u8>,
+    ) -> Result<(), BackendIoError> {
+        let mut writes = writes.into_iter().peekable();
+        while let Some((offset, data)) = writes.next() {
+            let mut end = offset.saturating_add(data.len() as u64);
+            if writes.peek().is_none_or(|(next, _)| *next != end) {
+                // Alone: sent from its own bytes, with no copy.
+                self.inner.write(offset, &data)?;
+                continue;
+            }
+            stretch.clear();
+            stretch.extend_from_slice(&data);
+            while let Some((_, data)) = writes.next_if(|(next, _)| *next == end) {
+                stretch.extend_from_slice(&data);
+                end = end.saturating_add(data.len() as u64);
+            }
+            self.inner.write(offset, stretch)?;
+        }
+        Ok(())
     }
 
     /// Writes zeros from the filled mark up to `end`, or further by a step (never past the file's
@@ -92,23 +209,36 @@ impl<B: StorageBackend> AllocatedFile<B> {
     }
 }
 
+impl<B: StorageBackend> Drop for AllocatedFile<B> {
+    /// Writes redb made and did not sync still reach the file, as they would have without the
+    /// gathering (a process that exits leaves its unsynced writes to the kernel). Best effort:
+    /// nothing is left to tell of a failure.
+    fn drop(&mut self) {
+        let _ = self.send();
+    }
+}
+
 impl<B: StorageBackend> StorageBackend for AllocatedFile<B> {
     fn len(&self) -> Result<u64, BackendIoError> {
         self.inner.len()
     }
 
     fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), BackendIoError> {
+        // A read must see every write before it; redb reads its file rarely (its cache serves it).
+        self.send()?;
         self.inner.read(offset, out)
     }
 
     fn set_len(&self, len: u64) -> Result<(), BackendIoError> {
+        // Before the file changes length: a held write past a shrink must not grow it back.
+        self.send()?;
         let mut filled = self.filled.lock().unwrap_or_else(PoisonError::into_inner);
         let old = self.inner.len()?;
         self.inner.set_len(len)?;
         if len < *filled {
             // What was cut off is gone; space grown back later is sparse again.
             *filled = len;
-        } else if len > old {
+        } else if len > old && self.fill_ahead {
             // redb makes a growth durable (its own sync) before it uses the space: filling the
             // first step now puts the allocation in that sync rather than in a commit's.
             let from = *filled;
@@ -118,6 +248,7 @@ impl<B: StorageBackend> StorageBackend for AllocatedFile<B> {
     }
 
     fn sync_data(&self) -> Result<(), BackendIoError> {
+        self.send()?;
         self.inner.sync_data()
     }
 
@@ -125,17 +256,35 @@ impl<B: StorageBackend> StorageBackend for AllocatedFile<B> {
         let end = offset.saturating_add(data.len() as u64);
         {
             let mut filled = self.filled.lock().unwrap_or_else(PoisonError::into_inner);
-            if end > *filled {
+            if self.fill_ahead && end > *filled {
                 self.fill_to(&mut filled, end);
                 // If the zeros stopped short (a full disk), redb's page still lands past them: the
                 // mark moves over it, so no later fill can zero it (what lies between stays a hole).
                 *filled = (*filled).max(end);
             }
         }
-        self.inner.write(offset, data)
+        if !self.gather {
+            return self.inner.write(offset, data);
+        }
+        let mut gathered = self.gathered.lock().unwrap_or_else(PoisonError::into_inner);
+        if gathered.overlaps(offset, end) {
+            // Not redb's way (a page is rewritten whole, at its own offset), but kept in order if
+            // it happens: what is held goes first, then this write.
+            drop(gathered);
+            self.send()?;
+            return self.inner.write(offset, data);
+        }
+        gathered.bytes = gathered.bytes.saturating_add(data.len());
+        if let Some(replaced) = gathered.writes.insert(offset, data.to_vec()) {
+            gathered.bytes = gathered.bytes.saturating_sub(replaced.len());
+        }
+        let full = gathered.bytes > GATHER_MAX;
+        drop(gathered);
+        if full { self.send() } else { Ok(()) }
     }
 
     fn close(&self) -> Result<(), BackendIoError> {
+        self.send()?;
         self.inner.close()
     }
 
@@ -183,7 +332,7 @@ mod tests {
             .truncate(false)
             .open(&path)
             .unwrap();
-        (AllocatedFile::new(file).unwrap(), path)
+        (AllocatedFile::new(file, FileMode::Alone).unwrap(), path)
     }
 
     /// Bytes the filesystem holds for the file (a sparse file holds fewer than its length).
@@ -317,10 +466,140 @@ mod tests {
             .write(true)
             .open(&path)
             .unwrap();
-        let file = AllocatedFile::new(file).unwrap();
+        let file = AllocatedFile::new(file, FileMode::Alone).unwrap();
         file.write(2, b"XX").unwrap();
         let mut out = [0u8; 8];
         file.read(0, &mut out).unwrap();
         assert_eq!(&out, b"exXXting");
+    }
+
+    /// A disk that counts the writes that reach it and can be told to fail them.
+    #[derive(Debug, Default)]
+    struct Counting {
+        disk: crate::SimDisk,
+        writes: std::sync::atomic::AtomicUsize,
+        failing: std::sync::atomic::AtomicBool,
+    }
+
+    impl Counting {
+        fn writes(&self) -> usize {
+            self.writes.load(std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+
+    impl StorageBackend for Counting {
+        fn len(&self) -> Result<u64, BackendIoError> {
+            self.disk.len()
+        }
+        fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), BackendIoError> {
+            self.disk.read(offset, out)
+        }
+        fn set_len(&self, len: u64) -> Result<(), BackendIoError> {
+            self.disk.set_len(len)
+        }
+        fn sync_data(&self) -> Result<(), BackendIoError> {
+            self.disk.sync_data()
+        }
+        fn write(&self, offset: u64, data: &[u8]) -> Result<(), BackendIoError> {
+            if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(std::io::Error::new(std::io::ErrorKind::StorageFull, "full"));
+            }
+            self.writes
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.disk.write(offset, data)
+        }
+    }
+
+    /// Over a file already filled to 1 MiB, so that only redb's writes reach the disk.
+    fn counting() -> AllocatedFile<Counting> {
+        let file = AllocatedFile::over(Counting::default(), 1 << 20);
+        file.inner.disk.set_len(1 << 20).unwrap();
+        file
+    }
+
+    fn read_at(file: &AllocatedFile<Counting>, offset: u64, len: usize) -> Vec<u8> {
+        let mut out = vec![0u8; len];
+        file.read(offset, &mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn pages_written_out_of_order_go_out_at_the_sync_one_write_a_stretch() {
+        let file = counting();
+        // Two stretches (pages 3 to 5 and page 9), written in no order.
+        for page in [5u64, 9, 3, 4] {
+            file.write(page * 4096, &[page as u8; 4096]).unwrap();
+        }
+        assert_eq!(file.inner.writes(), 0, "held until the sync");
+        file.sync_data().unwrap();
+        assert_eq!(file.inner.writes(), 2);
+        for page in [3u64, 4, 5, 9] {
+            assert_eq!(read_at(&file, page * 4096, 4096), vec![page as u8; 4096]);
+        }
+        assert_eq!(read_at(&file, 6 * 4096, 4096), vec![0; 4096]);
+    }
+
+    #[test]
+    fn a_read_sees_every_write_before_it_and_a_later_write_of_a_page_wins() {
+        let file = counting();
+        file.write(8192, &[1; 4096]).unwrap();
+        file.write(8192, &[2; 4096]).unwrap();
+        assert_eq!(read_at(&file, 8192, 4096), vec![2; 4096]);
+        // A write overlapping a held one at another offset keeps the order too.
+        file.write(4096, &[3; 8192]).unwrap();
+        file.write(6144, &[4; 1024]).unwrap();
+        let got = read_at(&file, 4096, 8192);
+        assert_eq!(&got[..2048], &[3; 2048][..]);
+        assert_eq!(&got[2048..3072], &[4; 1024][..]);
+        assert_eq!(&got[3072..], &[3; 5120][..]);
+    }
+
+    #[test]
+    fn a_shrink_does_not_let_a_held_write_grow_the_file_back() {
+        let file = counting();
+        file.write(900 << 10, &[7; 4096]).unwrap();
+        file.set_len(512 << 10).unwrap();
+        file.sync_data().unwrap();
+        assert_eq!(file.len().unwrap(), 512 << 10);
+    }
+
+    #[test]
+    fn a_failed_send_fails_the_sync_and_drops_what_it_held() {
+        let file = counting();
+        file.write(4096, &[1; 4096]).unwrap();
+        file.inner
+            .failing
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let err = file.sync_data().unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::StorageFull);
+        file.inner
+            .failing
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        // The failed commit's page is not written later by someone else's sync.
+        file.sync_data().unwrap();
+        assert_eq!(file.inner.writes(), 0);
+        assert_eq!(read_at(&file, 4096, 4096), vec![0; 4096]);
+    }
+
+    #[test]
+    fn held_writes_past_the_bound_go_out_without_a_sync_and_a_drop_sends_the_rest() {
+        let file = counting();
+        file.inner.disk.set_len(64 << 20).unwrap();
+        let page = vec![5u8; 1 << 20];
+        for i in 0..9u64 {
+            file.write((i + 1) << 20, &page).unwrap();
+        }
+        assert!(file.inner.writes() >= 1, "more than GATHER_MAX was held");
+        file.write(40 << 20, &page).unwrap();
+        let disk = file.inner.disk.clone();
+        let before = file.inner.writes();
+        drop(file);
+        let mut out = vec![0u8; 16];
+        disk.read(40 << 20, &mut out).unwrap();
+        assert_eq!(
+            out,
+            vec![5u8; 16],
+            "sent by the drop (after {before} writes)"
+        );
     }
 }

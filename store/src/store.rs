@@ -11,7 +11,7 @@ use redb::{
 use crate::batch::{Applied, Staged, StagedWrite, WriteBatch};
 use crate::catalog::Catalog;
 use crate::error::{CommitError, OpenError, ReadError, StageError};
-use crate::file::AllocatedFile;
+use crate::file::{AllocatedFile, FileMode};
 use crate::guard::guarded;
 use crate::journal::{self, AppendError, Journal};
 use crate::known::Known;
@@ -49,7 +49,16 @@ pub struct StoreConfig {
     /// with [`Sharing::Exclusive`]: a store shared with readers in other processes must show them
     /// every commit in its file. Whatever this says, a writable open replays a journal it finds.
     pub journal: bool,
+    /// The most bytes of the file's pages redb keeps in memory for a file store; `None` is
+    /// [`DEFAULT_CACHE_BYTES`]. redb's own default, 1 GiB, let a long-lived node hold most of a
+    /// large store file in memory, every page new to it a fresh allocation (docs/PERFORMANCE.md).
+    pub cache_bytes: Option<usize>,
 }
+
+/// The page cache of a file store unless [`StoreConfig::cache_bytes`] says otherwise: many times
+/// what a run's commits touch (the right edges of the tables and their branches), small enough
+/// that pages leaving it are reused rather than the process growing with its file.
+pub const DEFAULT_CACHE_BYTES: usize = 64 << 20;
 
 /// Who else may open a store file while a writer has it open. A choice with a cost, so it is explicit:
 /// sharing the file with readers in other processes rules out `Durability::None` commits, because
@@ -216,7 +225,9 @@ impl Store {
         let file = path.as_ref().to_path_buf();
         create_private(&file)?;
         guarded(Some(&file), || {
-            // As redb's own `create` opens it, behind a backend that allocates ahead of commits.
+            // As redb's own `create` opens it, behind a backend that gathers redb's writes until
+            // its syncs and (without the journal, where every commit syncs the file) allocates
+            // ahead of commits.
             let handle = std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)
@@ -224,11 +235,18 @@ impl Store {
                 .truncate(false)
                 .open(&file)
                 .map_err(redb::DatabaseError::from)?;
+            let keep = config.journal && config.sharing == Sharing::Exclusive;
+            let mode = match config.sharing {
+                Sharing::WithReaders => FileMode::Shared,
+                Sharing::Exclusive if keep => FileMode::Journaled,
+                Sharing::Exclusive => FileMode::Alone,
+            };
+            let backend = AllocatedFile::new(handle, mode)?;
             let db = Database::builder()
                 .set_concurrency_mode(config.sharing.mode())
-                .create_with_backend(AllocatedFile::new(handle)?)?;
+                .set_cache_size(config.cache_bytes.unwrap_or(DEFAULT_CACHE_BYTES))
+                .create_with_backend(backend)?;
             let journal_file = journal_path(&file);
-            let keep = config.journal && config.sharing == Sharing::Exclusive;
             let journal: Option<Box<dyn StorageBackend>> = if keep || journal_file.exists() {
                 create_private(&journal_file)?;
                 let handle = std::fs::OpenOptions::new()
@@ -259,6 +277,7 @@ impl Store {
         guarded(Some(&file), || {
             let db = Database::builder()
                 .set_concurrency_mode(Sharing::WithReaders.mode())
+                .set_cache_size(config.cache_bytes.unwrap_or(DEFAULT_CACHE_BYTES))
                 .open_read_only(&file)?;
             let txn = db.begin_read()?;
             let meta = match txn.open_table(tables::META) {
