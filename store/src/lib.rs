@@ -72,7 +72,7 @@ pub use read::{Listing, RunPage, Sequenced, TreeNode};
 pub use redaction::{Redaction, SecretKind};
 pub use scope::RunScope;
 pub use sim_disk::{PENDING_OPS_MAX, SimDisk, TornCrashUnavailable};
-pub use store::{DEFAULT_CACHE_BYTES, STORE_FORMAT, Sharing, Store, StoreConfig};
+pub use store::{JOURNALED_CACHE_BYTES, STORE_FORMAT, Sharing, Store, StoreConfig};
 
 /// Whether a commit is durable when it returns (`Immediate`: one fsync) or only visible
 /// (`None`: lost on a crash unless a later `Immediate` commit follows). Re-exported from redb so

@@ -49,16 +49,23 @@ pub struct StoreConfig {
     /// with [`Sharing::Exclusive`]: a store shared with readers in other processes must show them
     /// every commit in its file. Whatever this says, a writable open replays a journal it finds.
     pub journal: bool,
-    /// The most bytes of the file's pages redb keeps in memory for a file store; `None` is
-    /// [`DEFAULT_CACHE_BYTES`]. redb's own default, 1 GiB, let a long-lived node hold most of a
-    /// large store file in memory, every page new to it a fresh allocation (docs/PERFORMANCE.md).
+    /// The most bytes of the file's pages redb keeps in memory for a file store. `None`:
+    /// [`JOURNALED_CACHE_BYTES`] for a store opened with the journal, redb's own default (1 GiB)
+    /// otherwise (docs/STORE.md, "The store file's backend and redb's cache").
     pub cache_bytes: Option<usize>,
 }
 
-/// The page cache of a file store unless [`StoreConfig::cache_bytes`] says otherwise: many times
-/// what a run's commits touch (the right edges of the tables and their branches), small enough
-/// that pages leaving it are reused rather than the process growing with its file.
-pub const DEFAULT_CACHE_BYTES: usize = 64 << 20;
+/// The page cache of a journaled store unless [`StoreConfig::cache_bytes`] says otherwise. With
+/// redb's 1 GiB a node held its whole store file in memory as it grew, every page new to the cache
+/// a fresh allocation and its page faults; bounded, pages leaving it are reused. Only for the
+/// journal's store: once redb's cache is full, a page it writes out is not kept, and the next
+/// commit that touches it reads it back from the file. A journaled store writes its file out once
+/// every 64 commits; a store that syncs the file at every commit would read its tables' right
+/// edges back at every commit once its file outgrew the cache (`keel bench --scale-runs 10000
+/// --scale-fan-out 1024`, whose store is shared: its run of 1,024 specialists on a 260 MiB store
+/// took 117 to 125 ms in six runs with 64 MiB, 43 to 129 ms, four of six under 50, with redb's
+/// default), so it keeps redb's default.
+pub const JOURNALED_CACHE_BYTES: usize = 64 << 20;
 
 /// Who else may open a store file while a writer has it open. A choice with a cost, so it is explicit:
 /// sharing the file with readers in other processes rules out `Durability::None` commits, because
@@ -242,10 +249,18 @@ impl Store {
                 Sharing::Exclusive => FileMode::Alone,
             };
             let backend = AllocatedFile::new(handle, mode)?;
-            let db = Database::builder()
-                .set_concurrency_mode(config.sharing.mode())
-                .set_cache_size(config.cache_bytes.unwrap_or(DEFAULT_CACHE_BYTES))
-                .create_with_backend(backend)?;
+            let mut builder = Database::builder();
+            builder.set_concurrency_mode(config.sharing.mode());
+            match (config.cache_bytes, mode) {
+                (Some(bytes), _) => {
+                    builder.set_cache_size(bytes);
+                }
+                (None, FileMode::Journaled) => {
+                    builder.set_cache_size(JOURNALED_CACHE_BYTES);
+                }
+                (None, _) => {}
+            }
+            let db = builder.create_with_backend(backend)?;
             let journal_file = journal_path(&file);
             let journal: Option<Box<dyn StorageBackend>> = if keep || journal_file.exists() {
                 create_private(&journal_file)?;
@@ -275,10 +290,12 @@ impl Store {
     pub fn open_read_only(path: impl AsRef<Path>, config: StoreConfig) -> Result<Self, OpenError> {
         let file = path.as_ref().to_path_buf();
         guarded(Some(&file), || {
-            let db = Database::builder()
-                .set_concurrency_mode(Sharing::WithReaders.mode())
-                .set_cache_size(config.cache_bytes.unwrap_or(DEFAULT_CACHE_BYTES))
-                .open_read_only(&file)?;
+            let mut builder = Database::builder();
+            builder.set_concurrency_mode(Sharing::WithReaders.mode());
+            if let Some(bytes) = config.cache_bytes {
+                builder.set_cache_size(bytes);
+            }
+            let db = builder.open_read_only(&file)?;
             let txn = db.begin_read()?;
             let meta = match txn.open_table(tables::META) {
                 Ok(meta) => meta,
