@@ -408,14 +408,23 @@ mod tests {
         assert_eq!(&out, b"page");
     }
 
-    /// A disk on which zeros fail (a step of them does not fit) while redb's small writes land.
+    /// A disk that counts the writes that reach it and can be told to fail them: only a step of
+    /// zeros (`failing_zeros`: a step does not fit while redb's small writes land), or every write.
     #[derive(Debug, Default)]
-    struct ZerosFail {
+    struct TestDisk {
         disk: crate::SimDisk,
+        failing_zeros: std::sync::atomic::AtomicBool,
         failing: std::sync::atomic::AtomicBool,
+        writes: std::sync::atomic::AtomicUsize,
     }
 
-    impl StorageBackend for ZerosFail {
+    impl TestDisk {
+        fn writes(&self) -> usize {
+            self.writes.load(std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+
+    impl StorageBackend for TestDisk {
         fn len(&self) -> Result<u64, BackendIoError> {
             self.disk.len()
         }
@@ -430,24 +439,27 @@ mod tests {
         }
         fn write(&self, offset: u64, data: &[u8]) -> Result<(), BackendIoError> {
             let zeros = data.len() == ZEROS.len() && data.iter().all(|&b| b == 0);
-            if zeros && self.failing.load(std::sync::atomic::Ordering::SeqCst) {
+            let failing_zeros = self.failing_zeros.load(std::sync::atomic::Ordering::SeqCst);
+            if self.failing.load(std::sync::atomic::Ordering::SeqCst) || (zeros && failing_zeros) {
                 return Err(std::io::Error::new(std::io::ErrorKind::StorageFull, "full"));
             }
+            self.writes
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             self.disk.write(offset, data)
         }
     }
 
     #[test]
     fn a_page_written_past_zeros_that_failed_is_never_zeroed_later() {
-        let file = AllocatedFile::over(ZerosFail::default(), 0);
+        let file = AllocatedFile::over(TestDisk::default(), 0);
         file.inner
-            .failing
+            .failing_zeros
             .store(true, std::sync::atomic::Ordering::SeqCst);
         file.set_len(8 << 20).unwrap();
         file.write(3 << 20, b"page").unwrap();
         // Space again: the next growth fills a step from the mark, which must lie past the page.
         file.inner
-            .failing
+            .failing_zeros
             .store(false, std::sync::atomic::Ordering::SeqCst);
         file.set_len(16 << 20).unwrap();
         file.write(12 << 20, b"late").unwrap();
@@ -473,51 +485,14 @@ mod tests {
         assert_eq!(&out, b"exXXting");
     }
 
-    /// A disk that counts the writes that reach it and can be told to fail them.
-    #[derive(Debug, Default)]
-    struct Counting {
-        disk: crate::SimDisk,
-        writes: std::sync::atomic::AtomicUsize,
-        failing: std::sync::atomic::AtomicBool,
-    }
-
-    impl Counting {
-        fn writes(&self) -> usize {
-            self.writes.load(std::sync::atomic::Ordering::SeqCst)
-        }
-    }
-
-    impl StorageBackend for Counting {
-        fn len(&self) -> Result<u64, BackendIoError> {
-            self.disk.len()
-        }
-        fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), BackendIoError> {
-            self.disk.read(offset, out)
-        }
-        fn set_len(&self, len: u64) -> Result<(), BackendIoError> {
-            self.disk.set_len(len)
-        }
-        fn sync_data(&self) -> Result<(), BackendIoError> {
-            self.disk.sync_data()
-        }
-        fn write(&self, offset: u64, data: &[u8]) -> Result<(), BackendIoError> {
-            if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
-                return Err(std::io::Error::new(std::io::ErrorKind::StorageFull, "full"));
-            }
-            self.writes
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            self.disk.write(offset, data)
-        }
-    }
-
     /// Over a file already filled to 1 MiB, so that only redb's writes reach the disk.
-    fn counting() -> AllocatedFile<Counting> {
-        let file = AllocatedFile::over(Counting::default(), 1 << 20);
+    fn counting() -> AllocatedFile<TestDisk> {
+        let file = AllocatedFile::over(TestDisk::default(), 1 << 20);
         file.inner.disk.set_len(1 << 20).unwrap();
         file
     }
 
-    fn read_at(file: &AllocatedFile<Counting>, offset: u64, len: usize) -> Vec<u8> {
+    fn read_at(file: &AllocatedFile<TestDisk>, offset: u64, len: usize) -> Vec<u8> {
         let mut out = vec![0u8; len];
         file.read(offset, &mut out).unwrap();
         out
