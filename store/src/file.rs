@@ -84,9 +84,10 @@ impl Gathered {
     }
 }
 
-/// A store file whose blocks are written (with zeros) before redb's commits write into them.
-/// Generic over the backend only so that a test can make the zeros fail; keel opens it over
-/// redb's [`FileBackend`].
+/// A store file as redb sees it: its writes gathered until redb syncs, and its blocks written
+/// (with zeros) before redb's commits write into them, as [`FileMode`] says. Generic over the
+/// backend only so that a test can count writes and make them fail; keel opens it over redb's
+/// [`FileBackend`].
 #[derive(Debug)]
 pub(crate) struct AllocatedFile<B: StorageBackend = FileBackend> {
     inner: B,
