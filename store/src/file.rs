@@ -28,7 +28,10 @@
 //! relies on changes: a write that was not synced is not durable either way, a read sees every
 //! write before it, and the order of writes between two syncs is free (the kernel's page cache
 //! does not keep it either). A write that fails now fails the sync that sends it, which fails
-//! redb's commit as the write would have; what the failed flush held is dropped with it.
+//! redb's commit as the write would have; what the failed flush held is dropped with it, and
+//! every later use of the handle fails the same way (redb writes some pages out best effort and
+//! goes on when that fails, so commits must not go on over pages that were lost): the store is
+//! opened again, and its journal replays what was acknowledged.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -66,6 +69,24 @@ struct Gathered {
     /// A stretch of adjacent writes joined for one call, kept between flushes so that a warm
     /// flush allocates nothing.
     stretch: Vec<u8>,
+    /// How the first failed send failed. From then on every use of the file fails the same way:
+    /// redb writes out some pages best effort (a read making room in its cache) and does not stop
+    /// when that fails, so pages it no longer holds could otherwise be lost under commits that
+    /// go on; the store is opened again instead, and its journal replays what it acknowledged.
+    failed: Option<(std::io::ErrorKind, String)>,
+}
+
+impl Gathered {
+    /// The error of an earlier failed send, again.
+    fn failure(&self) -> Result<(), BackendIoError> {
+        match &self.failed {
+            Some((kind, message)) => Err(std::io::Error::new(
+                *kind,
+                format!("an earlier write of the store file failed: {message}"),
+            )),
+            None => Ok(()),
+        }
+    }
 }
 
 impl Gathered {
@@ -150,6 +171,7 @@ impl<B: StorageBackend> AllocatedFile<B> {
     /// that asked fails, and with it redb's commit, which redb then does not take as written.
     fn send(&self) -> Result<(), BackendIoError> {
         let mut gathered = self.gathered.lock().unwrap_or_else(PoisonError::into_inner);
+        gathered.failure()?;
         if gathered.writes.is_empty() {
             return Ok(());
         }
@@ -161,6 +183,9 @@ impl<B: StorageBackend> AllocatedFile<B> {
         // Kept for the next flush unless a rare large commit grew it past the bound.
         if stretch.capacity() <= GATHER_MAX {
             gathered.stretch = stretch;
+        }
+        if let Err(e) = &result {
+            gathered.failed = Some((e.kind(), e.to_string()));
         }
         result
     }
@@ -268,6 +293,11 @@ impl<B: StorageBackend> StorageBackend for AllocatedFile<B> {
             return self.inner.write(offset, data);
         }
         let mut gathered = self.gathered.lock().unwrap_or_else(PoisonError::into_inner);
+        gathered.failure()?;
+        if data.is_empty() {
+            // Nothing to write (and an empty entry would replace a held write at its offset).
+            return Ok(());
+        }
         if gathered.overlaps(offset, end) {
             // Not redb's way (a page is rewritten whole, at its own offset), but kept in order if
             // it happens: what is held goes first, then this write.
@@ -285,8 +315,11 @@ impl<B: StorageBackend> StorageBackend for AllocatedFile<B> {
     }
 
     fn close(&self) -> Result<(), BackendIoError> {
-        self.send()?;
-        self.inner.close()
+        // redb closes a backend once and relies on it to let go of the file's locks, so the inner
+        // close runs whatever the send did; the first error is the one reported.
+        let sent = self.send();
+        let closed = self.inner.close();
+        sent.and(closed)
     }
 
     fn try_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
@@ -540,7 +573,7 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_send_fails_the_sync_and_drops_what_it_held() {
+    fn a_failed_send_fails_the_sync_and_every_later_use_of_the_file() {
         let file = counting();
         file.write(4096, &[1; 4096]).unwrap();
         file.inner
@@ -551,10 +584,33 @@ mod tests {
         file.inner
             .failing
             .store(false, std::sync::atomic::Ordering::SeqCst);
-        // The failed commit's page is not written later by someone else's sync.
-        file.sync_data().unwrap();
-        assert_eq!(file.inner.writes(), 0);
-        assert_eq!(read_at(&file, 4096, 4096), vec![0; 4096]);
+        // The disk takes writes again, but this handle does not: what the failed send held is
+        // gone, so nothing after it may go on as if it were written (the store is opened again).
+        let mut out = [0u8; 4];
+        assert!(file.read(4096, &mut out).is_err());
+        assert!(file.write(8192, &[2; 4096]).is_err());
+        assert!(file.set_len(2 << 20).is_err());
+        assert_eq!(
+            file.sync_data().unwrap_err().kind(),
+            std::io::ErrorKind::StorageFull
+        );
+        assert!(file.close().is_err());
+        let mut page = vec![7u8; 4096];
+        file.inner.disk.read(4096, &mut page).unwrap();
+        assert_eq!(
+            page,
+            vec![0; 4096],
+            "the failed send's page never reached the disk"
+        );
+        drop(file);
+    }
+
+    #[test]
+    fn an_empty_write_leaves_a_held_write_at_its_offset() {
+        let file = counting();
+        file.write(4096, &[9; 4096]).unwrap();
+        file.write(4096, &[]).unwrap();
+        assert_eq!(read_at(&file, 4096, 4096), vec![9; 4096]);
     }
 
     #[test]
