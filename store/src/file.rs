@@ -1,5 +1,5 @@
-//! The store's file on disk: redb's own file backend, with the file's blocks allocated ahead of the
-//! commits that write into them.
+//! The store's file on disk: redb's own file backend, with redb's writes gathered until its syncs
+//! and the file's blocks allocated ahead of the commits that write into them.
 //!
 //! redb grows its file with `set_len`, which leaves the new space sparse; the first write into a hole
 //! makes the filesystem allocate blocks, and the `fdatasync` that follows must then write the
@@ -131,10 +131,7 @@ impl AllocatedFile {
     /// When redb cannot use the file or its length cannot be read.
     pub(crate) fn new(file: File, mode: FileMode) -> Result<Self, DatabaseError> {
         let len = file.metadata()?.len();
-        let mut this = Self::over(FileBackend::new(file)?, len);
-        this.gather = mode != FileMode::Shared;
-        this.fill_ahead = mode != FileMode::Journaled;
-        Ok(this)
+        Ok(Self::over(FileBackend::new(file)?, len, mode))
     }
 }
 
@@ -155,14 +152,15 @@ pub(crate) enum FileMode {
 }
 
 impl<B: StorageBackend> AllocatedFile<B> {
-    /// Wraps `inner`, whose first `filled` bytes are taken as already written.
-    fn over(inner: B, filled: u64) -> Self {
+    /// Wraps `inner`, whose first `filled` bytes are taken as already written, opened as `mode`
+    /// says.
+    fn over(inner: B, filled: u64, mode: FileMode) -> Self {
         Self {
             inner,
             filled: Mutex::new(filled),
             gathered: Mutex::new(Gathered::default()),
-            gather: true,
-            fill_ahead: true,
+            gather: mode != FileMode::Shared,
+            fill_ahead: mode != FileMode::Journaled,
         }
     }
 
@@ -199,7 +197,7 @@ impl<B: StorageBackend> AllocatedFile<B> {
         while let Some((offset, data)) = writes.next() {
             let mut end = offset.saturating_add(data.len() as u64);
             if writes.peek().is_none_or(|(next, _)| *next != end) {
-                // Alone: sent from its own bytes, with no copy.
+                // No neighbour: sent from its own bytes, with no copy.
                 self.inner.write(offset, &data)?;
                 continue;
             }
@@ -358,6 +356,10 @@ mod tests {
     use super::*;
 
     fn open(dir: &tempfile::TempDir) -> (AllocatedFile, std::path::PathBuf) {
+        open_as(dir, FileMode::Alone)
+    }
+
+    fn open_as(dir: &tempfile::TempDir, mode: FileMode) -> (AllocatedFile, std::path::PathBuf) {
         let path = dir.path().join("store.redb");
         let file = std::fs::OpenOptions::new()
             .read(true)
@@ -366,7 +368,7 @@ mod tests {
             .truncate(false)
             .open(&path)
             .unwrap();
-        (AllocatedFile::new(file, FileMode::Alone).unwrap(), path)
+        (AllocatedFile::new(file, mode).unwrap(), path)
     }
 
     /// Bytes the filesystem holds for the file (a sparse file holds fewer than its length).
@@ -429,7 +431,7 @@ mod tests {
         // and the new space reads as zeros, as redb requires.
         let disk = crate::SimDisk::new();
         disk.set_write_budget(Some(0));
-        let file = AllocatedFile::over(disk.clone(), 0);
+        let file = AllocatedFile::over(disk.clone(), 0, FileMode::Alone);
         file.set_len(8 << 20).unwrap();
         assert_eq!(file.len().unwrap(), 8 << 20);
         let mut out = [1u8; 4];
@@ -440,6 +442,35 @@ mod tests {
         file.write(3 << 20, b"page").unwrap();
         file.read(3 << 20, &mut out).unwrap();
         assert_eq!(&out, b"page");
+    }
+
+    #[test]
+    fn a_journaled_file_gets_no_zeros_and_holds_writes_until_the_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let (file, path) = open_as(&dir, FileMode::Journaled);
+        file.set_len(16 << 20).unwrap();
+        file.write(9 << 20, &[3; 4096]).unwrap();
+        // Neither a step of zeros at the growth nor up to the page; the page is not written yet.
+        assert!(allocated(&path) < FILL_STEP_MIN, "{}", allocated(&path));
+        file.sync_data().unwrap();
+        let mut on_disk = vec![0u8; 4096];
+        let raw = std::fs::File::open(&path).unwrap();
+        std::os::unix::fs::FileExt::read_exact_at(&raw, &mut on_disk, 9 << 20).unwrap();
+        assert_eq!(on_disk, vec![3; 4096]);
+        assert!(allocated(&path) < FILL_STEP_MIN, "{}", allocated(&path));
+    }
+
+    #[test]
+    fn a_shared_file_is_written_at_once_for_readers_in_other_processes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (file, path) = open_as(&dir, FileMode::Shared);
+        file.set_len(1 << 20).unwrap();
+        file.write(4096, &[5; 4096]).unwrap();
+        // Another handle (another process) reads it before any sync.
+        let mut seen = vec![0u8; 4096];
+        let raw = std::fs::File::open(&path).unwrap();
+        std::os::unix::fs::FileExt::read_exact_at(&raw, &mut seen, 4096).unwrap();
+        assert_eq!(seen, vec![5; 4096]);
     }
 
     /// A disk that counts the writes that reach it and can be told to fail them: only a step of
@@ -485,7 +516,7 @@ mod tests {
 
     #[test]
     fn a_page_written_past_zeros_that_failed_is_never_zeroed_later() {
-        let file = AllocatedFile::over(TestDisk::default(), 0);
+        let file = AllocatedFile::over(TestDisk::default(), 0, FileMode::Alone);
         file.inner
             .failing_zeros
             .store(true, std::sync::atomic::Ordering::SeqCst);
@@ -521,7 +552,7 @@ mod tests {
 
     /// Over a file already filled to 1 MiB, so that only redb's writes reach the disk.
     fn counting() -> AllocatedFile<TestDisk> {
-        let file = AllocatedFile::over(TestDisk::default(), 1 << 20);
+        let file = AllocatedFile::over(TestDisk::default(), 1 << 20, FileMode::Alone);
         file.inner.disk.set_len(1 << 20).unwrap();
         file
     }

@@ -251,14 +251,9 @@ impl Store {
             let backend = AllocatedFile::new(handle, mode)?;
             let mut builder = Database::builder();
             builder.set_concurrency_mode(config.sharing.mode());
-            match (config.cache_bytes, mode) {
-                (Some(bytes), _) => {
-                    builder.set_cache_size(bytes);
-                }
-                (None, FileMode::Journaled) => {
-                    builder.set_cache_size(JOURNALED_CACHE_BYTES);
-                }
-                (None, _) => {}
+            let journaled_cache = (mode == FileMode::Journaled).then_some(JOURNALED_CACHE_BYTES);
+            if let Some(bytes) = config.cache_bytes.or(journaled_cache) {
+                builder.set_cache_size(bytes);
             }
             let db = builder.create_with_backend(backend)?;
             let journal_file = journal_path(&file);

@@ -177,7 +177,6 @@ async fn measure(n: u32, in_flight: u32, runs: u32, exclusive: bool) -> anyhow::
         rt.shutdown().await;
     }
     let grown = file_size(&store_path)?.saturating_sub(empty);
-
     #[allow(clippy::cast_precision_loss)] // A file size far below 2^52.
     let bytes_per_run = grown as f64 / f64::from(runs);
     Ok(Measured {
