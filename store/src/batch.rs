@@ -108,8 +108,9 @@ impl<'a> StagedWrite<'a> {
 }
 
 /// What a staged write touches: one run's rows (keys built from `run` only), or a store-wide profile.
-/// Serialised only into the store's journal (`journal.rs`), which replays it through the same
-/// checks on recovery.
+/// Serialised only into the journal records an earlier keel wrote (payload version 1; a record now
+/// carries the rows a commit wrote, `redo.rs`), which an open still replays through the same
+/// checks.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum Staged<'a> {
     Run { run: RunId, op: RunOp<'a> },

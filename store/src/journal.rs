@@ -5,8 +5,8 @@
 //! `pwrite` a page on the store writer's thread. Even a non-durable redb commit copies every page
 //! it touches into new pages (zeroed, then filled), because the next transaction may not change a
 //! committed page in place. With a journal, a group commit applies its writes to one redb write
-//! transaction that stays open from commit to commit, and is made durable by appending its staged
-//! writes, encoded, as one record at the end of this file and syncing that: one sequential write.
+//! transaction that stays open from commit to commit, and is made durable by appending the rows it
+//! wrote (`redo.rs`) as one record at the end of this file and syncing that: one sequential write.
 //! A read of this process reads the open transaction itself (`snapshot.rs`), so it sees every
 //! acknowledged commit and commits nothing. The open transaction is committed every
 //! [`DURABLE_EVERY`] commits (or once the journal holds [`JOURNAL_BYTES_MAX`]), or before

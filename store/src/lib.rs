@@ -51,6 +51,7 @@ mod log_segment;
 mod maintenance;
 mod read;
 mod redaction;
+mod redo;
 mod scope;
 mod sim_disk;
 mod snapshot;

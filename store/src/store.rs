@@ -126,6 +126,9 @@ struct JournalState {
     /// transaction is open and records after it were appended, the transaction that held them was
     /// lost and the next use replays them (`Store::reapply`).
     held: u64,
+    /// The rows of the commit under way, recorded for its journal record (`redo`); kept from
+    /// commit to commit so its room is allocated once.
+    redo: Vec<u8>,
 }
 
 impl std::fmt::Debug for JournalState {
@@ -148,10 +151,17 @@ impl JournalState {
     }
 }
 
-/// The first byte of every journal record's payload: how the staged writes after it are encoded
-/// (bincode 2, standard configuration, of `[StagedWrite]`). A record of another version does not
+/// The first byte of every journal record's payload: how what follows is encoded. Version 2, what
+/// this keel writes: the rows the commit inserted and removed (`redo`). Version 1, what keel wrote
+/// before and still replays: the commit's staged writes (bincode 2, standard configuration, of
+/// `[StagedWrite]`), applied through their checks again. A record of another version does not
 /// replay: the open fails with [`OpenError::Journal`] rather than misread it.
-const JOURNAL_PAYLOAD_VERSION: u8 = 1;
+const JOURNAL_PAYLOAD_VERSION: u8 = 2;
+/// The room for a commit's recorded rows kept from commit to commit (a commit of `keel bench`
+/// records about 40 KB).
+const REDO_KEPT_MAX: usize = 1 << 20;
+/// The payload version of records of staged writes (see [`JOURNAL_PAYLOAD_VERSION`]).
+const JOURNAL_PAYLOAD_STAGED: u8 = 1;
 
 /// The key in `meta` of the number of the last journal record a commit holds.
 const JOURNAL_SEQ: &str = "journal_seq";
@@ -416,6 +426,7 @@ impl Store {
                     broken: false,
                     open: None,
                     held: next.saturating_sub(1),
+                    redo: Vec::new(),
                 }));
             }
         }
@@ -423,7 +434,7 @@ impl Store {
     }
 
     /// Applies, in one durable transaction, the journal's records that no durable commit holds
-    /// yet, through the same checks as any commit, and moves the journal's epoch on in the same
+    /// yet (their rows; a record of staged writes through the same checks as any commit), and moves the journal's epoch on in the same
     /// transaction; answers the number the next record takes and the new epoch.
     fn replay(&self, file: &dyn StorageBackend) -> Result<(u64, u32), OpenError> {
         let Db::Writer(db) = &self.db else {
@@ -531,7 +542,7 @@ impl Store {
         write: StagedWrite<'_>,
         durability: Durability,
     ) -> Result<Applied, CommitError> {
-        self.in_write_txn(durability, std::slice::from_ref(&write), |writer| {
+        self.in_write_txn(durability, |writer| {
             writer.apply(&write).map_err(|f| f.at(0))
         })
     }
@@ -574,7 +585,7 @@ impl Store {
                 limit: self.limits.batch_items_max,
             }));
         }
-        self.in_write_txn(durability, &batch.items, |writer| {
+        self.in_write_txn(durability, |writer| {
             let mut applied = Vec::with_capacity(batch.items.len());
             for (index, write) in batch.items.iter().enumerate() {
                 applied.push(writer.apply(write).map_err(|f| f.at(index))?);
@@ -584,11 +595,9 @@ impl Store {
     }
 
     /// Runs `work` in one write transaction with `durability`; commits if it succeeds, aborts if not.
-    /// `writes` are what `work` applies, for the journal's record when the store has a journal.
     fn in_write_txn<R>(
         &self,
         durability: Durability,
-        writes: &[StagedWrite<'_>],
         work: impl FnOnce(&mut Writer<'_>) -> Result<R, CommitError>,
     ) -> Result<R, CommitError> {
         let Db::Writer(db) = &self.db else {
@@ -597,7 +606,7 @@ impl Store {
         match &self.journal {
             None => guarded(self.file(), || self.commit_in_redb(db, durability, work)),
             Some(journal) => guarded(self.file(), || {
-                self.commit_in_journal(db, journal, durability, writes, work)
+                self.commit_in_journal(db, journal, durability, work)
             }),
         }
     }
@@ -631,7 +640,6 @@ impl Store {
         db: &Database,
         journal: &Mutex<JournalState>,
         durability: Durability,
-        writes: &[StagedWrite<'_>],
         work: impl FnOnce(&mut Writer<'_>) -> Result<R, CommitError>,
     ) -> Result<R, CommitError> {
         // Held for the whole commit, so records are in commit order and the open transaction has
@@ -645,8 +653,16 @@ impl Store {
         let mut txn = self.open_transaction(db, &mut state)?;
         let mut known = self.known();
         known.bound();
+        // The rows are recorded unless this commit is the durable redb commit, which needs no
+        // record.
+        let mut redo = std::mem::take(&mut state.redo);
+        redo.clear();
+        let recording = !state.journal.durable_due();
         let outcome = {
             let mut writer = Writer::open(&txn, &self.limits, &mut known);
+            if recording {
+                writer = writer.recording(&mut redo);
+            }
             work(&mut writer).and_then(|result| writer.finish().map(|finished| (result, finished)))
         };
         // From here until the record is appended, a failure drops `txn` (redb aborts it) with the
@@ -668,13 +684,8 @@ impl Store {
                     .journal
                     .append_with(matches!(durability, Durability::Immediate), |buf| {
                         buf.push(JOURNAL_PAYLOAD_VERSION);
-                        bincode::serde::encode_into_std_write(
-                            writes,
-                            buf,
-                            bincode::config::standard(),
-                        )
-                        .map(drop)
-                        .map_err(|e| std::io::Error::other(e.to_string()))
+                        buf.extend_from_slice(&redo);
+                        Ok(())
                     });
             match record {
                 Ok(_) => {
@@ -688,6 +699,10 @@ impl Store {
                 }
             }
         });
+        // A commit of many rows leaves its room to the allocator rather than to the store.
+        if redo.capacity() <= REDO_KEPT_MAX {
+            state.redo = redo;
+        }
         settled(&mut known, outcome)
     }
 
@@ -712,7 +727,7 @@ impl Store {
     /// Replays into `txn` the journal's records that redb's committed state does not hold (by the
     /// number in its `meta`), up to the last one appended: the transaction that held them was
     /// dropped (a group that failed its checks partway, a failed append). The same records,
-    /// through the same checks, as a writable open would replay.
+    /// as a writable open would replay.
     fn reapply(&self, txn: &WriteTransaction, state: &JournalState) -> Result<(), CommitError> {
         let (applied, _) = journal_marks(&txn.open_table(tables::META)?)?;
         let last = state.journal.last_seq();
@@ -916,22 +931,41 @@ impl RecordFailure {
     }
 }
 
-/// Applies the writes of one journal record through `writer`.
+/// Applies one journal record through `writer`: its rows (payload version 2), or its staged writes
+/// through their checks (version 1).
 fn apply_record(writer: &mut Writer<'_>, record: &journal::Record) -> Result<(), RecordFailure> {
-    let Some((&JOURNAL_PAYLOAD_VERSION, body)) = record.payload.split_first() else {
-        return Err(RecordFailure::Record(format!(
-            "payload version {:?}, this keel reads {JOURNAL_PAYLOAD_VERSION}",
-            record.payload.first()
-        )));
+    let as_record = |f| match f {
+        Failure::Commit(e) => RecordFailure::Storage(e),
+        Failure::Item(item) => RecordFailure::Record(item.to_string()),
+    };
+    let body = match record.payload.split_first() {
+        Some((&JOURNAL_PAYLOAD_VERSION, rows)) => {
+            // A record is trusted once its CRC matches, and redb's decoding of a table's key and
+            // value types panics on bytes it cannot read: rows that do not decode (a keel bug, not
+            // a torn write) fail the record, not the process.
+            let replayed =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| writer.replay(rows)));
+            return match replayed {
+                Ok(done) => done.map_err(as_record),
+                Err(_) => Err(RecordFailure::Record(
+                    "a row of the record does not decode as its table's types".to_string(),
+                )),
+            };
+        }
+        Some((&JOURNAL_PAYLOAD_STAGED, body)) => body,
+        other => {
+            return Err(RecordFailure::Record(format!(
+                "payload version {:?}, this keel reads {JOURNAL_PAYLOAD_STAGED} and \
+                 {JOURNAL_PAYLOAD_VERSION}",
+                other.map(|(version, _)| version)
+            )));
+        }
     };
     let (writes, _): (Vec<StagedWrite<'static>>, usize) =
         bincode::serde::decode_from_slice(body, bincode::config::standard())
             .map_err(|e| RecordFailure::Record(e.to_string()))?;
     for write in &writes {
-        writer.apply(write).map_err(|f| match f {
-            Failure::Commit(e) => RecordFailure::Storage(e),
-            Failure::Item(item) => RecordFailure::Record(item.to_string()),
-        })?;
+        writer.apply(write).map_err(as_record)?;
     }
     Ok(())
 }
@@ -1020,5 +1054,101 @@ mod tests {
         assert!(is_open(&store), "the read committed the open transaction");
         assert_eq!(scope.get().unwrap().brief, "brief");
         assert!(is_open(&store));
+    }
+
+    /// A journal whose records carry staged writes (payload version 1, what keel wrote before
+    /// records carried rows) still replays, record for record after those of rows.
+    #[test]
+    fn a_record_of_staged_writes_replays_after_records_of_rows() {
+        use crate::model::{ManifestEntry, ManifestOutcome};
+        let config = || StoreConfig {
+            journal: true,
+            ..StoreConfig::default()
+        };
+        let (disk, journal) = (SimDisk::new(), SimDisk::new());
+        let store = Store::open_backend_journaled(disk.clone(), journal.clone(), config()).unwrap();
+        let id = RunId(1 << 90);
+        let scope = store.run(id);
+        let run = Run {
+            id,
+            brief: "brief".into(),
+            plan: None,
+            status: RunStatus::Running,
+            budget: Budget::default(),
+            created_ms: 1,
+            updated_ms: 1,
+            config_snapshot: String::new(),
+            outcome: None,
+        };
+        // Record 1, of rows: the run.
+        store
+            .commit_one(scope.stage_create_run(run).unwrap(), Durability::Immediate)
+            .unwrap();
+        // Record 2, as keel wrote it before: a manifest entry's staged write.
+        let entry = ManifestEntry {
+            ts_ms: 2,
+            item: "step one".into(),
+            task_id: None,
+            outcome: ManifestOutcome::Processed,
+        };
+        let write = scope.stage_append_manifest(entry.clone()).unwrap();
+        store
+            .journal
+            .as_ref()
+            .unwrap()
+            .lock()
+            .unwrap()
+            .journal
+            .append_with(true, |buf| {
+                buf.push(JOURNAL_PAYLOAD_STAGED);
+                bincode::serde::encode_into_std_write(
+                    std::slice::from_ref(&write),
+                    buf,
+                    bincode::config::standard(),
+                )
+                .map(drop)
+                .map_err(|e| std::io::Error::other(e.to_string()))
+            })
+            .map_err(|_| "append failed")
+            .unwrap();
+        // The power goes: redb's file holds neither; the journal holds both.
+        drop(store);
+        let store = Store::open_backend_journaled(disk.crash(), journal.crash(), config()).unwrap();
+        let scope = store.run(id);
+        assert_eq!(scope.get().unwrap().brief, "brief");
+        let manifest = scope.manifest(0, 10).unwrap().items;
+        assert_eq!(manifest.len(), 1);
+        assert_eq!((manifest[0].seq, &manifest[0].value), (1, &entry));
+    }
+
+    /// A record of another payload version fails the open with the record's number, rather than
+    /// being misread.
+    #[test]
+    fn a_record_of_an_unknown_payload_version_fails_the_open() {
+        let config = || StoreConfig {
+            journal: true,
+            ..StoreConfig::default()
+        };
+        let (disk, journal) = (SimDisk::new(), SimDisk::new());
+        let store = Store::open_backend_journaled(disk.clone(), journal.clone(), config()).unwrap();
+        store
+            .journal
+            .as_ref()
+            .unwrap()
+            .lock()
+            .unwrap()
+            .journal
+            .append_with(true, |buf| {
+                buf.extend_from_slice(&[9, 1, 2, 3]);
+                Ok(())
+            })
+            .map_err(|_| "append failed")
+            .unwrap();
+        drop(store);
+        let opened = Store::open_backend_journaled(disk.crash(), journal.crash(), config());
+        assert!(
+            matches!(&opened, Err(OpenError::Journal { seq: 1, reason }) if reason.contains("payload version")),
+            "{opened:?}"
+        );
     }
 }

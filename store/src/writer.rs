@@ -20,6 +20,7 @@ use crate::model::{
     AttachmentBody, Budget, Escalation, IdempotencyRecord, Run, RunId, RunStatus, SessionLogRow,
     Task, TaskId,
 };
+use crate::redo::{self, tag};
 use crate::tables::{self, Row, name};
 use crate::task_state::{StateOf, TaskHead};
 
@@ -69,6 +70,15 @@ impl From<codec::EncodeError> for Failure {
     }
 }
 
+/// A journal record's entries that could not be written or read back, as the item error of the
+/// write (or record) that needed them.
+fn record_error(e: redo::RedoError) -> Failure {
+    Failure::Item(ItemError::Encode(codec::EncodeError {
+        table: "journal",
+        reason: e.to_string(),
+    }))
+}
+
 /// The newest sequence number under `run` in a `(run, seq)` table (`None` for an empty range).
 fn last_seq<T: ReadableTable<tables::RunSeq, Row>>(
     table: &T,
@@ -98,6 +108,8 @@ fn following(last: Option<u64>, name: &'static str) -> Result<u64, Failure> {
 struct Lazy<'t, K: redb::Key + 'static, V: redb::Value + 'static> {
     txn: &'t redb::WriteTransaction,
     definition: redb::TableDefinition<'static, K, V>,
+    /// The table's tag in a journal record's entries (`redo`).
+    tag: u8,
     table: Option<Table<'t, K, V>>,
 }
 
@@ -105,12 +117,54 @@ impl<'t, K: redb::Key + 'static, V: redb::Value + 'static> Lazy<'t, K, V> {
     fn new(
         txn: &'t redb::WriteTransaction,
         definition: redb::TableDefinition<'static, K, V>,
+        tag: u8,
     ) -> Self {
         Self {
             txn,
             definition,
+            tag,
             table: None,
         }
+    }
+
+    /// Inserts a row, and records it in `redo` when the commit keeps a record of its rows; answers
+    /// whether it replaced one.
+    fn put<'k, 'v>(
+        &mut self,
+        redo: &mut Option<&mut Vec<u8>>,
+        key: K::SelfType<'k>,
+        value: V::SelfType<'v>,
+    ) -> Result<bool, Failure> {
+        if let Some(redo) = redo {
+            redo::record::<K, V>(redo, self.tag, &key, Some(&value)).map_err(record_error)?;
+        }
+        Ok(self.open()?.insert(key, value)?.is_some())
+    }
+
+    /// Removes a row, and records the removal in `redo` as [`Lazy::put`] does.
+    fn delete<'k>(
+        &mut self,
+        redo: &mut Option<&mut Vec<u8>>,
+        key: K::SelfType<'k>,
+    ) -> Result<(), Failure> {
+        if let Some(redo) = redo {
+            redo::record::<K, V>(redo, self.tag, &key, None).map_err(record_error)?;
+        }
+        self.open()?.remove(key)?;
+        Ok(())
+    }
+
+    /// Applies the next entry of a journal record, whose tag named this table.
+    fn replay(&mut self, entries: &mut redo::Entries<'_>, remove: bool) -> Result<(), Failure> {
+        let key = entries.field::<K>().map_err(record_error)?;
+        if remove {
+            self.open()?.remove(K::from_bytes(key))?;
+        } else {
+            let value = entries.field::<V>().map_err(record_error)?;
+            self.open()?
+                .insert(K::from_bytes(key), V::from_bytes(value))?;
+        }
+        Ok(())
     }
 
     /// The open table. Borrowed in place: moving a redb `Table` out and back on every row is a
@@ -161,6 +215,9 @@ pub(crate) struct Writer<'t> {
     /// Session-log rows staged by this transaction and not yet written, a segment per task
     /// (`log_segment`): written by [`Writer::finish`], before the commit.
     logs_pending: BTreeMap<(u128, u128), Segment>,
+    /// Where the rows this transaction writes are recorded for the journal (`redo`), when the
+    /// commit is a journaled one.
+    redo: Option<&'t mut Vec<u8>>,
 }
 
 impl<'t> Writer<'t> {
@@ -171,30 +228,38 @@ impl<'t> Writer<'t> {
     ) -> Self {
         Self {
             limits,
-            runs: Lazy::new(txn, tables::RUNS),
-            open_runs: Lazy::new(txn, tables::OPEN_RUNS),
-            plans: Lazy::new(txn, tables::RUN_PLANS),
-            tasks: Lazy::new(txn, tables::TASKS),
-            task_states: Lazy::new(txn, tables::TASK_STATES),
-            task_run: Lazy::new(txn, tables::TASK_RUN),
-            children: Lazy::new(txn, tables::TASK_CHILDREN),
-            logs: Lazy::new(txn, tables::SESSION_LOGS),
-            checkpoints: Lazy::new(txn, tables::CHECKPOINTS),
-            manifest: Lazy::new(txn, tables::MANIFEST),
-            dead_letters: Lazy::new(txn, tables::DEAD_LETTERS),
-            idempotency: Lazy::new(txn, tables::IDEMPOTENCY),
-            audit: Lazy::new(txn, tables::AUDIT),
-            gate_marks: Lazy::new(txn, tables::GATE_MARKS),
-            escalations: Lazy::new(txn, tables::ESCALATIONS),
-            escalation_ids: Lazy::new(txn, tables::ESCALATION_IDS),
-            blobs: Lazy::new(txn, tables::BLOBS),
-            agents: Lazy::new(txn, tables::AGENTS),
-            run_agents: Lazy::new(txn, tables::RUN_AGENTS),
+            runs: Lazy::new(txn, tables::RUNS, tag::RUNS),
+            open_runs: Lazy::new(txn, tables::OPEN_RUNS, tag::OPEN_RUNS),
+            plans: Lazy::new(txn, tables::RUN_PLANS, tag::RUN_PLANS),
+            tasks: Lazy::new(txn, tables::TASKS, tag::TASKS),
+            task_states: Lazy::new(txn, tables::TASK_STATES, tag::TASK_STATES),
+            task_run: Lazy::new(txn, tables::TASK_RUN, tag::TASK_RUN),
+            children: Lazy::new(txn, tables::TASK_CHILDREN, tag::TASK_CHILDREN),
+            logs: Lazy::new(txn, tables::SESSION_LOGS, tag::SESSION_LOGS),
+            checkpoints: Lazy::new(txn, tables::CHECKPOINTS, tag::CHECKPOINTS),
+            manifest: Lazy::new(txn, tables::MANIFEST, tag::MANIFEST),
+            dead_letters: Lazy::new(txn, tables::DEAD_LETTERS, tag::DEAD_LETTERS),
+            idempotency: Lazy::new(txn, tables::IDEMPOTENCY, tag::IDEMPOTENCY),
+            audit: Lazy::new(txn, tables::AUDIT, tag::AUDIT),
+            gate_marks: Lazy::new(txn, tables::GATE_MARKS, tag::GATE_MARKS),
+            escalations: Lazy::new(txn, tables::ESCALATIONS, tag::ESCALATIONS),
+            escalation_ids: Lazy::new(txn, tables::ESCALATION_IDS, tag::ESCALATION_IDS),
+            blobs: Lazy::new(txn, tables::BLOBS, tag::BLOBS),
+            agents: Lazy::new(txn, tables::AGENTS, tag::AGENTS),
+            run_agents: Lazy::new(txn, tables::RUN_AGENTS, tag::RUN_AGENTS),
             known,
             finished: Vec::new(),
             buf: Vec::new(),
             logs_pending: BTreeMap::new(),
+            redo: None,
         }
+    }
+
+    /// This writer, recording every row it inserts or removes at the end of `redo`, for the
+    /// commit's journal record.
+    pub(crate) fn recording(mut self, redo: &'t mut Vec<u8>) -> Self {
+        self.redo = Some(redo);
+        self
     }
 
     /// Writes what the transaction has staged and not written yet (its log segments) and answers
@@ -211,10 +276,47 @@ impl<'t> Writer<'t> {
         Ok(self.finished)
     }
 
+    /// Applies a journal record's entries (payload version 2, `redo`): the rows a commit wrote,
+    /// written again in the same order, with no checks to decide anything differently.
+    ///
+    /// # Errors
+    /// A record that does not read back (truncated, an unknown table) as an item error; the
+    /// storage's.
+    pub(crate) fn replay(&mut self, record: &[u8]) -> Result<(), Failure> {
+        let mut entries = redo::Entries::new(record);
+        while let Some((table, remove)) = entries.next_tag() {
+            match table {
+                tag::RUNS => self.runs.replay(&mut entries, remove)?,
+                tag::OPEN_RUNS => self.open_runs.replay(&mut entries, remove)?,
+                tag::RUN_PLANS => self.plans.replay(&mut entries, remove)?,
+                tag::TASKS => self.tasks.replay(&mut entries, remove)?,
+                tag::TASK_STATES => self.task_states.replay(&mut entries, remove)?,
+                tag::TASK_RUN => self.task_run.replay(&mut entries, remove)?,
+                tag::TASK_CHILDREN => self.children.replay(&mut entries, remove)?,
+                tag::SESSION_LOGS => self.logs.replay(&mut entries, remove)?,
+                tag::CHECKPOINTS => self.checkpoints.replay(&mut entries, remove)?,
+                tag::MANIFEST => self.manifest.replay(&mut entries, remove)?,
+                tag::DEAD_LETTERS => self.dead_letters.replay(&mut entries, remove)?,
+                tag::IDEMPOTENCY => self.idempotency.replay(&mut entries, remove)?,
+                tag::AUDIT => self.audit.replay(&mut entries, remove)?,
+                tag::GATE_MARKS => self.gate_marks.replay(&mut entries, remove)?,
+                tag::ESCALATIONS => self.escalations.replay(&mut entries, remove)?,
+                tag::ESCALATION_IDS => self.escalation_ids.replay(&mut entries, remove)?,
+                tag::BLOBS => self.blobs.replay(&mut entries, remove)?,
+                tag::AGENTS => self.agents.replay(&mut entries, remove)?,
+                tag::RUN_AGENTS => self.run_agents.replay(&mut entries, remove)?,
+                other => return Err(record_error(redo::RedoError::UnknownTable(other))),
+            }
+        }
+        Ok(())
+    }
+
     fn write_segment(&mut self, run: u128, task: u128, segment: &Segment) -> Result<(), Failure> {
-        self.logs
-            .open()?
-            .insert((run, task, segment.first()), segment.value().as_slice())?;
+        self.logs.put(
+            &mut self.redo,
+            (run, task, segment.first()),
+            segment.value().as_slice(),
+        )?;
         Ok(())
     }
 
@@ -364,7 +466,7 @@ impl<'t> Writer<'t> {
                 .checked_add(1)
                 .ok_or(Failure::Item(ItemError::SequenceExhausted("blobs")))?,
         };
-        self.blobs.open()?.insert((run.0, key), bytes)?;
+        self.blobs.put(&mut self.redo, (run.0, key), bytes)?;
         Ok((key, u64::try_from(bytes.len()).unwrap_or(u64::MAX)))
     }
 
@@ -404,7 +506,8 @@ impl<'t> Writer<'t> {
         let (run, op) = match &write.staged {
             Staged::Agent(profile) => {
                 let bytes = codec::encode_into(name::AGENTS, profile, &mut self.buf)?;
-                self.agents.open()?.insert(profile.name.as_str(), bytes)?;
+                self.agents
+                    .put(&mut self.redo, profile.name.as_str(), bytes)?;
                 return Ok(Applied::AgentProfileWritten);
             }
             Staged::Run { run, op } => (*run, op),
@@ -415,7 +518,7 @@ impl<'t> Writer<'t> {
                     return Err(ItemError::RunExists(run).into());
                 }
                 if let Some(plan) = &r.plan {
-                    self.plans.open()?.insert(run.0, plan.as_bytes())?;
+                    self.plans.put(&mut self.redo, run.0, plan.as_bytes())?;
                 }
                 self.put_run(r)?;
                 self.known.runs.insert(run.0);
@@ -441,7 +544,7 @@ impl<'t> Writer<'t> {
                 // The index row is written as the id is checked (one descent of the tree, not a
                 // read and then a write): a taken id fails the write, which aborts the whole
                 // transaction, so the row it displaced is never committed.
-                if self.task_run.open()?.insert(task.id.0, run.0)?.is_some() {
+                if self.task_run.put(&mut self.redo, task.id.0, run.0)? {
                     return Err(ItemError::TaskIdTaken(task.id).into());
                 }
                 if let Some(parent) = task.parent
@@ -455,11 +558,10 @@ impl<'t> Writer<'t> {
                 }
                 let (task, blobbed) = self.externalize(run, task)?;
                 let bytes = codec::encode_into(name::TASKS, &*task, &mut self.buf)?;
-                self.tasks.open()?.insert((run.0, task.id.0), bytes)?;
+                self.tasks.put(&mut self.redo, (run.0, task.id.0), bytes)?;
                 if let Some(parent) = task.parent {
                     self.children
-                        .open()?
-                        .insert((run.0, parent.0, task.id.0), ())?;
+                        .put(&mut self.redo, (run.0, parent.0, task.id.0), ())?;
                 }
                 // A new task has no log rows yet: its first row takes 1 without a lookup.
                 self.known.tasks.insert((run.0, task.id.0), Some(0));
@@ -479,11 +581,11 @@ impl<'t> Writer<'t> {
                     // once-written part stays, the state row takes the rest.
                     let bytes =
                         codec::encode_into(name::TASK_STATES, &StateOf::of(&task), &mut self.buf)?;
-                    self.task_states.open()?.insert(key, bytes)?;
+                    self.task_states.put(&mut self.redo, key, bytes)?;
                 } else {
                     let bytes = codec::encode_into(name::TASKS, &*task, &mut self.buf)?;
-                    self.tasks.open()?.insert(key, bytes)?;
-                    self.task_states.open()?.remove(key)?;
+                    self.tasks.put(&mut self.redo, key, bytes)?;
+                    self.task_states.delete(&mut self.redo, key)?;
                 }
                 Ok(Applied::TaskUpdated { blobbed })
             }
@@ -498,35 +600,35 @@ impl<'t> Writer<'t> {
             RunOp::PutCheckpoint(c) => {
                 self.require_run(run)?;
                 let bytes = codec::encode_into(name::CHECKPOINTS, &c, &mut self.buf)?;
-                self.checkpoints.open()?.insert(run.0, bytes)?;
+                self.checkpoints.put(&mut self.redo, run.0, bytes)?;
                 Ok(Applied::CheckpointWritten)
             }
             RunOp::AppendManifest(m) => {
                 self.require_run(run)?;
                 let seq = self.next_run_seq(SeqTable::Manifest, run)?;
                 let bytes = codec::encode_into(name::MANIFEST, &m, &mut self.buf)?;
-                self.manifest.open()?.insert((run.0, seq), bytes)?;
+                self.manifest.put(&mut self.redo, (run.0, seq), bytes)?;
                 Ok(Applied::ManifestAppended { seq })
             }
             RunOp::AppendDeadLetter(d) => {
                 self.require_run(run)?;
                 let seq = self.next_run_seq(SeqTable::DeadLetters, run)?;
                 let bytes = codec::encode_into(name::DEAD_LETTERS, &d, &mut self.buf)?;
-                self.dead_letters.open()?.insert((run.0, seq), bytes)?;
+                self.dead_letters.put(&mut self.redo, (run.0, seq), bytes)?;
                 Ok(Applied::DeadLetterAppended { seq })
             }
             RunOp::AppendAudit(a) => {
                 self.require_run(run)?;
                 let seq = self.next_run_seq(SeqTable::Audit, run)?;
                 let bytes = codec::encode_into(name::AUDIT, &a, &mut self.buf)?;
-                self.audit.open()?.insert((run.0, seq), bytes)?;
+                self.audit.put(&mut self.redo, (run.0, seq), bytes)?;
                 Ok(Applied::AuditAppended { seq })
             }
             RunOp::AppendGateMark(m) => {
                 self.require_run(run)?;
                 let seq = self.next_run_seq(SeqTable::GateMarks, run)?;
                 let bytes = codec::encode_into(name::GATE_MARKS, &m, &mut self.buf)?;
-                self.gate_marks.open()?.insert((run.0, seq), bytes)?;
+                self.gate_marks.put(&mut self.redo, (run.0, seq), bytes)?;
                 Ok(Applied::GateMarkAppended { seq })
             }
             RunOp::AppendEscalation(e) => {
@@ -540,8 +642,9 @@ impl<'t> Writer<'t> {
                 }
                 let seq = self.next_run_seq(SeqTable::Escalations, run)?;
                 let bytes = codec::encode_into(name::ESCALATIONS, &e, &mut self.buf)?;
-                self.escalations.open()?.insert((run.0, seq), bytes)?;
-                self.escalation_ids.open()?.insert(e.id.0, (run.0, seq))?;
+                self.escalations.put(&mut self.redo, (run.0, seq), bytes)?;
+                self.escalation_ids
+                    .put(&mut self.redo, e.id.0, (run.0, seq))?;
                 Ok(Applied::EscalationAppended { seq })
             }
             RunOp::ResolveEscalation { id, resolution } => {
@@ -561,7 +664,7 @@ impl<'t> Writer<'t> {
                 }
                 row.resolution = Some(resolution.clone().into_owned());
                 let bytes = codec::encode_into(name::ESCALATIONS, &row, &mut self.buf)?;
-                self.escalations.open()?.insert((owner, seq), bytes)?;
+                self.escalations.put(&mut self.redo, (owner, seq), bytes)?;
                 Ok(Applied::EscalationResolved)
             }
             RunOp::RecordIdempotency(record) => {
@@ -576,8 +679,7 @@ impl<'t> Writer<'t> {
                 }
                 let bytes = codec::encode_into(name::IDEMPOTENCY, &record, &mut self.buf)?;
                 self.idempotency
-                    .open()?
-                    .insert((run.0, record.key.as_str()), bytes)?;
+                    .put(&mut self.redo, (run.0, record.key.as_str()), bytes)?;
                 Ok(Applied::IdempotencyRecorded)
             }
             RunOp::PutBlob(bytes) => {
@@ -590,8 +692,7 @@ impl<'t> Writer<'t> {
                 // run, which may be before the coordinator's first commit creates the row.
                 let bytes = codec::encode_into(name::RUN_AGENTS, profile, &mut self.buf)?;
                 self.run_agents
-                    .open()?
-                    .insert((run.0, profile.name.as_str()), bytes)?;
+                    .put(&mut self.redo, (run.0, profile.name.as_str()), bytes)?;
                 Ok(Applied::AgentProfileWritten)
             }
         }
@@ -602,12 +703,12 @@ impl<'t> Writer<'t> {
     /// are committed (or lost in a crash) together, so they never disagree.
     fn put_run(&mut self, r: &Run) -> Result<(), Failure> {
         let bytes = codec::encode_into(name::RUNS, &RunRow::of(r), &mut self.buf)?;
-        self.runs.open()?.insert(r.id.0, bytes)?;
+        self.runs.put(&mut self.redo, r.id.0, bytes)?;
         if r.status.is_terminal() {
-            self.open_runs.open()?.remove(r.id.0)?;
+            self.open_runs.delete(&mut self.redo, r.id.0)?;
             self.finished.push(r.id.0);
         } else {
-            self.open_runs.open()?.insert(r.id.0, ())?;
+            self.open_runs.put(&mut self.redo, r.id.0, ())?;
         }
         Ok(())
     }
