@@ -25,7 +25,8 @@
 //! it changed with a call of its own, in no order (its write buffer is a hash map): about fifteen
 //! `pwrite`s a run of `keel bench`, each a system call, a page-cache lookup and an `ext4` write of
 //! a page. Held by offset until redb syncs (or reads, resizes or closes the file), they go out as
-//! one write a stretch of adjacent pages, about two a run (docs/PERFORMANCE.md). Nothing redb
+//! one write a stretch of adjacent pages, about two a run (docs/PERFORMANCE.md), each stretch a
+//! `pwritev` of the pages' own buffers rather than a copy of them joined. Nothing redb
 //! relies on changes: a write that was not synced is not durable either way, a read sees every
 //! write before it, and the order of writes between two syncs is free (the kernel's page cache
 //! does not keep it either). A write that fails now fails the sync that sends it, which fails
@@ -36,6 +37,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
+use std::io::IoSlice;
 use std::ops::Bound;
 use std::sync::{Mutex, PoisonError};
 
@@ -113,6 +115,9 @@ impl Gathered {
 #[derive(Debug)]
 pub(crate) struct AllocatedFile<B: StorageBackend = FileBackend> {
     inner: B,
+    /// The same file, to send a stretch of adjacent writes as one `pwritev` from their own
+    /// buffers; `None` over a test's backend (the stretch is joined, then written through `inner`).
+    vectored: Option<File>,
     /// Every byte at or past this offset was never written through this handle: from the file's
     /// length at open (what is there was written by earlier opens; a sparse part of it stays
     /// sparse) up to what this handle filled.
@@ -132,7 +137,12 @@ impl AllocatedFile {
     /// When redb cannot use the file or its length cannot be read.
     pub(crate) fn new(file: File, mode: FileMode) -> Result<Self, DatabaseError> {
         let len = file.metadata()?.len();
-        Ok(Self::over(FileBackend::new(file)?, len, mode))
+        // A duplicate of the descriptor (same file, same open): where there is none to be had,
+        // stretches are joined and written, as over any backend.
+        let vectored = file.try_clone().ok();
+        let mut opened = Self::over(FileBackend::new(file)?, len, mode);
+        opened.vectored = vectored;
+        Ok(opened)
     }
 }
 
@@ -158,6 +168,7 @@ impl<B: StorageBackend> AllocatedFile<B> {
     fn over(inner: B, filled: u64, mode: FileMode) -> Self {
         Self {
             inner,
+            vectored: None,
             filled: Mutex::new(filled),
             gathered: Mutex::new(Gathered::default()),
             gather: mode != FileMode::Shared,
@@ -202,6 +213,16 @@ impl<B: StorageBackend> AllocatedFile<B> {
                 self.inner.write(offset, &data)?;
                 continue;
             }
+            if let Some(file) = &self.vectored {
+                let mut parts = vec![data];
+                while let Some((_, data)) = writes.next_if(|(next, _)| *next == end) {
+                    end = end.saturating_add(data.len() as u64);
+                    parts.push(data);
+                }
+                let mut slices: Vec<IoSlice<'_>> = parts.iter().map(|p| IoSlice::new(p)).collect();
+                write_all_vectored_at(file, offset, &mut slices)?;
+                continue;
+            }
             stretch.clear();
             stretch.extend_from_slice(&data);
             while let Some((_, data)) = writes.next_if(|(next, _)| *next == end) {
@@ -232,6 +253,31 @@ impl<B: StorageBackend> AllocatedFile<B> {
             *filled += chunk;
         }
     }
+}
+
+/// The most buffers one `pwritev` takes (`IOV_MAX` on Linux).
+const SLICES_MAX: usize = 1024;
+
+/// Writes every byte of `slices`, in order, from `offset` on: `pwritev` until all are written, at
+/// most [`SLICES_MAX`] buffers a call, a short write resumed where it stopped.
+fn write_all_vectored_at(
+    file: &File,
+    mut offset: u64,
+    mut slices: &mut [IoSlice<'_>],
+) -> Result<(), BackendIoError> {
+    while !slices.is_empty() {
+        let take = slices.len().min(SLICES_MAX);
+        match rustix::io::pwritev(file, &slices[..take], offset) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                offset = offset.saturating_add(n as u64);
+                IoSlice::advance_slices(&mut slices, n);
+            }
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 impl<B: StorageBackend> Drop for AllocatedFile<B> {
@@ -580,6 +626,36 @@ mod tests {
             assert_eq!(read_at(&file, page * 4096, 4096), vec![page as u8; 4096]);
         }
         assert_eq!(read_at(&file, 6 * 4096, 4096), vec![0; 4096]);
+    }
+
+    /// On a real file a stretch goes out as `pwritev` of the pages' own buffers: a stretch longer
+    /// than one call takes (1,100 pages), and one page on its own, land where they were written.
+    #[test]
+    fn a_stretch_of_more_pages_than_one_pwritev_takes_lands_whole_on_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let (file, path) = open_as(&dir, FileMode::Journaled);
+        assert!(file.vectored.is_some());
+        file.set_len(8 << 20).unwrap();
+        let pages = 1_100u64;
+        // Out of order, as redb writes them: every other page first.
+        for page in (0..pages).step_by(2).chain((1..pages).step_by(2)) {
+            file.write(page * 4096, &[(page % 251) as u8; 4096])
+                .unwrap();
+        }
+        file.write(1_500 * 4096, &[9; 4096]).unwrap();
+        file.sync_data().unwrap();
+        drop(file);
+        let bytes = std::fs::read(&path).unwrap();
+        for page in 0..pages {
+            let at = (page * 4096) as usize;
+            assert_eq!(
+                bytes[at..at + 4096],
+                [(page % 251) as u8; 4096],
+                "page {page}"
+            );
+        }
+        assert_eq!(bytes[1_500 * 4096..1_501 * 4096], [9; 4096]);
+        assert_eq!(bytes[1_100 * 4096..1_101 * 4096], [0; 4096]);
     }
 
     #[test]

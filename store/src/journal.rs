@@ -243,14 +243,31 @@ impl Journal {
     ///
     /// # Errors
     /// As [`Journal::append`], and `write`'s.
+    #[cfg(test)]
     pub(crate) fn append_with(
         &mut self,
         sync: bool,
         write: impl FnOnce(&mut Vec<u8>) -> io::Result<()>,
     ) -> Result<u64, AppendError> {
+        write(self.record()).map_err(AppendError::Failed)?;
+        self.append_recorded(sync)
+    }
+
+    /// The buffer of the next record, emptied, with room for its header: a commit puts its
+    /// payload straight at its end as it applies its writes (`redo.rs`), and
+    /// [`Journal::append_recorded`] appends it, so the payload is not copied into the record.
+    pub(crate) fn record(&mut self) -> &mut Vec<u8> {
         self.buf.clear();
         self.buf.resize(HEADER, 0);
-        write(&mut self.buf).map_err(AppendError::Failed)?;
+        &mut self.buf
+    }
+
+    /// [`Journal::append`] of the payload put after the header's room in [`Journal::record`]'s
+    /// buffer.
+    ///
+    /// # Errors
+    /// As [`Journal::append`].
+    pub(crate) fn append_recorded(&mut self, sync: bool) -> Result<u64, AppendError> {
         let payload_len = u32::try_from(self.buf.len() - HEADER)
             .ok()
             .filter(|l| *l <= PAYLOAD_MAX)

@@ -126,9 +126,6 @@ struct JournalState {
     /// transaction is open and records after it were appended, the transaction that held them was
     /// lost and the next use replays them (`Store::reapply`).
     held: u64,
-    /// The rows of the commit under way, recorded for its journal record (`redo`); kept from
-    /// commit to commit so its room is allocated once.
-    redo: Vec<u8>,
 }
 
 impl std::fmt::Debug for JournalState {
@@ -157,9 +154,6 @@ impl JournalState {
 /// `[StagedWrite]`), applied through their checks again. A record of another version does not
 /// replay: the open fails with [`OpenError::Journal`] rather than misread it.
 const JOURNAL_PAYLOAD_VERSION: u8 = 2;
-/// The room for a commit's recorded rows kept from commit to commit (a commit of `keel bench`
-/// records about 40 KB).
-const REDO_KEPT_MAX: usize = 1 << 20;
 /// The payload version of records of staged writes (see [`JOURNAL_PAYLOAD_VERSION`]).
 const JOURNAL_PAYLOAD_STAGED: u8 = 1;
 
@@ -426,7 +420,6 @@ impl Store {
                     broken: false,
                     open: None,
                     held: next.saturating_sub(1),
-                    redo: Vec::new(),
                 }));
             }
         }
@@ -653,22 +646,22 @@ impl Store {
         let mut txn = self.open_transaction(db, &mut state)?;
         let mut known = self.known();
         known.bound();
-        // The rows are recorded unless this commit is the durable redb commit, which needs no
-        // record.
-        let mut redo = std::mem::take(&mut state.redo);
-        redo.clear();
-        let recording = !state.journal.durable_due();
+        // The rows are recorded, straight into the journal's next record, unless this commit is
+        // the durable redb commit, which needs no record.
+        let durable = state.journal.durable_due();
         let outcome = {
             let mut writer = Writer::open(&txn, &self.limits, &mut known);
-            if recording {
-                writer = writer.recording(&mut redo);
+            if !durable {
+                let record = state.journal.record();
+                record.push(JOURNAL_PAYLOAD_VERSION);
+                writer = writer.recording(record);
             }
             work(&mut writer).and_then(|result| writer.finish().map(|finished| (result, finished)))
         };
         // From here until the record is appended, a failure drops `txn` (redb aborts it) with the
         // records of earlier commits it held: `lacks_records` then has the next use replay them.
         let outcome = outcome.and_then(|done| {
-            if state.journal.durable_due() {
+            if durable {
                 // The journal starts over after this commit: it must hold every record so far,
                 // whatever this commit asked for.
                 txn.set_durability(Durability::Immediate)?;
@@ -679,14 +672,9 @@ impl Store {
             }
             let seq = state.journal.next_seq();
             txn.open_table(tables::META)?.insert(JOURNAL_SEQ, seq)?;
-            let record =
-                state
-                    .journal
-                    .append_with(matches!(durability, Durability::Immediate), |buf| {
-                        buf.push(JOURNAL_PAYLOAD_VERSION);
-                        buf.extend_from_slice(&redo);
-                        Ok(())
-                    });
+            let record = state
+                .journal
+                .append_recorded(matches!(durability, Durability::Immediate));
             match record {
                 Ok(_) => {
                     state.open = Some(txn);
@@ -699,10 +687,6 @@ impl Store {
                 }
             }
         });
-        // A commit of many rows leaves its room to the allocator rather than to the store.
-        if redo.capacity() <= REDO_KEPT_MAX {
-            state.redo = redo;
-        }
         settled(&mut known, outcome)
     }
 
