@@ -60,6 +60,9 @@ pub(crate) struct Known {
     pub(crate) tasks: BTreeMap<(u128, u128), Option<u64>>,
     /// The newest sequence number of a run's append-only table (absent: not known).
     pub(crate) seqs: BTreeMap<(u128, SeqTable), u64>,
+    /// Whether a task, keyed (run, task), is a root (has no parent): a child of a root is not
+    /// indexed under it (store format 6, `Writer::apply`).
+    pub(crate) roots: BTreeMap<(u128, u128), bool>,
 }
 
 impl Known {
@@ -68,11 +71,13 @@ impl Known {
         self.runs.clear();
         self.tasks.clear();
         self.seqs.clear();
+        self.roots.clear();
     }
 
     /// Starts over empty when the cache has grown past its bounds (called as a commit begins).
     pub(crate) fn bound(&mut self) {
         if self.tasks.len() > KNOWN_TASKS_MAX
+            || self.roots.len() > KNOWN_TASKS_MAX
             || self.runs.len() > KNOWN_RUNS_MAX
             || self.seqs.len() > KNOWN_RUNS_MAX * SEQ_TABLES
         {
@@ -91,6 +96,14 @@ impl Known {
             .collect();
         for key in tasks {
             self.tasks.remove(&key);
+        }
+        let roots: Vec<_> = self
+            .roots
+            .range((run, 0)..=(run, u128::MAX))
+            .map(|(k, _)| *k)
+            .collect();
+        for key in roots {
+            self.roots.remove(&key);
         }
         let seqs: Vec<_> = self
             .seqs
@@ -114,6 +127,7 @@ mod tests {
             known.runs.insert(run);
             known.tasks.insert((run, 10), Some(4));
             known.tasks.insert((run, u128::MAX), None);
+            known.roots.insert((run, 10), true);
             known.seqs.insert((run, SeqTable::Manifest), 2);
             known.seqs.insert((run, SeqTable::Escalations), 1);
         }
@@ -121,6 +135,8 @@ mod tests {
         assert_eq!(known.runs.iter().copied().collect::<Vec<_>>(), vec![1, 3]);
         assert_eq!(known.tasks.len(), 4);
         assert!(known.tasks.keys().all(|(run, _)| *run != 2));
+        assert_eq!(known.roots.len(), 2);
+        assert!(known.roots.keys().all(|(run, _)| *run != 2));
         assert_eq!(known.seqs.len(), 4);
         assert!(known.seqs.keys().all(|(run, _)| *run != 2));
     }

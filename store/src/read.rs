@@ -13,7 +13,7 @@ use crate::log_segment;
 use crate::model::{Run, RunId, SessionLogRow, Task, TaskId};
 use crate::snapshot::{Snapshot, View};
 use crate::tables::{self, Row, name};
-use crate::task_state::States;
+use crate::task_state::{States, TaskHead};
 
 /// Rows of a bounded read, with whether more rows were left unread (never truncated silently).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -320,7 +320,10 @@ pub(crate) fn children(
     parent: TaskId,
     limit: usize,
 ) -> Result<Listing<Task>, ReadError> {
-    require_task(txn, run, parent)?;
+    let head = task_head(txn, run, parent)?;
+    if head.parent.is_none() {
+        return children_of_root(txn, run, parent, limit);
+    }
     let index = txn.open_table(tables::TASK_CHILDREN)?;
     let mut items = Vec::new();
     let mut more = false;
@@ -332,6 +335,52 @@ pub(crate) fn children(
         }
         let (_, _, child) = k.value();
         items.push(get_task(txn, run, TaskId(child))?);
+    }
+    Ok(Listing { items, more })
+}
+
+/// The once-written fields of stored task `task` of `run`.
+fn task_head(txn: &Snapshot<'_>, run: RunId, task: TaskId) -> Result<TaskHead, ReadError> {
+    let table = txn.open_table(tables::TASKS)?;
+    match table.get((run.0, task.0))? {
+        None => Err(ReadError::NotFound {
+            what: "task",
+            key: task.to_string(),
+        }),
+        Some(g) => Ok(codec::decode_prefix(
+            name::TASKS,
+            &format_args!("{run}/{task}"),
+            g.value(),
+        )?),
+    }
+}
+
+/// [`children`] of a root, which are not indexed (store format 6; an older store's index rows for
+/// them are not needed): the run's task rows in id order, each read as far as its parent, the
+/// children decoded whole.
+fn children_of_root(
+    txn: &Snapshot<'_>,
+    run: RunId,
+    root: TaskId,
+    limit: usize,
+) -> Result<Listing<Task>, ReadError> {
+    let table = txn.open_table(tables::TASKS)?;
+    let states = States::open(txn)?;
+    let mut items = Vec::new();
+    let mut more = false;
+    for entry in table.range((run.0, 0u128)..=(run.0, u128::MAX))? {
+        let (k, v) = entry?;
+        let (_, id) = k.value();
+        let key = format_args!("{run}/{}", TaskId(id));
+        let head: TaskHead = codec::decode_prefix(name::TASKS, &key, v.value())?;
+        if head.parent != Some(root) {
+            continue;
+        }
+        if items.len() == limit {
+            more = true;
+            break;
+        }
+        items.push(states.attach(codec::decode(name::TASKS, &key, v.value())?)?);
     }
     Ok(Listing { items, more })
 }

@@ -33,8 +33,11 @@ use crate::writer::{Failure, Writer};
 /// (`log_segment`: a format-3 log is a format-4 log of single rows, so the upgrade moves nothing; an
 /// older keel refuses the file rather than misread a segment); 5, the journal (`journal`): a store
 /// written alone may hold commits only in `<file>.journal`, which an older keel would not replay
-/// (the upgrade moves nothing).
-pub const STORE_FORMAT: u64 = 5;
+/// (the upgrade moves nothing); 6, a root's children not indexed in `task_children` (they are read
+/// from the run's task rows, which list them anyway; a format-5 store's index rows for them are
+/// left and not needed, so the upgrade moves nothing; an older keel would miss the children a
+/// format-6 store did not index).
+pub const STORE_FORMAT: u64 = 6;
 
 /// How a store is opened. A struct rather than arguments so later options do not break callers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

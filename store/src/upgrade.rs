@@ -17,6 +17,9 @@
 //! 4, session-log segments (`log_segment`): a task's rows staged in one commit are one entry. A
 //! single row is stored as format 3 stored it, so format 3 → 4 moves nothing either: the set-up
 //! transaction records the format, and an older keel then refuses the store.
+//!
+//! 5, the journal; 6, a root's children found by its run's task rows, not indexed (`read::children`).
+//! Neither moves anything: a format-5 store's index rows for a root's children are not read.
 
 use redb::{ReadableTable, WriteTransaction};
 

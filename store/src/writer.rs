@@ -435,6 +435,20 @@ impl<'t> Writer<'t> {
         Ok(())
     }
 
+    /// Whether stored task `task` of `run` is a root (has no parent), from the cache when it
+    /// holds the task.
+    fn is_root(&mut self, run: RunId, task: TaskId) -> Result<bool, Failure> {
+        if let Some(&root) = self.known.roots.get(&(run.0, task.0)) {
+            return Ok(root);
+        }
+        let Some(head) = self.stored_head(run, task)? else {
+            return Err(ItemError::TaskNotFound { run, task }.into());
+        };
+        let root = head.parent.is_none();
+        self.known.roots.insert((run.0, task.0), root);
+        Ok(root)
+    }
+
     /// The once-written fields of a stored task of `run`, `None` when the task is not stored: read
     /// from the row's leading fields only, which every schema version lays out alike, instead of
     /// decoding the whole row.
@@ -559,10 +573,19 @@ impl<'t> Writer<'t> {
                 let (task, blobbed) = self.externalize(run, task)?;
                 let bytes = codec::encode_into(name::TASKS, &*task, &mut self.buf)?;
                 self.tasks.put(&mut self.redo, (run.0, task.id.0), bytes)?;
-                if let Some(parent) = task.parent {
-                    self.children
-                        .put(&mut self.redo, (run.0, parent.0, task.id.0), ())?;
+                match task.parent {
+                    // A child of a root is found by the run's task rows (`read::children`): a
+                    // run's root has most of its tasks as children, which its rows list anyway.
+                    Some(parent) if self.is_root(run, parent)? => {}
+                    Some(parent) => {
+                        self.children
+                            .put(&mut self.redo, (run.0, parent.0, task.id.0), ())?;
+                    }
+                    None => {}
                 }
+                self.known
+                    .roots
+                    .insert((run.0, task.id.0), task.parent.is_none());
                 // A new task has no log rows yet: its first row takes 1 without a lookup.
                 self.known.tasks.insert((run.0, task.id.0), Some(0));
                 Ok(Applied::TaskCreated { blobbed })

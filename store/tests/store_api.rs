@@ -162,6 +162,65 @@ fn tasks_children_tree_and_ancestors() {
     ));
 }
 
+/// A root's children are read from its run's task rows, not indexed under it (store format 6); a
+/// deeper task's children are indexed. Both list in id order, bounded, and only the run's own.
+#[test]
+fn a_roots_children_come_from_the_run_s_rows_and_deeper_ones_from_the_index() {
+    let (dir, store) = open_temp();
+    create_run(&store, 1);
+    create_task(&store, 1, 10, None);
+    for id in 11..=15 {
+        create_task(&store, 1, id, Some(10));
+    }
+    create_task(&store, 1, 20, Some(11));
+    create_task(&store, 1, 21, Some(11));
+    create_run(&store, 2);
+    create_task(&store, 2, 30, None);
+    create_task(&store, 2, 31, Some(30));
+    let ids = |l: Listing<Task>| (l.items.iter().map(|t| t.id.0).collect::<Vec<_>>(), l.more);
+    let scope = store.run(RunId(1));
+    assert_eq!(
+        ids(scope.children(TaskId(10), 3).unwrap()),
+        (vec![11, 12, 13], true)
+    );
+    assert_eq!(
+        ids(scope.children(TaskId(10), 5).unwrap()),
+        (vec![11, 12, 13, 14, 15], false)
+    );
+    assert_eq!(
+        ids(scope.children(TaskId(11), 10).unwrap()),
+        (vec![20, 21], false)
+    );
+    assert_eq!(
+        ids(scope.children(TaskId(11), 1).unwrap()),
+        (vec![20], true)
+    );
+    assert_eq!(
+        ids(scope.children(TaskId(15), 10).unwrap()),
+        (vec![], false)
+    );
+    assert_eq!(
+        ids(store.run(RunId(2)).children(TaskId(30), 10).unwrap()),
+        (vec![31], false)
+    );
+    assert!(matches!(
+        scope.children(TaskId(99), 10),
+        Err(ReadError::NotFound { what: "task", .. })
+    ));
+    drop(store);
+    // The index holds the rows of the deeper children only.
+    let db = redb::Database::open(dir.path().join("keel.redb")).unwrap();
+    let def: redb::TableDefinition<'_, (u128, u128, u128), ()> =
+        redb::TableDefinition::new("task_children");
+    let txn = redb::ReadableDatabase::begin_read(&db).unwrap();
+    let table = txn.open_table(def).unwrap();
+    let rows: Vec<_> = redb::ReadableTable::iter(&table)
+        .unwrap()
+        .map(|e| e.unwrap().0.value())
+        .collect();
+    assert_eq!(rows, vec![(1, 11, 20), (1, 11, 21)]);
+}
+
 #[test]
 fn task_creation_checks_run_parent_and_uniqueness() {
     let (_dir, store) = open_temp();
@@ -1030,8 +1089,8 @@ fn a_store_from_a_newer_keel_is_refused() {
     assert!(matches!(
         Store::open(&path),
         Err(OpenError::StoreFromFuture {
-            found: 6,
-            supported: 5
+            found: 7,
+            supported: 6
         })
     ));
 }
