@@ -1,5 +1,7 @@
 //! Session-log segments (store format 4): the rows of one task staged in one commit, stored under
-//! one key of `session_logs` (the first row's sequence number) instead of one key a row.
+//! one key of `session_logs` (the first row's sequence number) instead of one key a row. Since
+//! format 6 a run's manifest entries staged in one commit are stored the same way in `manifest`
+//! (a specialist's entry was one insert of its own, 16 a run of `keel bench`).
 //!
 //! Why: a specialist's four rows (context built, session started, final text, session ended) were
 //! four B-tree inserts of about 8 k instructions each, most of the store writer's work after the
@@ -14,10 +16,10 @@
 
 use std::fmt;
 
-use crate::codec::{self, DecodeError, EncodeError};
-use crate::model::SessionLogRow;
+use serde::Serialize;
+
+use crate::codec::{self, DecodeError, EncodeError, Record};
 use crate::read::Sequenced;
-use crate::tables::name;
 
 /// The first byte of a segment's value.
 pub(crate) const SEGMENT_MARK: u8 = 0;
@@ -65,12 +67,16 @@ impl Segment {
             && self.body.len() < SEGMENT_BYTES_MAX
     }
 
-    /// Adds the next row.
+    /// Adds the next row of `table`.
     ///
     /// # Errors
     /// [`EncodeError`] if bincode refuses the row.
-    pub(crate) fn push(&mut self, row: &SessionLogRow) -> Result<(), EncodeError> {
-        codec::append_body(name::SESSION_LOGS, row, &mut self.body)?;
+    pub(crate) fn push(
+        &mut self,
+        table: &'static str,
+        row: &impl Serialize,
+    ) -> Result<(), EncodeError> {
+        codec::append_body(table, row, &mut self.body)?;
         self.count += 1;
         Ok(())
     }
@@ -113,26 +119,28 @@ fn push_varint(out: &mut Vec<u8>, n: u64) {
     }
 }
 
-/// The rows stored under the key numbered `seq` (a row, or a segment's rows numbered from `seq`).
+/// The rows of `table` stored under the key numbered `seq` (a row, or a segment's rows numbered
+/// from `seq`).
 ///
 /// # Errors
 /// [`DecodeError`] naming the row's key (a segment's key is its first row's).
-pub(crate) fn rows_of(
+pub(crate) fn rows_of<T: Record>(
+    table: &'static str,
     key: &dyn fmt::Display,
     seq: u64,
     bytes: &[u8],
-) -> Result<Vec<Sequenced<SessionLogRow>>, DecodeError> {
+) -> Result<Vec<Sequenced<T>>, DecodeError> {
     match bytes.split_first() {
         Some((&SEGMENT_MARK, segment)) => {
-            let rows: Vec<SessionLogRow> = codec::decode(name::SESSION_LOGS, key, segment)?;
+            let rows: Vec<T> = codec::decode(table, key, segment)?;
             // The writer never stores an empty segment; one is damage, as `last_seq` says.
             if rows.is_empty() {
-                return Err(past_the_end(key));
+                return Err(past_the_end(table, key));
             }
             let mut out = Vec::with_capacity(rows.len());
             for (i, value) in rows.into_iter().enumerate() {
                 let Some(seq) = u64::try_from(i).ok().and_then(|i| seq.checked_add(i)) else {
-                    return Err(past_the_end(key));
+                    return Err(past_the_end(table, key));
                 };
                 out.push(Sequenced { seq, value });
             }
@@ -140,31 +148,36 @@ pub(crate) fn rows_of(
         }
         _ => Ok(vec![Sequenced {
             seq,
-            value: codec::decode(name::SESSION_LOGS, key, bytes)?,
+            value: codec::decode(table, key, bytes)?,
         }]),
     }
 }
 
-/// The sequence number of the last row stored under the key numbered `seq`.
+/// The sequence number of the last row of `table` stored under the key numbered `seq`.
 ///
 /// # Errors
 /// [`DecodeError`] if a segment's length does not decode.
-pub(crate) fn last_seq(key: &dyn fmt::Display, seq: u64, bytes: &[u8]) -> Result<u64, DecodeError> {
+pub(crate) fn last_seq(
+    table: &'static str,
+    key: &dyn fmt::Display,
+    seq: u64,
+    bytes: &[u8],
+) -> Result<u64, DecodeError> {
     match bytes.split_first() {
         Some((&SEGMENT_MARK, segment)) => {
-            let count: u64 = codec::decode_prefix(name::SESSION_LOGS, key, segment)?;
+            let count: u64 = codec::decode_prefix(table, key, segment)?;
             count
                 .checked_sub(1)
                 .and_then(|more| seq.checked_add(more))
-                .ok_or_else(|| past_the_end(key))
+                .ok_or_else(|| past_the_end(table, key))
         }
         _ => Ok(seq),
     }
 }
 
-fn past_the_end(key: &dyn fmt::Display) -> DecodeError {
+fn past_the_end(table: &'static str, key: &dyn fmt::Display) -> DecodeError {
     DecodeError::Corrupt {
-        table: name::SESSION_LOGS,
+        table,
         key: key.to_string(),
         reason: "a segment that is empty or numbers past u64::MAX".to_string(),
     }
@@ -175,7 +188,10 @@ mod tests {
     #![allow(clippy::unwrap_used)] // Tests: a panic is the failure report.
 
     use super::*;
-    use crate::model::LogKind;
+    use crate::model::{LogKind, SessionLogRow};
+    use crate::tables::name;
+
+    const LOGS: &str = name::SESSION_LOGS;
 
     fn row(n: u64) -> SessionLogRow {
         SessionLogRow {
@@ -208,22 +224,25 @@ mod tests {
     #[test]
     fn a_single_row_is_stored_as_format_3_and_more_as_a_segment() {
         let mut one = Segment::new(7);
-        one.push(&row(1)).unwrap();
+        one.push(LOGS, &row(1)).unwrap();
         assert_eq!(
             one.value(),
             codec::encode(name::SESSION_LOGS, &row(1)).unwrap()
         );
-        assert_eq!(last_seq(&"k", 7, &one.value()).unwrap(), 7);
-        assert_eq!(rows_of(&"k", 7, &one.value()).unwrap()[0].value, row(1));
+        assert_eq!(last_seq(LOGS, &"k", 7, &one.value()).unwrap(), 7);
+        assert_eq!(
+            rows_of::<SessionLogRow>(LOGS, &"k", 7, &one.value()).unwrap()[0].value,
+            row(1)
+        );
 
         let mut many = Segment::new(7);
         for n in 1..=3 {
             assert!(many.takes(6 + n));
-            many.push(&row(n)).unwrap();
+            many.push(LOGS, &row(n)).unwrap();
         }
         assert!(!many.takes(11));
-        assert_eq!(last_seq(&"k", 7, &many.value()).unwrap(), 9);
-        let rows = rows_of(&"k", 7, &many.value()).unwrap();
+        assert_eq!(last_seq(LOGS, &"k", 7, &many.value()).unwrap(), 9);
+        let rows = rows_of::<SessionLogRow>(LOGS, &"k", 7, &many.value()).unwrap();
         assert_eq!(
             rows.iter()
                 .map(|r| (r.seq, r.value.ts_ms))
@@ -396,11 +415,11 @@ mod tests {
         let mut s = Segment::new(1);
         for n in 0..SEGMENT_ROWS_MAX {
             assert!(s.takes(1 + n));
-            s.push(&row(n)).unwrap();
+            s.push(LOGS, &row(n)).unwrap();
         }
         assert!(!s.takes(1 + SEGMENT_ROWS_MAX));
         let empty = [SEGMENT_MARK, codec::SCHEMA_VERSION, 0];
-        assert!(last_seq(&"k", 1, &empty).is_err());
-        assert!(rows_of(&"k", 1, &empty).is_err());
+        assert!(last_seq(LOGS, &"k", 1, &empty).is_err());
+        assert!(rows_of::<SessionLogRow>(LOGS, &"k", 1, &empty).is_err());
     }
 }

@@ -10,7 +10,7 @@ use crate::codec;
 use crate::error::ReadError;
 use crate::limits::{LimitError, Limits};
 use crate::log_segment;
-use crate::model::{Run, RunId, SessionLogRow, Task, TaskId};
+use crate::model::{ManifestEntry, Run, RunId, SessionLogRow, Task, TaskId};
 use crate::snapshot::{Snapshot, View};
 use crate::tables::{self, Row, name};
 use crate::task_state::{States, TaskHead};
@@ -453,7 +453,12 @@ pub(crate) fn last_log_rows(
     {
         let (k, v) = entry?;
         let seq = k.value().2;
-        let entry_rows = log_segment::rows_of(&format_args!("{run}/{task}/{seq}"), seq, v.value())?;
+        let entry_rows = log_segment::rows_of(
+            name::SESSION_LOGS,
+            &format_args!("{run}/{task}/{seq}"),
+            seq,
+            v.value(),
+        )?;
         rows.extend(entry_rows.into_iter().rev().take(n - rows.len()));
         if rows.len() == n {
             break;
@@ -489,7 +494,49 @@ pub(crate) fn log_rows_after(
     'entries: for entry in table.range((run.0, task.0, from)..=(run.0, task.0, u64::MAX))? {
         let (k, v) = entry?;
         let seq = k.value().2;
-        for row in log_segment::rows_of(&format_args!("{run}/{task}/{seq}"), seq, v.value())? {
+        for row in log_segment::rows_of(
+            name::SESSION_LOGS,
+            &format_args!("{run}/{task}/{seq}"),
+            seq,
+            v.value(),
+        )? {
+            if row.seq < start {
+                continue;
+            }
+            if items.len() == limit {
+                more = true;
+                break 'entries;
+            }
+            items.push(row);
+        }
+    }
+    Ok(Listing { items, more })
+}
+
+/// [`seq_rows`] of the manifest, whose entries staged in one commit are one segment (store format
+/// 6, `log_segment`): a segment holding `after + 1` starts before it, so the read starts at the
+/// last key at or before it and expands each segment into its entries.
+pub(crate) fn manifest_rows(
+    txn: &Snapshot<'_>,
+    run: RunId,
+    after: u64,
+    limit: usize,
+) -> Result<Listing<Sequenced<ManifestEntry>>, ReadError> {
+    let table = txn.open_table(tables::MANIFEST)?;
+    let mut items = Vec::new();
+    let mut more = false;
+    let Some(start) = after.checked_add(1) else {
+        return Ok(Listing { items, more });
+    };
+    let from = match table.range((run.0, 0u64)..=(run.0, start))?.next_back() {
+        Some(entry) => entry?.0.value().1,
+        None => start,
+    };
+    'entries: for entry in table.range((run.0, from)..=(run.0, u64::MAX))? {
+        let (k, v) = entry?;
+        let seq = k.value().1;
+        let key = format_args!("{run}/{seq}");
+        for row in log_segment::rows_of(name::MANIFEST, &key, seq, v.value())? {
             if row.seq < start {
                 continue;
             }

@@ -156,16 +156,8 @@ impl<'s> RunScope<'s> {
         limit: u32,
     ) -> Result<Listing<Sequenced<ManifestEntry>>, ReadError> {
         let limit = self.limit(limit)?;
-        self.store.read(|txn| {
-            read::seq_rows(
-                txn,
-                tables::MANIFEST,
-                name::MANIFEST,
-                self.run,
-                after_seq,
-                limit,
-            )
-        })
+        self.store
+            .read(|txn| read::manifest_rows(txn, self.run, after_seq, limit))
     }
 
     /// Dead letters with a sequence number above `after_seq`, in order.

@@ -35,8 +35,9 @@ use crate::writer::{Failure, Writer};
 /// written alone may hold commits only in `<file>.journal`, which an older keel would not replay
 /// (the upgrade moves nothing); 6, a root's children not indexed in `task_children` (they are read
 /// from the run's task rows, which list them anyway; a format-5 store's index rows for them are
-/// left and not needed, so the upgrade moves nothing; an older keel would miss the children a
-/// format-6 store did not index).
+/// left and not needed), and a run's manifest entries of one commit stored as one segment
+/// (`log_segment`); the upgrade moves nothing; an older keel would miss the children a format-6
+/// store did not index and misread a manifest segment.
 pub const STORE_FORMAT: u64 = 6;
 
 /// How a store is opened. A struct rather than arguments so later options do not break callers.

@@ -18,8 +18,10 @@
 //! single row is stored as format 3 stored it, so format 3 → 4 moves nothing either: the set-up
 //! transaction records the format, and an older keel then refuses the store.
 //!
-//! 5, the journal; 6, a root's children found by its run's task rows, not indexed (`read::children`).
-//! Neither moves anything: a format-5 store's index rows for a root's children are not read.
+//! 5, the journal; 6, a root's children found by its run's task rows, not indexed (`read::children`),
+//! and a run's manifest entries of one commit as one segment (`log_segment`). Neither moves
+//! anything: a format-5 store's index rows for a root's children are not read, and its single
+//! manifest entries are what a format-6 segment of one entry is.
 
 use redb::{ReadableTable, WriteTransaction};
 

@@ -17,8 +17,8 @@ use crate::known::{Known, SeqTable};
 use crate::limits::Limits;
 use crate::log_segment::{self, Segment};
 use crate::model::{
-    AttachmentBody, Budget, Escalation, IdempotencyRecord, Run, RunId, RunStatus, SessionLogRow,
-    Task, TaskId,
+    AttachmentBody, Budget, Escalation, IdempotencyRecord, ManifestEntry, Run, RunId, RunStatus,
+    SessionLogRow, Task, TaskId,
 };
 use crate::redo::{self, tag};
 use crate::tables::{self, Row, name};
@@ -90,6 +90,27 @@ fn last_seq<T: ReadableTable<tables::RunSeq, Row>>(
             Some(entry) => Some(entry?.0.value().1),
         },
     )
+}
+
+/// The newest manifest entry's sequence number under `run` (`None` for none): the last key's, or
+/// the last of the segment stored under it (store format 6).
+fn last_manifest_seq<T: ReadableTable<tables::RunSeq, Row>>(
+    table: &T,
+    run: RunId,
+) -> Result<Option<u64>, Failure> {
+    match table.range((run.0, 0u64)..=(run.0, u64::MAX))?.next_back() {
+        None => Ok(None),
+        Some(entry) => {
+            let (k, v) = entry?;
+            let first = k.value().1;
+            Ok(Some(log_segment::last_seq(
+                name::MANIFEST,
+                &format_args!("{run}/{first}"),
+                first,
+                v.value(),
+            )?))
+        }
+    }
 }
 
 /// The sequence number after `last` (1 when nothing is stored yet); a sequence that would pass
@@ -215,6 +236,9 @@ pub(crate) struct Writer<'t> {
     /// Session-log rows staged by this transaction and not yet written, a segment per task
     /// (`log_segment`): written by [`Writer::finish`], before the commit.
     logs_pending: BTreeMap<(u128, u128), Segment>,
+    /// Manifest entries staged by this transaction and not yet written, a segment per run (store
+    /// format 6, as `logs_pending`).
+    manifest_pending: BTreeMap<u128, Segment>,
     /// Where the rows this transaction writes are recorded for the journal (`redo`), when the
     /// commit is a journaled one.
     redo: Option<&'t mut Vec<u8>>,
@@ -251,6 +275,7 @@ impl<'t> Writer<'t> {
             finished: Vec::new(),
             buf: Vec::new(),
             logs_pending: BTreeMap::new(),
+            manifest_pending: BTreeMap::new(),
             redo: None,
         }
     }
@@ -271,6 +296,15 @@ impl<'t> Writer<'t> {
     pub(crate) fn finish(mut self) -> Result<Vec<u128>, CommitError> {
         for ((run, task), segment) in std::mem::take(&mut self.logs_pending) {
             self.write_segment(run, task, &segment)
+                .map_err(|f| f.at(0))?;
+        }
+        for (run, segment) in std::mem::take(&mut self.manifest_pending) {
+            self.manifest
+                .put(
+                    &mut self.redo,
+                    (run, segment.first()),
+                    segment.value().as_slice(),
+                )
                 .map_err(|f| f.at(0))?;
         }
         Ok(self.finished)
@@ -341,7 +375,34 @@ impl<'t> Writer<'t> {
         self.logs_pending
             .entry(key)
             .or_insert_with(|| Segment::new(seq))
-            .push(row)?;
+            .push(name::SESSION_LOGS, row)?;
+        Ok(())
+    }
+
+    /// Stages manifest entry `seq` of a run into the run's segment of this transaction, writing
+    /// the segment it cannot join first (as [`Writer::stage_log_row`]).
+    fn stage_manifest_entry(
+        &mut self,
+        run: RunId,
+        seq: u64,
+        entry: &ManifestEntry,
+    ) -> Result<(), Failure> {
+        if self
+            .manifest_pending
+            .get(&run.0)
+            .is_some_and(|segment| !segment.takes(seq))
+            && let Some(full) = self.manifest_pending.remove(&run.0)
+        {
+            self.manifest.put(
+                &mut self.redo,
+                (run.0, full.first()),
+                full.value().as_slice(),
+            )?;
+        }
+        self.manifest_pending
+            .entry(run.0)
+            .or_insert_with(|| Segment::new(seq))
+            .push(name::MANIFEST, entry)?;
         Ok(())
     }
 
@@ -394,6 +455,7 @@ impl<'t> Writer<'t> {
                     let (k, v) = entry?;
                     let first = k.value().2;
                     Some(log_segment::last_seq(
+                        name::SESSION_LOGS,
                         &format_args!("{run}/{task}/{first}"),
                         first,
                         v.value(),
@@ -409,10 +471,14 @@ impl<'t> Writer<'t> {
     /// The sequence number the next row of a run's append-only `table` takes (1 for its first),
     /// read from the table's end once and counted on from there, this commit and later ones.
     fn next_run_seq(&mut self, table: SeqTable, run: RunId) -> Result<u64, Failure> {
-        let last = match self.known.seqs.get(&(run.0, table)) {
-            Some(&last) => Some(last),
+        let pending = match table {
+            SeqTable::Manifest => self.manifest_pending.get(&run.0).and_then(Segment::last),
+            _ => None,
+        };
+        let last = match pending.or_else(|| self.known.seqs.get(&(run.0, table)).copied()) {
+            Some(last) => Some(last),
             None => match table {
-                SeqTable::Manifest => last_seq(&*self.manifest.open()?, run.0)?,
+                SeqTable::Manifest => last_manifest_seq(&*self.manifest.open()?, run)?,
                 SeqTable::DeadLetters => last_seq(&*self.dead_letters.open()?, run.0)?,
                 SeqTable::Audit => last_seq(&*self.audit.open()?, run.0)?,
                 SeqTable::GateMarks => last_seq(&*self.gate_marks.open()?, run.0)?,
@@ -629,8 +695,7 @@ impl<'t> Writer<'t> {
             RunOp::AppendManifest(m) => {
                 self.require_run(run)?;
                 let seq = self.next_run_seq(SeqTable::Manifest, run)?;
-                let bytes = codec::encode_into(name::MANIFEST, &m, &mut self.buf)?;
-                self.manifest.put(&mut self.redo, (run.0, seq), bytes)?;
+                self.stage_manifest_entry(run, seq, m)?;
                 Ok(Applied::ManifestAppended { seq })
             }
             RunOp::AppendDeadLetter(d) => {

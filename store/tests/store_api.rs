@@ -221,6 +221,70 @@ fn a_roots_children_come_from_the_run_s_rows_and_deeper_ones_from_the_index() {
     assert_eq!(rows, vec![(1, 11, 20), (1, 11, 21)]);
 }
 
+/// A commit's manifest entries of one run are one row (store format 6): read back entry by entry
+/// with their own numbers, from any point, bounded; numbering goes on after them in later commits
+/// and after a reopen, which finds the end inside the last segment.
+#[test]
+fn a_commits_manifest_entries_are_one_row_read_back_entry_by_entry() {
+    let (dir, store) = open_temp();
+    let path = dir.path().join("keel.redb");
+    create_run(&store, 1);
+    create_run(&store, 2);
+    let append = |store: &Store, run: u128, items: &[&str]| -> Vec<u64> {
+        let scope = store.run(RunId(run));
+        let batch: WriteBatch<'_> = items
+            .iter()
+            .map(|i| scope.stage_append_manifest(manifest(i)).unwrap())
+            .collect();
+        store
+            .commit_group(batch, Durability::Immediate)
+            .unwrap()
+            .into_iter()
+            .map(|a| match a {
+                Applied::ManifestAppended { seq } => seq,
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    };
+    assert_eq!(append(&store, 1, &["a", "b", "c"]), vec![1, 2, 3]);
+    assert_eq!(append(&store, 2, &["x"]), vec![1]);
+    assert_eq!(append(&store, 1, &["d", "e"]), vec![4, 5]);
+    let read = |store: &Store, after: u64, limit: u32| {
+        let l = store.run(RunId(1)).manifest(after, limit).unwrap();
+        let items: Vec<_> = l
+            .items
+            .iter()
+            .map(|s| (s.seq, s.value.item.clone()))
+            .collect();
+        (items, l.more)
+    };
+    let all: Vec<_> = ["a", "b", "c", "d", "e"]
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (i as u64 + 1, s.to_string()))
+        .collect();
+    assert_eq!(read(&store, 0, 10), (all.clone(), false));
+    assert_eq!(read(&store, 1, 2), (all[1..3].to_vec(), true));
+    assert_eq!(read(&store, 2, 10), (all[2..].to_vec(), false));
+    assert_eq!(read(&store, 5, 10), (vec![], false));
+    assert_eq!(read(&store, u64::MAX, 10), (vec![], false));
+    drop(store);
+    let store = Store::open(&path).unwrap();
+    assert_eq!(append(&store, 1, &["f"]), vec![6]);
+    assert_eq!(read(&store, 4, 10).0.len(), 2);
+    drop(store);
+    // Three rows for run 1 (two segments and a single entry), one for run 2.
+    let db = redb::Database::open(&path).unwrap();
+    let def: redb::TableDefinition<'_, (u128, u64), &[u8]> = redb::TableDefinition::new("manifest");
+    let txn = redb::ReadableDatabase::begin_read(&db).unwrap();
+    let table = txn.open_table(def).unwrap();
+    let keys: Vec<_> = redb::ReadableTable::iter(&table)
+        .unwrap()
+        .map(|e| e.unwrap().0.value())
+        .collect();
+    assert_eq!(keys, vec![(1, 1), (1, 4), (1, 6), (2, 1)]);
+}
+
 #[test]
 fn task_creation_checks_run_parent_and_uniqueness() {
     let (_dir, store) = open_temp();
