@@ -1006,6 +1006,29 @@ mod tests {
     use crate::model::{Budget, Run, RunStatus};
     use crate::sim_disk::SimDisk;
 
+    /// A store's configuration with its journal.
+    fn journaled() -> StoreConfig {
+        StoreConfig {
+            journal: true,
+            ..StoreConfig::default()
+        }
+    }
+
+    /// A running run with id `id`.
+    fn running(id: RunId) -> Run {
+        Run {
+            id,
+            brief: "brief".into(),
+            plan: None,
+            status: RunStatus::Running,
+            budget: Budget::default(),
+            created_ms: 1,
+            updated_ms: 1,
+            config_snapshot: String::new(),
+            outcome: None,
+        }
+    }
+
     /// Whether the journal holds an open transaction now.
     fn is_open(store: &Store) -> bool {
         let journal = store.journal.as_ref().unwrap();
@@ -1016,24 +1039,11 @@ mod tests {
     /// used to commit it: a redb commit per read), read after read.
     #[test]
     fn a_read_leaves_the_open_transaction_open() {
-        let config = StoreConfig {
-            journal: true,
-            ..StoreConfig::default()
-        };
-        let store = Store::open_backend_journaled(SimDisk::new(), SimDisk::new(), config).unwrap();
+        let store =
+            Store::open_backend_journaled(SimDisk::new(), SimDisk::new(), journaled()).unwrap();
         let id = RunId(1 << 90);
         let scope = store.run(id);
-        let run = Run {
-            id,
-            brief: "brief".into(),
-            plan: None,
-            status: RunStatus::Running,
-            budget: Budget::default(),
-            created_ms: 1,
-            updated_ms: 1,
-            config_snapshot: String::new(),
-            outcome: None,
-        };
+        let run = running(id);
         let mut batch = WriteBatch::new();
         batch.push(scope.stage_create_run(run).unwrap());
         store.commit_group(batch, Durability::Immediate).unwrap();
@@ -1049,25 +1059,12 @@ mod tests {
     #[test]
     fn a_record_of_staged_writes_replays_after_records_of_rows() {
         use crate::model::{ManifestEntry, ManifestOutcome};
-        let config = || StoreConfig {
-            journal: true,
-            ..StoreConfig::default()
-        };
         let (disk, journal) = (SimDisk::new(), SimDisk::new());
-        let store = Store::open_backend_journaled(disk.clone(), journal.clone(), config()).unwrap();
+        let store =
+            Store::open_backend_journaled(disk.clone(), journal.clone(), journaled()).unwrap();
         let id = RunId(1 << 90);
         let scope = store.run(id);
-        let run = Run {
-            id,
-            brief: "brief".into(),
-            plan: None,
-            status: RunStatus::Running,
-            budget: Budget::default(),
-            created_ms: 1,
-            updated_ms: 1,
-            config_snapshot: String::new(),
-            outcome: None,
-        };
+        let run = running(id);
         // Record 1, of rows: the run.
         store
             .commit_one(scope.stage_create_run(run).unwrap(), Durability::Immediate)
@@ -1101,7 +1098,8 @@ mod tests {
             .unwrap();
         // The power goes: redb's file holds neither; the journal holds both.
         drop(store);
-        let store = Store::open_backend_journaled(disk.crash(), journal.crash(), config()).unwrap();
+        let store =
+            Store::open_backend_journaled(disk.crash(), journal.crash(), journaled()).unwrap();
         let scope = store.run(id);
         assert_eq!(scope.get().unwrap().brief, "brief");
         let manifest = scope.manifest(0, 10).unwrap().items;
@@ -1113,12 +1111,9 @@ mod tests {
     /// being misread.
     #[test]
     fn a_record_of_an_unknown_payload_version_fails_the_open() {
-        let config = || StoreConfig {
-            journal: true,
-            ..StoreConfig::default()
-        };
         let (disk, journal) = (SimDisk::new(), SimDisk::new());
-        let store = Store::open_backend_journaled(disk.clone(), journal.clone(), config()).unwrap();
+        let store =
+            Store::open_backend_journaled(disk.clone(), journal.clone(), journaled()).unwrap();
         store
             .journal
             .as_ref()
@@ -1133,7 +1128,7 @@ mod tests {
             .map_err(|_| "append failed")
             .unwrap();
         drop(store);
-        let opened = Store::open_backend_journaled(disk.crash(), journal.crash(), config());
+        let opened = Store::open_backend_journaled(disk.crash(), journal.crash(), journaled());
         assert!(
             matches!(&opened, Err(OpenError::Journal { seq: 1, reason }) if reason.contains("payload version")),
             "{opened:?}"
