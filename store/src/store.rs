@@ -1029,6 +1029,12 @@ mod tests {
         }
     }
 
+    /// Appends `payload` to the store's journal as a record of its own, synced.
+    fn append_raw(store: &Store, payload: &[u8]) {
+        let mut state = store.journal.as_ref().unwrap().lock().unwrap();
+        assert!(state.journal.append(payload, true).is_ok());
+    }
+
     /// Whether the journal holds an open transaction now.
     fn is_open(store: &Store) -> bool {
         let journal = store.journal.as_ref().unwrap();
@@ -1077,25 +1083,14 @@ mod tests {
             outcome: ManifestOutcome::Processed,
         };
         let write = scope.stage_append_manifest(entry.clone()).unwrap();
-        store
-            .journal
-            .as_ref()
-            .unwrap()
-            .lock()
-            .unwrap()
-            .journal
-            .append_with(true, |buf| {
-                buf.push(JOURNAL_PAYLOAD_STAGED);
-                bincode::serde::encode_into_std_write(
-                    std::slice::from_ref(&write),
-                    buf,
-                    bincode::config::standard(),
-                )
-                .map(drop)
-                .map_err(|e| std::io::Error::other(e.to_string()))
-            })
-            .map_err(|_| "append failed")
-            .unwrap();
+        let mut payload = vec![JOURNAL_PAYLOAD_STAGED];
+        bincode::serde::encode_into_std_write(
+            std::slice::from_ref(&write),
+            &mut payload,
+            bincode::config::standard(),
+        )
+        .unwrap();
+        append_raw(&store, &payload);
         // The power goes: redb's file holds neither; the journal holds both.
         drop(store);
         let store =
@@ -1114,19 +1109,7 @@ mod tests {
         let (disk, journal) = (SimDisk::new(), SimDisk::new());
         let store =
             Store::open_backend_journaled(disk.clone(), journal.clone(), journaled()).unwrap();
-        store
-            .journal
-            .as_ref()
-            .unwrap()
-            .lock()
-            .unwrap()
-            .journal
-            .append_with(true, |buf| {
-                buf.extend_from_slice(&[9, 1, 2, 3]);
-                Ok(())
-            })
-            .map_err(|_| "append failed")
-            .unwrap();
+        append_raw(&store, &[9, 1, 2, 3]);
         drop(store);
         let opened = Store::open_backend_journaled(disk.crash(), journal.crash(), journaled());
         assert!(
