@@ -69,8 +69,9 @@ struct Gathered {
     writes: BTreeMap<u64, Vec<u8>>,
     /// The bytes in `writes`.
     bytes: usize,
-    /// A stretch of adjacent writes joined for one call, kept between flushes so that a warm
-    /// flush allocates nothing.
+    /// A stretch of adjacent writes joined for one call over a backend without `pwritev` (a
+    /// test's), kept between flushes so that a warm flush allocates nothing there; on the file, a
+    /// stretch's list of buffers is allocated at each flush.
     stretch: Vec<u8>,
     /// How the first failed send failed. From then on every use of the file fails the same way:
     /// redb writes out some pages best effort (a read making room in its cache) and does not stop

@@ -238,8 +238,8 @@ impl Journal {
         })
     }
 
-    /// [`Journal::append`] of the payload `write` puts at the end of the buffer it is given: the
-    /// commit encodes its writes straight into the record, not into a buffer of their own first.
+    /// [`Journal::append`] of the payload `write` puts at the end of the buffer it is given (a
+    /// test's way to a record; a commit uses [`Journal::record`]).
     ///
     /// # Errors
     /// As [`Journal::append`], and `write`'s.

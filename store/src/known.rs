@@ -1,6 +1,6 @@
 //! What the writer knows of the stored rows from its own commits, so a later commit need not read
-//! it again: which runs and tasks exist, where a task's session log ends, where a run's
-//! append-only tables (manifest, audit, ...) end.
+//! it again: which runs and tasks exist, which tasks are roots, where a task's session log ends,
+//! where a run's append-only tables (manifest, audit, ...) end.
 //!
 //! Sound because this store is the file's only writer (redb locks the file against other writers,
 //! and a read-only handle never writes; a custom backend such as `SimDisk` has no lock, so it takes
@@ -17,7 +17,7 @@ use crate::tables::name;
 
 /// Most tasks the cache holds before it starts over empty at the next commit: a long-lived node
 /// touches tasks of many runs, and a finished run's tasks leave with it, so this is a backstop
-/// (about 48 bytes a task).
+/// (about 48 bytes a task in `tasks`, about 40 more in `roots`).
 pub(crate) const KNOWN_TASKS_MAX: usize = 16_384;
 
 /// Most runs the cache holds before it starts over, as [`KNOWN_TASKS_MAX`] (and up to

@@ -31,7 +31,8 @@ pub(crate) const SEGMENT_ROWS_MAX: u64 = 64;
 /// is bounded by the limits on its summary and detail).
 pub(crate) const SEGMENT_BYTES_MAX: usize = 32 * 1024;
 
-/// The rows of one task a commit has staged and not yet written, consecutively numbered.
+/// The rows of one task's log (or one run's manifest) a commit has staged and not yet written,
+/// consecutively numbered.
 #[derive(Debug)]
 pub(crate) struct Segment {
     /// The first row's sequence number (the key).

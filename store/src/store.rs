@@ -431,8 +431,9 @@ impl Store {
     }
 
     /// Applies, in one durable transaction, the journal's records that no durable commit holds
-    /// yet (their rows; a record of staged writes through the same checks as any commit), and moves the journal's epoch on in the same
-    /// transaction; answers the number the next record takes and the new epoch.
+    /// yet (their rows; a record of staged writes through the same checks as any commit), and
+    /// moves the journal's epoch on in the same transaction; answers the number the next record
+    /// takes and the new epoch.
     fn replay(&self, file: &dyn StorageBackend) -> Result<(u64, u32), OpenError> {
         let Db::Writer(db) = &self.db else {
             return Err(OpenError::NeedsRecovery);

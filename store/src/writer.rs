@@ -79,6 +79,15 @@ fn record_error(e: redo::RedoError) -> Failure {
     }))
 }
 
+/// A journal record's entry that could not be read back, as the record's decode error.
+fn replay_error(e: redo::RedoError) -> Failure {
+    Failure::Item(ItemError::Decode(DecodeError::Corrupt {
+        table: "journal",
+        key: "a record's entries".to_string(),
+        reason: e.to_string(),
+    }))
+}
+
 /// The newest sequence number under `run` in a `(run, seq)` table (`None` for an empty range).
 fn last_seq<T: ReadableTable<tables::RunSeq, Row>>(
     table: &T,
@@ -125,7 +134,7 @@ fn following(last: Option<u64>, name: &'static str) -> Result<u64, Failure> {
 }
 
 /// A table of a write transaction, opened on first use: a commit that touches two tables opens (and
-/// at commit flushes and closes) two, not all thirteen, which is most of a small commit's fixed cost.
+/// at commit flushes and closes) two, not all nineteen, which is most of a small commit's fixed cost.
 struct Lazy<'t, K: redb::Key + 'static, V: redb::Value + 'static> {
     txn: &'t redb::WriteTransaction,
     definition: redb::TableDefinition<'static, K, V>,
@@ -177,11 +186,11 @@ impl<'t, K: redb::Key + 'static, V: redb::Value + 'static> Lazy<'t, K, V> {
 
     /// Applies the next entry of a journal record, whose tag named this table.
     fn replay(&mut self, entries: &mut redo::Entries<'_>, remove: bool) -> Result<(), Failure> {
-        let key = entries.field::<K>().map_err(record_error)?;
+        let key = entries.field::<K>().map_err(replay_error)?;
         if remove {
             self.open()?.remove(K::from_bytes(key))?;
         } else {
-            let value = entries.field::<V>().map_err(record_error)?;
+            let value = entries.field::<V>().map_err(replay_error)?;
             self.open()?
                 .insert(K::from_bytes(key), V::from_bytes(value))?;
         }
@@ -287,7 +296,8 @@ impl<'t> Writer<'t> {
         self
     }
 
-    /// Writes what the transaction has staged and not written yet (its log segments) and answers
+    /// Writes what the transaction has staged and not written yet (its log and manifest segments;
+    /// a failure is reported as the batch's first write's) and answers
     /// the runs it wrote terminal (for the store to forget once it commits). Called once, after
     /// the last write of the batch and before the commit.
     ///
@@ -317,6 +327,9 @@ impl<'t> Writer<'t> {
     /// A record that does not read back (truncated, an unknown table) as an item error; the
     /// storage's.
     pub(crate) fn replay(&mut self, record: &[u8]) -> Result<(), Failure> {
+        // What the cache knows is not taught by rows written back; a record of staged writes
+        // after this one (a journal an older keel began) reads the tables again.
+        self.known.clear();
         let mut entries = redo::Entries::new(record);
         while let Some((table, remove)) = entries.next_tag() {
             match table {
@@ -339,7 +352,7 @@ impl<'t> Writer<'t> {
                 tag::BLOBS => self.blobs.replay(&mut entries, remove)?,
                 tag::AGENTS => self.agents.replay(&mut entries, remove)?,
                 tag::RUN_AGENTS => self.run_agents.replay(&mut entries, remove)?,
-                other => return Err(record_error(redo::RedoError::UnknownTable(other))),
+                other => return Err(replay_error(redo::RedoError::UnknownTable(other))),
             }
         }
         Ok(())
