@@ -491,26 +491,38 @@ pub(crate) fn log_rows_after(
         Some(entry) => entry?.0.value().2,
         None => start,
     };
-    'entries: for entry in table.range((run.0, task.0, from)..=(run.0, task.0, u64::MAX))? {
+    for entry in table.range((run.0, task.0, from)..=(run.0, task.0, u64::MAX))? {
         let (k, v) = entry?;
         let seq = k.value().2;
-        for row in log_segment::rows_of(
+        let rows = log_segment::rows_of(
             name::SESSION_LOGS,
             &format_args!("{run}/{task}/{seq}"),
             seq,
             v.value(),
-        )? {
-            if row.seq < start {
-                continue;
-            }
-            if items.len() == limit {
-                more = true;
-                break 'entries;
-            }
-            items.push(row);
+        )?;
+        if take_from(rows, start, limit, &mut items) {
+            more = true;
+            break;
         }
     }
     Ok(Listing { items, more })
+}
+
+/// Moves the rows of one stored entry (a row or a segment's rows) numbered `start` or later into
+/// `items`, up to `limit` in all; answers whether a row was left out for the limit.
+fn take_from<T>(
+    rows: Vec<Sequenced<T>>,
+    start: u64,
+    limit: usize,
+    items: &mut Vec<Sequenced<T>>,
+) -> bool {
+    for row in rows.into_iter().filter(|row| row.seq >= start) {
+        if items.len() == limit {
+            return true;
+        }
+        items.push(row);
+    }
+    false
 }
 
 /// [`seq_rows`] of the manifest, whose entries staged in one commit are one segment (store format
@@ -532,19 +544,14 @@ pub(crate) fn manifest_rows(
         Some(entry) => entry?.0.value().1,
         None => start,
     };
-    'entries: for entry in table.range((run.0, from)..=(run.0, u64::MAX))? {
+    for entry in table.range((run.0, from)..=(run.0, u64::MAX))? {
         let (k, v) = entry?;
         let seq = k.value().1;
-        let key = format_args!("{run}/{seq}");
-        for row in log_segment::rows_of(name::MANIFEST, &key, seq, v.value())? {
-            if row.seq < start {
-                continue;
-            }
-            if items.len() == limit {
-                more = true;
-                break 'entries;
-            }
-            items.push(row);
+        let rows =
+            log_segment::rows_of(name::MANIFEST, &format_args!("{run}/{seq}"), seq, v.value())?;
+        if take_from(rows, start, limit, &mut items) {
+            more = true;
+            break;
         }
     }
     Ok(Listing { items, more })

@@ -309,12 +309,7 @@ impl<'t> Writer<'t> {
                 .map_err(|f| f.at(0))?;
         }
         for (run, segment) in std::mem::take(&mut self.manifest_pending) {
-            self.manifest
-                .put(
-                    &mut self.redo,
-                    (run, segment.first()),
-                    segment.value().as_slice(),
-                )
+            self.write_manifest_segment(run, &segment)
                 .map_err(|f| f.at(0))?;
         }
         Ok(self.finished)
@@ -392,6 +387,15 @@ impl<'t> Writer<'t> {
         Ok(())
     }
 
+    fn write_manifest_segment(&mut self, run: u128, segment: &Segment) -> Result<(), Failure> {
+        self.manifest.put(
+            &mut self.redo,
+            (run, segment.first()),
+            segment.value().as_slice(),
+        )?;
+        Ok(())
+    }
+
     /// Stages manifest entry `seq` of a run into the run's segment of this transaction, writing
     /// the segment it cannot join first (as [`Writer::stage_log_row`]).
     fn stage_manifest_entry(
@@ -406,11 +410,7 @@ impl<'t> Writer<'t> {
             .is_some_and(|segment| !segment.takes(seq))
             && let Some(full) = self.manifest_pending.remove(&run.0)
         {
-            self.manifest.put(
-                &mut self.redo,
-                (run.0, full.first()),
-                full.value().as_slice(),
-            )?;
+            self.write_manifest_segment(run.0, &full)?;
         }
         self.manifest_pending
             .entry(run.0)

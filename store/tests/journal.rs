@@ -329,3 +329,101 @@ fn a_read_after_a_failed_group_rebuilds_the_open_transaction_without_it() {
     let (_, _, store) = crash(&disk, &journal);
     assert_eq!(logged(&store), expected(6));
 }
+
+/// What a store's reads show of run `RUN` and its tasks: the rows a crash must not change.
+fn snapshot(store: &Store) -> String {
+    let scope = store.run(RunId(RUN));
+    let catalog = store.catalog();
+    format!(
+        "{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}",
+        scope.get(),
+        catalog.open_runs(10),
+        scope.tasks(None, 10),
+        scope.children(TaskId(ROOT), 10),
+        scope.children(TaskId(ROOT + 1), 10),
+        scope.manifest(0, 10),
+        scope.log_rows_after(TaskId(ROOT + 1), 0, 10),
+        catalog.locate_task(TaskId(ROOT + 2)),
+    )
+}
+
+/// Every kind of row a commit writes, removals included, comes back from the journal's records of
+/// rows after a crash the store file never saw: a task's state row written and then removed by an
+/// update of its once-written fields, the open-runs index row removed when the run ends, the
+/// children index of a deeper task, a manifest segment and a log segment.
+#[test]
+fn every_kind_of_row_a_commit_writes_replays_from_the_journal() {
+    let (disk, journal, store) = fresh();
+    create(&store);
+    let scope = store.run(RunId(RUN));
+    let child = task(RUN, ROOT + 1, Some(ROOT));
+    let mut grandchild = task(RUN, ROOT + 2, Some(ROOT + 1));
+    grandchild.depth = 2;
+    let mut batch = WriteBatch::new();
+    batch.push(scope.stage_create_task(child.clone()).unwrap());
+    batch.push(scope.stage_create_task(grandchild).unwrap());
+    batch.push(
+        scope
+            .stage_append_log(TaskId(ROOT + 1), log_row(1))
+            .unwrap(),
+    );
+    batch.push(
+        scope
+            .stage_append_log(TaskId(ROOT + 1), log_row(2))
+            .unwrap(),
+    );
+    batch.push(scope.stage_append_manifest(manifest("a")).unwrap());
+    batch.push(scope.stage_append_manifest(manifest("b")).unwrap());
+    store.commit_group(batch, Durability::Immediate).unwrap();
+    // A state row, then the whole row again (a changed brief), which removes the state row.
+    let mut done = child.clone();
+    done.status = TaskStatus::Complete;
+    done.outcome = Some("found".into());
+    store
+        .commit_one(
+            scope.stage_update_task(done.clone()).unwrap(),
+            Durability::Immediate,
+        )
+        .unwrap();
+    done.brief.push_str(", revised");
+    store
+        .commit_one(
+            scope.stage_update_task(done).unwrap(),
+            Durability::Immediate,
+        )
+        .unwrap();
+    // The run ends: its open-runs row goes.
+    let mut ended = run(RUN);
+    ended.status = RunStatus::Completed;
+    store
+        .commit_one(
+            scope.stage_update_run(ended).unwrap(),
+            Durability::Immediate,
+        )
+        .unwrap();
+    let before = snapshot(&store);
+    assert!(
+        before.contains(", revised") && before.contains("found"),
+        "{before}"
+    );
+    assert!(store.catalog().open_runs(10).unwrap().items.is_empty());
+    let (disk, journal) = (disk.crash(), journal.crash());
+    drop(store);
+    // The store file alone does not hold these commits: the journal's records bring them back.
+    let alone = Store::open_backend_journaled(disk.crash(), SimDisk::new(), journaled()).unwrap();
+    assert_ne!(snapshot(&alone), before);
+    drop(alone);
+    let store = open(&disk, &journal);
+    assert_eq!(snapshot(&store), before);
+    // And the sequences go on where they ended.
+    let scope = store.run(RunId(RUN));
+    assert_eq!(
+        store
+            .commit_one(
+                scope.stage_append_manifest(manifest("c")).unwrap(),
+                Durability::Immediate
+            )
+            .unwrap(),
+        Applied::ManifestAppended { seq: 3 }
+    );
+}
